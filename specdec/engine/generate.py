@@ -1,0 +1,152 @@
+"""Single-sequence speculative generation: propose -> verify -> accept -> commit, streaming.
+
+Plain decoding is the same loop with a drafter that proposes nothing (k = 0 per step).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from specdec.config import GenerationConfig, SamplingParams
+from specdec.drafters.base import Drafter, DraftState
+from specdec.errors import SpecdecError
+from specdec.metrics import GenerationStats
+from specdec.model.transformer import Transformer
+from specdec.sampling.logits import probs_from_logits, sample
+from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept
+from specdec.tree import DraftTree
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only (an end-of-sequence token, if hit, is the last one)
+    stats: GenerationStats
+    finish_reason: str  # "stop" (end-of-sequence) or "length"
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def verify(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
+           generator: torch.Generator) -> Acceptance:
+    """One target forward over [last committed token] + draft chain; accept a prefix + one token."""
+    device = cache.k.device
+    draft = tree.tokens.to(device)  # [k]
+    x = torch.cat([torch.tensor([last_token], device=device), draft]).unsqueeze(0)  # [1, k + 1]
+    logits = target(x, cache, cache.length)[0]  # [k + 1, vocab]
+    if sampling.greedy:
+        return greedy_accept(draft, logits)
+    return rejection_accept(draft, probs_from_logits(logits, sampling), tree.q, generator)
+
+
+@dataclass
+class _Request:
+    """One sequence in flight: committed tokens, budget, stop ids and its own generator."""
+
+    tokens: list[int]  # prompt + new tokens
+    prompt_len: int
+    cfg: GenerationConfig
+    eos_ids: set[int]
+    generator: torch.Generator
+    stats: GenerationStats
+    on_tokens: Callable[[list[int]], None] | None
+
+    @property
+    def num_new(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    def emit(self, new: list[int]) -> str | None:
+        """Commit new tokens, cut at end-of-sequence or the budget; return a finish reason or None."""
+        reason = None
+        for i, tok in enumerate(new):
+            if self.cfg.stop_at_eos and tok in self.eos_ids:
+                new, reason = new[:i + 1], "stop"
+                break
+        room = self.cfg.max_new_tokens - self.num_new
+        if len(new) >= room:
+            new, reason = new[:room], reason or "length"
+        self.tokens += new
+        if self.on_tokens and new:
+            self.on_tokens(new)
+        return reason
+
+
+class SpeculativeGenerator:
+    """Generates with one target and one drafter; reuses the target's KV cache across requests."""
+
+    def __init__(self, target: Transformer, drafter: Drafter, capacity: int):
+        self.target = target
+        self.drafter = drafter
+        self.cache = target.new_cache(capacity)
+
+    def check_fits(self, prompt: list[int], max_new_tokens: int) -> None:
+        if not prompt:
+            raise SpecdecError("the prompt is empty; give at least one token")
+        need = len(prompt) + max_new_tokens
+        if need > self.cache.capacity:
+            raise SpecdecError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {need} "
+                               f"exceeds the context of {self.cache.capacity} tokens; shorten the prompt, "
+                               "lower --max-new-tokens or raise --max-context")
+
+    def generate(self, prompt: list[int], cfg: GenerationConfig, eos_ids: set[int] = frozenset(),
+                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        self.check_fits(prompt, cfg.max_new_tokens)
+        t_start = time.perf_counter()
+        req = _Request(list(prompt), len(prompt), cfg, set(eos_ids),
+                       make_generator(cfg.sampling.seed, self.cache.k.device), GenerationStats(), on_tokens)
+        first = self._prefill(prompt, cfg.sampling, req.generator)
+        req.stats.prefill_seconds = time.perf_counter() - t_start
+        reason = req.emit([first])
+        self.drafter.start(prompt)
+        while reason is None:
+            reason = self._step(req)
+        req.stats.new_tokens = req.num_new
+        req.stats.seconds = time.perf_counter() - t_start
+        return GenerationResult(req.tokens[req.prompt_len:], req.stats, reason)
+
+    def _prefill(self, prompt: list[int], sampling: SamplingParams, generator) -> int:
+        """Fill the cache with the prompt; return the first new token."""
+        self.cache.reset()
+        x = torch.tensor([prompt], device=self.cache.k.device)  # [1, T]
+        logits = self.target(x, self.cache, 0, last_only=True)[0, -1]  # [vocab]
+        self.cache.advance(len(prompt))
+        if sampling.greedy:
+            return int(logits.argmax())
+        return int(sample(probs_from_logits(logits, sampling), generator))
+
+    def _draft_length(self, req: _Request) -> int:
+        """k, capped so drafts never pass the token budget or the context."""
+        budget = req.cfg.max_new_tokens - req.num_new - 1
+        room = self.cache.capacity - self.cache.length - 1
+        return max(0, min(req.cfg.k, budget, room))
+
+    def _propose(self, req: _Request, k: int) -> DraftTree:
+        if k == 0:
+            return DraftTree.empty()
+        tree = self.drafter.propose(DraftState(req.tokens, k, req.cfg.sampling, req.generator))
+        if len(tree) > k:
+            tree = DraftTree.chain(tree.tokens[:k], None if tree.q is None else tree.q[:k])
+        return tree
+
+    def _step(self, req: _Request) -> str | None:
+        """propose -> verify -> accept -> commit; returns a finish reason or None."""
+        t0 = time.perf_counter()
+        tree = self._propose(req, self._draft_length(req))
+        t1 = time.perf_counter()
+        acc = verify(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
+        self.cache.advance(1 + acc.num_accepted)
+        req.stats.draft_seconds += t1 - t0
+        req.stats.verify_seconds += time.perf_counter() - t1
+        req.stats.record_step(len(tree), acc.num_accepted)
+        self.drafter.observe(acc.num_accepted)
+        return req.emit(tree.tokens[:acc.num_accepted].tolist() + [acc.next_token])

@@ -1,0 +1,71 @@
+"""Speculation metrics, defined once.
+
+- alpha: per-token acceptance rate = accepted draft tokens / drafted tokens.
+- tau: mean accepted length per verify step, counting the recovered/bonus token
+  (plain decoding has tau = 1).
+- per-position acceptance: for draft position i (1-based), accepted / drafted at that position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    new_tokens: int = 0
+    steps: int = 0  # verify steps (the prefill is not a step)
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # [position] number of drafts reaching it
+    accepted_at: list[int] = field(default_factory=list)  # [position] number accepted there
+    emitted_per_step: list[int] = field(default_factory=list)  # accepted + 1, per verify step
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    seconds: float = 0.0
+
+    def record_step(self, num_drafted: int, num_accepted: int) -> None:
+        self.steps += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        self.emitted_per_step.append(num_accepted + 1)
+        grow = num_drafted - len(self.drafted_at)
+        if grow > 0:
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(num_drafted):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += int(i < num_accepted)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tau(self) -> float:
+        return sum(self.emitted_per_step) / self.steps if self.steps else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> dict:
+        return {"new_tokens": self.new_tokens, "steps": self.steps, "alpha": round(self.alpha, 4),
+                "tau": round(self.tau, 4),
+                "per_position_acceptance": [round(a, 4) for a in self.per_position_acceptance],
+                "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
+                "prefill_seconds": round(self.prefill_seconds, 4), "seconds": round(self.seconds, 4),
+                "tokens_per_second": round(self.tokens_per_second, 3)}
+
+    def line(self) -> str:
+        return (f"{self.new_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_second:.2f} tok/s) | "
+                f"steps {self.steps} | tau {self.tau:.2f} | alpha {self.alpha:.2f} | "
+                f"draft {self.draft_seconds:.2f}s verify {self.verify_seconds:.2f}s")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,37 @@
+"""Model: decoder, KV cache, loading, named-model registry, tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.model.transformer import Transformer
+
+
+@dataclass
+class LoadedModel:
+    """A decoder with the tokenizer that came with its weights."""
+
+    name: str
+    module: Transformer
+    tokenizer: object
+    eos_ids: set[int]
+
+    @property
+    def device(self) -> torch.device:
+        return self.module.lm_head.weight.device
+
+
+def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print) -> LoadedModel:
+    """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype."""
+    from specdec.model.loading import load_hf_dir, model_directory, resolve_device, resolve_dtype
+    from specdec.model.registry import resolve_model
+    from specdec.model.tokenizer import eos_ids, load_tokenizer
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dev, dtype)
+    directory = model_directory(resolve_model(spec), progress)
+    tokenizer = load_tokenizer(directory)
+    module = load_hf_dir(directory, dev, torch_dtype)
+    return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer))

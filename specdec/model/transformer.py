@@ -1,0 +1,180 @@
+"""One compact decoder for the Llama family (Llama, SmolLM2, Qwen2/2.5, Mistral).
+
+Parameter names follow HF transformers (model.layers.N.self_attn.q_proj.weight, ...), so HF
+checkpoints and GGUF files converted to that layout load with a plain load_state_dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.model.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+
+    @staticmethod
+    def from_hf(cfg: dict) -> "ModelConfig":
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        return ModelConfig(
+            vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
+            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(rope),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):  # [batch, T, dim]
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_tables(cfg: ModelConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [length, head_dim] in HF's rotate-half layout."""
+    # computed in fp32 exactly as HF transformers does, so logits match bit for bit in layout
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
+    freqs = torch.outer(torch.arange(length).float(), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):  # x [batch, heads, T, head_dim]; cos, sin [batch, 1, T, head_dim]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.hd, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, start: int, mask):
+        # x [batch, T, dim]; k_cache, v_cache [batch, kv_heads, capacity, head_dim]; mask [T, start + T] or None
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        end = start + t
+        k_cache[:, :, start:end] = k
+        v_cache[:, :, start:end] = v
+        out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end],
+                                             attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):  # [batch, T, dim]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def causal_mask(start: int, t: int, device) -> torch.Tensor | None:
+    """Bool mask [t, start + t]: query i (slot start + i) sees slots <= start + i. None when t == 1."""
+    if t == 1:
+        return None
+    rows = torch.arange(start, start + t, device=device)[:, None]
+    return torch.arange(start + t, device=device)[None, :] <= rows
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg, cfg.max_position_embeddings)
+        self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, head_dim]
+        self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim]
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        cfg, w = self.config, self.lm_head.weight
+        capacity = min(capacity, cfg.max_position_embeddings)
+        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, batch, w.dtype, w.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens, cache: KVCache, start: int, positions=None, mask=None, last_only=False):
+        """Logits [batch, T or 1, vocab] for tokens [batch, T] written at cache slots [start, start+T).
+
+        positions [batch, T] are the RoPE positions (default start..start+T-1); mask [T, start+T]
+        is a bool attention mask over the slots (default causal). The cache length is not changed.
+        """
+        b, t = tokens.shape
+        cache.require(start + t)
+        if positions is None:
+            positions = torch.arange(start, start + t, device=tokens.device).expand(b, t)
+        if mask is None:
+            mask = causal_mask(start, t, tokens.device)
+        dtype = self.lm_head.weight.dtype
+        cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [batch, 1, T, head_dim]
+        sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
+        x = self.model.embed_tokens(tokens)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.model.norm(x)).float()

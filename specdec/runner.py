@@ -1,0 +1,77 @@
+"""Wires models, drafter and engine from the few values a command gives (used by CLI and bench)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from specdec.config import GenerationConfig, NgramConfig, SamplingParams
+from specdec.drafters.base import Drafter, NoDrafter
+from specdec.engine.generate import GenerationResult, SpeculativeGenerator
+from specdec.errors import SpecdecError
+from specdec.model import LoadedModel, load_model
+from specdec.model.tokenizer import check_compatible, encode_prompt
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def build_drafter(method: str, target: LoadedModel, capacity: int, draft: LoadedModel | None = None,
+                  ngram: NgramConfig = NgramConfig()) -> Drafter:
+    """method: 'none', 'ngram' or 'draft' (then `draft` is the loaded draft model)."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.ngram import NgramDrafter
+    if method == "none":
+        return NoDrafter()
+    if method == "ngram":
+        return NgramDrafter(ngram.max_n, ngram.min_n)
+    if method == "draft" and draft is not None:
+        check_compatible(target.tokenizer, draft.tokenizer)
+        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity)
+    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram or draft")
+
+
+@dataclass
+class Runner:
+    target: LoadedModel
+    engine: SpeculativeGenerator
+    cfg: GenerationConfig
+    method: str
+
+    @staticmethod
+    def from_args(args) -> "Runner":
+        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        cfg = GenerationConfig(args.max_new_tokens, args.k, sampling)
+        ngram = NgramConfig(args.ngram_max, args.ngram_min)
+        if args.ngram and args.draft not in (None, "none"):
+            raise SpecdecError("choose either --draft MODEL or --ngram, not both")
+        method = "ngram" if args.ngram else ("none" if args.draft in (None, "none") else "draft")
+        target = load_model(args.model, args.device, args.dtype, progress=log)
+        draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
+        drafter = build_drafter(method, target, args.max_context, draft, ngram)
+        engine = SpeculativeGenerator(target.module, drafter, args.max_context)
+        label = f"draft {args.draft} k={args.k}" if method == "draft" else (
+            f"ngram k={args.k}" if method == "ngram" else "plain")
+        return Runner(target, engine, cfg, label)
+
+    def generate(self, prompt: str, chat: bool = False, on_tokens=None) -> GenerationResult:
+        ids = encode_prompt(self.target.tokenizer, prompt, chat)
+        return self.engine.generate(ids, self.cfg, self.target.eos_ids, on_tokens)
+
+
+def stream_printer(tokenizer):
+    """A callback that prints newly accepted text as it arrives (decoding the whole output so far)."""
+    seen: list[int] = []
+    printed = [0]
+
+    def on_tokens(new: list[int]) -> None:
+        seen.extend(new)
+        text = tokenizer.decode(seen, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next tokens
+            return
+        sys.stdout.write(text[printed[0]:])
+        sys.stdout.flush()
+        printed[0] = len(text)
+
+    return on_tokens

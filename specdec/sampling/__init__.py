@@ -1,0 +1,1 @@
+"""Pure sampling: logits -> probabilities (logits.py) and draft verification (rejection.py)."""

@@ -1,0 +1,66 @@
+"""Pure logit processing: temperature, top-k, top-p -> fp32 probabilities; and sampling.
+
+The same `probs_from_logits` turns target logits into p and draft logits into q, so both sides of
+rejection sampling see identical processing. Everything stays on the logits' device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.config import SamplingParams
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Processed probabilities, fp32, same shape as `logits`.
+
+    logits: # [..., vocab], any float dtype, any device
+    temperature == 0 gives a one-hot at the argmax. Otherwise: divide by temperature, keep the
+    top_k largest (ties at the k-th value are all kept), keep the nucleus of mass top_p (the top
+    token always stays), renormalise.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return _one_hot_argmax(logits)
+    logits = logits / params.temperature
+    if params.top_k > 0:
+        logits = _top_k_mask(logits, params.top_k)
+    if params.top_p < 1.0:
+        logits = _top_p_mask(logits, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token id per distribution: probs # [..., vocab] -> int64 # [...].
+
+    `generator` lives on probs' device.
+    """
+    flat = probs.reshape(-1, probs.shape[-1])  # [rows, vocab]
+    tokens = torch.multinomial(flat, 1, generator=generator)  # [rows, 1]
+    return tokens.reshape(probs.shape[:-1])
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits # [..., vocab] fp32 -> one-hot # [..., vocab] at the argmax."""
+    best = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
+    return torch.zeros_like(logits).scatter_(-1, best, 1.0)
+
+
+def _top_k_mask(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """logits # [..., vocab] -> same, -inf below the k-th largest value (ties at it are kept)."""
+    if k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(k, dim=-1).values[..., -1:]  # [..., 1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """logits # [..., vocab] -> same, -inf outside the smallest top set whose mass reaches top_p.
+
+    A token is kept when the mass of the tokens ranked above it is still below top_p, so the top
+    token (mass above it: 0) is always kept.
+    """
+    sorted_probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)  # [..., vocab]
+    mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., vocab]
+    keep = torch.zeros_like(mass_above, dtype=torch.bool).scatter_(-1, order, mass_above < top_p)
+    return logits.masked_fill(~keep, float("-inf"))

@@ -1,0 +1,125 @@
+"""Pure chain verification: greedy matching and modified rejection sampling.
+
+Rejection sampling follows Leviathan et al. 2023 / Chen et al. 2023: accept draft token x_i with
+probability min(1, p_i[x_i] / q_i[x_i]); at the first rejection n emit a recovered token from
+norm(max(0, p_n - q_n)); if all k drafts are accepted emit a bonus token from p_k. The emitted
+tokens are then distributed exactly as sampling from p one token at a time.
+
+Both verifiers return an `Acceptance` (a plain tuple: num_accepted, next_token) and synchronise
+with the host once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Acceptance(NamedTuple):
+    """Outcome of verifying one chain: emit draft[:num_accepted] followed by next_token."""
+
+    num_accepted: int  # 0..k leading draft tokens the target kept
+    next_token: int  # recovered token (after a rejection) or bonus token (all k accepted)
+
+
+def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Acceptance:
+    """Accept the longest draft prefix that matches the target's argmax.
+
+    draft_tokens:  # [k] int64, k may be 0
+    target_logits: # [k + 1, vocab]; row i predicts draft token i, row k is the bonus position
+    """
+    _check_shapes(draft_tokens, target_logits, None)
+    best = target_logits.argmax(dim=-1)  # [k + 1]
+    num = _leading_true(best[:-1] == draft_tokens.to(best.device))  # []
+    return _to_host(num, best.index_select(0, num.view(1)))
+
+
+def rejection_accept(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
+                     generator: torch.Generator) -> Acceptance:
+    """Modified rejection sampling over a chain of k draft tokens.
+
+    draft_tokens: # [k] int64, k may be 0
+    p:            # [k + 1, vocab] processed target probabilities
+    q:            # [k, vocab] processed draft probabilities; None = deterministic drafter
+                  # (q one-hot at the draft token, as for n-gram lookup)
+    generator:    on p's device; draws k uniforms, then one token. One host sync.
+    """
+    _check_shapes(draft_tokens, p, q)
+    draft_tokens = draft_tokens.to(p.device)
+    uniforms = torch.rand(draft_tokens.numel(), generator=generator, device=p.device)  # [k]
+    num = _leading_true(_accept_flags(draft_tokens, p, q, uniforms))  # []
+    q_n = _draft_row(draft_tokens, q, num, p.shape[-1])  # [1, vocab]
+    p_n = p.index_select(0, num.view(1))  # [1, vocab]
+    token = _draw(residual_probs(p_n, q_n), generator)  # [1]
+    return _to_host(num, token)
+
+
+def residual_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)), falling back to p where the residual has no mass (p == q).
+
+    p, q: # [..., vocab] -> # [..., vocab]. With q = 0 this is p (the bonus distribution).
+    """
+    residual = (p - q).clamp_min(0.0)  # [..., vocab]
+    mass = residual.sum(dim=-1, keepdim=True)  # [..., 1]
+    normalised = residual / mass.clamp_min(torch.finfo(p.dtype).tiny)  # [..., vocab]
+    return torch.where(mass > 0, normalised, p)
+
+
+def _accept_flags(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
+                  uniforms: torch.Tensor) -> torch.Tensor:
+    """Per-position accept decisions # [k] bool: u_i < p_i[x_i] / q_i[x_i], written without division.
+
+    draft_tokens: # [k]; p: # [k + 1, vocab]; q: # [k, vocab] or None; uniforms: # [k] in [0, 1)
+    """
+    rows = torch.arange(draft_tokens.numel(), device=p.device)  # [k]
+    p_x = p[rows, draft_tokens]  # [k]
+    if q is None:
+        return uniforms < p_x
+    return uniforms * q[rows, draft_tokens] < p_x
+
+
+def _draft_row(draft_tokens: torch.Tensor, q: torch.Tensor | None, num: torch.Tensor,
+               vocab: int) -> torch.Tensor:
+    """q at position num as # [1, vocab]; all zeros at the bonus position num == k.
+
+    draft_tokens: # [k]; q: # [k, vocab] or None (one-hot at the draft token); num: # [] int64
+    """
+    k = draft_tokens.numel()
+    if q is None:
+        padded = torch.cat([draft_tokens, draft_tokens.new_zeros(1)])  # [k + 1]
+        one_hot = torch.nn.functional.one_hot(padded.index_select(0, num.view(1)), vocab)  # [1, vocab]
+        return one_hot.float() * (num < k)
+    padded = torch.cat([q, q.new_zeros(1, vocab)])  # [k + 1, vocab]
+    return padded.index_select(0, num.view(1))
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row, probs # [rows, vocab] -> # [rows]: argmax of probs / Exp(1) noise.
+
+    This exponential race is the algorithm torch.multinomial uses for a single draw (same
+    generator, same tokens), minus its input checks, which synchronise with the host on CUDA.
+    """
+    noise = torch.empty_like(probs).exponential_(generator=generator)  # [rows, vocab]
+    return (probs / noise).argmax(dim=-1)
+
+
+def _leading_true(flags: torch.Tensor) -> torch.Tensor:
+    """Length # [] int64 of the all-True prefix of flags # [k] bool (0 when k == 0)."""
+    return flags.long().cumprod(dim=0).sum()
+
+
+def _to_host(num: torch.Tensor, token: torch.Tensor) -> Acceptance:
+    """The single host sync: num # [] and token # [1] -> Acceptance of Python ints."""
+    num_accepted, next_token = torch.stack([num.view(()), token.view(())]).tolist()
+    return Acceptance(num_accepted, next_token)
+
+
+def _check_shapes(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None) -> None:
+    """draft_tokens # [k]; p # [k + 1, vocab]; q # [k, vocab] or None. Raises ValueError."""
+    k = draft_tokens.numel()
+    if draft_tokens.dim() != 1 or p.dim() != 2 or p.shape[0] != k + 1:
+        raise ValueError(f"need draft_tokens [k] and target rows [k + 1, vocab]; "
+                         f"got {tuple(draft_tokens.shape)} and {tuple(p.shape)}")
+    if q is not None and q.shape != (k, p.shape[1]):
+        raise ValueError(f"need q [k, vocab] = {(k, p.shape[1])}, got {tuple(q.shape)}")

@@ -1,0 +1,296 @@
+"""Sampling and verification: logit processing, greedy matching, and the distribution of
+rejection sampling (the emitted tokens must be distributed exactly as the target's p)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdec.config import SamplingParams
+from specdec.sampling.logits import probs_from_logits, sample
+from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept, residual_probs
+
+# Fixed target p [k + 1, vocab] and draft q [k, vocab], k = 3, vocab = 6: every row different and
+# p far from q, so roughly half the drafts are rejected and every path (accept, recover, bonus) runs.
+P_TABLE = torch.tensor([
+    [0.05, 0.05, 0.10, 0.20, 0.30, 0.30],
+    [0.30, 0.25, 0.20, 0.10, 0.10, 0.05],
+    [0.10, 0.40, 0.05, 0.05, 0.30, 0.10],
+    [0.20, 0.10, 0.30, 0.05, 0.25, 0.10],
+])  # [k + 1, vocab]
+Q_TABLE = torch.tensor([
+    [0.40, 0.30, 0.10, 0.10, 0.05, 0.05],
+    [0.05, 0.10, 0.15, 0.20, 0.20, 0.30],
+    [0.30, 0.10, 0.30, 0.10, 0.10, 0.10],
+])  # [k, vocab]
+K, VOCAB = Q_TABLE.shape
+TRIALS = 10_000
+MIN_SAMPLES = 300  # positions reached by fewer trials are not checked (bound too loose to matter)
+
+
+def tv_bound(num_samples: int, vocab: int, delta: float = 1e-6) -> float:
+    """Bound on TV(empirical, true) for num_samples iid draws that fails with probability < delta.
+
+    E[TV] = 0.5 * sum_v E|f_v - p_v| <= 0.5 * sum_v sqrt(p_v (1 - p_v) / N) <= 0.5 * sqrt(vocab / N)
+    (Jensen, then Cauchy-Schwarz). One draw moves TV by at most 1/N, so McDiarmid gives
+    P(TV > E[TV] + t) <= exp(-2 N t^2), i.e. t = sqrt(ln(1 / delta) / (2 N)). The bound is
+    c / sqrt(N) with c = 0.5 sqrt(vocab) + sqrt(ln(1 / delta) / 2), about 3.9 for vocab 6: it
+    shrinks with N, and a correct sampler trips it with probability < 1e-6 (seeds are fixed anyway).
+    """
+    return (0.5 * math.sqrt(vocab) + math.sqrt(math.log(1 / delta) / 2)) / math.sqrt(num_samples)
+
+
+def rate_bound(num_samples: int, delta: float = 1e-6) -> float:
+    """Hoeffding: |empirical rate - true rate| exceeds this with probability < delta."""
+    return math.sqrt(math.log(2 / delta) / (2 * num_samples))
+
+
+def total_variation(tokens: torch.Tensor, p: torch.Tensor) -> float:
+    """tokens # [m] int64 samples; p # [vocab] -> TV(empirical, p)."""
+    freq = torch.bincount(tokens, minlength=p.numel()).float() / tokens.numel()  # [vocab]
+    return 0.5 * (freq - p).abs().sum().item()
+
+
+def run_trials(accept_fn, p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor,
+               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify one chain per trial. drafts # [k, trials] -> (num_accepted # [trials],
+    emitted # [trials, k + 1] with -1 after the next token). q is what the verifier is told."""
+    generator = torch.Generator().manual_seed(seed)
+    results = [accept_fn(drafts[:, t], p, q, generator) for t in range(drafts.shape[1])]
+    num, nxt = torch.tensor(results).T  # [trials] each
+    padded = torch.cat([drafts, torch.full((1, drafts.shape[1]), -1)])  # [k + 1, trials]
+    j = torch.arange(drafts.shape[0] + 1).unsqueeze(1)  # [k + 1, 1]
+    emitted = torch.where(j < num, padded, torch.where(j == num, nxt, -1))  # [k + 1, trials]
+    return num, emitted.T
+
+
+def sampled_drafts(q: torch.Tensor, trials: int = TRIALS, seed: int = 1) -> torch.Tensor:
+    """Draft tokens x_i ~ q_i, independent per position: q # [k, vocab] -> # [k, trials]."""
+    return torch.multinomial(q, trials, replacement=True, generator=torch.Generator().manual_seed(seed))
+
+
+def assert_emits_p(emitted: torch.Tensor, p: torch.Tensor) -> None:
+    """emitted # [trials, k + 1]; p # [k + 1, vocab]. p and q here ignore history, so the j-th
+    emitted token (over trials that reach it) is distributed as p_j. Positions 0 and 1 must be checked."""
+    checked = 0
+    for j in range(p.shape[0]):
+        tokens = emitted[:, j][emitted[:, j] >= 0]  # [m]
+        if tokens.numel() < MIN_SAMPLES:
+            continue
+        tv, bound = total_variation(tokens, p[j]), tv_bound(tokens.numel(), p.shape[1])
+        assert tv < bound, f"position {j}: TV {tv:.4f} >= bound {bound:.4f} over {tokens.numel()} draws"
+        checked += 1
+    assert checked >= 2
+
+
+def assert_first_accept_rate(num: torch.Tensor, expected: float) -> None:
+    """A verifier that rejects too often still emits p; the acceptance rate catches that."""
+    rate = (num >= 1).float().mean().item()
+    assert abs(rate - expected) < rate_bound(num.numel()), f"accept rate {rate:.4f} vs {expected:.4f}"
+
+
+def resample_from_p_on_rejection(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+                                 generator: torch.Generator) -> Acceptance:
+    """WRONG on purpose: the classic bug of drawing the recovered token from p_n, not the residual."""
+    for i, x in enumerate(draft_tokens.tolist()):
+        if torch.rand((), generator=generator) * q[i, x] >= p[i, x]:
+            return Acceptance(i, int(torch.multinomial(p[i], 1, generator=generator)))
+    k = draft_tokens.numel()
+    return Acceptance(k, int(torch.multinomial(p[k], 1, generator=generator)))
+
+
+# ---------------------------------------------------------------- probs_from_logits
+
+
+def row_probs(logits: list[float], **params) -> list[float]:
+    return probs_from_logits(torch.tensor(logits), SamplingParams(**params)).tolist()
+
+
+@pytest.mark.parametrize("logits, params, expected", [
+    ([0.0, math.log(2), math.log(4)], dict(temperature=1.0), [1 / 7, 2 / 7, 4 / 7]),
+    ([0.0, math.log(2), math.log(4)], dict(temperature=2.0), [1 / 4.414214, 1.414214 / 4.414214, 2 / 4.414214]),
+    ([0.0, math.log(2), math.log(4)], dict(temperature=0.5), [1 / 21, 4 / 21, 16 / 21]),
+    ([1.0, 3.0, 2.0, 0.0], dict(temperature=1.0, top_k=2), [0.0, 0.731059, 0.268941, 0.0]),
+    ([1.0, 2.0, 2.0, 0.0], dict(temperature=1.0, top_k=1), [0.0, 0.5, 0.5, 0.0]),  # ties: keep >= k
+    ([1.0, 3.0, 2.0, 0.0], dict(temperature=1.0, top_k=9), torch.tensor([1.0, 3, 2, 0]).softmax(0).tolist()),
+    # probs [0.15, 0.5, 0.05, 0.3]: sorted 0.5, 0.3, 0.15, 0.05
+    ([math.log(0.15), math.log(0.5), math.log(0.05), math.log(0.3)], dict(temperature=1.0, top_p=0.75),
+     [0.0, 0.625, 0.0, 0.375]),
+    ([math.log(0.15), math.log(0.5), math.log(0.05), math.log(0.3)], dict(temperature=1.0, top_p=0.85),
+     [0.15 / 0.95, 0.5 / 0.95, 0.0, 0.3 / 0.95]),
+    # top token alone exceeds top_p: it is still kept
+    ([math.log(0.15), math.log(0.5), math.log(0.05), math.log(0.3)], dict(temperature=1.0, top_p=0.1),
+     [0.0, 1.0, 0.0, 0.0]),
+    # top-k then top-p: top_k=2 leaves [4/7, 3/7]; top_p=0.5 then keeps only the top token
+    ([math.log(0.4), math.log(0.3), math.log(0.2), math.log(0.1)], dict(temperature=1.0, top_k=2, top_p=0.5),
+     [1.0, 0.0, 0.0, 0.0]),
+    ([math.log(0.4), math.log(0.3), math.log(0.2), math.log(0.1)], dict(temperature=1.0, top_p=0.5),
+     [4 / 7, 3 / 7, 0.0, 0.0]),
+    ([0.5, -1.0, 2.5, 2.0], dict(temperature=0.0), [0.0, 0.0, 1.0, 0.0]),
+    ([0.5, -1.0, 2.5, 2.0], dict(temperature=0.0, top_k=3, top_p=0.5), [0.0, 0.0, 1.0, 0.0]),
+])
+def test_probs_from_logits_table(logits, params, expected):
+    assert row_probs(logits, **params) == pytest.approx(expected, abs=1e-5)
+
+
+def test_probs_from_logits_low_precision_input_gives_fp32():
+    logits = torch.tensor([0.0, 1.0, 2.0], dtype=torch.bfloat16)  # [vocab]
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0))
+    assert probs.dtype == torch.float32
+    assert probs.tolist() == pytest.approx(torch.tensor([0.0, 1.0, 2.0]).softmax(0).tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.8, top_k=5, top_p=0.9),
+])
+def test_probs_from_logits_batch_matches_rows(params):
+    logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(3))  # [2, 3, vocab]
+    probs = probs_from_logits(logits, params)  # [2, 3, vocab]
+    assert probs.shape == (2, 3, 11)
+    rows = torch.stack([probs_from_logits(row, params) for row in logits.reshape(6, 11)])  # [6, vocab]
+    torch.testing.assert_close(probs.reshape(6, 11), rows)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 3))
+
+
+def test_sample_shapes_and_one_hot():
+    probs = torch.nn.functional.one_hot(torch.tensor([[1, 4, 0], [2, 2, 3]]), 5).float()  # [2, 3, vocab]
+    tokens = sample(probs, torch.Generator().manual_seed(0))  # [2, 3]
+    assert tokens.dtype == torch.int64
+    assert tokens.tolist() == [[1, 4, 0], [2, 2, 3]]
+    assert sample(probs[0, 0], torch.Generator().manual_seed(0)).shape == ()
+
+
+# ---------------------------------------------------------------- greedy_accept
+
+
+def logits_with_argmax(best: list[int], vocab: int = 8) -> torch.Tensor:
+    """Hand-built logits # [len(best), vocab] whose row i has its argmax at best[i]."""
+    logits = torch.randn(len(best), vocab, generator=torch.Generator().manual_seed(7))  # [n, vocab]
+    logits[torch.arange(len(best)), best] = 10.0
+    return logits
+
+
+@pytest.mark.parametrize("draft, best, expected", [
+    ([3, 1, 4], [3, 1, 4, 6], (3, 6)),  # all accepted -> bonus from the last row
+    ([2, 1, 4], [3, 1, 4, 6], (0, 3)),  # first rejected -> target's choice at row 0
+    ([3, 5, 4], [3, 1, 4, 6], (1, 1)),  # middle rejected; the later match does not count
+    ([3, 1, 0], [3, 1, 4, 6], (2, 4)),  # last rejected
+    ([], [5], (0, 5)),  # k = 0: plain decoding
+])
+def test_greedy_accept_exact(draft, best, expected):
+    result = greedy_accept(torch.tensor(draft, dtype=torch.long), logits_with_argmax(best))
+    assert result == expected
+    assert isinstance(result.num_accepted, int) and isinstance(result.next_token, int)
+
+
+def test_greedy_probs_through_rejection_match_greedy_accept():
+    """With one-hot p (temperature 0) rejection sampling is greedy matching, for any seed."""
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(50):
+        logits = torch.randn(K + 1, VOCAB, generator=gen)  # [k + 1, vocab]
+        draft = torch.where(torch.rand(K, generator=gen) < 0.7, logits[:-1].argmax(-1),
+                            torch.randint(VOCAB, (K,), generator=gen))  # [k]
+        p = probs_from_logits(logits, SamplingParams(temperature=0.0))  # [k + 1, vocab]
+        q = torch.nn.functional.one_hot(draft, VOCAB).float()  # [k, vocab]
+        expected = greedy_accept(draft, logits)
+        assert rejection_accept(draft, p, None, gen) == expected
+        assert rejection_accept(draft, p, q, gen) == expected
+
+
+# ---------------------------------------------------------------- rejection_accept: distributions
+
+
+def test_rejection_chain_sampled_q_emits_p():
+    drafts = sampled_drafts(Q_TABLE)
+    num, emitted = run_trials(rejection_accept, P_TABLE, Q_TABLE, drafts)
+    assert_emits_p(emitted, P_TABLE)
+    assert_first_accept_rate(num, torch.minimum(P_TABLE[0], Q_TABLE[0]).sum().item())
+    assert {0, 1, 2, 3} <= set(num.tolist())
+
+
+def test_rejection_deterministic_drafter_emits_p():
+    drafts = torch.tensor([4, 0, 1]).unsqueeze(1).expand(K, TRIALS)  # [k, trials], fixed as for n-gram
+    num, emitted = run_trials(rejection_accept, P_TABLE, None, drafts)
+    assert_emits_p(emitted, P_TABLE)
+    assert_first_accept_rate(num, P_TABLE[0, 4].item())
+
+
+def test_rejection_q_equal_p_accepts_everything_and_emits_p():
+    drafts = sampled_drafts(P_TABLE[:K])
+    num, emitted = run_trials(rejection_accept, P_TABLE, P_TABLE[:K].clone(), drafts)
+    assert bool((num == K).all())
+    assert_emits_p(emitted, P_TABLE)
+
+
+def test_rejection_with_temperature_top_k_top_p_emits_processed_p():
+    params = SamplingParams(temperature=0.7, top_k=4, top_p=0.9)
+    p = probs_from_logits(P_TABLE.log() * 1.3, params)  # [k + 1, vocab], some entries zeroed
+    q = probs_from_logits((0.5 * P_TABLE[:K] + 0.5 * Q_TABLE).log(), params)  # [k, vocab], overlaps p
+    assert bool((p == 0).any()) and bool((q == 0).any())
+    num, emitted = run_trials(rejection_accept, p, q, sampled_drafts(q))
+    assert_emits_p(emitted, p)
+    assert_first_accept_rate(num, torch.minimum(p[0], q[0]).sum().item())
+
+
+def test_tv_check_rejects_a_wrong_sampler():
+    """The same check fails a sampler that draws the recovered token from p instead of the residual."""
+    # Its first token follows min(p, q) + (1 - sum min(p, q)) * p, far from p for this table.
+    accept = torch.minimum(P_TABLE[0], Q_TABLE[0])  # [vocab]
+    wrong = accept + (1 - accept.sum()) * P_TABLE[0]  # [vocab]
+    expected_tv = 0.5 * (wrong - P_TABLE[0]).abs().sum().item()
+    assert expected_tv > 2 * tv_bound(TRIALS, VOCAB)
+    _, emitted = run_trials(resample_from_p_on_rejection, P_TABLE, Q_TABLE, sampled_drafts(Q_TABLE))
+    with pytest.raises(AssertionError, match="position 0"):
+        assert_emits_p(emitted, P_TABLE)
+
+
+# ---------------------------------------------------------------- rejection_accept: edges
+
+
+def test_rejection_k_zero_samples_p0():
+    gen = torch.Generator().manual_seed(0)
+    empty = torch.empty(0, dtype=torch.long)  # [0]
+    one_hot = torch.tensor([[0.0, 0.0, 1.0, 0.0]])  # [1, vocab]
+    assert rejection_accept(empty, one_hot, torch.empty(0, 4), gen) == (0, 2)
+    assert rejection_accept(empty, one_hot, None, gen) == (0, 2)
+
+
+def test_residual_probs():
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]])  # [2, vocab]
+    q = torch.tensor([[0.2, 0.3, 0.5], [0.2, 0.3, 0.5]])  # [2, vocab]
+    torch.testing.assert_close(residual_probs(p, q), torch.tensor([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5]]))
+    torch.testing.assert_close(residual_probs(p, torch.zeros_like(p)), p)
+
+
+def test_rejection_rejects_bad_shapes():
+    with pytest.raises(ValueError):
+        rejection_accept(torch.tensor([1, 2]), P_TABLE, Q_TABLE, torch.Generator())
+    with pytest.raises(ValueError):
+        greedy_accept(torch.tensor([1, 2, 3]), P_TABLE[:3])
+
+
+def test_same_seed_same_output():
+    drafts = sampled_drafts(Q_TABLE, trials=100)  # [k, 100]
+    first = run_trials(rejection_accept, P_TABLE, Q_TABLE, drafts, seed=11)
+    again = run_trials(rejection_accept, P_TABLE, Q_TABLE, drafts, seed=11)
+    other = run_trials(rejection_accept, P_TABLE, Q_TABLE, drafts, seed=12)
+    assert torch.equal(first[1], again[1])
+    assert not torch.equal(first[1], other[1])
+    probs = P_TABLE.expand(50, -1, -1)  # [50, k + 1, vocab]
+    assert torch.equal(sample(probs, torch.Generator().manual_seed(4)), sample(probs, torch.Generator().manual_seed(4)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu_processing_and_runs():
+    params = SamplingParams(temperature=0.7, top_k=4, top_p=0.9)
+    logits = torch.randn(K + 1, VOCAB, generator=torch.Generator().manual_seed(2))  # [k + 1, vocab]
+    p = probs_from_logits(logits.cuda().half(), params)  # [k + 1, vocab] on CUDA
+    torch.testing.assert_close(p.cpu(), probs_from_logits(logits.half(), params))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    draft = sample(p[:K], gen)  # [k] on CUDA
+    num, token = rejection_accept(draft, p, p[:K], gen)
+    assert num == K and 0 <= token < VOCAB
+    assert greedy_accept(draft, logits.cuda()) == greedy_accept(draft.cpu(), logits)
