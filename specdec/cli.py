@@ -12,7 +12,7 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
-def positive_int(text: str) -> int:
+def integer(text: str) -> int:
     try:
         return int(text)
     except ValueError:
@@ -23,24 +23,24 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET, help="target: registry name, .gguf path or HF directory")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)")
-    p.add_argument("--max-context", type=positive_int, default=4096, help="KV cache capacity in tokens")
+    p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
     p.add_argument("--ngram", action="store_true", help="draft by n-gram prompt lookup instead of a model")
-    p.add_argument("--ngram-max", type=positive_int, default=3, help="largest n-gram to match")
-    p.add_argument("--ngram-min", type=positive_int, default=1, help="smallest n-gram to match")
-    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per verify step")
+    p.add_argument("--ngram-max", type=integer, default=3, help="largest n-gram to match")
+    p.add_argument("--ngram-min", type=integer, default=1, help="smallest n-gram to match")
+    p.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=positive_int, default=0, help="0 = off")
+    p.add_argument("--top-k", type=integer, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
-    p.add_argument("--seed", type=positive_int, default=None)
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--seed", type=integer, default=None)
+    p.add_argument("--max-new-tokens", type=integer, default=128)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,6 +23,8 @@ class SamplingParams:
             raise SpecdecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise SpecdecError(f"seed must be in [0, 2**64), got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -44,6 +44,8 @@ class Runner:
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         cfg = GenerationConfig(args.max_new_tokens, args.k, sampling)
         ngram = NgramConfig(args.ngram_max, args.ngram_min)
+        if args.max_context < 1:
+            raise SpecdecError(f"max_context must be >= 1, got {args.max_context}")
         if args.ngram and args.draft not in (None, "none"):
             raise SpecdecError("choose either --draft MODEL or --ngram, not both")
         method = "ngram" if args.ngram else ("none" if args.draft in (None, "none") else "draft")

@@ -1,0 +1,1 @@
+"""Benchmarks: datasets, baselines (HF transformers), side-by-side runs and reports."""

@@ -1,0 +1,55 @@
+"""Prompt sets: the shipped code prompts, Spec-Bench style JSONL (`turns`) or any JSONL with `prompt`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    turns: tuple[str, ...]  # one user message per turn
+
+
+def parse_line(line: str, index: int) -> Prompt:
+    row = json.loads(line)
+    turns = row.get("turns") or ([row["prompt"]] if "prompt" in row else None)
+    if not turns or not all(isinstance(t, str) and t for t in turns):
+        raise ValueError("needs a non-empty 'prompt' string or 'turns' list")
+    pid = str(row.get("id", row.get("question_id", index)))
+    return Prompt(pid, str(row.get("category", "default")), tuple(turns))
+
+
+def read_jsonl(lines, source: str) -> list[Prompt]:
+    prompts, skipped = [], 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            prompts.append(parse_line(line, i))
+        except (ValueError, KeyError, TypeError):
+            skipped += 1
+    if skipped:
+        print(f"warning: skipped {skipped} malformed line(s) in {source}", file=sys.stderr)
+    if not prompts:
+        raise SpecdecError(f"no usable prompts in {source}")
+    return prompts
+
+
+def load_prompts(path: str | None = None) -> list[Prompt]:
+    """The shipped code prompts (path None) or a JSONL file."""
+    if path is None:
+        text = resources.files("specdec").joinpath("data/code_prompts.jsonl").read_text()
+        return read_jsonl(text.splitlines(), "code_prompts.jsonl")
+    p = Path(path)
+    if not p.is_file():
+        raise SpecdecError(f"dataset not found: {path}")
+    with p.open() as f:
+        return read_jsonl(f, path)

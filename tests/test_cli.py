@@ -1,0 +1,214 @@
+"""The CLI on bad input: one clear `specdec: error: ...` line, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+from specdec.errors import SpecdecError
+from specdec.model.registry import load_registry
+from specdec.model.tokenizer import check_compatible
+
+LONG_PROMPT = "Speculative decoding drafts several tokens and verifies them in one pass. " * 6
+
+
+def cli_error(argv: list[str], capsys) -> str:
+    """Run main(argv) in-process; it must return 2 with a one-line error and no traceback."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("specdec: error: ")
+    return last
+
+
+def argparse_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "error" in err and "Traceback" not in err
+    return err
+
+
+@pytest.fixture
+def tmp_home(tmp_path, monkeypatch):
+    """A private SPECDEC_HOME, so nothing is converted or pulled into the real cache."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Flag errors must be raised before any model is read."""
+    def fail(*args, **kwargs):
+        raise AssertionError("a model was loaded before the flags were validated")
+    monkeypatch.setattr("specdec.runner.load_model", fail)
+
+
+def test_unknown_model_name_lists_known_names(capsys, tmp_home):
+    msg = cli_error(["generate", "--model", "no-such-model", "hi"], capsys)
+    assert "no-such-model" in msg
+    for name in load_registry():
+        assert name in msg
+
+
+def test_missing_model_file(capsys, tmp_home):
+    msg = cli_error(["generate", "--model", "/nonexistent/x.gguf", "hi"], capsys)
+    assert "not found" in msg and "/nonexistent/x.gguf" in msg
+
+
+def test_corrupt_gguf(capsys, tmp_home, tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(os.urandom(4096))
+    msg = cli_error(["generate", "--model", str(bad), "hi"], capsys)
+    assert "not a readable GGUF" in msg and "corrupt" in msg
+    assert not any((tmp_home / "converted").glob("*"))
+
+
+@pytest.mark.real
+def test_truncated_gguf(capsys, smollm2_path, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECDEC_HOME", str(home))  # set after smollm2_path was resolved in the real home
+    partial = tmp_path / "x.gguf"
+    with open(smollm2_path, "rb") as src:
+        partial.write_bytes(src.read(1 << 20))
+    msg = cli_error(["generate", "--model", str(partial), "hi"], capsys)
+    assert "not a readable GGUF" in msg and "truncated" in msg
+    assert not any((home / "converted").glob("*"))
+
+
+@pytest.mark.real
+def test_mismatched_tokenizers(capsys, smollm2_path, tiny_llama_dir):
+    msg = cli_error(["generate", "--model", str(smollm2_path), "--draft", str(tiny_llama_dir), "hi"], capsys)
+    assert "vocabulary" in msg and "tokenizer" in msg
+
+
+class FakeTokenizer:
+    def __init__(self, vocab: dict[str, int]):
+        self.vocab = vocab
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.vocab)
+
+
+def vocab(n: int) -> dict[str, int]:
+    return {f"t{i}": i for i in range(n)}
+
+
+def test_check_compatible():
+    check_compatible(FakeTokenizer(vocab(1000)), FakeTokenizer(vocab(1000)))
+    check_compatible(FakeTokenizer(vocab(1000)), FakeTokenizer(vocab(1000 - 128)))  # a few extra ids is fine
+    with pytest.raises(SpecdecError, match="vocabulary"):
+        check_compatible(FakeTokenizer(vocab(1000)), FakeTokenizer(vocab(1000 - 129)))
+    swapped = vocab(1000) | {"t7": 8, "t8": 7}
+    with pytest.raises(SpecdecError, match="disagree.*id [78]"):
+        check_compatible(FakeTokenizer(vocab(1000)), FakeTokenizer(swapped))
+    renamed = {("other" if s == "t500" else s): i for s, i in vocab(1000).items()}
+    with pytest.raises(SpecdecError, match="'other'.*'t500'"):
+        check_compatible(FakeTokenizer(vocab(1000)), FakeTokenizer(renamed))
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--k", "0"], "k (draft length)"),
+    (["--temperature", "-1"], "temperature"),
+    (["--temperature", "nan"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--top-k", "-1"], "top_k"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-context", "0"], "max_context"),
+    (["--max-context", "-1"], "max_context"),
+    (["--ngram", "--ngram-min", "0"], "min_n"),
+    (["--ngram", "--ngram-max", "1", "--ngram-min", "2"], "max_n"),
+    (["--seed", str(2**64)], "seed"),
+    (["--seed", "-1"], "seed"),
+])
+def test_bad_flag_values_fail_before_loading(flags, field, capsys, no_model_loads):
+    msg = cli_error(["generate", *flags, "hi"], capsys)
+    assert field in msg
+
+
+@pytest.mark.parametrize("flags, name", [
+    (["--k", "abc"], "--k"),
+    (["--max-new-tokens", "1.5"], "--max-new-tokens"),
+    (["--temperature", "hot"], "--temperature"),
+])
+def test_non_numeric_flags_are_argparse_errors(flags, name, capsys, no_model_loads):
+    err = argparse_error(["generate", *flags, "hi"], capsys)
+    assert name in err
+
+
+def test_ngram_and_draft_together(capsys, no_model_loads):
+    msg = cli_error(["generate", "--ngram", "--draft", "some-draft", "hi"], capsys)
+    assert "--ngram" in msg and "--draft" in msg
+
+
+def test_cuda_without_cuda_and_fp16_on_cpu(capsys, tiny_llama_dir, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "CUDA" in cli_error(["generate", "--model", str(tiny_llama_dir), "--device", "cuda", "w1"], capsys)
+    msg = cli_error(["generate", "--model", str(tiny_llama_dir), "--dtype", "float16", "w1"], capsys)
+    assert "float16" in msg
+
+
+def test_empty_prompt(capsys, tiny_llama_dir):
+    msg = cli_error(["generate", "--model", str(tiny_llama_dir), ""], capsys)
+    assert "prompt is empty" in msg
+
+
+@pytest.mark.real
+def test_prompt_longer_than_context(capsys, smollm2_path):
+    argv = ["generate", "--model", str(smollm2_path), "--max-context", "32", "--max-new-tokens", "1", LONG_PROMPT]
+    msg = cli_error(argv, capsys)
+    assert "context of 32 tokens" in msg and "--max-context" in msg
+
+
+def test_pull_unknown_name(capsys, tmp_home):
+    msg = cli_error(["pull", "no-such-model"], capsys)
+    assert "unknown model name" in msg and "smollm2-135m-instruct" in msg
+    assert not (tmp_home / "models").exists()
+
+
+def test_subprocess_error_has_no_traceback(tmp_path):
+    env = {**os.environ, "SPECDEC_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "--model", "no-such-model", "hi"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0
+    assert "error" in proc.stderr and "no-such-model" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_models_lists_registry(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in load_registry():
+        assert name in out
+
+
+@pytest.mark.real
+def test_generate_json(capsys, smollm2_path):
+    code = main(["generate", "--model", str(smollm2_path), "--ngram", "--max-new-tokens", "8", "--json",
+                 "def add(a, b):"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    lines = captured.out.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert set(result) == {"text", "stats"}
+    assert isinstance(result["text"], str) and result["text"]
+    stats = result["stats"]
+    for key in ("new_tokens", "steps", "alpha", "tau", "per_position_acceptance", "draft_seconds",
+                "verify_seconds", "seconds", "tokens_per_second"):
+        assert key in stats
+    assert 1 <= stats["new_tokens"] <= 8
+    assert 1 <= stats["steps"] <= stats["new_tokens"]
+    assert 0.0 <= stats["alpha"] <= 1.0 and stats["tau"] >= 1.0
+    assert stats["seconds"] > 0

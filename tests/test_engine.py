@@ -1,0 +1,149 @@
+"""The engine loop on tiny random fp32 models: greedy equivalence and the sampled distribution."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from specdec.config import GenerationConfig, SamplingParams
+from specdec.drafters.base import NoDrafter
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine.generate import SpeculativeGenerator
+from specdec.errors import SpecdecError
+from tests.conftest import TINY_VOCAB, tiny_model
+
+PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]
+
+
+def run(target, drafter, prompt, k=4, max_new=40, sampling=SamplingParams(), eos=frozenset()):
+    engine = SpeculativeGenerator(target, drafter, capacity=256)
+    return engine.generate(prompt, GenerationConfig(max_new, k, sampling), eos)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_target):
+    return [run(tiny_target, NoDrafter(), p).tokens for p in PROMPTS]
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("which", ["self", "other", "ngram"])
+def test_greedy_equivalence_tiny(tiny_target, tiny_draft, plain_outputs, which, k):
+    drafter = {"self": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256),
+               "other": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256),
+               "ngram": lambda: NgramDrafter(3, 1)}[which]()
+    for prompt, expected in zip(PROMPTS, plain_outputs):
+        result = run(tiny_target, drafter, prompt, k=k)
+        assert result.tokens == expected, f"{which} k={k} diverged on prompt {prompt}"
+        if which == "self":  # the target drafting for itself: every draft token is accepted
+            assert result.stats.alpha == 1.0 and result.stats.tau == pytest.approx(k + 1, abs=1.0)
+
+
+def test_random_drafter_is_mostly_rejected_but_exact(tiny_target, tiny_draft, plain_outputs):
+    result = run(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), PROMPTS[0], k=4)
+    assert result.tokens == plain_outputs[0]
+    assert result.stats.alpha < 0.5
+    assert result.stats.steps > 40 / 4  # few tokens per step when most drafts fail
+
+
+def test_plain_decoding_stats(tiny_target):
+    result = run(tiny_target, NoDrafter(), PROMPTS[0], max_new=10)
+    s = result.stats
+    assert (s.new_tokens, s.steps, s.drafted, s.tau) == (10, 9, 0, 1.0)
+    assert result.finish_reason == "length"
+
+
+def test_budget_and_eos(tiny_target, plain_outputs):
+    expected = plain_outputs[0]
+    eos = expected[7]
+    first = expected.index(eos)
+    result = run(tiny_target, DraftModelDrafter(tiny_target, TINY_VOCAB, 256), PROMPTS[0], eos={eos})
+    assert result.tokens == expected[:first + 1] and result.finish_reason == "stop"
+    result = run(tiny_target, DraftModelDrafter(tiny_target, TINY_VOCAB, 256), PROMPTS[0], k=8, max_new=5)
+    assert result.tokens == expected[:5] and result.stats.new_tokens == 5
+
+
+def test_stats_per_position(tiny_target):
+    s = run(tiny_target, DraftModelDrafter(tiny_target, TINY_VOCAB, 256), PROMPTS[0], k=3, max_new=13).stats
+    assert s.per_position_acceptance == [1.0, 1.0, 1.0]
+    assert sum(s.emitted_per_step) == s.new_tokens - 1  # the prefill emits the first token
+
+
+def test_context_overflow_is_a_clear_error(tiny_target):
+    engine = SpeculativeGenerator(tiny_target, NoDrafter(), capacity=16)
+    with pytest.raises(SpecdecError, match="context"):
+        engine.generate(list(range(10)), GenerationConfig(max_new_tokens=8))
+    with pytest.raises(SpecdecError, match="empty"):
+        engine.generate([], GenerationConfig(max_new_tokens=8))
+
+
+def test_near_capacity_caps_k_and_stays_exact(tiny_target):
+    prompt = list(range(20))
+    expected = SpeculativeGenerator(tiny_target, NoDrafter(), 28).generate(prompt, GenerationConfig(8, 1)).tokens
+    engine = SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_target, TINY_VOCAB, 28), 28)
+    assert engine.generate(prompt, GenerationConfig(8, 6)).tokens == expected
+
+
+# ---- sampling: the first 3 generated tokens follow the target's exact joint distribution ----
+
+SMALL_VOCAB = 3
+N_TRIALS = 2000
+
+
+def exact_joint(model, prompt, n, sampling):
+    """P(t1..tn | prompt) for every sequence, by enumeration with full forwards."""
+    from specdec.sampling.logits import probs_from_logits
+    joint = {}
+    for seq in itertools.product(range(SMALL_VOCAB), repeat=n):
+        x = torch.tensor([prompt + list(seq)])
+        logits = model(x, model.new_cache(64), 0)[0]  # [T, vocab]
+        probs = probs_from_logits(logits, sampling)
+        rows = range(len(prompt) - 1, len(prompt) - 1 + n)
+        joint[seq] = math.prod(probs[r, t].item() for r, t in zip(rows, seq))
+    return joint
+
+
+def tv(counts: dict, joint: dict, n: int) -> float:
+    return 0.5 * sum(abs(counts.get(s, 0) / n - p) for s, p in joint.items())
+
+
+def tv_bound(cells: int, n: int, delta: float = 1e-4) -> float:
+    """E[TV] <= 0.5 * sqrt(cells / n); McDiarmid adds sqrt(ln(1/delta) / (2n)) with prob. >= 1 - delta."""
+    return 0.5 * math.sqrt(cells / n) + math.sqrt(math.log(1 / delta) / (2 * n))
+
+
+def sample_first3(target, drafter, prompt, sampling):
+    engine = SpeculativeGenerator(target, drafter, capacity=64)
+    counts = {}
+    for seed in range(N_TRIALS):
+        cfg = GenerationConfig(4, 3, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed))
+        seq = tuple(engine.generate(prompt, cfg).tokens[:3])
+        counts[seq] = counts.get(seq, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("sampling, methods", [
+    (SamplingParams(1.0), ("draft", "ngram", "plain")),
+    (SamplingParams(0.7, top_k=2, top_p=0.9), ("draft",)),
+])
+def test_speculative_sampling_matches_target_distribution(sampling, methods):
+    """Tokens 2 and 3 come from verifying a 2-token draft chain (accepted, recovered or bonus)."""
+    target = tiny_model(10, vocab_size=SMALL_VOCAB, max_position_embeddings=64)
+    draft = tiny_model(11, vocab_size=SMALL_VOCAB, max_position_embeddings=64)
+    prompt = [0, 1, 2, 0, 1]
+    joint = exact_joint(target, prompt, 3, sampling)
+    bound = tv_bound(len(joint), N_TRIALS)
+    # power: a sampler that emitted the draft's tokens unchecked would be far outside the bound
+    assert 0.5 * sum(abs(a - b) for a, b in zip(joint.values(), exact_joint(draft, prompt, 3, sampling).values())) > 1.5 * bound
+    drafters = {"draft": DraftModelDrafter(draft, SMALL_VOCAB, 64), "ngram": NgramDrafter(2, 1), "plain": NoDrafter()}
+    for method in methods:
+        counts = sample_first3(target, drafters[method], prompt, sampling)
+        assert tv(counts, joint, N_TRIALS) < bound, method
+
+
+def test_same_seed_same_output(tiny_target, tiny_draft):
+    cfg = GenerationConfig(20, 4, SamplingParams(0.8, seed=123))
+    runs = [SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 64), 64)
+            .generate(PROMPTS[0], cfg).tokens for _ in range(2)]
+    assert runs[0] == runs[1]
