@@ -56,7 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("prompt", help="the prompt text")
+    bench = sub.add_parser("bench", help="side-by-side greedy comparison of methods and HF transformers")
+    bench.add_argument("--model", default=DEFAULT_TARGET, help="target: registry name, .gguf path or HF directory")
+    bench.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the 'draft' and 'hf-assisted' methods")
+    bench.add_argument("--methods", default="plain,draft,ngram,hf",
+                       help="comma list from plain, draft, ngram, hf, hf-assisted, hf-lookup")
+    bench.add_argument("--dataset", default=None, help="JSONL with 'prompt' or 'turns' (default: shipped code prompts)")
+    bench.add_argument("--limit", type=integer, default=None, help="first N prompts only")
+    bench.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
+    bench.add_argument("--max-new-tokens", type=integer, default=128)
+    bench.add_argument("--device", default=None, help="cpu or cuda[:N]")
+    bench.add_argument("--out", default="runs/bench", help="output directory")
     return parser
+
+
+def cmd_bench(args) -> int:
+    from specdec.bench.compare import run_comparison
+    run_comparison(args)
+    return 0
 
 
 def cmd_pull(args) -> int:
@@ -88,7 +105,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate}
+COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,9 @@ class GenerationStats:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def summary(self) -> dict:
-        return {"new_tokens": self.new_tokens, "steps": self.steps, "alpha": round(self.alpha, 4),
+        return {"new_tokens": self.new_tokens, "steps": self.steps, "drafted": self.drafted,
+                "accepted": self.accepted, "drafted_at": self.drafted_at, "accepted_at": self.accepted_at,
+                "alpha": round(self.alpha, 4),
                 "tau": round(self.tau, 4),
                 "per_position_acceptance": [round(a, 4) for a in self.per_position_acceptance],
                 "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
