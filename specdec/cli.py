@@ -67,7 +67,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=integer, default=128)
     bench.add_argument("--device", default=None, help="cpu or cuda[:N]")
     bench.add_argument("--out", default="runs/bench", help="output directory")
+    prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c")
+    add_model_flags(prof)
+    prof.add_argument("--draft", default=None, help="draft model, to measure c (draft/target step ratio)")
+    prof.add_argument("--context", type=integer, default=512, help="cached positions before the timed forward")
+    prof.add_argument("--repeats", type=integer, default=7)
+    prof.add_argument("--out", default="runs/profile.json", help="where to write the JSON")
     return parser
+
+
+def cmd_profile(args) -> int:
+    from specdec.bench.profile import print_profile, profile, write_profile
+    from specdec.model import load_model
+    from specdec.runner import log
+    target = load_model(args.model, args.device, args.dtype, progress=log)
+    draft = load_model(args.draft, args.device, args.dtype, progress=log) if args.draft else None
+    result = profile(target.module, draft.module if draft else None, args.context, args.repeats)
+    print_profile(result)
+    write_profile(result, args.out)
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -105,7 +123,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench}
+COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile}
 
 
 def main(argv: list[str] | None = None) -> int:

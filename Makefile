@@ -1,0 +1,35 @@
+# Two commands on a fresh machine:  `make run` (the main job) and `make test` (the tests).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TARGET ?= qwen2.5-coder-1.5b-instruct
+DRAFT  ?= qwen2.5-coder-0.5b-instruct
+PROMPT ?= Write a Python function that merges two sorted lists into one sorted list.
+
+.PHONY: venv run test bench clean
+
+# torch is pinned to the CPU build that lies on this machine's disk; an open range pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(VENV)/bin/specdec pull $(TARGET) $(DRAFT)
+	@echo "== speculative (draft model, k=4) =="
+	$(VENV)/bin/specdec generate --model $(TARGET) --draft $(DRAFT) --k 4 --chat "$(PROMPT)"
+	@echo "== plain decoding, same engine =="
+	$(VENV)/bin/specdec generate --model $(TARGET) --draft none --chat "$(PROMPT)"
+
+test: venv
+	$(PY) -m pytest -q
+
+bench: venv
+	$(VENV)/bin/specdec bench --methods plain,draft,ngram,hf --limit 10 --max-new-tokens 128 --out runs/core
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,95 @@
+"""`specdec profile`: bandwidth, plain step time against the roofline, verify-cost curve v(n), draft ratio c.
+
+v(n) = t(n) / t(1), the time of one target forward over n new positions at a realistic context
+relative to a single-token decode step. c = draft step time / target step time.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.model.transformer import Transformer
+
+VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def read_bandwidth_gbs(device: torch.device, megabytes: int = 1024, repeats: int = 5) -> float:
+    """Streaming read bandwidth: best time of a full reduction over a large buffer."""
+    x = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        x.sum()
+        synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def weight_bytes(model: Transformer) -> int:
+    """Bytes read per decode step: every parameter once (a tied embedding counted once, as the head)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total
+
+
+def forward_seconds(model: Transformer, n: int, context: int, repeats: int) -> float:
+    """Median time of a forward over n new positions after `context` cached positions."""
+    device = model.lm_head.weight.device
+    cache = model.new_cache(context + n)
+    cache.advance(context)
+    x = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        t0 = time.perf_counter()
+        model(x, cache, context)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])  # the first call warms up
+
+
+def profile(target: Transformer, draft: Transformer | None, context: int = 512, repeats: int = 7,
+            bandwidth_mb: int = 1024) -> dict:
+    device = target.lm_head.weight.device
+    bandwidth = read_bandwidth_gbs(device, bandwidth_mb)
+    t = {n: forward_seconds(target, n, context, repeats) for n in VERIFY_SIZES}
+    roofline = bandwidth * 1e9 / weight_bytes(target)
+    result = {"device": str(device), "dtype": str(target.lm_head.weight.dtype), "context": context,
+              "bandwidth_gbs": round(bandwidth, 2), "weight_bytes": weight_bytes(target),
+              "step_seconds": round(t[1], 5), "plain_tokens_per_second": round(1 / t[1], 3),
+              "roofline_tokens_per_second": round(roofline, 3),
+              "roofline_fraction": round(1 / t[1] / roofline, 3),
+              "forward_seconds": {str(n): round(s, 5) for n, s in t.items()},
+              "verify_cost": {str(n): round(s / t[1], 3) for n, s in t.items()}}
+    if draft is not None:
+        d1 = forward_seconds(draft, 1, context, repeats)
+        result.update({"draft_step_seconds": round(d1, 5), "draft_cost_ratio": round(d1 / t[1], 3)})
+    return result
+
+
+def print_profile(r: dict) -> None:
+    print(f"bandwidth {r['bandwidth_gbs']} GB/s | weights {r['weight_bytes'] / 1e9:.2f} GB | "
+          f"plain {r['plain_tokens_per_second']} tok/s vs roofline {r['roofline_tokens_per_second']} tok/s "
+          f"({100 * r['roofline_fraction']:.0f}%)")
+    print("v(n): " + "  ".join(f"v({n})={v}" for n, v in r["verify_cost"].items()))
+    if "draft_cost_ratio" in r:
+        print(f"draft step {r['draft_step_seconds'] * 1000:.1f} ms, c = {r['draft_cost_ratio']}")
+
+
+def write_profile(r: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(r, indent=1))
