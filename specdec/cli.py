@@ -24,6 +24,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
+    p.add_argument("--no-pack", action="store_true",
+                   help="CPU fp32: keep the default MKL GEMMs for verify passes instead of oneDNN prepacked "
+                        "weights (saves one copy of the target's weights in memory; verification is slower)")
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
@@ -66,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
     bench.add_argument("--max-new-tokens", type=integer, default=128)
     bench.add_argument("--device", default=None, help="cpu or cuda[:N]")
+    bench.add_argument("--no-pack", action="store_true", help="CPU fp32: no oneDNN prepacked weights for the target")
     bench.add_argument("--out", default="runs/bench", help="output directory")
     prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c")
     add_model_flags(prof)
@@ -80,7 +84,7 @@ def cmd_profile(args) -> int:
     from specdec.bench.profile import print_profile, profile, write_profile
     from specdec.model import load_model
     from specdec.runner import log
-    target = load_model(args.model, args.device, args.dtype, progress=log)
+    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
     draft = load_model(args.draft, args.device, args.dtype, progress=log) if args.draft else None
     result = profile(target.module, draft.module if draft else None, args.context, args.repeats)
     print_profile(result)

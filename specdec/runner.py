@@ -49,7 +49,7 @@ class Runner:
         if args.ngram and args.draft not in (None, "none"):
             raise SpecdecError("choose either --draft MODEL or --ngram, not both")
         method = "ngram" if args.ngram else ("none" if args.draft in (None, "none") else "draft")
-        target = load_model(args.model, args.device, args.dtype, progress=log)
+        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
         draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
         drafter = build_drafter(method, target, args.max_context, draft, ngram)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context)

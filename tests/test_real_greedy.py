@@ -15,15 +15,24 @@ PROMPTS = ["Write a Python function that returns the factorial of n.",
            "List three facts about the moon, then repeat the list in reverse order."]
 
 
+@pytest.fixture(scope="module", params=["default", "packed"])
+def smollm2_variant(request, smollm2_path):
+    """The real model with the default GEMMs and with oneDNN-packed verify GEMMs."""
+    from specdec.model import load_model
+    return load_model(str(smollm2_path), device="cpu", pack=request.param == "packed")
+
+
 @pytest.fixture(scope="module")
-def prompts_and_plain(smollm2):
+def prompts_and_plain(smollm2_variant):
+    smollm2 = smollm2_variant
     ids = [encode_prompt(smollm2.tokenizer, p, chat=True) for p in PROMPTS]
     engine = SpeculativeGenerator(smollm2.module, NoDrafter(), 512)
     return ids, [engine.generate(p, GenerationConfig(48, 1), smollm2.eos_ids).tokens for p in ids]
 
 
 @pytest.mark.parametrize("which, k", [("self", 4), ("random", 3), ("ngram", 4), ("ngram", 1)])
-def test_smollm2_greedy_equivalence(smollm2, prompts_and_plain, which, k):
+def test_smollm2_greedy_equivalence(smollm2_variant, prompts_and_plain, which, k):
+    smollm2 = smollm2_variant
     vocab = smollm2.module.config.vocab_size
     drafter = {"self": lambda: DraftModelDrafter(smollm2.module, vocab, 512),
                "random": lambda: DraftModelDrafter(tiny_model(5, vocab_size=vocab), vocab, 512),

@@ -10,9 +10,13 @@ import torch
 class HFBaseline:
     """Runs transformers' generate() on the HF-layout directory our loader reads (same fp32 weights)."""
 
-    def __init__(self, directory, eos_ids: set[int], assistant_directory=None):
+    def __init__(self, directory, eos_ids: set[int], assistant_directory=None, share=None):
+        """share: our loaded module of the same checkpoint; HF then uses its very tensors (no second copy)."""
         from transformers import AutoModelForCausalLM
         self.model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+        if share is not None:
+            self.model.load_state_dict(share.state_dict(), strict=False, assign=True)
+            self.model.tie_weights()
         self.assistant = None
         if assistant_directory is not None:
             self.assistant = AutoModelForCausalLM.from_pretrained(str(assistant_directory), dtype=torch.float32).eval()

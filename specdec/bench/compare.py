@@ -137,7 +137,7 @@ def run_comparison(args) -> dict:
         from specdec.errors import SpecdecError
         raise SpecdecError(f"unknown method(s) {unknown}; choose from {list(OUR_METHODS) + list(HF_METHODS)}")
     prompts = load_prompts(args.dataset)[: args.limit]
-    target = load_model(args.model, args.device, None, progress=log)
+    target = load_model(args.model, args.device, None, progress=log, pack=not args.no_pack)
     needs_draft = "draft" in methods or "hf-assisted" in methods
     draft = load_model(args.draft, args.device, None, progress=log) if needs_draft else None
     hf = make_hf(args, target, draft, methods)
@@ -164,4 +164,4 @@ def make_hf(args, target, draft, methods):
     from specdec.model.loading import model_directory
     from specdec.model.registry import resolve_model
     assistant = model_directory(resolve_model(args.draft)) if "hf-assisted" in methods else None
-    return HFBaseline(model_directory(resolve_model(args.model)), target.eos_ids, assistant)
+    return HFBaseline(model_directory(resolve_model(args.model)), target.eos_ids, assistant, share=target.module)

@@ -23,10 +23,16 @@ class LoadedModel:
         return self.module.lm_head.weight.device
 
 
-def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print) -> LoadedModel:
-    """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype."""
+def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
+               pack: bool = False) -> LoadedModel:
+    """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
+
+    pack: on CPU in fp32, route multi-row GEMMs (verify passes) through oneDNN prepacked weights
+    (see cpu_linear.py). It costs a second copy of the weights in memory. Ignored elsewhere.
+    """
     from specdec.model.loading import load_hf_dir, model_directory, resolve_device, resolve_dtype
     from specdec.model.registry import resolve_model
+    from specdec.model.cpu_linear import onednn_available, pack_linears
     from specdec.model.tokenizer import eos_ids, load_tokenizer
 
     dev = resolve_device(device)
@@ -34,4 +40,6 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     directory = model_directory(resolve_model(spec), progress)
     tokenizer = load_tokenizer(directory)
     module = load_hf_dir(directory, dev, torch_dtype)
+    if pack and dev.type == "cpu" and torch_dtype == torch.float32 and onednn_available():
+        pack_linears(module)
     return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer))
