@@ -23,22 +23,34 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def read_bandwidth_gbs(device: torch.device, megabytes: int = 1024, repeats: int = 5) -> float:
-    """Streaming read bandwidth: best time of a full reduction over a large buffer."""
-    x = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32, device=device)
+def best_seconds(fn, device: torch.device, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         synchronize(device)
         t0 = time.perf_counter()
-        x.sum()
+        fn()
         synchronize(device)
         best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best / 1e9
+    return best
+
+
+def read_bandwidth_gbs(device: torch.device, megabytes: int = 1024, repeats: int = 5) -> float:
+    """Streaming read bandwidth: the faster of a full reduction and a matrix-vector product over
+    a buffer far larger than the caches (the GEMV is the access pattern of a decode step)."""
+    cols = 4096
+    w = torch.ones(megabytes * (1 << 20) // 4 // cols, cols, dtype=torch.float32, device=device)  # [rows, cols]
+    x = torch.ones(cols, 1, dtype=torch.float32, device=device)
+    seconds = min(best_seconds(w.sum, device, repeats), best_seconds(lambda: w @ x, device, repeats))
+    return w.numel() * 4 / seconds / 1e9
 
 
 def weight_bytes(model: Transformer) -> int:
-    """Bytes read per decode step: every parameter once (a tied embedding counted once, as the head)."""
-    seen, total = set(), 0
+    """Bytes of weights read per decode step: every parameter once, except an untied input
+    embedding (a step gathers one row of it). A tied embedding is read once, as the head."""
+    embed = model.model.embed_tokens.weight
+    seen, total = {id(embed)}, 0
+    if embed is model.lm_head.weight:
+        seen = set()
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
