@@ -36,6 +36,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-max", type=integer, default=3, help="largest n-gram to match")
     p.add_argument("--ngram-min", type=integer, default=1, help="smallest n-gram to match")
     p.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
+    p.add_argument("--draft-vocab", type=integer, default=0,
+                   help="draft model scores only the first N token ids (0 = all); cuts its LM-head cost")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dataset", default=None, help="JSONL with 'prompt' or 'turns' (default: shipped code prompts)")
     bench.add_argument("--limit", type=integer, default=None, help="first N prompts only")
     bench.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
+    bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
     bench.add_argument("--max-new-tokens", type=integer, default=128)
     bench.add_argument("--device", default=None, help="cpu or cuda[:N]")
     bench.add_argument("--no-pack", action="store_true", help="CPU fp32: no oneDNN prepacked weights for the target")

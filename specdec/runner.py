@@ -18,7 +18,7 @@ def log(msg: str) -> None:
 
 
 def build_drafter(method: str, target: LoadedModel, capacity: int, draft: LoadedModel | None = None,
-                  ngram: NgramConfig = NgramConfig()) -> Drafter:
+                  ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0) -> Drafter:
     """method: 'none', 'ngram' or 'draft' (then `draft` is the loaded draft model)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
@@ -28,7 +28,7 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
         return NgramDrafter(ngram.max_n, ngram.min_n)
     if method == "draft" and draft is not None:
         check_compatible(target.tokenizer, draft.tokenizer)
-        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity)
+        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab)
     raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram or draft")
 
 
@@ -51,7 +51,9 @@ class Runner:
         method = "ngram" if args.ngram else ("none" if args.draft in (None, "none") else "draft")
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
         draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
-        drafter = build_drafter(method, target, args.max_context, draft, ngram)
+        if args.draft_vocab < 0:
+            raise SpecdecError(f"draft_vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
+        drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context)
         label = f"draft {args.draft} k={args.k}" if method == "draft" else (
             f"ngram k={args.k}" if method == "ngram" else "plain")

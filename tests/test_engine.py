@@ -28,16 +28,27 @@ def plain_outputs(tiny_target):
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
-@pytest.mark.parametrize("which", ["self", "other", "ngram"])
+@pytest.mark.parametrize("which", ["self", "other", "ngram", "self-truncated-head"])
 def test_greedy_equivalence_tiny(tiny_target, tiny_draft, plain_outputs, which, k):
     drafter = {"self": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256),
                "other": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256),
+               "self-truncated-head": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256, head_rows=48),
                "ngram": lambda: NgramDrafter(3, 1)}[which]()
     for prompt, expected in zip(PROMPTS, plain_outputs):
         result = run(tiny_target, drafter, prompt, k=k)
         assert result.tokens == expected, f"{which} k={k} diverged on prompt {prompt}"
         if which == "self":  # the target drafting for itself: every draft token is accepted
             assert result.stats.alpha == 1.0 and result.stats.tau == pytest.approx(k + 1, abs=1.0)
+
+
+def test_truncated_head_drafts_only_low_ids_and_leaves_the_model_alone(tiny_target):
+    drafter = DraftModelDrafter(tiny_target, TINY_VOCAB, 256, head_rows=10)
+    assert drafter.model.lm_head.weight.shape[0] == 10 and tiny_target.lm_head.weight.shape[0] == TINY_VOCAB
+    assert drafter.model.lm_head.weight.data_ptr() == tiny_target.lm_head.weight.data_ptr()  # a view
+    from specdec.drafters.base import DraftState
+    drafter.start(PROMPTS[0])
+    tree = drafter.propose(DraftState(PROMPTS[0], 5, SamplingParams(), None))
+    assert len(tree) == 5 and all(t < 10 for t in tree.tokens.tolist())
 
 
 def test_random_drafter_is_mostly_rejected_but_exact(tiny_target, tiny_draft, plain_outputs):
@@ -124,7 +135,7 @@ def sample_first3(target, drafter, prompt, sampling):
 
 
 @pytest.mark.parametrize("sampling, methods", [
-    (SamplingParams(1.0), ("draft", "ngram", "plain")),
+    (SamplingParams(1.0), ("draft", "ngram", "plain", "draft-truncated-head")),
     (SamplingParams(0.7, top_k=2, top_p=0.9), ("draft",)),
 ])
 def test_speculative_sampling_matches_target_distribution(sampling, methods):
@@ -136,7 +147,8 @@ def test_speculative_sampling_matches_target_distribution(sampling, methods):
     bound = tv_bound(len(joint), N_TRIALS)
     # power: a sampler that emitted the draft's tokens unchecked would be far outside the bound
     assert 0.5 * sum(abs(a - b) for a, b in zip(joint.values(), exact_joint(draft, prompt, 3, sampling).values())) > 1.5 * bound
-    drafters = {"draft": DraftModelDrafter(draft, SMALL_VOCAB, 64), "ngram": NgramDrafter(2, 1), "plain": NoDrafter()}
+    drafters = {"draft": DraftModelDrafter(draft, SMALL_VOCAB, 64), "ngram": NgramDrafter(2, 1), "plain": NoDrafter(),
+                "draft-truncated-head": DraftModelDrafter(draft, SMALL_VOCAB, 64, head_rows=2)}  # q(2) = 0
     for method in methods:
         counts = sample_first3(target, drafters[method], prompt, sampling)
         assert tv(counts, joint, N_TRIALS) < bound, method

@@ -45,11 +45,12 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 class Comparison:
-    def __init__(self, target, draft, methods, k: int, max_new_tokens: int, capacity: int = 4096, hf=None):
+    def __init__(self, target, draft, methods, k: int, max_new_tokens: int, capacity: int = 4096, hf=None,
+                 draft_vocab: int = 0):
         self.target, self.methods, self.hf = target, methods, hf
         self.cfg = GenerationConfig(max_new_tokens, k)
         self.engines = {m: SpeculativeGenerator(target.module, build_drafter(
-            "none" if m == "plain" else m, target, capacity, draft, NgramConfig()), capacity)
+            "none" if m == "plain" else m, target, capacity, draft, NgramConfig(), draft_vocab), capacity)
             for m in methods if m in OUR_METHODS}
 
     def run_one(self, prompt: Prompt, method: str) -> Record:
@@ -145,9 +146,10 @@ def run_comparison(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "records.jsonl").unlink(missing_ok=True)
     t0 = time.time()
-    records = Comparison(target, draft, methods, args.k, args.max_new_tokens, hf=hf).run(prompts, out / "records.jsonl")
+    records = Comparison(target, draft, methods, args.k, args.max_new_tokens, hf=hf,
+                         draft_vocab=args.draft_vocab).run(prompts, out / "records.jsonl")
     summary = {"config": {"model": args.model, "draft": args.draft if needs_draft else None, "k": args.k,
-                          "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+                          "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
                           "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "greedy": True,
                           "wall_seconds": round(time.time() - t0, 1)},
                "methods": summarize(records)}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
+from torch import nn
 
 from specdec.drafters.base import DraftState
 from specdec.model.transformer import Transformer
@@ -25,8 +28,8 @@ class DraftModelDrafter:
     and draft tokens are sampled from that q, which rejection sampling needs to stay lossless.
     """
 
-    def __init__(self, model: Transformer, target_vocab: int, capacity: int):
-        self.model = model
+    def __init__(self, model: Transformer, target_vocab: int, capacity: int, head_rows: int = 0):
+        self.model = truncated_head(model, head_rows) if 0 < head_rows < model.config.vocab_size else model
         self.target_vocab = target_vocab
         self.cache = model.new_cache(capacity)
         self.cached: list[int] = []  # tokens whose keys/values the cache holds
@@ -79,3 +82,19 @@ def align_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
         return logits[..., :vocab]
     pad = logits.new_full((*logits.shape[:-1], vocab - logits.shape[-1]), float("-inf"))
     return torch.cat([logits, pad], dim=-1)
+
+
+def truncated_head(model: Transformer, rows: int) -> Transformer:
+    """A view of the model whose LM head scores only token ids < rows (no weights copied).
+
+    BPE ids are roughly ordered by merge frequency, so the first ids cover most drafted text
+    (the idea of FR-Spec's frequency-ranked draft vocabulary). The head is a large part of a small
+    draft model's bytes per step. q is 0 beyond `rows`; rejection sampling stays exact for any q,
+    and the target recovers such tokens itself.
+    """
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    head = nn.Linear(model.config.hidden_size, rows, bias=False, device="meta")
+    head.weight = nn.Parameter(model.lm_head.weight[:rows], requires_grad=False)  # [rows, hidden], a view
+    view.lm_head = head
+    return view
