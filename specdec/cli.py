@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("prompt", help="the prompt text")
     bench = sub.add_parser("bench", help="side-by-side greedy comparison of methods and HF transformers")
-    bench.add_argument("--model", default=DEFAULT_TARGET, help="target: registry name, .gguf path or HF directory")
+    add_model_flags(bench)
     bench.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the 'draft' and 'hf-assisted' methods")
     bench.add_argument("--methods", default="plain,draft,ngram,hf",
                        help="comma list from plain, draft, ngram, hf, hf-assisted, hf-lookup")
@@ -71,8 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
     bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
     bench.add_argument("--max-new-tokens", type=integer, default=128)
-    bench.add_argument("--device", default=None, help="cpu or cuda[:N]")
-    bench.add_argument("--no-pack", action="store_true", help="CPU fp32: no oneDNN prepacked weights for the target")
     bench.add_argument("--out", default="runs/bench", help="output directory")
     prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c")
     add_model_flags(prof)

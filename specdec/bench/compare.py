@@ -138,15 +138,15 @@ def run_comparison(args) -> dict:
         from specdec.errors import SpecdecError
         raise SpecdecError(f"unknown method(s) {unknown}; choose from {list(OUR_METHODS) + list(HF_METHODS)}")
     prompts = load_prompts(args.dataset)[: args.limit]
-    target = load_model(args.model, args.device, None, progress=log, pack=not args.no_pack)
+    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
     needs_draft = "draft" in methods or "hf-assisted" in methods
-    draft = load_model(args.draft, args.device, None, progress=log) if needs_draft else None
+    draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
     hf = make_hf(args, target, draft, methods)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "records.jsonl").unlink(missing_ok=True)
     t0 = time.time()
-    records = Comparison(target, draft, methods, args.k, args.max_new_tokens, hf=hf,
+    records = Comparison(target, draft, methods, args.k, args.max_new_tokens, args.max_context, hf=hf,
                          draft_vocab=args.draft_vocab).run(prompts, out / "records.jsonl")
     summary = {"config": {"model": args.model, "draft": args.draft if needs_draft else None, "k": args.k,
                           "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),

@@ -33,10 +33,12 @@ class DraftModelDrafter:
         self.target_vocab = target_vocab
         self.cache = model.new_cache(capacity)
         self.cached: list[int] = []  # tokens whose keys/values the cache holds
+        self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
 
     def start(self, prompt: list[int]) -> None:
         self.cache.reset()
         self.cached = []
+        self.committed = 0
 
     def propose(self, state: DraftState) -> DraftTree:
         if state.k < 1:
@@ -61,7 +63,8 @@ class DraftModelDrafter:
 
     def _sync(self, tokens: list[int]) -> list[int]:
         """Roll the cache back to the prefix it shares with tokens; return the tokens to feed."""
-        n = min(common_prefix(self.cached, tokens), len(tokens) - 1)
+        n = min(common_prefix(self.cached, tokens, min(self.committed, len(self.cached))), len(tokens) - 1)
+        self.committed = len(tokens)
         self.cache.truncate(n)
         self.cached = self.cached[:n]
         feed = tokens[n:]
