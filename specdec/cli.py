@@ -67,11 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default="plain,draft,ngram,hf",
                        help="comma list from plain, draft, ngram, hf, hf-assisted, hf-lookup")
     bench.add_argument("--dataset", default=None, help="JSONL with 'prompt' or 'turns' (default: shipped code prompts)")
-    bench.add_argument("--limit", type=integer, default=None, help="first N prompts only")
+    bench.add_argument("--limit", type=integer, default=None, help="first N prompts of each category")
+    bench.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
     bench.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
     bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
     bench.add_argument("--max-new-tokens", type=integer, default=128)
-    bench.add_argument("--out", default="runs/bench", help="output directory")
+    bench.add_argument("--out", default="runs/bench",
+                       help="output directory; a run there that was interrupted resumes where it stopped")
     prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c")
     add_model_flags(prof)
     prof.add_argument("--draft", default=None, help="draft model, to measure c (draft/target step ratio)")

@@ -46,8 +46,8 @@ def test_summary_reports_speedup_acceptance_and_mismatches():
              "tau": 2.5, "alpha": 0.75, "draft_seconds": 0.1, "verify_seconds": 0.5, "prefill_seconds": 0.1}
     plain = dict(steps=5, drafted=0, accepted=0, drafted_at=[], accepted_at=[], tau=1.0, alpha=0.0,
                  draft_seconds=0.0, verify_seconds=1.0, prefill_seconds=0.1)
-    recs = [Record("p1", "code", "plain", [1, 2, 3, 4, 5], 2.0, plain),
-            Record("p1", "code", "draft", [1, 2, 3, 4, 5], 1.0, stats),
+    recs = [Record("p1", "code", "plain", [1, 2, 3, 4, 5], 2.0, [plain]),
+            Record("p1", "code", "draft", [1, 2, 3, 4, 5], 1.0, [stats]),
             Record("p1", "code", "hf", [1, 2, 9, 4, 5], 4.0, None)]
     s = summarize(recs)
     assert s["draft"]["speedup_vs_plain_mean"] == 2.0 and s["hf"]["speedup_vs_plain_mean"] == 0.5
@@ -62,3 +62,32 @@ def test_profile_reports_the_verify_curve(tiny_target, tiny_draft):
     for key in ("bandwidth_gbs", "plain_tokens_per_second", "roofline_tokens_per_second", "roofline_fraction",
                 "draft_cost_ratio"):
         assert r[key] > 0
+
+
+def test_select_prompts_by_category_and_limit():
+    from specdec.bench.compare import select_prompts
+    from specdec.bench.datasets import Prompt
+    prompts = [Prompt(str(i), c, ("x",)) for i, c in enumerate(["a", "b", "a", "b", "a"])]
+    assert [p.id for p in select_prompts(prompts, None, 2)] == ["0", "1", "2", "3"]
+    assert [p.id for p in select_prompts(prompts, "a", None)] == ["0", "2", "4"]
+    with pytest.raises(SpecdecError, match="no prompts"):
+        select_prompts(prompts, "zzz", None)
+
+
+def test_bench_end_to_end_multi_turn_and_resume(tiny_llama_dir, tmp_path):
+    """Tiny model, a 2-turn prompt and a 1-turn prompt; a second run resumes and runs nothing new."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "m", "category": "mt", "turns": ["w1 w2 w3 w1 w2", "w4 w1 w2"]}) + "\n"
+                    + json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6"}) + "\n")
+    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram,hf", "--dataset", str(data),
+            "--max-new-tokens", "12", "--out", str(tmp_path / "run")]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 6
+    multi = [r for r in records if r["prompt_id"] == "m" and r["method"] == "plain"][0]
+    assert len(multi["stats"]) == 2  # one stats entry per turn
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["categories"]) == {"mt", "qa"}
+    assert summary["methods"]["ngram"]["greedy_mismatches"] == []
+    assert main(argv) == 0  # resume: nothing left to run
+    assert len((tmp_path / "run" / "records.jsonl").read_text().splitlines()) == 6

@@ -16,7 +16,7 @@ from pathlib import Path
 from specdec.bench.datasets import Prompt
 from specdec.config import GenerationConfig, NgramConfig
 from specdec.engine.generate import SpeculativeGenerator
-from specdec.model.tokenizer import encode_prompt
+from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter
 
 OUR_METHODS = ("plain", "draft", "ngram")
@@ -30,7 +30,7 @@ class Record:
     method: str
     tokens: list[int]
     seconds: float
-    stats: dict | None  # our engine's GenerationStats.summary(); None for peers
+    stats: list[dict] | None  # per turn, our engine's GenerationStats.summary(); None for peers
 
     @property
     def tokens_per_second(self) -> float:
@@ -53,19 +53,40 @@ class Comparison:
             "none" if m == "plain" else m, target, capacity, draft, NgramConfig(), draft_vocab), capacity)
             for m in methods if m in OUR_METHODS}
 
-    def run_one(self, prompt: Prompt, method: str) -> Record:
-        ids = encode_prompt(self.target.tokenizer, prompt.turns[0], chat=True)
+    def encode(self, messages: list[dict]) -> list[int]:
+        tok = self.target.tokenizer
+        if tok.chat_template:
+            return encode_messages(tok, messages)
+        return encode_prompt(tok, "\n\n".join(m["content"] for m in messages), chat=False)
+
+    def generate(self, ids: list[int], method: str) -> tuple[list[int], float, dict | None]:
         if method in self.engines:
             res = self.engines[method].generate(ids, self.cfg, self.target.eos_ids)
-            return Record(prompt.id, prompt.category, method, res.tokens, res.stats.seconds, res.stats.summary())
+            return res.tokens, res.stats.seconds, res.stats.summary()
         tokens, seconds = self.hf.generate(ids, self.cfg.max_new_tokens, HF_METHODS[method], self.cfg.k)
-        return Record(prompt.id, prompt.category, method, tokens, seconds, None)
+        return tokens, seconds, None
+
+    def run_one(self, prompt: Prompt, method: str) -> Record:
+        """All turns of a prompt; later turns see the method's own earlier answers (Spec-Bench)."""
+        messages, tokens, seconds, stats = [], [], 0.0, []
+        for turn in prompt.turns:
+            messages.append({"role": "user", "content": turn})
+            new, secs, st = self.generate(self.encode(messages), method)
+            answer = self.target.tokenizer.decode(new, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": answer})
+            tokens, seconds = tokens + new, seconds + secs
+            stats.append(st)
+        return Record(prompt.id, prompt.category, method, tokens, seconds, None if method in HF_METHODS else stats)
 
     def run(self, prompts: list[Prompt], out: Path) -> list[Record]:
-        records = []
+        """Appends to out (JSONL); (prompt, method) pairs already there are not run again (resume)."""
+        records = read_records(out)
+        done = {(r.prompt_id, r.method) for r in records}
         with out.open("a") as f:
             for i, prompt in enumerate(prompts):
                 for method in self.methods:  # interleaved: A B C A B C, so drift hits all alike
+                    if (prompt.id, method) in done:
+                        continue
                     rec = self.run_one(prompt, method)
                     records.append(rec)
                     f.write(json.dumps(rec.__dict__) + "\n")
@@ -73,6 +94,18 @@ class Comparison:
                     print(f"[{i + 1}/{len(prompts)}] {prompt.id} {method:12s} {len(rec.tokens):4d} tok "
                           f"{rec.tokens_per_second:6.2f} tok/s", file=sys.stderr)
         return records
+
+
+def read_records(path: Path) -> list[Record]:
+    if not path.is_file():
+        return []
+    with path.open() as f:
+        return [Record(**json.loads(line)) for line in f if line.strip()]
+
+
+def summarize_by_category(records: list[Record]) -> dict:
+    categories = sorted({r.category for r in records})
+    return {c: summarize([r for r in records if r.category == c]) for c in categories}
 
 
 def summarize(records: list[Record], reference: str = "plain") -> dict:
@@ -99,7 +132,7 @@ def method_summary(recs: list[Record], ref: dict, peer: bool) -> dict:
                "speedup_vs_plain_median": round(statistics.median(speedups), 3) if speedups else None,
                "greedy_mismatches": mismatches}
     if not peer:
-        summary.update(acceptance_summary([r.stats for r in recs]))
+        summary.update(acceptance_summary([turn for r in recs for turn in r.stats]))
     return summary
 
 
@@ -127,6 +160,22 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def select_prompts(prompts: list[Prompt], categories: str | None, limit: int | None) -> list[Prompt]:
+    """Keep the named categories (comma list; None = all) and the first `limit` of each."""
+    wanted = None if categories is None else {c.strip() for c in categories.split(",") if c.strip()}
+    known = {p.category for p in prompts}
+    if wanted is not None and not wanted & known:
+        from specdec.errors import SpecdecError
+        raise SpecdecError(f"no prompts in categories {sorted(wanted)}; the dataset has {sorted(known)}")
+    seen: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        if (wanted is None or p.category in wanted) and seen.get(p.category, 0) < (limit or len(prompts)):
+            seen[p.category] = seen.get(p.category, 0) + 1
+            kept.append(p)
+    return kept
+
+
 def run_comparison(args) -> dict:
     """`specdec bench`: load models once, run every method on every prompt, write the results."""
     from specdec.bench.datasets import load_prompts
@@ -137,14 +186,13 @@ def run_comparison(args) -> dict:
     if unknown:
         from specdec.errors import SpecdecError
         raise SpecdecError(f"unknown method(s) {unknown}; choose from {list(OUR_METHODS) + list(HF_METHODS)}")
-    prompts = load_prompts(args.dataset)[: args.limit]
+    prompts = select_prompts(load_prompts(args.dataset), args.categories, args.limit)
     target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
     needs_draft = "draft" in methods or "hf-assisted" in methods
     draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
     hf = make_hf(args, target, draft, methods)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.jsonl").unlink(missing_ok=True)
     t0 = time.time()
     records = Comparison(target, draft, methods, args.k, args.max_new_tokens, args.max_context, hf=hf,
                          draft_vocab=args.draft_vocab).run(prompts, out / "records.jsonl")
@@ -152,7 +200,7 @@ def run_comparison(args) -> dict:
                           "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
                           "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "greedy": True,
                           "wall_seconds": round(time.time() - t0, 1)},
-               "methods": summarize(records)}
+               "methods": summarize(records), "categories": summarize_by_category(records)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(markdown_table(summary["methods"]))
     print(markdown_table(summary["methods"]))

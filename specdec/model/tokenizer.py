@@ -20,9 +20,13 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
         raise SpecdecError("the prompt is empty; give some text to continue")
     if not chat:
         return tokenizer.encode(prompt, add_special_tokens=True)
+    return encode_messages(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """A conversation through the model's chat template, ready for the assistant's reply."""
     if not tokenizer.chat_template:
         raise SpecdecError("this model has no chat template; drop --chat to use a plain prompt")
-    messages = [{"role": "user", "content": prompt}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
