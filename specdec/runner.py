@@ -22,6 +22,8 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
     """method: 'none', 'ngram' or 'draft' (then `draft` is the loaded draft model)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
+    if draft_vocab < 0:
+        raise SpecdecError(f"draft_vocab must be >= 0 (0 = full vocabulary), got {draft_vocab}")
     if method == "none":
         return NoDrafter()
     if method == "ngram":
@@ -51,8 +53,6 @@ class Runner:
         method = "ngram" if args.ngram else ("none" if args.draft in (None, "none") else "draft")
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
         draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
-        if args.draft_vocab < 0:
-            raise SpecdecError(f"draft_vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
         drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context)
         label = f"draft {args.draft} k={args.k}" if method == "draft" else (

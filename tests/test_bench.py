@@ -91,3 +91,10 @@ def test_bench_end_to_end_multi_turn_and_resume(tiny_llama_dir, tmp_path):
     assert summary["methods"]["ngram"]["greedy_mismatches"] == []
     assert main(argv) == 0  # resume: nothing left to run
     assert len((tmp_path / "run" / "records.jsonl").read_text().splitlines()) == 6
+
+
+def test_negative_draft_vocab_is_refused(tiny_llama_dir, tmp_path, capsys):
+    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain", "--draft-vocab", "-5",
+            "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert "draft_vocab" in capsys.readouterr().err
