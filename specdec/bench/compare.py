@@ -190,9 +190,11 @@ def run_comparison(args) -> dict:
     target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
     needs_draft = "draft" in methods or "hf-assisted" in methods
     draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
-    hf = make_hf(args, target, draft, methods)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    done = {(r.prompt_id, r.method) for r in read_records(out / "records.jsonl")}
+    pending = [m for m in methods if any((p.id, m) not in done for p in prompts)]
+    hf = make_hf(args, target, draft, pending)  # a resumed run loads HF only if it still has HF work
     t0 = time.time()
     records = Comparison(target, draft, methods, args.k, args.max_new_tokens, args.max_context, hf=hf,
                          draft_vocab=args.draft_vocab).run(prompts, out / "records.jsonl")
