@@ -61,17 +61,31 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("prompt", help="the prompt text")
-    bench = sub.add_parser("bench", help="side-by-side greedy comparison of methods and HF transformers")
+    bench = sub.add_parser("bench", help="side-by-side comparison of methods and peers on a prompt set",
+                           description="Runs every method on every prompt, interleaved prompt by prompt, and "
+                                       "writes records.jsonl, summary.json, summary.md and PNG plots to --out.")
     add_model_flags(bench)
     bench.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the 'draft' and 'hf-assisted' methods")
     bench.add_argument("--methods", default="plain,draft,ngram,hf",
-                       help="comma list from plain, draft, ngram, hf, hf-assisted, hf-lookup")
-    bench.add_argument("--dataset", default=None, help="JSONL with 'prompt' or 'turns' (default: shipped code prompts)")
+                       help="comma list from plain, draft, ngram (ours), hf, hf-assisted, hf-lookup "
+                            "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
+                            "a drafting method may pin its k, e.g. draft:8")
+    bench.add_argument("--dataset", default=None,
+                       help="JSONL with 'prompt' or 'turns' (and optional 'category', 'id'); default: shipped code prompts")
     bench.add_argument("--limit", type=integer, default=None, help="first N prompts of each category")
     bench.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
-    bench.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
+    bench.add_argument("--k", default="4", help="draft tokens per step, or a sweep such as 1,2,3,4,6,8")
     bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
     bench.add_argument("--max-new-tokens", type=integer, default=128)
+    bench.add_argument("--temperature", type=float, default=0.0,
+                       help="0 = greedy (outputs are checked token for token against plain decoding)")
+    bench.add_argument("--seed", type=integer, default=None, help="base seed for sampling (per prompt: seed + index)")
+    bench.add_argument("--repeats", type=integer, default=1, help="run everything N times; reports mean ± stdev")
+    bench.add_argument("--theory", action="store_true",
+                       help="print the predicted speedup (1-a^(k+1))/((1-a)(k c + v(k+1))) next to the measured one")
+    bench.add_argument("--cost-profile", default=None,
+                       help="`specdec profile` JSON to take c and v(n) from (default: measured in this run)")
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--out", default="runs/bench",
                        help="output directory; a run there that was interrupted resumes where it stopped")
     prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c")

@@ -17,6 +17,7 @@ class GenerationStats:
     steps: int = 0  # verify steps (the prefill is not a step)
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0  # verify steps where a drafted token was rejected
     drafted_at: list[int] = field(default_factory=list)  # [position] number of drafts reaching it
     accepted_at: list[int] = field(default_factory=list)  # [position] number accepted there
     emitted_per_step: list[int] = field(default_factory=list)  # accepted + 1, per verify step
@@ -29,6 +30,7 @@ class GenerationStats:
         self.steps += 1
         self.drafted += num_drafted
         self.accepted += num_accepted
+        self.rejections += int(num_accepted < num_drafted)
         self.emitted_per_step.append(num_accepted + 1)
         grow = num_drafted - len(self.drafted_at)
         if grow > 0:
@@ -56,13 +58,14 @@ class GenerationStats:
 
     def summary(self) -> dict:
         return {"new_tokens": self.new_tokens, "steps": self.steps, "drafted": self.drafted,
-                "accepted": self.accepted, "drafted_at": self.drafted_at, "accepted_at": self.accepted_at,
+                "accepted": self.accepted, "rejections": self.rejections, "drafted_at": self.drafted_at, "accepted_at": self.accepted_at,
                 "alpha": round(self.alpha, 4),
                 "tau": round(self.tau, 4),
                 "per_position_acceptance": [round(a, 4) for a in self.per_position_acceptance],
                 "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
                 "prefill_seconds": round(self.prefill_seconds, 4), "seconds": round(self.seconds, 4),
-                "tokens_per_second": round(self.tokens_per_second, 3)}
+                "tokens_per_second": round(self.tokens_per_second, 3),
+                "emitted_per_step": self.emitted_per_step}
 
     def line(self) -> str:
         return (f"{self.new_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_second:.2f} tok/s) | "

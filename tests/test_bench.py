@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from specdec.bench.compare import Record, first_difference, summarize
+from specdec.bench.compare import MethodSpec, Record, parse_k_list, parse_methods, read_records
+from specdec.bench.report import first_difference, predicted_speedup, summarize, theory
 from specdec.bench.datasets import load_prompts, read_jsonl
 from specdec.bench.profile import VERIFY_SIZES, profile
 from specdec.cli import main
@@ -42,10 +43,11 @@ def test_first_difference():
 
 
 def test_summary_reports_speedup_acceptance_and_mismatches():
-    stats = {"steps": 2, "drafted": 4, "accepted": 3, "drafted_at": [2, 2], "accepted_at": [2, 1],
-             "tau": 2.5, "alpha": 0.75, "draft_seconds": 0.1, "verify_seconds": 0.5, "prefill_seconds": 0.1}
-    plain = dict(steps=5, drafted=0, accepted=0, drafted_at=[], accepted_at=[], tau=1.0, alpha=0.0,
-                 draft_seconds=0.0, verify_seconds=1.0, prefill_seconds=0.1)
+    stats = {"new_tokens": 5, "steps": 2, "drafted": 4, "accepted": 3, "rejections": 1, "drafted_at": [2, 2],
+             "accepted_at": [2, 1], "draft_seconds": 0.1, "verify_seconds": 0.5, "prefill_seconds": 0.1,
+             "seconds": 1.0}
+    plain = dict(new_tokens=5, steps=5, drafted=0, accepted=0, rejections=0, drafted_at=[], accepted_at=[],
+                 draft_seconds=0.0, verify_seconds=1.0, prefill_seconds=0.1, seconds=2.0)
     recs = [Record("p1", "code", "plain", [1, 2, 3, 4, 5], 2.0, [plain]),
             Record("p1", "code", "draft", [1, 2, 3, 4, 5], 1.0, [stats]),
             Record("p1", "code", "hf", [1, 2, 9, 4, 5], 4.0, None)]
@@ -53,7 +55,62 @@ def test_summary_reports_speedup_acceptance_and_mismatches():
     assert s["draft"]["speedup_vs_plain_mean"] == 2.0 and s["hf"]["speedup_vs_plain_mean"] == 0.5
     assert s["draft"]["tau"] == 2.5 and s["draft"]["alpha"] == 0.75
     assert s["draft"]["per_position_acceptance"] == [1.0, 0.5]
-    assert s["hf"]["greedy_mismatches"] == [{"prompt_id": "p1", "position": 2}]
+    assert s["draft"]["alpha_iid"] == 0.75  # 3 accepted, 1 rejection
+    assert s["draft"]["time_split"]["other_seconds"] == 0.3
+    assert s["hf"]["greedy_mismatches"] == [{"prompt_id": "p1", "repeat": 0, "position": 2}]
+    assert s["draft"]["greedy_mismatches"] == []
+
+
+def test_k_list_and_method_parsing():
+    assert parse_k_list("4") == [4] and parse_k_list("1, 2,8") == [1, 2, 8]
+    for bad in ("1,x", "2.5", "", "0", "-1"):
+        with pytest.raises(SpecdecError, match="--k"):
+            parse_k_list(bad)
+    assert parse_methods("plain,draft", [4]) == [MethodSpec("plain", "plain", 1), MethodSpec("draft", "draft", 4)]
+    assert [s.label for s in parse_methods("plain,ngram,hf", [1, 2])] == ["plain", "ngram:1", "ngram:2", "hf"]
+    assert parse_methods("draft:8", [4]) == [MethodSpec("draft:8", "draft", 8)]
+    for bad, msg in (("telepathy", "unknown method"), ("plain:3", "takes no k"), ("draft,draft", "twice"),
+                     ("draft:x", "--k"), ("", "no methods")):
+        with pytest.raises(SpecdecError, match=msg):
+            parse_methods(bad, [4])
+
+
+def test_k_list_with_a_non_integer_is_a_clear_cli_error(capsys):
+    assert main(["bench", "--k", "1,two,3"]) == 2
+    assert "--k" in capsys.readouterr().err
+
+
+def test_predicted_speedup_formula():
+    assert predicted_speedup(0.0, 4, 0.25, 1.2) == pytest.approx(1 / 2.2)
+    assert predicted_speedup(1.0, 4, 0.25, 1.2) == pytest.approx(5 / 2.2)
+    assert predicted_speedup(0.8, 3, 0.0, 1.0) == pytest.approx((1 - 0.8 ** 4) / 0.2)
+
+
+def test_theory_takes_costs_from_the_run():
+    methods = {"plain": {"kind": "plain", "k": 1, "steps": 10, "decode_tokens_per_second": 2.0,
+                         "time_split": {"verify_seconds": 5.0, "draft_seconds": 0.0}},
+               "draft": {"kind": "draft", "k": 4, "steps": 4, "alpha_iid": 0.8, "tau": 3.0,
+                         "decode_tokens_per_second": 3.0, "speedup_vs_plain_mean": 1.4,
+                         "time_split": {"verify_seconds": 2.4, "draft_seconds": 2.0}}}
+    t = theory(methods)["draft"]  # t1 = 0.5 s; v = 0.6 / 0.5 = 1.2; c = 0.5 / 4 / 0.5 = 0.25
+    assert t["c"] == 0.25 and t["v(5)"] == 1.2 and t["measured_decode_speedup"] == 1.5
+    assert t["predicted_speedup"] == round(predicted_speedup(0.8, 4, 0.25, 1.2), 3)
+    profiled = theory(methods, {"verify_cost": {1: 1.0, 3: 1.1, 9: 1.7}, "draft_cost_ratio": 0.3})["draft"]
+    assert profiled["v(5)"] == pytest.approx(1.3) and profiled["c"] == 0.3
+
+
+def test_records_cut_short_by_an_interrupt_are_run_again(tmp_path):
+    path = tmp_path / "records.jsonl"
+    good = json.dumps(Record("p", "c", "plain", [1], 1.0, None).__dict__)
+    path.write_text(good + "\n" + good[:20])
+    assert len(read_records(path)) == 1
+
+
+def test_llama_methods_without_llama_cpp_are_a_clear_error(monkeypatch, capsys):
+    import specdec.bench.baselines as baselines
+    monkeypatch.setattr(baselines, "llama_cpp_available", lambda: False)
+    assert main(["bench", "--methods", "plain,llama-lookup"]) == 2
+    assert "llama-cpp-python" in capsys.readouterr().err
 
 
 def test_profile_reports_the_verify_curve(tiny_target, tiny_draft):
@@ -91,6 +148,24 @@ def test_bench_end_to_end_multi_turn_and_resume(tiny_llama_dir, tmp_path):
     assert summary["methods"]["ngram"]["greedy_mismatches"] == []
     assert main(argv) == 0  # resume: nothing left to run
     assert len((tmp_path / "run" / "records.jsonl").read_text().splitlines()) == 6
+
+
+def test_bench_k_sweep_repeats_theory_and_plots(tiny_llama_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6 w5 w6"}) + "\n")
+    out = tmp_path / "run"
+    assert main(["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram", "--k", "1,3",
+                 "--repeats", "2", "--theory", "--dataset", str(data), "--max-new-tokens", "10",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["methods"]) == {"plain", "ngram:1", "ngram:3"}
+    assert summary["methods"]["ngram:3"]["k"] == 3 and summary["methods"]["plain"]["runs"] == 2
+    assert len(summary["methods"]["plain"]["tokens_per_second_repeats"]["values"]) == 2
+    assert all(m["greedy_mismatches"] == [] for k, m in summary["methods"].items() if k != "plain")
+    assert set(summary["theory"]) == {"ngram:1", "ngram:3"}
+    assert "predicted" in capsys.readouterr().out
+    for png in ("speedup_by_category.png", "acceptance_by_position.png", "tokens_per_second_vs_k.png"):
+        assert (out / png).stat().st_size > 1000
 
 
 def test_negative_draft_vocab_is_refused(tiny_llama_dir, tmp_path, capsys):

@@ -1,10 +1,19 @@
-"""Peers on the same fp32 checkpoint: HF transformers generate() plain, assisted and prompt lookup."""
+"""Peers, run on the same prompts and token budget as our engine.
+
+- HF transformers generate() on the same fp32 checkpoint: plain, assisted (assistant_model) and
+  prompt lookup (prompt_lookup_num_tokens).
+- llama.cpp through llama-cpp-python (optional extra) on the original GGUF: plain and its
+  prompt-lookup drafter. It runs quantized weights, so it is not the same work; its speedup is
+  reported against its own plain decoding.
+"""
 
 from __future__ import annotations
 
 import time
 
 import torch
+
+from specdec.errors import SpecdecError
 
 
 class HFBaseline:
@@ -23,14 +32,62 @@ class HFBaseline:
         self.eos = sorted(eos_ids)
 
     @torch.inference_mode()
-    def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4) -> tuple[list[int], float]:
-        """mode: plain, assisted (assistant_model) or lookup (prompt_lookup_num_tokens). Greedy."""
+    def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
+                 temperature: float = 0.0, seed: int | None = None) -> tuple[list[int], float]:
+        """mode: plain, assisted (assistant_model) or lookup (prompt_lookup_num_tokens)."""
         extra = {"plain": {}, "assisted": {"assistant_model": self.assistant, "num_assistant_tokens": k,
                                            "num_assistant_tokens_schedule": "constant"},
                  "lookup": {"prompt_lookup_num_tokens": k}}[mode]
+        if temperature > 0:  # plain temperature sampling: switch off the checkpoint's default top-k/top-p
+            extra.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+            if seed is not None:
+                torch.manual_seed(seed)
+        else:
+            extra.update(do_sample=False)
         x = torch.tensor([prompt])
         t0 = time.perf_counter()
         out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                                  do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos[0], **extra)
+                                  eos_token_id=self.eos, pad_token_id=self.eos[0], **extra)
         seconds = time.perf_counter() - t0
         return out[0, len(prompt):].tolist(), seconds
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class LlamaCppBaseline:
+    """llama.cpp on the GGUF file itself, with as many threads as torch uses."""
+
+    def __init__(self, gguf_path, eos_ids: set[int], n_ctx: int, threads: int | None = None):
+        if not llama_cpp_available():
+            raise SpecdecError("the llama.cpp methods need llama-cpp-python: pip install 'specdec[llamacpp]' "
+                               "(it compiles llama.cpp, about 10 minutes)")
+        if not str(gguf_path).endswith(".gguf"):
+            raise SpecdecError(f"the llama.cpp methods need a .gguf model, got {gguf_path}")
+        from llama_cpp import Llama
+        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads or torch.get_num_threads(),
+                         n_threads_batch=threads or torch.get_num_threads(), verbose=False)
+        self.eos = set(eos_ids) | {self.llm.token_eos()}
+
+    def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
+                 temperature: float = 0.0, seed: int | None = None) -> tuple[list[int], float]:
+        """mode: plain or lookup (llama-cpp-python's LlamaPromptLookupDecoding with k tokens)."""
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        self.llm.draft_model = LlamaPromptLookupDecoding(num_pred_tokens=k) if mode == "lookup" else None
+        self.llm.reset()  # no prompt-prefix reuse from the previous call: every method prefills alike
+        if seed is not None:
+            self.llm.set_seed(seed)
+        sampling = {"temp": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0} if temperature > 0 else \
+            {"temp": 0.0, "top_k": 1}
+        tokens: list[int] = []
+        t0 = time.perf_counter()
+        for tok in self.llm.generate(prompt, reset=True, repeat_penalty=1.0, **sampling):
+            tokens.append(tok)
+            if tok in self.eos or len(tokens) >= max_new_tokens:
+                break
+        return tokens, time.perf_counter() - t0

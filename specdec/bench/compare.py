@@ -1,26 +1,36 @@
-"""Side-by-side greedy runs: our methods and HF transformers, interleaved prompt by prompt.
+"""Side-by-side runs of methods on one target, interleaved prompt by prompt (A B C A B C ...).
 
-Every speculative method's tokens are compared with our plain decoding's, token for token;
-mismatches are reported with the prompt id and first differing position.
+A method is a drafting kind and its k: our engine (plain, draft, ngram), HF transformers (hf,
+hf-assisted, hf-lookup) and llama.cpp (llama, llama-lookup). Every record goes to a JSONL file as it
+finishes, so an interrupted run resumes where it stopped. The numbers are made in `report.py`.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench.datasets import Prompt
-from specdec.config import GenerationConfig, NgramConfig
+from specdec.config import GenerationConfig, NgramConfig, SamplingParams
 from specdec.engine.generate import SpeculativeGenerator
+from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter
 
-OUR_METHODS = ("plain", "draft", "ngram")
-HF_METHODS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
+OUR_KINDS = ("plain", "draft", "ngram")
+HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
+LLAMA_KINDS = {"llama": "plain", "llama-lookup": "lookup"}
+ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
+K_KINDS = ("draft", "ngram", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    label: str  # as it appears in records and tables: 'draft', or 'draft:8' when k varies
+    kind: str
+    k: int
 
 
 @dataclass
@@ -31,27 +41,65 @@ class Record:
     tokens: list[int]
     seconds: float
     stats: list[dict] | None  # per turn, our engine's GenerationStats.summary(); None for peers
+    repeat: int = 0
+    k: int | None = None
+    kind: str | None = None
 
     @property
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.seconds if self.seconds else 0.0
 
+    @property
+    def method_kind(self) -> str:
+        return self.kind or self.method.split(":")[0]
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+
+def parse_k_list(text: str) -> list[int]:
+    """'4' or '1,2,3,4,6,8' -> [ints]; anything else is a clear error."""
+    values = [v.strip() for v in str(text).split(",") if v.strip()]
+    try:
+        ks = [int(v) for v in values]
+    except ValueError:
+        raise SpecdecError(f"--k takes integers separated by commas (e.g. 1,2,4,8), got {text!r}") from None
+    if not ks or any(k < 1 for k in ks):
+        raise SpecdecError(f"--k values must be integers >= 1, got {text!r}")
+    return list(dict.fromkeys(ks))
+
+
+def parse_methods(methods: str, k_list: list[int]) -> list[MethodSpec]:
+    """'plain,draft,ngram:8' with k list [4] -> specs. A method without ':k' runs every k in the list
+    (labelled 'kind:k' when the list has more than one); 'kind:k' pins one k."""
+    specs: list[MethodSpec] = []
+    for item in (m.strip() for m in methods.split(",") if m.strip()):
+        kind, _, pinned = item.partition(":")
+        if kind not in ALL_KINDS:
+            raise SpecdecError(f"unknown method {kind!r}; choose from {', '.join(ALL_KINDS)} "
+                               f"(a drafting method may pin its k, e.g. draft:8)")
+        if pinned and kind not in K_KINDS:
+            raise SpecdecError(f"method {kind!r} takes no k, got {item!r}")
+        if kind not in K_KINDS:
+            specs.append(MethodSpec(kind, kind, 1))
+        elif pinned:
+            specs.append(MethodSpec(item, kind, parse_k_list(pinned)[0]))
+        else:
+            specs += [MethodSpec(kind if len(k_list) == 1 else f"{kind}:{k}", kind, k) for k in k_list]
+    if not specs:
+        raise SpecdecError("no methods given")
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise SpecdecError(f"a method is listed twice: {labels}")
+    return specs
 
 
 class Comparison:
-    def __init__(self, target, draft, methods, k: int, max_new_tokens: int, capacity: int = 4096, hf=None,
-                 draft_vocab: int = 0):
-        self.target, self.methods, self.hf = target, methods, hf
-        self.cfg = GenerationConfig(max_new_tokens, k)
-        self.engines = {m: SpeculativeGenerator(target.module, build_drafter(
-            "none" if m == "plain" else m, target, capacity, draft, NgramConfig(), draft_vocab), capacity)
-            for m in methods if m in OUR_METHODS}
+    def __init__(self, target, draft, specs: list[MethodSpec], max_new_tokens: int, capacity: int = 4096,
+                 hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None):
+        self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
+        self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
+        kinds = {s.kind for s in specs if s.kind in OUR_KINDS}
+        self.engines = {kind: SpeculativeGenerator(target.module, build_drafter(
+            "none" if kind == "plain" else kind, target, capacity, draft, NgramConfig(), draft_vocab), capacity)
+            for kind in kinds}
 
     def encode(self, messages: list[dict]) -> list[int]:
         tok = self.target.tokenizer
@@ -59,105 +107,61 @@ class Comparison:
             return encode_messages(tok, messages)
         return encode_prompt(tok, "\n\n".join(m["content"] for m in messages), chat=False)
 
-    def generate(self, ids: list[int], method: str) -> tuple[list[int], float, dict | None]:
-        if method in self.engines:
-            res = self.engines[method].generate(ids, self.cfg, self.target.eos_ids)
+    def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
+        if spec.kind in self.engines:
+            cfg = GenerationConfig(self.max_new_tokens, spec.k, SamplingParams(self.temperature, seed=seed))
+            res = self.engines[spec.kind].generate(ids, cfg, self.target.eos_ids)
             return res.tokens, res.stats.seconds, res.stats.summary()
-        tokens, seconds = self.hf.generate(ids, self.cfg.max_new_tokens, HF_METHODS[method], self.cfg.k)
+        peer, mode = (self.hf, HF_KINDS[spec.kind]) if spec.kind in HF_KINDS else (self.llama, LLAMA_KINDS[spec.kind])
+        tokens, seconds = peer.generate(ids, self.max_new_tokens, mode, spec.k, self.temperature, seed)
         return tokens, seconds, None
 
-    def run_one(self, prompt: Prompt, method: str) -> Record:
+    def run_one(self, prompt: Prompt, spec: MethodSpec, repeat: int = 0, seed: int | None = None) -> Record:
         """All turns of a prompt; later turns see the method's own earlier answers (Spec-Bench)."""
         messages, tokens, seconds, stats = [], [], 0.0, []
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
-            new, secs, st = self.generate(self.encode(messages), method)
+            new, secs, st = self.generate(self.encode(messages), spec, seed)
             answer = self.target.tokenizer.decode(new, skip_special_tokens=True)
             messages.append({"role": "assistant", "content": answer})
             tokens, seconds = tokens + new, seconds + secs
             stats.append(st)
-        return Record(prompt.id, prompt.category, method, tokens, seconds, None if method in HF_METHODS else stats)
+        return Record(prompt.id, prompt.category, spec.label, tokens, seconds,
+                      stats if spec.kind in OUR_KINDS else None, repeat, spec.k, spec.kind)
 
-    def run(self, prompts: list[Prompt], out: Path) -> list[Record]:
-        """Appends to out (JSONL); (prompt, method) pairs already there are not run again (resume)."""
+    def run(self, prompts: list[Prompt], out: Path, repeats: int = 1) -> list[Record]:
+        """Appends to out (JSONL); (prompt, method, repeat) triples already there are not run again."""
+        from tqdm import tqdm
         records = read_records(out)
-        done = {(r.prompt_id, r.method) for r in records}
-        with out.open("a") as f:
-            for i, prompt in enumerate(prompts):
-                for method in self.methods:  # interleaved: A B C A B C, so drift hits all alike
-                    if (prompt.id, method) in done:
-                        continue
-                    rec = self.run_one(prompt, method)
-                    records.append(rec)
-                    f.write(json.dumps(rec.__dict__) + "\n")
-                    f.flush()
-                    print(f"[{i + 1}/{len(prompts)}] {prompt.id} {method:12s} {len(rec.tokens):4d} tok "
-                          f"{rec.tokens_per_second:6.2f} tok/s", file=sys.stderr)
+        done = {(r.prompt_id, r.method, r.repeat) for r in records}
+        jobs = [(rep, i, p, s) for rep in range(repeats) for i, p in enumerate(prompts) for s in self.specs]
+        todo = [j for j in jobs if (j[2].id, j[3].label, j[0]) not in done]
+        bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="run", desc="bench", dynamic_ncols=True)
+        with out.open("a") as f, bar:
+            for rep, i, prompt, spec in todo:  # interleaved: A B C A B C, so drift hits all alike
+                seed = None if self.seed is None else self.seed + 1_000_003 * rep + i
+                rec = self.run_one(prompt, spec, rep, seed)
+                records.append(rec)
+                f.write(json.dumps(rec.__dict__) + "\n")
+                f.flush()
+                bar.update()
+                bar.write(f"[{i + 1}/{len(prompts)} r{rep}] {prompt.id} {spec.label:14s} {len(rec.tokens):4d} tok "
+                          f"{rec.tokens_per_second:6.2f} tok/s")
         return records
 
 
 def read_records(path: Path) -> list[Record]:
     if not path.is_file():
         return []
+    records = []
     with path.open() as f:
-        return [Record(**json.loads(line)) for line in f if line.strip()]
-
-
-def summarize_by_category(records: list[Record]) -> dict:
-    categories = sorted({r.category for r in records})
-    return {c: summarize([r for r in records if r.category == c]) for c in categories}
-
-
-def summarize(records: list[Record], reference: str = "plain") -> dict:
-    by_method: dict[str, list[Record]] = {}
-    for r in records:
-        by_method.setdefault(r.method, []).append(r)
-    ref = {r.prompt_id: r for r in by_method.get(reference, [])}
-    out = {}
-    for method, recs in by_method.items():
-        out[method] = method_summary(recs, ref, method.startswith("hf"))
-    return out
-
-
-def method_summary(recs: list[Record], ref: dict, peer: bool) -> dict:
-    tps = [r.tokens_per_second for r in recs]
-    speedups = [r.tokens_per_second / ref[r.prompt_id].tokens_per_second for r in recs if r.prompt_id in ref]
-    mismatches = [{"prompt_id": r.prompt_id, "position": first_difference(r.tokens, ref[r.prompt_id].tokens)}
-                  for r in recs if r.prompt_id in ref and r.tokens != ref[r.prompt_id].tokens]
-    summary = {"prompts": len(recs), "new_tokens": sum(len(r.tokens) for r in recs),
-               "seconds": round(sum(r.seconds for r in recs), 2),
-               "tokens_per_second_total": round(sum(len(r.tokens) for r in recs) / sum(r.seconds for r in recs), 3),
-               "tokens_per_second_median": round(statistics.median(tps), 3),
-               "speedup_vs_plain_mean": round(statistics.mean(speedups), 3) if speedups else None,
-               "speedup_vs_plain_median": round(statistics.median(speedups), 3) if speedups else None,
-               "greedy_mismatches": mismatches}
-    if not peer:
-        summary.update(acceptance_summary([turn for r in recs for turn in r.stats]))
-    return summary
-
-
-def acceptance_summary(stats: list[dict]) -> dict:
-    """Pooled over prompts: alpha = sum accepted / sum drafted; tau = sum emitted / sum steps."""
-    steps, drafted, accepted = (sum(s[key] for s in stats) for key in ("steps", "drafted", "accepted"))
-    width = max((len(s["drafted_at"]) for s in stats), default=0)
-    at = [(sum(s["accepted_at"][i] for s in stats if i < len(s["accepted_at"])),
-           sum(s["drafted_at"][i] for s in stats if i < len(s["drafted_at"]))) for i in range(width)]
-    return {"tau": round((steps + accepted) / steps, 3) if steps else 0.0,
-            "alpha": round(accepted / drafted, 3) if drafted else 0.0,
-            "per_position_acceptance": [round(a / d, 3) if d else 0.0 for a, d in at],
-            "draft_seconds": round(sum(s["draft_seconds"] for s in stats), 2),
-            "verify_seconds": round(sum(s["verify_seconds"] for s in stats), 2),
-            "prefill_seconds": round(sum(s["prefill_seconds"] for s in stats), 2)}
-
-
-def markdown_table(summary: dict) -> str:
-    rows = ["| method | tok/s (total) | tok/s (median) | speedup vs plain (mean) | tau | alpha | greedy mismatches |",
-            "|---|---|---|---|---|---|---|"]
-    for method, s in summary.items():
-        rows.append(f"| {method} | {s['tokens_per_second_total']:.2f} | {s['tokens_per_second_median']:.2f} | "
-                    f"{s['speedup_vs_plain_mean'] or 0:.3f}x | {s.get('tau', '-')} | {s.get('alpha', '-')} | "
-                    f"{len(s['greedy_mismatches'])} |")
-    return "\n".join(rows) + "\n"
+        for line in f:
+            if line.strip():
+                try:
+                    records.append(Record(**json.loads(line)))
+                except (ValueError, TypeError):  # a line cut short by an interrupted run: redo that job
+                    continue
+    return records
 
 
 def select_prompts(prompts: list[Prompt], categories: str | None, limit: int | None) -> list[Prompt]:
@@ -165,8 +169,9 @@ def select_prompts(prompts: list[Prompt], categories: str | None, limit: int | N
     wanted = None if categories is None else {c.strip() for c in categories.split(",") if c.strip()}
     known = {p.category for p in prompts}
     if wanted is not None and not wanted & known:
-        from specdec.errors import SpecdecError
         raise SpecdecError(f"no prompts in categories {sorted(wanted)}; the dataset has {sorted(known)}")
+    if limit is not None and limit < 1:
+        raise SpecdecError(f"--limit must be >= 1, got {limit}")
     seen: dict[str, int] = {}
     kept = []
     for p in prompts:
@@ -176,44 +181,70 @@ def select_prompts(prompts: list[Prompt], categories: str | None, limit: int | N
     return kept
 
 
+@dataclass
+class Peers:
+    hf: object = None
+    llama: object = None
+    notes: list[str] = field(default_factory=list)
+
+
+def make_peers(args, target, draft, kinds: set[str]) -> Peers:
+    """Load only the peers that still have work (a resumed run may have none)."""
+    from specdec.model.loading import model_directory
+    from specdec.model.registry import resolve_model
+    peers = Peers()
+    if kinds & set(HF_KINDS):
+        from specdec.bench.baselines import HFBaseline
+        assistant = model_directory(resolve_model(args.draft)) if "hf-assisted" in kinds else None
+        peers.hf = HFBaseline(model_directory(resolve_model(args.model)), target.eos_ids, assistant,
+                              share=target.module)
+    if kinds & set(LLAMA_KINDS):
+        from specdec.bench.baselines import LlamaCppBaseline
+        peers.llama = LlamaCppBaseline(resolve_model(args.model), target.eos_ids, args.max_context)
+    return peers
+
+
 def run_comparison(args) -> dict:
     """`specdec bench`: load models once, run every method on every prompt, write the results."""
+    from specdec.bench import report
     from specdec.bench.datasets import load_prompts
     from specdec.model import load_model
     from specdec.runner import log
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in OUR_METHODS and m not in HF_METHODS]
-    if unknown:
-        from specdec.errors import SpecdecError
-        raise SpecdecError(f"unknown method(s) {unknown}; choose from {list(OUR_METHODS) + list(HF_METHODS)}")
+    specs = parse_methods(args.methods, parse_k_list(args.k))
+    if args.repeats < 1:
+        raise SpecdecError(f"--repeats must be >= 1, got {args.repeats}")
+    if {s.kind for s in specs} & set(LLAMA_KINDS):
+        from specdec.bench.baselines import llama_cpp_available
+        if not llama_cpp_available():
+            raise SpecdecError("the llama and llama-lookup methods need llama-cpp-python "
+                               "(pip install 'specdec[llamacpp]'; it compiles llama.cpp, about 10 minutes)")
     prompts = select_prompts(load_prompts(args.dataset), args.categories, args.limit)
-    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
-    needs_draft = "draft" in methods or "hf-assisted" in methods
-    draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    done = {(r.prompt_id, r.method) for r in read_records(out / "records.jsonl")}
-    pending = [m for m in methods if any((p.id, m) not in done for p in prompts)]
-    hf = make_hf(args, target, draft, pending)  # a resumed run loads HF only if it still has HF work
+    records_path = out / "records.jsonl"
+    done = {(r.prompt_id, r.method, r.repeat) for r in read_records(records_path)}
+    pending = {s.kind for s in specs if any((p.id, s.label, rep) not in done
+                                             for p in prompts for rep in range(args.repeats))}
+    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
+    needs_draft = bool(pending & {"draft", "hf-assisted"})
+    draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
+    peers = make_peers(args, target, draft, pending)
     t0 = time.time()
-    records = Comparison(target, draft, methods, args.k, args.max_new_tokens, args.max_context, hf=hf,
-                         draft_vocab=args.draft_vocab).run(prompts, out / "records.jsonl")
-    summary = {"config": {"model": args.model, "draft": args.draft if needs_draft else None, "k": args.k,
-                          "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
-                          "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "greedy": True,
-                          "wall_seconds": round(time.time() - t0, 1)},
-               "methods": summarize(records), "categories": summarize_by_category(records)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(markdown_table(summary["methods"]))
-    print(markdown_table(summary["methods"]))
+    comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
+                            args.draft_vocab, args.temperature, args.seed)
+    records = comparison.run(prompts, records_path, args.repeats)
+    wanted = {(p.id, s.label, rep) for p in prompts for s in specs for rep in range(args.repeats)}
+    records = [r for r in records if (r.prompt_id, r.method, r.repeat) in wanted]
+    config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "hf-assisted") for s in specs)
+              else None, "methods": [s.label for s in specs], "k": parse_k_list(args.k),
+              "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+              "categories": sorted({p.category for p in prompts}), "repeats": args.repeats,
+              "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "temperature": args.temperature,
+              "seed": args.seed, "greedy": args.temperature == 0, "wall_seconds_this_session": round(time.time() - t0, 1)}
+    cost_profile = report.read_cost_profile(args.cost_profile) if args.cost_profile else None
+    summary = report.build_summary(records, config, cost_profile)
+    report.write_outputs(summary, records, out, plots=not args.no_plots)
+    print(report.markdown(summary))
+    if args.theory:
+        print(report.theory_table(summary))
     return summary
-
-
-def make_hf(args, target, draft, methods):
-    if not any(m in HF_METHODS for m in methods):
-        return None
-    from specdec.bench.baselines import HFBaseline
-    from specdec.model.loading import model_directory
-    from specdec.model.registry import resolve_model
-    assistant = model_directory(resolve_model(args.draft)) if "hf-assisted" in methods else None
-    return HFBaseline(model_directory(resolve_model(args.model)), target.eos_ids, assistant, share=target.module)

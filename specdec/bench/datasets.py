@@ -11,6 +11,11 @@ from pathlib import Path
 from specdec.errors import SpecdecError
 
 
+# Spec-Bench's question.jsonl labels its 80 MT-bench questions by MT-bench subcategory; Spec-Bench
+# reports them together as its multi-turn category.
+MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
 @dataclass(frozen=True)
 class Prompt:
     id: str
@@ -24,7 +29,10 @@ def parse_line(line: str, index: int) -> Prompt:
     if not turns or not all(isinstance(t, str) and t for t in turns):
         raise ValueError("needs a non-empty 'prompt' string or 'turns' list")
     pid = str(row.get("id", row.get("question_id", index)))
-    return Prompt(pid, str(row.get("category", "default")), tuple(turns))
+    category = str(row.get("category", "default"))
+    if category in MT_BENCH_SUBCATEGORIES and "question_id" in row:
+        category = "multi_turn"
+    return Prompt(pid, category, tuple(turns))
 
 
 def read_jsonl(lines, source: str) -> list[Prompt]:
