@@ -38,6 +38,13 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
     p.add_argument("--draft-vocab", type=integer, default=0,
                    help="draft model scores only the first N token ids (0 = all); cuts its LM-head cost")
+    p.add_argument("--draft-p-min", type=float, default=0.0,
+                   help="stop a draft early when the draft model's top probability is below this (0 = off)")
+    p.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed",
+                   help="fixed: draft k every step; adaptive: pick k in 0..k each step from measured costs "
+                        "and running acceptance (0 = plain step)")
+    p.add_argument("--cost-profile", default=None,
+                   help="`specdec profile` JSON with v(n) and c for the adaptive policy (default: measure at start)")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -74,8 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="JSONL with 'prompt' or 'turns' (and optional 'category', 'id'); default: shipped code prompts")
     bench.add_argument("--limit", type=integer, default=None, help="first N prompts of each category")
     bench.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
-    bench.add_argument("--k", default="4", help="draft tokens per step, or a sweep such as 1,2,3,4,6,8")
+    bench.add_argument("--k", default="4",
+                       help="draft tokens per step, or a sweep such as 1,2,3,4,6,8; 'auto' adds the adaptive "
+                            "policy (k chosen per step in 0..8) for our drafting methods")
     bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
+    bench.add_argument("--draft-p-min", type=float, default=0.0,
+                       help="draft methods stop early when the draft's top probability is below this (0 = off)")
     bench.add_argument("--max-new-tokens", type=integer, default=128)
     bench.add_argument("--temperature", type=float, default=0.0,
                        help="0 = greedy (outputs are checked token for token against plain decoding)")
@@ -84,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--theory", action="store_true",
                        help="print the predicted speedup (1-a^(k+1))/((1-a)(k c + v(k+1))) next to the measured one")
     bench.add_argument("--cost-profile", default=None,
-                       help="`specdec profile` JSON to take c and v(n) from (default: measured in this run)")
+                       help="`specdec profile` JSON to take c and v(n) from, for the theory check and the "
+                            "adaptive policy (default: measured in this run / at start)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--out", default="runs/bench",
                        help="output directory; a run there that was interrupted resumes where it stopped")

@@ -21,10 +21,21 @@ class GenerationStats:
     drafted_at: list[int] = field(default_factory=list)  # [position] number of drafts reaching it
     accepted_at: list[int] = field(default_factory=list)  # [position] number accepted there
     emitted_per_step: list[int] = field(default_factory=list)  # accepted + 1, per verify step
+    k_chosen: list[int] = field(default_factory=list)  # [k] steps whose draft length was set to k (0 = plain)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
     seconds: float = 0.0
+
+    def record_choice(self, k: int) -> None:
+        if k >= len(self.k_chosen):
+            self.k_chosen += [0] * (k + 1 - len(self.k_chosen))
+        self.k_chosen[k] += 1
+
+    @property
+    def plain_fraction(self) -> float:
+        """Fraction of steps the engine ran without drafting (k set to 0)."""
+        return self.k_chosen[0] / self.steps if self.steps and self.k_chosen else 0.0
 
     def record_step(self, num_drafted: int, num_accepted: int) -> None:
         self.steps += 1
@@ -65,7 +76,8 @@ class GenerationStats:
                 "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
                 "prefill_seconds": round(self.prefill_seconds, 4), "seconds": round(self.seconds, 4),
                 "tokens_per_second": round(self.tokens_per_second, 3),
-                "emitted_per_step": self.emitted_per_step}
+                "emitted_per_step": self.emitted_per_step, "k_chosen": self.k_chosen,
+                "plain_fraction": round(self.plain_fraction, 4)}
 
     def line(self) -> str:
         return (f"{self.new_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_second:.2f} tok/s) | "

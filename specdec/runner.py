@@ -18,7 +18,7 @@ def log(msg: str) -> None:
 
 
 def build_drafter(method: str, target: LoadedModel, capacity: int, draft: LoadedModel | None = None,
-                  ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0) -> Drafter:
+                  ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0, p_min: float = 0.0) -> Drafter:
     """method: 'none', 'ngram' or 'draft' (then `draft` is the loaded draft model)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
@@ -30,8 +30,28 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
         return NgramDrafter(ngram.max_n, ngram.min_n)
     if method == "draft" and draft is not None:
         check_compatible(target.tokenizer, draft.tokenizer)
-        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab)
+        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min)
     raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram or draft")
+
+
+def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile: str | None = None):
+    """An AdaptivePolicy for this drafter: costs from a `specdec profile` JSON or measured now."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, measure_costs
+    if isinstance(drafter, NoDrafter):
+        return None
+    model = drafter.model if isinstance(drafter, DraftModelDrafter) else None
+    if cost_profile:
+        import json
+        try:
+            costs = CostModel.from_profile(json.loads(open(cost_profile).read()), "draft" if model else "lookup")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SpecdecError(f"cannot read a `specdec profile` JSON from {cost_profile}: {e}") from None
+    else:
+        costs = measure_costs(target.module, model, sizes=sorted({1, 2, 3, 5, 9, k_max + 1}))
+    log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
+        f"c {costs.draft_cost:.3f}")
+    return AdaptivePolicy(costs, PolicyConfig(k_max=k_max))
 
 
 @dataclass
@@ -53,10 +73,12 @@ class Runner:
         method = "ngram" if args.ngram else ("none" if args.draft in (None, "none") else "draft")
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
         draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
-        drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab)
-        engine = SpeculativeGenerator(target.module, drafter, args.max_context)
-        label = f"draft {args.draft} k={args.k}" if method == "draft" else (
-            f"ngram k={args.k}" if method == "ngram" else "plain")
+        drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min)
+        policy = build_policy(drafter, target, args.k, args.cost_profile) if args.policy == "adaptive" else None
+        engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)
+        k_text = f"k<={args.k} adaptive" if policy else f"k={args.k}"
+        label = f"draft {args.draft} {k_text}" if method == "draft" else (
+            f"ngram {k_text}" if method == "ngram" else "plain")
         return Runner(target, engine, cfg, label)
 
     def generate(self, prompt: str, chat: bool = False, on_tokens=None) -> GenerationResult:

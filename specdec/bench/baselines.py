@@ -69,24 +69,38 @@ class LlamaCppBaseline:
                                "(it compiles llama.cpp, about 10 minutes)")
         if not str(gguf_path).endswith(".gguf"):
             raise SpecdecError(f"the llama.cpp methods need a .gguf model, got {gguf_path}")
+        self.path, self.n_ctx = str(gguf_path), n_ctx
+        self.threads = threads or torch.get_num_threads()
+        self.eos = set(eos_ids)
+        self.instances: dict[str, object] = {}
+
+    def instance(self, mode: str, k: int):
+        """One Llama per mode: llama-cpp-python fixes logits_all (needed to verify drafts) at construction,
+        and it costs the plain path a full-vocabulary projection of every prompt row."""
         from llama_cpp import Llama
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads or torch.get_num_threads(),
-                         n_threads_batch=threads or torch.get_num_threads(), verbose=False)
-        self.eos = set(eos_ids) | {self.llm.token_eos()}
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        if mode not in self.instances:
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=k) if mode == "lookup" else None
+            self.instances[mode] = Llama(model_path=self.path, n_ctx=self.n_ctx, n_threads=self.threads,
+                                         n_threads_batch=self.threads, draft_model=draft, verbose=False)
+            self.eos.add(self.instances[mode].token_eos())
+        llm = self.instances[mode]
+        if mode == "lookup":
+            llm.draft_model = LlamaPromptLookupDecoding(num_pred_tokens=k)
+        return llm
 
     def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
                  temperature: float = 0.0, seed: int | None = None) -> tuple[list[int], float]:
         """mode: plain or lookup (llama-cpp-python's LlamaPromptLookupDecoding with k tokens)."""
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-        self.llm.draft_model = LlamaPromptLookupDecoding(num_pred_tokens=k) if mode == "lookup" else None
-        self.llm.reset()  # no prompt-prefix reuse from the previous call: every method prefills alike
+        llm = self.instance(mode, k)
+        llm.reset()  # no prompt-prefix reuse from the previous call: every method prefills alike
         if seed is not None:
-            self.llm.set_seed(seed)
+            llm.set_seed(seed)
         sampling = {"temp": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0} if temperature > 0 else \
             {"temp": 0.0, "top_k": 1}
         tokens: list[int] = []
         t0 = time.perf_counter()
-        for tok in self.llm.generate(prompt, reset=True, repeat_penalty=1.0, **sampling):
+        for tok in llm.generate(prompt, reset=True, repeat_penalty=1.0, **sampling):
             tokens.append(tok)
             if tok in self.eos or len(tokens) >= max_new_tokens:
                 break

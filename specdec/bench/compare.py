@@ -17,7 +17,7 @@ from specdec.config import GenerationConfig, NgramConfig, SamplingParams
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
-from specdec.runner import build_drafter
+from specdec.runner import build_drafter, build_policy
 
 OUR_KINDS = ("plain", "draft", "ngram")
 HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
@@ -26,11 +26,15 @@ ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
 K_KINDS = ("draft", "ngram", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
 
 
+AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     label: str  # as it appears in records and tables: 'draft', or 'draft:8' when k varies
     kind: str
-    k: int
+    k: int  # the draft length, or the largest one for an adaptive method
+    adaptive: bool = False  # k chosen per step by specdec.policy ('draft:auto')
 
 
 @dataclass
@@ -54,21 +58,29 @@ class Record:
         return self.kind or self.method.split(":")[0]
 
 
-def parse_k_list(text: str) -> list[int]:
-    """'4' or '1,2,3,4,6,8' -> [ints]; anything else is a clear error."""
+def parse_k_list(text: str) -> list[int | str]:
+    """'4', '1,2,3,4,6,8' or '1,2,4,auto' -> [ints and 'auto']; anything else is a clear error."""
     values = [v.strip() for v in str(text).split(",") if v.strip()]
     try:
-        ks = [int(v) for v in values]
+        ks = [v if v == "auto" else int(v) for v in values]
     except ValueError:
-        raise SpecdecError(f"--k takes integers separated by commas (e.g. 1,2,4,8), got {text!r}") from None
-    if not ks or any(k < 1 for k in ks):
-        raise SpecdecError(f"--k values must be integers >= 1, got {text!r}")
+        raise SpecdecError(f"--k takes integers (or 'auto') separated by commas, e.g. 1,2,4,8,auto; got {text!r}") from None
+    if not ks or any(k != "auto" and k < 1 for k in ks):
+        raise SpecdecError(f"--k values must be integers >= 1 or 'auto', got {text!r}")
     return list(dict.fromkeys(ks))
 
 
-def parse_methods(methods: str, k_list: list[int]) -> list[MethodSpec]:
+def _spec(label: str, kind: str, k: int | str) -> MethodSpec:
+    if k == "auto":
+        if kind not in OUR_KINDS:
+            raise SpecdecError(f"'auto' (the adaptive policy) is for our drafting methods, not {kind!r}")
+        return MethodSpec(label, kind, AUTO_K_MAX, adaptive=True)
+    return MethodSpec(label, kind, k)
+
+
+def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
     """'plain,draft,ngram:8' with k list [4] -> specs. A method without ':k' runs every k in the list
-    (labelled 'kind:k' when the list has more than one); 'kind:k' pins one k."""
+    (labelled 'kind:k' when the list has more than one); 'kind:k' pins one k; k 'auto' is adaptive."""
     specs: list[MethodSpec] = []
     for item in (m.strip() for m in methods.split(",") if m.strip()):
         kind, _, pinned = item.partition(":")
@@ -80,9 +92,10 @@ def parse_methods(methods: str, k_list: list[int]) -> list[MethodSpec]:
         if kind not in K_KINDS:
             specs.append(MethodSpec(kind, kind, 1))
         elif pinned:
-            specs.append(MethodSpec(item, kind, parse_k_list(pinned)[0]))
+            specs.append(_spec(item, kind, parse_k_list(pinned)[0]))
         else:
-            specs += [MethodSpec(kind if len(k_list) == 1 else f"{kind}:{k}", kind, k) for k in k_list]
+            specs += [_spec(kind if len(k_list) == 1 and k != "auto" else f"{kind}:{k}", kind, k)
+                      for k in k_list if k != "auto" or kind in OUR_KINDS]
     if not specs:
         raise SpecdecError("no methods given")
     labels = [s.label for s in specs]
@@ -93,13 +106,19 @@ def parse_methods(methods: str, k_list: list[int]) -> list[MethodSpec]:
 
 class Comparison:
     def __init__(self, target, draft, specs: list[MethodSpec], max_new_tokens: int, capacity: int = 4096,
-                 hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None):
+                 hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None,
+                 draft_p_min: float = 0.0, cost_profile: str | None = None):
         self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
-        kinds = {s.kind for s in specs if s.kind in OUR_KINDS}
-        self.engines = {kind: SpeculativeGenerator(target.module, build_drafter(
-            "none" if kind == "plain" else kind, target, capacity, draft, NgramConfig(), draft_vocab), capacity)
-            for kind in kinds}
+        drafters = {kind: build_drafter("none" if kind == "plain" else kind, target, capacity, draft, NgramConfig(),
+                                        draft_vocab, draft_p_min) for kind in {s.kind for s in specs if s.kind in OUR_KINDS}}
+        self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
+        cache = None
+        for s in specs:
+            if s.kind in OUR_KINDS:
+                policy = build_policy(drafters[s.kind], target, s.k, cost_profile) if s.adaptive else None
+                engine = SpeculativeGenerator(target.module, drafters[s.kind], capacity, policy, cache)
+                self.engines[s.label], cache = engine, engine.cache
 
     def encode(self, messages: list[dict]) -> list[int]:
         tok = self.target.tokenizer
@@ -108,9 +127,9 @@ class Comparison:
         return encode_prompt(tok, "\n\n".join(m["content"] for m in messages), chat=False)
 
     def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
-        if spec.kind in self.engines:
+        if spec.label in self.engines:
             cfg = GenerationConfig(self.max_new_tokens, spec.k, SamplingParams(self.temperature, seed=seed))
-            res = self.engines[spec.kind].generate(ids, cfg, self.target.eos_ids)
+            res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
             return res.tokens, res.stats.seconds, res.stats.summary()
         peer, mode = (self.hf, HF_KINDS[spec.kind]) if spec.kind in HF_KINDS else (self.llama, LLAMA_KINDS[spec.kind])
         tokens, seconds = peer.generate(ids, self.max_new_tokens, mode, spec.k, self.temperature, seed)
@@ -231,13 +250,13 @@ def run_comparison(args) -> dict:
     peers = make_peers(args, target, draft, pending)
     t0 = time.time()
     comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
-                            args.draft_vocab, args.temperature, args.seed)
+                            args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile)
     records = comparison.run(prompts, records_path, args.repeats)
     wanted = {(p.id, s.label, rep) for p in prompts for s in specs for rep in range(args.repeats)}
     records = [r for r in records if (r.prompt_id, r.method, r.repeat) in wanted]
     config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "hf-assisted") for s in specs)
               else None, "methods": [s.label for s in specs], "k": parse_k_list(args.k),
-              "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+              "draft_vocab": args.draft_vocab, "draft_p_min": args.draft_p_min, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "categories": sorted({p.category for p in prompts}), "repeats": args.repeats,
               "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "temperature": args.temperature,
               "seed": args.seed, "greedy": args.temperature == 0, "wall_seconds_this_session": round(time.time() - t0, 1)}

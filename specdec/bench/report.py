@@ -51,7 +51,7 @@ def summarize(records: list[Record], greedy: bool = True) -> dict:
     out = {}
     for method, recs in by_method.items():
         kind = recs[0].method_kind
-        s = {"kind": kind, "k": recs[0].k, "prompts": len({r.prompt_id for r in recs}), "runs": len(recs),
+        s = {"kind": kind, "k": recs[0].k, "adaptive": method.endswith(":auto"), "prompts": len({r.prompt_id for r in recs}), "runs": len(recs),
              "new_tokens": sum(len(r.tokens) for r in recs), "seconds": round(sum(r.seconds for r in recs), 2)}
         s["tokens_per_second_total"] = round(s["new_tokens"] / s["seconds"], 3) if s["seconds"] else 0.0
         s["tokens_per_second_median"] = round(statistics.median(r.tokens_per_second for r in recs), 3)
@@ -137,7 +137,7 @@ def theory(methods: dict, cost_profile: dict | None = None) -> dict:
     t1 = plain["time_split"]["verify_seconds"] / plain["steps"]  # one plain decode step
     out = {}
     for label, s in methods.items():
-        if s["kind"] not in ("draft", "ngram") or not s.get("steps"):
+        if s["kind"] not in ("draft", "ngram") or not s.get("steps") or s.get("adaptive"):
             continue
         k = s["k"]
         if cost_profile:
@@ -256,14 +256,17 @@ def make_plots(summary: dict, out: Path) -> list[Path]:
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     kinds: dict[str, list[tuple[int, float]]] = {}
+    adaptive = {m: s for m, s in summary["methods"].items() if s.get("adaptive")}
     for s in summary["methods"].values():
-        if s["kind"] not in ("plain", "hf", "llama"):
+        if s["kind"] not in ("plain", "hf", "llama") and not s.get("adaptive"):
             kinds.setdefault(s["kind"], []).append((s["k"], s["tokens_per_second_total"]))
-    if kinds:
+    if kinds or adaptive:
         fig, ax = plt.subplots(figsize=(6, 4))
         for kind, pts in kinds.items():
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
+        for label, s in adaptive.items():
+            ax.axhline(s["tokens_per_second_total"], ls=":", lw=1.2, label=f"{label} (adaptive k)")
         for base in ("plain", "hf", "llama"):
             if base in summary["methods"]:
                 ax.axhline(summary["methods"][base]["tokens_per_second_total"], ls="--", lw=0.8,

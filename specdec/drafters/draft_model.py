@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from specdec.drafters.base import DraftState
+from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.tree import DraftTree
@@ -26,9 +27,16 @@ class DraftModelDrafter:
 
     q is the draft's processed distribution (same temperature/top-k/top-p as the target's p),
     and draft tokens are sampled from that q, which rejection sampling needs to stay lossless.
+
+    p_min > 0 stops a proposal early when the draft's top probability falls below it (llama.cpp's
+    --draft-p-min, HF's assistant_confidence_threshold): a token it is unsure of is not drafted.
     """
 
-    def __init__(self, model: Transformer, target_vocab: int, capacity: int, head_rows: int = 0):
+    def __init__(self, model: Transformer, target_vocab: int, capacity: int, head_rows: int = 0,
+                 p_min: float = 0.0):
+        if not 0.0 <= p_min < 1.0:
+            raise SpecdecError(f"draft p_min must be in [0, 1), got {p_min}")
+        self.p_min = p_min
         self.model = truncated_head(model, head_rows) if 0 < head_rows < model.config.vocab_size else model
         self.target_vocab = target_vocab
         self.cache = model.new_cache(capacity)
@@ -46,16 +54,19 @@ class DraftModelDrafter:
         feed = self._sync(state.tokens)
         device = self.cache.k.device
         x = torch.tensor([feed], device=device)  # [1, T]
-        drafted, qs = [], []
+        drafted, qs, stopped = [], [], False
         for _ in range(state.k):
             logits = self._logits(x)  # [vocab]
             q = None if state.sampling.greedy else probs_from_logits(logits, state.sampling)
+            if self.p_min > 0 and float((torch.softmax(logits, -1) if q is None else q).max()) < self.p_min:
+                stopped = True  # every drafted token has been fed, so the cache holds them all
+                break
             token = logits.argmax() if q is None else sample(q, state.generator)
             drafted.append(token.view(1))
             qs.append(q)
             x = token.view(1, 1)
         tokens = torch.cat(drafted) if drafted else torch.empty(0, dtype=torch.long, device=device)
-        self.cached += tokens.tolist()[:-1]
+        self.cached += tokens.tolist() if stopped else tokens.tolist()[:-1]
         return DraftTree.chain(tokens, None if state.sampling.greedy or not qs else torch.stack(qs))
 
     def observe(self, num_accepted: int) -> None:

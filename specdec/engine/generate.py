@@ -82,12 +82,17 @@ class _Request:
 
 
 class SpeculativeGenerator:
-    """Generates with one target and one drafter; reuses the target's KV cache across requests."""
+    """Generates with one target and one drafter; reuses the target's KV cache across requests.
 
-    def __init__(self, target: Transformer, drafter: Drafter, capacity: int):
+    With a policy (specdec.policy.AdaptivePolicy), cfg.k is the largest draft length and the policy
+    picks each step's k (0 = a plain step) from its cost model and the acceptance seen so far."""
+
+    def __init__(self, target: Transformer, drafter: Drafter, capacity: int, policy=None, cache=None):
+        """cache: share another generator's KV cache (generators used one at a time)."""
         self.target = target
         self.drafter = drafter
-        self.cache = target.new_cache(capacity)
+        self.cache = cache if cache is not None else target.new_cache(capacity)
+        self.policy = policy
 
     def check_fits(self, prompt: list[int], max_new_tokens: int) -> None:
         if not prompt:
@@ -108,6 +113,8 @@ class SpeculativeGenerator:
         req.stats.prefill_seconds = time.perf_counter() - t_start
         reason = req.emit([first])
         self.drafter.start(prompt)
+        if self.policy is not None:
+            self.policy.reset()
         while reason is None:
             reason = self._step(req)
         req.stats.new_tokens = req.num_new
@@ -141,7 +148,11 @@ class SpeculativeGenerator:
     def _step(self, req: _Request) -> str | None:
         """propose -> verify -> accept -> commit; returns a finish reason or None."""
         t0 = time.perf_counter()
-        tree = self._propose(req, self._draft_length(req))
+        k = self._draft_length(req)
+        if self.policy is not None:
+            k = self.policy.choose(k_cap=k)
+        req.stats.record_choice(k)
+        tree = self._propose(req, k)
         t1 = time.perf_counter()
         acc = verify(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
         self.cache.advance(1 + acc.num_accepted)
@@ -149,4 +160,6 @@ class SpeculativeGenerator:
         req.stats.verify_seconds += time.perf_counter() - t1
         req.stats.record_step(len(tree), acc.num_accepted)
         self.drafter.observe(acc.num_accepted)
+        if self.policy is not None:
+            self.policy.observe(len(tree), acc.num_accepted)
         return req.emit(tree.tokens[:acc.num_accepted].tolist() + [acc.next_token])
