@@ -7,7 +7,8 @@ Cost model (units: one plain decode step of the target = 1):
 
 Acceptance: beta_i is the probability that draft position i is accepted given that positions
 1..i-1 were, kept per position as an exponential moving average of what each verify step shows
-(positions after the first rejection show nothing). A chain of k drafts then emits
+(positions after the first rejection show nothing). A position not yet seen in this request takes
+the pooled average over all positions, so a chain that always passes is tried longer. A chain of k drafts then emits
 E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j tokens per step (the i.i.d. case gives (1 - a^(k+1)) / (1 - a))
 for k c + v(k + 1) time. The policy takes the k with the best E(k) / time; k = 0 is plain decoding
 (1 token per 1 time). While plain, it probes now and then with a short draft so it can come back when
@@ -130,9 +131,15 @@ class AdaptivePolicy:
         self.reset()
 
     def reset(self) -> None:
-        self.beta = [self.cfg.prior] * self.cfg.k_max
+        self.ema = [self.cfg.prior] * self.cfg.k_max
+        self.seen = [False] * self.cfg.k_max
+        self.pooled = self.cfg.prior  # EMA over every observation, any position
         self.plain_run = 0  # plain steps since the last drafted step
         self.interval = self.cfg.probe_every
+
+    @property
+    def beta(self) -> list[float]:
+        return [e if seen else self.pooled for e, seen in zip(self.ema, self.seen)]
 
     def choose(self, batch: int = 1, k_cap: int | None = None) -> int:
         k_cap = self.cfg.k_max if k_cap is None else min(k_cap, self.cfg.k_max)
@@ -150,9 +157,12 @@ class AdaptivePolicy:
             self.plain_run += 1
             return
         d = self.cfg.decay
-        for i in range(min(num_drafted, num_accepted + 1)):
+        for i in range(min(num_drafted, num_accepted + 1, self.cfg.k_max)):
             hit = 1.0 if i < num_accepted else 0.0
-            self.beta[i] = (1 - d) * self.beta[i] + d * hit
+            if not self.seen[i]:
+                self.ema[i], self.seen[i] = self.pooled, True
+            self.ema[i] = (1 - d) * self.ema[i] + d * hit
+            self.pooled = (1 - d) * self.pooled + d * hit
         was_plain = self.plain_run > 0
         self.plain_run = 0
         if was_plain:  # that was a probe

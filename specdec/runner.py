@@ -68,6 +68,8 @@ class Runner:
         ngram = NgramConfig(args.ngram_max, args.ngram_min)
         if args.max_context < 1:
             raise SpecdecError(f"max_context must be >= 1, got {args.max_context}")
+        if not 0.0 <= args.draft_p_min < 1.0:
+            raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
         if args.ngram and args.draft not in (None, "none"):
             raise SpecdecError("choose either --draft MODEL or --ngram, not both")
         method = "ngram" if args.ngram else ("none" if args.draft in (None, "none") else "draft")

@@ -130,6 +130,7 @@ def test_check_compatible():
     (["--ngram", "--ngram-max", "1", "--ngram-min", "2"], "max_n"),
     (["--seed", str(2**64)], "seed"),
     (["--seed", "-1"], "seed"),
+    (["--draft-p-min", "1.5"], "p_min"),
 ])
 def test_bad_flag_values_fail_before_loading(flags, field, capsys, no_model_loads):
     msg = cli_error(["generate", *flags, "hi"], capsys)
@@ -212,3 +213,13 @@ def test_generate_json(capsys, smollm2_path):
     assert 1 <= stats["steps"] <= stats["new_tokens"]
     assert 0.0 <= stats["alpha"] <= 1.0 and stats["tau"] >= 1.0
     assert stats["seconds"] > 0
+
+
+def test_generate_with_the_adaptive_policy(capsys, tiny_llama_dir, tmp_path):
+    argv = ["generate", "--model", str(tiny_llama_dir), "--ngram", "--policy", "adaptive", "--k", "6",
+            "--max-new-tokens", "20", "--json", "w1 w2 w3 w1 w2 w3 w1 w2"]
+    assert main(argv) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stats"]
+    assert sum(stats["k_chosen"]) == stats["steps"] and len(stats["k_chosen"]) <= 7
+    (tmp_path / "bad.json").write_text("{}")
+    assert "profile" in cli_error(argv[:-1] + ["--cost-profile", str(tmp_path / "bad.json"), "w1"], capsys)

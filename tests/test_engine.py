@@ -12,6 +12,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
+from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
 from tests.conftest import TINY_VOCAB, tiny_model
 
 PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]
@@ -124,8 +125,8 @@ def tv_bound(cells: int, n: int, delta: float = 1e-4) -> float:
     return 0.5 * math.sqrt(cells / n) + math.sqrt(math.log(1 / delta) / (2 * n))
 
 
-def sample_first3(target, drafter, prompt, sampling):
-    engine = SpeculativeGenerator(target, drafter, capacity=64)
+def sample_first3(target, drafter, prompt, sampling, policy=None):
+    engine = SpeculativeGenerator(target, drafter, capacity=64, policy=policy)
     counts = {}
     for seed in range(N_TRIALS):
         cfg = GenerationConfig(4, 3, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed))
@@ -135,7 +136,7 @@ def sample_first3(target, drafter, prompt, sampling):
 
 
 @pytest.mark.parametrize("sampling, methods", [
-    (SamplingParams(1.0), ("draft", "ngram", "plain", "draft-truncated-head")),
+    (SamplingParams(1.0), ("draft", "ngram", "plain", "draft-truncated-head", "draft-p-min", "draft-adaptive")),
     (SamplingParams(0.7, top_k=2, top_p=0.9), ("draft",)),
 ])
 def test_speculative_sampling_matches_target_distribution(sampling, methods):
@@ -148,9 +149,13 @@ def test_speculative_sampling_matches_target_distribution(sampling, methods):
     # power: a sampler that emitted the draft's tokens unchecked would be far outside the bound
     assert 0.5 * sum(abs(a - b) for a, b in zip(joint.values(), exact_joint(draft, prompt, 3, sampling).values())) > 1.5 * bound
     drafters = {"draft": DraftModelDrafter(draft, SMALL_VOCAB, 64), "ngram": NgramDrafter(2, 1), "plain": NoDrafter(),
-                "draft-truncated-head": DraftModelDrafter(draft, SMALL_VOCAB, 64, head_rows=2)}  # q(2) = 0
+                "draft-truncated-head": DraftModelDrafter(draft, SMALL_VOCAB, 64, head_rows=2),  # q(2) = 0
+                "draft-p-min": DraftModelDrafter(draft, SMALL_VOCAB, 64, p_min=0.5),  # drafts of varying length
+                "draft-adaptive": DraftModelDrafter(draft, SMALL_VOCAB, 64)}
+    # k chosen per step from the acceptance seen so far (free verification: the policy drafts)
+    policies = {"draft-adaptive": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1), PolicyConfig(k_max=3, decay=0.5))}
     for method in methods:
-        counts = sample_first3(target, drafters[method], prompt, sampling)
+        counts = sample_first3(target, drafters[method], prompt, sampling, policies.get(method))
         assert tv(counts, joint, N_TRIALS) < bound, method
 
 

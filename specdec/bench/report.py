@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specdec.bench.compare import LLAMA_KINDS, OUR_KINDS, Record
 from specdec.errors import SpecdecError
+from specdec.policy import interpolate
 
 OWN_PLAIN = {"hf-assisted": "hf", "hf-lookup": "hf", "llama-lookup": "llama"}
 
@@ -117,16 +118,6 @@ def read_cost_profile(path: str) -> dict:
                 "draft_cost_ratio": data.get("draft_cost_ratio")}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise SpecdecError(f"cannot read a `specdec profile` JSON from {path}: {e}") from None
-
-
-def interpolate(curve: dict[int, float], n: int) -> float:
-    xs = sorted(curve)
-    if n <= xs[0]:
-        return curve[xs[0]]
-    for lo, hi in zip(xs, xs[1:]):
-        if lo <= n <= hi:
-            return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
-    return curve[xs[-1]] + (curve[xs[-1]] - curve[xs[-2]]) * (n - xs[-1]) / (xs[-1] - xs[-2])
 
 
 def theory(methods: dict, cost_profile: dict | None = None) -> dict:

@@ -1,0 +1,149 @@
+"""The speculation policy: cost model on synthetic curves, adaptation, probes, batch awareness."""
+
+import pytest
+
+from specdec.config import GenerationConfig, SamplingParams
+from specdec.drafters.base import NoDrafter
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine.generate import SpeculativeGenerator
+from specdec.errors import SpecdecError
+from specdec.policy import (AdaptivePolicy, CostModel, PolicyConfig, best_k, expected_tokens, interpolate,
+                            measure_costs, parse_schedule)
+from tests.conftest import TINY_VOCAB
+
+FLAT = CostModel({1: 1.0, 33: 1.0})  # verification free: a GPU at batch 1
+CPU = CostModel({1: 1.0, 2: 1.25, 3: 1.27, 5: 1.27, 9: 1.47, 17: 1.82, 33: 2.27}, draft_cost=0.26)  # measured here
+COMPUTE_BOUND = CostModel({1: 1.0, 8: 1.0, 64: 8.0})  # flat to 8 rows, then linear in rows
+
+
+def test_interpolation_and_step_time():
+    assert interpolate({1: 1.0, 3: 2.0}, 2) == 1.5
+    assert interpolate({1: 1.0, 3: 2.0}, 5) == 3.0  # extrapolated along the last segment
+    assert CPU.v(4) == pytest.approx(1.27)
+    assert CPU.step_time(4) == pytest.approx(4 * 0.26 + 1.27)
+    assert COMPUTE_BOUND.step_time(1, batch=16) == pytest.approx(16 * 0 + 4.0)
+
+
+def test_expected_tokens_matches_the_iid_formula():
+    a, k = 0.7, 5
+    assert expected_tokens([a] * k, k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+    assert expected_tokens([0.0] * 4, 4) == 1.0 and expected_tokens([1.0] * 4, 4) == 5.0
+
+
+def test_best_k_on_synthetic_curves():
+    assert best_k([0.9] * 8, FLAT, 8)[0] == 8  # free verification, good drafts: the longest chain
+    assert best_k([0.0] * 8, FLAT, 8)[0] == 0  # nothing accepted: plain (ties go to plain)
+    assert best_k([0.3] * 8, CPU, 8)[0] == 0  # a 25% verify premium and 26% per draft: 0.3 does not pay
+    k, rate = best_k([0.85] * 8, CPU, 8)
+    assert 2 <= k <= 6 and rate > 1.0  # pays, but not at the longest chain
+    # falling per-position acceptance shortens the chain
+    assert best_k([0.95, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2], CostModel({1: 1.0, 33: 1.0}, 0.1), 8)[0] == 2
+
+
+def test_batch_awareness_turns_speculation_off_above_the_critical_batch():
+    beta = [0.8] * 8
+    assert best_k(beta, COMPUTE_BOUND, 8, batch=1)[0] > 0
+    assert best_k(beta, COMPUTE_BOUND, 8, batch=16)[0] == 0  # 16 rows already fill the compute
+    policy = AdaptivePolicy(COMPUTE_BOUND, PolicyConfig(k_max=8, prior=0.8))
+    assert policy.choose(batch=1) > 0 and policy.choose(batch=16) == 0
+
+
+def test_fixed_schedule_overrides_the_model():
+    policy = AdaptivePolicy(FLAT, PolicyConfig(k_max=8, schedule=parse_schedule("1:4,4:2,8:0")))
+    assert [policy.choose(batch=b) for b in (1, 3, 4, 7, 8, 64)] == [4, 4, 2, 2, 0, 0]
+    for bad in ("4", "a:b", "0:3", "1:-1", ""):
+        with pytest.raises(SpecdecError):
+            parse_schedule(bad)
+
+
+def test_zero_acceptance_drives_the_policy_to_plain_within_a_few_steps():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.9))
+    drafting_steps = 0
+    for _ in range(200):
+        k = policy.choose()
+        policy.observe(k, 0)
+        if k == 0:
+            break
+        drafting_steps += 1
+    assert drafting_steps <= 8
+    # after that, only probes draft, and they come ever more rarely while they fail
+    ks = []
+    for _ in range(400):
+        k = policy.choose()
+        policy.observe(k, 0)
+        ks.append(k)
+    probes = [i for i, k in enumerate(ks) if k > 0]
+    assert 3 <= len(probes) <= 12 and sum(ks) <= 2 * len(probes)
+    assert probes[-1] - probes[-2] == 64  # backed off to the largest interval
+
+
+def test_perfect_drafter_drives_the_policy_to_the_largest_k():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.3))
+    assert policy.choose() == 0  # a pessimistic prior starts plain ...
+    ks = []
+    for _ in range(60):
+        k = policy.choose()
+        policy.observe(k, k)  # every draft accepted
+        ks.append(k)
+    assert ks[-1] == 8  # ... and a probe that passes brings it to the longest chain
+    assert ks.index(8) <= 20
+
+
+def test_policy_comes_back_when_the_text_turns_predictable():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=6))
+    for _ in range(50):
+        k = policy.choose()
+        policy.observe(k, 0)
+    assert policy.choose() == 0 or policy.plain_run + 1 >= policy.interval
+    for _ in range(150):  # a code block after prose: drafts start passing
+        k = policy.choose()
+        policy.observe(k, k)
+    assert policy.choose() == 6
+
+
+def test_bad_policy_config_is_refused():
+    for kwargs in ({"k_max": 0}, {"prior": 1.5}, {"decay": 0.0}, {"probe_every": 10, "probe_every_max": 5}):
+        with pytest.raises(SpecdecError):
+            PolicyConfig(**kwargs)
+    with pytest.raises(SpecdecError):
+        CostModel({2: 1.0})
+
+
+def test_measured_costs_are_positive(tiny_target, tiny_draft):
+    costs = measure_costs(tiny_target, tiny_draft, sizes=(1, 2, 5), context=16, repeats=2)
+    assert costs.verify_cost[1] == 1.0 and all(v > 0 for v in costs.verify_cost.values()) and costs.draft_cost > 0
+
+
+PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]
+
+
+@pytest.mark.parametrize("which", ["draft", "ngram", "pmin"])
+def test_adaptive_and_early_stop_stay_greedy_exact(tiny_target, tiny_draft, which):
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    drafter = {"draft": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256),
+               "ngram": lambda: NgramDrafter(3, 1),
+               "pmin": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256, p_min=0.5)}[which]()
+    policy = None if which == "pmin" else AdaptivePolicy(CPU, PolicyConfig(k_max=6))
+    engine = SpeculativeGenerator(tiny_target, drafter, 256, policy)
+    for prompt in PROMPTS:
+        cfg = GenerationConfig(40, 6, SamplingParams())
+        expected = plain.generate(prompt, cfg).tokens
+        result = engine.generate(prompt, cfg)
+        assert result.tokens == expected
+        assert sum(result.stats.k_chosen) == result.stats.steps
+        if which == "pmin":  # the target drafting for itself: what it drafts passes, but it stops when unsure
+            assert result.stats.alpha == 1.0 and result.stats.drafted < 6 * result.stats.steps
+
+
+def test_adaptive_goes_plain_with_a_useless_drafter(tiny_target, tiny_draft):
+    """The 1-layer random draft rarely agrees with the target: the policy ends up mostly plain."""
+    engine = SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256,
+                                  AdaptivePolicy(CPU, PolicyConfig(k_max=6)))
+    stats = engine.generate(PROMPTS[2], GenerationConfig(120, 6, SamplingParams())).stats
+    assert stats.plain_fraction > 0.5, stats.k_chosen
+
+
+def test_bad_p_min_is_refused(tiny_draft):
+    with pytest.raises(SpecdecError, match="p_min"):
+        DraftModelDrafter(tiny_draft, TINY_VOCAB, 64, p_min=1.0)
