@@ -35,11 +35,24 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram", action="store_true", help="draft by n-gram prompt lookup instead of a model")
     p.add_argument("--ngram-max", type=integer, default=3, help="largest n-gram to match")
     p.add_argument("--ngram-min", type=integer, default=1, help="smallest n-gram to match")
+    p.add_argument("--suffix", action="store_true",
+                   help="draft by suffix matching over this request, earlier requests and an optional datastore")
+    p.add_argument("--suffix-cache-tokens", type=integer, default=262144,
+                   help="suffix drafter: tokens of earlier requests kept (oldest evicted first; 0 = none)")
+    p.add_argument("--suffix-min-match", type=integer, default=1, help="suffix drafter: shortest match that drafts")
+    p.add_argument("--datastore", default=None, help="suffix drafter: a file from `specdec datastore build`")
     p.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
     p.add_argument("--draft-vocab", type=integer, default=0,
                    help="draft model scores only the first N token ids (0 = all); cuts its LM-head cost")
     p.add_argument("--draft-p-min", type=float, default=0.0,
                    help="stop a draft early when the draft model's top probability is below this (0 = off)")
+    p.add_argument("--tree-budget", type=integer, default=0,
+                   help="draft a dynamic token tree of at most N nodes (EAGLE-2 style) instead of a chain (0 = chain)")
+    p.add_argument("--tree-depth", type=integer, default=4, help="dynamic tree: largest depth")
+    p.add_argument("--tree-topk", type=integer, default=4,
+                   help="dynamic tree: nodes expanded per depth, and children per expanded node")
+    p.add_argument("--tree-choices", default=None,
+                   help="static tree: Medusa-style rank paths as JSON (or a JSON file), e.g. '[[0],[1],[0,0],[0,1]]'")
     p.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed",
                    help="fixed: draft k every step; adaptive: pick k in 0..k each step from measured costs "
                         "and running acceptance (0 = plain step)")
@@ -74,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(bench)
     bench.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the 'draft' and 'hf-assisted' methods")
     bench.add_argument("--methods", default="plain,draft,ngram,hf",
-                       help="comma list from plain, draft, ngram (ours), hf, hf-assisted, hf-lookup "
+                       help="comma list from plain, draft, ngram, suffix, tree (ours; tree:N is the draft model's "
+                            "dynamic token tree of N nodes), hf, hf-assisted, hf-lookup "
                             "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
                             "a drafting method may pin its k, e.g. draft:8")
     bench.add_argument("--dataset", default=None,
@@ -85,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="draft tokens per step, or a sweep such as 1,2,3,4,6,8; 'auto' adds the adaptive "
                             "policy (k chosen per step in 0..8) for our drafting methods")
     bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
+    bench.add_argument("--datastore", default=None, help="suffix method: a file from `specdec datastore build`")
+    bench.add_argument("--tree-depth", type=integer, default=4, help="tree methods: largest depth")
+    bench.add_argument("--tree-topk", type=integer, default=4, help="tree methods: expansion width per depth")
     bench.add_argument("--draft-p-min", type=float, default=0.0,
                        help="draft methods stop early when the draft's top probability is below this (0 = off)")
     bench.add_argument("--max-new-tokens", type=integer, default=128)
@@ -100,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--out", default="runs/bench",
                        help="output directory; a run there that was interrupted resumes where it stopped")
+    store = sub.add_parser("datastore", help="build a token datastore for the suffix drafter")
+    store_sub = store.add_subparsers(dest="action", required=True)
+    build = store_sub.add_parser("build", help="tokenize text files into a datastore file")
+    build.add_argument("--model", default=DEFAULT_TARGET, help="the model whose tokenizer the datastore is for")
+    build.add_argument("--from", dest="sources", nargs="+", required=True,
+                       help="text files (one document each) or .jsonl files (a 'text' or 'prompt' per line)")
+    build.add_argument("--out", required=True, help="the datastore file to write")
     prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c")
     add_model_flags(prof)
     prof.add_argument("--draft", default=None, help="draft model, to measure c (draft/target step ratio)")
@@ -118,6 +142,18 @@ def cmd_profile(args) -> int:
     result = profile(target.module, draft.module if draft else None, args.context, args.repeats)
     print_profile(result)
     write_profile(result, args.out)
+    return 0
+
+
+def cmd_datastore(args) -> int:
+    from specdec.datastore import datastore_from_files
+    from specdec.model.loading import model_directory
+    from specdec.model.registry import resolve_model
+    from specdec.model.tokenizer import load_tokenizer
+    tokenizer = load_tokenizer(model_directory(resolve_model(args.model)))
+    store = datastore_from_files(args.sources, tokenizer)
+    store.save(args.out)
+    print(f"{store.num_tokens} tokens in {store.num_documents} documents -> {args.out}")
     return 0
 
 
@@ -156,7 +192,8 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile}
+COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench,
+            "profile": cmd_profile, "datastore": cmd_datastore}
 
 
 def main(argv: list[str] | None = None) -> int:

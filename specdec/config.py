@@ -45,6 +45,44 @@ class NgramConfig:
 
 
 @dataclass(frozen=True)
+class SuffixConfig:
+    """Suffix/retrieval drafting: a bounded cache of earlier requests, and an optional datastore file."""
+
+    cache_tokens: int = 262144  # earlier requests' tokens kept (oldest evicted); 0 = no cache
+    min_match: int = 1
+    datastore: str | None = None  # a file from `specdec datastore build`
+
+    def __post_init__(self):
+        if self.cache_tokens < 0 or self.min_match < 1:
+            raise SpecdecError(f"suffix drafting needs cache_tokens >= 0 and min_match >= 1, "
+                               f"got {self.cache_tokens}, {self.min_match}")
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """Draft trees for the draft-model drafter.
+
+    Dynamic (EAGLE-2 style): expand the `topk` best nodes of each depth by cumulative draft
+    probability, each into its `topk` most likely children, down to `depth`; keep the best `budget`
+    nodes. Static: `choices`, Medusa-style rank paths ([[0], [1], [0, 0], ...]: child rank at each depth).
+    """
+
+    budget: int = 16
+    depth: int = 4
+    topk: int = 4
+    choices: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self):
+        if self.choices is not None:
+            return  # validated by specdec.tree.choices_to_parents
+        if self.depth < 1 or self.topk < 1:
+            raise SpecdecError(f"tree depth and topk must be >= 1, got depth={self.depth}, topk={self.topk}")
+        if self.budget < self.depth:
+            raise SpecdecError(f"tree budget ({self.budget}) must be at least its depth ({self.depth}): "
+                               "a tree of that depth needs that many nodes")
+
+
+@dataclass(frozen=True)
 class GenerationConfig:
     """One request: token budget, draft length and sampling."""
 

@@ -18,6 +18,7 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0  # verify steps where a drafted token was rejected
+    verified_nodes: int = 0  # draft tokens the target scored (a tree's nodes; a chain's length)
     drafted_at: list[int] = field(default_factory=list)  # [position] number of drafts reaching it
     accepted_at: list[int] = field(default_factory=list)  # [position] number accepted there
     emitted_per_step: list[int] = field(default_factory=list)  # accepted + 1, per verify step
@@ -37,8 +38,10 @@ class GenerationStats:
         """Fraction of steps the engine ran without drafting (k set to 0)."""
         return self.k_chosen[0] / self.steps if self.steps and self.k_chosen else 0.0
 
-    def record_step(self, num_drafted: int, num_accepted: int) -> None:
+    def record_step(self, num_drafted: int, num_accepted: int, nodes: int | None = None) -> None:
+        """num_drafted: the draft's length (a tree's depth); nodes: a tree's size (verified tokens - 1)."""
         self.steps += 1
+        self.verified_nodes += num_drafted if nodes is None else nodes
         self.drafted += num_drafted
         self.accepted += num_accepted
         self.rejections += int(num_accepted < num_drafted)
@@ -69,7 +72,8 @@ class GenerationStats:
 
     def summary(self) -> dict:
         return {"new_tokens": self.new_tokens, "steps": self.steps, "drafted": self.drafted,
-                "accepted": self.accepted, "rejections": self.rejections, "drafted_at": self.drafted_at, "accepted_at": self.accepted_at,
+                "accepted": self.accepted, "rejections": self.rejections,
+                "verified_nodes": self.verified_nodes, "drafted_at": self.drafted_at, "accepted_at": self.accepted_at,
                 "alpha": round(self.alpha, 4),
                 "tau": round(self.tau, 4),
                 "per_position_acceptance": [round(a, 4) for a in self.per_position_acceptance],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from specdec.config import GenerationConfig, NgramConfig, SamplingParams
+from specdec.config import GenerationConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.engine.generate import GenerationResult, SpeculativeGenerator
 from specdec.errors import SpecdecError
@@ -18,8 +18,10 @@ def log(msg: str) -> None:
 
 
 def build_drafter(method: str, target: LoadedModel, capacity: int, draft: LoadedModel | None = None,
-                  ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0, p_min: float = 0.0) -> Drafter:
-    """method: 'none', 'ngram' or 'draft' (then `draft` is the loaded draft model)."""
+                  ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0, p_min: float = 0.0,
+                  tree: TreeConfig | None = None, suffix: SuffixConfig = SuffixConfig()) -> Drafter:
+    """method: 'none', 'ngram', 'suffix' or 'draft' (then `draft` is the loaded draft model; `tree`
+    makes it propose token trees instead of chains)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
     if draft_vocab < 0:
@@ -28,10 +30,41 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
         return NoDrafter()
     if method == "ngram":
         return NgramDrafter(ngram.max_n, ngram.min_n)
+    if method == "suffix":
+        from specdec.datastore import load_datastore, tokenizer_fingerprint
+        from specdec.drafters.suffix import SuffixDrafter
+        store = load_datastore(suffix.datastore, tokenizer_fingerprint(target.tokenizer)) if suffix.datastore else None
+        return SuffixDrafter(suffix.cache_tokens, suffix.min_match, store)
     if method == "draft" and draft is not None:
         check_compatible(target.tokenizer, draft.tokenizer)
-        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min)
-    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram or draft")
+        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree)
+    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix or draft")
+
+
+def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
+    """Medusa-style choices from JSON text or a JSON file: [[0], [1], [0, 0], ...]."""
+    import json
+    import os
+    raw = open(text).read() if os.path.isfile(text) else text
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise SpecdecError(f"--tree-choices must be a JSON list of rank paths like [[0], [1], [0, 0]], "
+                           f"or a file holding one; got {text[:60]!r}") from None
+    if not isinstance(value, list) or not all(isinstance(c, list) and all(isinstance(r, int) for r in c) for c in value):
+        raise SpecdecError(f"--tree-choices must be a list of lists of integers, got {text[:60]!r}")
+    from specdec.tree import choices_to_parents
+    choices_to_parents(value)  # validates: empty, negative ranks, missing prefixes, duplicates
+    return tuple(tuple(c) for c in value)
+
+
+def tree_config(args) -> TreeConfig | None:
+    """--tree-choices (static) or --tree-budget > 0 (dynamic), else None (chains)."""
+    if getattr(args, "tree_choices", None):
+        return TreeConfig(choices=parse_choices(args.tree_choices))
+    if getattr(args, "tree_budget", 0):
+        return TreeConfig(args.tree_budget, args.tree_depth, args.tree_topk)
+    return None
 
 
 def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile: str | None = None):
@@ -70,17 +103,26 @@ class Runner:
             raise SpecdecError(f"max_context must be >= 1, got {args.max_context}")
         if not 0.0 <= args.draft_p_min < 1.0:
             raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
-        if args.ngram and args.draft not in (None, "none"):
-            raise SpecdecError("choose either --draft MODEL or --ngram, not both")
-        method = "ngram" if args.ngram else ("none" if args.draft in (None, "none") else "draft")
+        chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix),
+                                         ("--draft", args.draft not in (None, "none"))) if on]
+        if len(chosen) > 1:
+            raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
+        if args.datastore and not args.suffix:
+            raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
+        method = "ngram" if args.ngram else "suffix" if args.suffix else ("none" if args.draft in (None, "none")
+                                                                          else "draft")
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
         draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
-        drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min)
+        tree = tree_config(args)
+        if tree is not None and method != "draft":
+            raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
+        drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
+                                tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore))
         policy = build_policy(drafter, target, args.k, args.cost_profile) if args.policy == "adaptive" else None
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)
         k_text = f"k<={args.k} adaptive" if policy else f"k={args.k}"
         label = f"draft {args.draft} {k_text}" if method == "draft" else (
-            f"ngram {k_text}" if method == "ngram" else "plain")
+            f"{method} {k_text}" if method in ("ngram", "suffix") else "plain")
         return Runner(target, engine, cfg, label)
 
     def generate(self, prompt: str, chat: bool = False, on_tokens=None) -> GenerationResult:

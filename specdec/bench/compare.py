@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench.datasets import Prompt
-from specdec.config import GenerationConfig, NgramConfig, SamplingParams
+from specdec.config import GenerationConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter, build_policy
 
-OUR_KINDS = ("plain", "draft", "ngram")
+OUR_KINDS = ("plain", "draft", "ngram", "suffix", "tree")  # tree:N = the draft model's dynamic tree of N nodes
 HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
 LLAMA_KINDS = {"llama": "plain", "llama-lookup": "lookup"}
 ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
-K_KINDS = ("draft", "ngram", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
+K_KINDS = ("draft", "ngram", "suffix", "tree", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
 
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
@@ -72,7 +72,7 @@ def parse_k_list(text: str) -> list[int | str]:
 
 def _spec(label: str, kind: str, k: int | str) -> MethodSpec:
     if k == "auto":
-        if kind not in OUR_KINDS:
+        if kind not in OUR_KINDS or kind == "tree":
             raise SpecdecError(f"'auto' (the adaptive policy) is for our drafting methods, not {kind!r}")
         return MethodSpec(label, kind, AUTO_K_MAX, adaptive=True)
     return MethodSpec(label, kind, k)
@@ -107,18 +107,26 @@ def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
 class Comparison:
     def __init__(self, target, draft, specs: list[MethodSpec], max_new_tokens: int, capacity: int = 4096,
                  hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None,
-                 draft_p_min: float = 0.0, cost_profile: str | None = None):
+                 draft_p_min: float = 0.0, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
+                 datastore: str | None = None):
         self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
-        self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
+        self.max_new_tokens, self.temperature, self.seed, self.tree_depth = max_new_tokens, temperature, seed, tree_depth
         drafters = {kind: build_drafter("none" if kind == "plain" else kind, target, capacity, draft, NgramConfig(),
-                                        draft_vocab, draft_p_min) for kind in {s.kind for s in specs if s.kind in OUR_KINDS}}
+                                        draft_vocab, draft_p_min, suffix=SuffixConfig(datastore=datastore))
+                    for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind != "tree"}}
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
         cache = None
         for s in specs:
-            if s.kind in OUR_KINDS:
-                policy = build_policy(drafters[s.kind], target, s.k, cost_profile) if s.adaptive else None
-                engine = SpeculativeGenerator(target.module, drafters[s.kind], capacity, policy, cache)
-                self.engines[s.label], cache = engine, engine.cache
+            if s.kind == "tree":  # each tree size its own drafter (and draft cache)
+                drafter = build_drafter("draft", target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min,
+                                        TreeConfig(s.k, min(tree_depth, s.k), tree_topk))
+            elif s.kind in OUR_KINDS:
+                drafter = drafters[s.kind]
+            else:
+                continue
+            policy = build_policy(drafter, target, s.k, cost_profile) if s.adaptive else None
+            engine = SpeculativeGenerator(target.module, drafter, capacity, policy, cache)
+            self.engines[s.label], cache = engine, engine.cache
 
     def encode(self, messages: list[dict]) -> list[int]:
         tok = self.target.tokenizer
@@ -128,7 +136,8 @@ class Comparison:
 
     def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
         if spec.label in self.engines:
-            cfg = GenerationConfig(self.max_new_tokens, spec.k, SamplingParams(self.temperature, seed=seed))
+            k = min(self.tree_depth, spec.k) if spec.kind == "tree" else spec.k  # a tree's k caps its depth
+            cfg = GenerationConfig(self.max_new_tokens, k, SamplingParams(self.temperature, seed=seed))
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
             return res.tokens, res.stats.seconds, res.stats.summary()
         peer, mode = (self.hf, HF_KINDS[spec.kind]) if spec.kind in HF_KINDS else (self.llama, LLAMA_KINDS[spec.kind])
@@ -245,18 +254,20 @@ def run_comparison(args) -> dict:
     pending = {s.kind for s in specs if any((p.id, s.label, rep) not in done
                                              for p in prompts for rep in range(args.repeats))}
     target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
-    needs_draft = bool(pending & {"draft", "hf-assisted"})
+    needs_draft = bool(pending & {"draft", "tree", "hf-assisted"})
     draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
     peers = make_peers(args, target, draft, pending)
     t0 = time.time()
     comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
-                            args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile)
+                            args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
+                            args.tree_depth, args.tree_topk, args.datastore)
     records = comparison.run(prompts, records_path, args.repeats)
     wanted = {(p.id, s.label, rep) for p in prompts for s in specs for rep in range(args.repeats)}
     records = [r for r in records if (r.prompt_id, r.method, r.repeat) in wanted]
-    config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "hf-assisted") for s in specs)
+    config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "tree", "hf-assisted") for s in specs)
               else None, "methods": [s.label for s in specs], "k": parse_k_list(args.k),
-              "draft_vocab": args.draft_vocab, "draft_p_min": args.draft_p_min, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+              "draft_vocab": args.draft_vocab, "draft_p_min": args.draft_p_min,
+              "tree_depth": args.tree_depth, "tree_topk": args.tree_topk, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "categories": sorted({p.category for p in prompts}), "repeats": args.repeats,
               "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "temperature": args.temperature,
               "seed": args.seed, "greedy": args.temperature == 0, "wall_seconds_this_session": round(time.time() - t0, 1)}

@@ -128,7 +128,7 @@ def theory(methods: dict, cost_profile: dict | None = None) -> dict:
     t1 = plain["time_split"]["verify_seconds"] / plain["steps"]  # one plain decode step
     out = {}
     for label, s in methods.items():
-        if s["kind"] not in ("draft", "ngram") or not s.get("steps") or s.get("adaptive"):
+        if s["kind"] not in ("draft", "ngram", "suffix") or not s.get("steps") or s.get("adaptive"):
             continue
         k = s["k"]
         if cost_profile:

@@ -16,9 +16,10 @@ class DraftState:
     """What a drafter sees: the committed sequence and how much to propose."""
 
     tokens: list[int]  # prompt + generated tokens so far (committed)
-    k: int  # maximum number of draft tokens to propose
+    k: int  # maximum number of draft tokens to propose (for a tree: its maximum depth)
     sampling: SamplingParams
     generator: torch.Generator | None  # for stochastic drafters; None under greedy
+    max_nodes: int | None = None  # a tree may have at most this many nodes (the context room left)
 
 
 class Drafter(Protocol):

@@ -7,11 +7,12 @@ import copy
 import torch
 from torch import nn
 
+from specdec.config import TreeConfig
 from specdec.drafters.base import DraftState
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits, sample
-from specdec.tree import DraftTree
+from specdec.tree import DraftTree, choices_to_parents
 
 
 def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
@@ -33,10 +34,14 @@ class DraftModelDrafter:
     """
 
     def __init__(self, model: Transformer, target_vocab: int, capacity: int, head_rows: int = 0,
-                 p_min: float = 0.0):
+                 p_min: float = 0.0, tree: TreeConfig | None = None):
         if not 0.0 <= p_min < 1.0:
             raise SpecdecError(f"draft p_min must be in [0, 1), got {p_min}")
         self.p_min = p_min
+        self.tree = tree
+        self.static = None if tree is None or tree.choices is None else tuple(
+            t.tolist() for t in choices_to_parents([list(c) for c in tree.choices]))  # (parents, ranks) lists
+        self.max_tree_nodes = 0 if tree is None else (len(self.static[0]) if self.static else tree.budget)
         self.model = truncated_head(model, head_rows) if 0 < head_rows < model.config.vocab_size else model
         self.target_vocab = target_vocab
         self.cache = model.new_cache(capacity)
@@ -51,6 +56,8 @@ class DraftModelDrafter:
     def propose(self, state: DraftState) -> DraftTree:
         if state.k < 1:
             return DraftTree.empty(self.cache.k.device)
+        if self.tree is not None:
+            return self._propose_tree(state)
         feed = self._sync(state.tokens)
         device = self.cache.k.device
         x = torch.tensor([feed], device=device)  # [1, T]
@@ -72,6 +79,89 @@ class DraftModelDrafter:
     def observe(self, num_accepted: int) -> None:
         pass
 
+    def _propose_tree(self, state: DraftState) -> DraftTree:
+        """A tree of deterministic candidates (q = None): dynamic top-k expansion by cumulative draft
+        log-probability (EAGLE-2 style), or the static rank paths of `choices`. One draft forward
+        per depth; tree nodes are written past the committed prefix and dropped afterwards."""
+        feed = self._sync(state.tokens)
+        device = self.cache.k.device
+        root = torch.log_softmax(self._logits(torch.tensor([feed], device=device)), -1)  # [vocab]
+        prefix = self.cache.length  # committed tokens; the root (last one) sits at prefix - 1
+        max_nodes = state.max_nodes if state.max_nodes is not None else self.max_tree_nodes
+        if self.static is not None:
+            tree = self._static_tree(root, prefix, state.k, max_nodes)
+        else:
+            tree = self._dynamic_tree(root, prefix, min(self.tree.depth, state.k), min(self.tree.budget, max_nodes))
+        self.cache.truncate(prefix)
+        return tree
+
+    def _expand(self, nodes: list[int], tokens: list[int], parents: list[int], slots: dict[int, int],
+                prefix: int) -> torch.Tensor:
+        """Feed `nodes` (their ancestors are in the cache) in one forward; log-probs # [len(nodes), vocab]."""
+        device = self.cache.k.device
+        start = self.cache.length
+        ancestors = []
+        for node in nodes:
+            chain, a = [], node
+            while a >= 0:
+                chain.append(a)
+                a = parents[a]
+            ancestors.append(chain)
+        mask = torch.zeros(len(nodes), start + len(nodes), dtype=torch.bool, device=device)
+        mask[:, :prefix] = True
+        for row, chain in enumerate(ancestors):
+            for a in chain[1:]:
+                mask[row, slots[a]] = True
+            mask[row, start + row] = True
+            slots[nodes[row]] = start + row
+        x = torch.tensor([[tokens[n] for n in nodes]], device=device)  # [1, R]
+        positions = torch.tensor([[prefix - 1 + len(chain) for chain in ancestors]], device=device)  # [1, R]
+        logits = self.model(x, self.cache, start, positions=positions, mask=mask)[0]  # [R, draft_vocab]
+        self.cache.advance(len(nodes))
+        return torch.log_softmax(align_vocab(logits, self.target_vocab), -1)
+
+    def _dynamic_tree(self, root: torch.Tensor, prefix: int, depth: int, budget: int) -> DraftTree:
+        topk = self.tree.topk
+        tokens, parents, scores, depths, slots = [], [], [], [], {}
+        values, ids = root.topk(topk)
+        frontier = []
+        for v, t in zip(values.tolist(), ids.tolist()):
+            frontier.append(len(tokens))
+            tokens.append(t), parents.append(-1), scores.append(v), depths.append(1)
+        for d in range(2, depth + 1):
+            frontier = sorted(frontier, key=lambda n: -scores[n])[:topk]
+            logp = self._expand(frontier, tokens, parents, slots, prefix)  # [R, vocab]
+            values, ids = logp.topk(topk, dim=-1)  # [R, topk]
+            new = []
+            for row, node in enumerate(frontier):
+                for v, t in zip(values[row].tolist(), ids[row].tolist()):
+                    new.append(len(tokens))
+                    tokens.append(t), parents.append(node), scores.append(scores[node] + v), depths.append(d)
+            frontier = new
+        return select_tree(tokens, parents, scores, depths, budget, root.device)
+
+    def _static_tree(self, root: torch.Tensor, prefix: int, max_depth: int, max_nodes: int) -> DraftTree:
+        parents, ranks = self.static
+        depths = [1 if p < 0 else 0 for p in parents]
+        for i, p in enumerate(parents):
+            depths[i] = 1 if p < 0 else depths[p] + 1
+        keep = [i for i in range(len(parents)) if depths[i] <= max_depth][:max_nodes]
+        tokens, slots = [0] * len(parents), {}
+        need = max(ranks) + 1
+        root_top = root.topk(need).indices.tolist()
+        for i in keep:
+            if parents[i] < 0:
+                tokens[i] = root_top[ranks[i]]
+        for d in range(2, max(depths[i] for i in keep) + 1 if keep else 1):
+            level = [i for i in keep if depths[i] == d]
+            par = sorted({parents[i] for i in level})
+            top = self._expand(par, tokens, parents, slots, prefix).topk(need, dim=-1).indices.tolist()
+            for i in level:
+                tokens[i] = top[par.index(parents[i])][ranks[i]]
+        index = {old: new for new, old in enumerate(keep)}
+        return DraftTree(torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=root.device),
+                         torch.tensor([index[parents[i]] if parents[i] >= 0 else -1 for i in keep], dtype=torch.long))
+
     def _sync(self, tokens: list[int]) -> list[int]:
         """Roll the cache back to the prefix it shares with tokens; return the tokens to feed."""
         n = min(common_prefix(self.cached, tokens, min(self.committed, len(self.cached))), len(tokens) - 1)
@@ -88,6 +178,21 @@ class DraftModelDrafter:
         logits = self.model(x, self.cache, start, last_only=True)[0, -1]  # [draft_vocab]
         self.cache.advance(x.shape[1])
         return align_vocab(logits, self.target_vocab)
+
+
+def select_tree(tokens: list[int], parents: list[int], scores: list[float], depths: list[int], budget: int,
+                device) -> DraftTree:
+    """The `budget` best nodes by score whose ancestors are all kept, in (depth, score) order."""
+    kept: set[int] = set()
+    for n in sorted(range(len(tokens)), key=lambda n: -scores[n]):
+        if len(kept) == budget:
+            break
+        if parents[n] < 0 or parents[n] in kept:
+            kept.add(n)
+    order = sorted(kept, key=lambda n: (depths[n], -scores[n]))
+    index = {old: new for new, old in enumerate(order)}
+    return DraftTree(torch.tensor([tokens[n] for n in order], dtype=torch.long, device=device),
+                     torch.tensor([index[parents[n]] if parents[n] >= 0 else -1 for n in order], dtype=torch.long))
 
 
 def align_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ from specdec.metrics import GenerationStats
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept
+from specdec.sampling.tree_accept import TreeAcceptance, greedy_tree_accept, tree_rejection_accept
 from specdec.tree import DraftTree
 
 
@@ -47,6 +48,34 @@ def verify(target: Transformer, cache, last_token: int, tree: DraftTree, samplin
     if sampling.greedy:
         return greedy_accept(draft, logits)
     return rejection_accept(draft, probs_from_logits(logits, sampling), tree.q, generator)
+
+
+def tree_attention_mask(tree: DraftTree, start: int, device) -> torch.Tensor:
+    """Bool mask # [n + 1, start + n + 1] for [root] + tree nodes written at slots start..start+n:
+    every row sees the whole committed prefix, itself and its ancestors, never its siblings."""
+    n = len(tree)
+    mask = torch.ones(n + 1, start + n + 1, dtype=torch.bool, device=device)
+    mask[:, start:] = tree.tree_mask().to(device)
+    return mask
+
+
+def verify_tree(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
+                generator: torch.Generator) -> TreeAcceptance:
+    """One target forward over [last committed token] + every tree node, under the tree mask; then
+    keep the accepted path's keys/values in place (cache.keep) and return the path + next token."""
+    device = cache.k.device
+    start = cache.length
+    x = torch.cat([torch.tensor([last_token], device=device), tree.tokens.to(device)]).unsqueeze(0)  # [1, n + 1]
+    positions = (start + tree.position_offsets().to(device)).unsqueeze(0)  # [1, n + 1]
+    logits = target(x, cache, start, positions=positions, mask=tree_attention_mask(tree, start, device))[0]
+    if sampling.greedy:
+        acc = greedy_tree_accept(tree, logits)  # logits # [n + 1, vocab]
+    else:
+        acc = tree_rejection_accept(tree, probs_from_logits(logits, sampling), tree.parent_q(), generator,
+                                    replacement=False)
+    cache.advance(len(tree) + 1)
+    cache.keep(list(range(start + 1)) + [start + 1 + i for i in acc.path])
+    return acc
 
 
 @dataclass
@@ -97,6 +126,11 @@ class SpeculativeGenerator:
     def check_fits(self, prompt: list[int], max_new_tokens: int) -> None:
         if not prompt:
             raise SpecdecError("the prompt is empty; give at least one token")
+        tree_nodes = getattr(self.drafter, "max_tree_nodes", 0)  # scratch slots a tree needs past the end
+        if len(prompt) + max_new_tokens + tree_nodes > self.cache.capacity and tree_nodes:
+            raise SpecdecError(f"a draft tree of {tree_nodes} nodes does not fit after prompt ({len(prompt)}) + "
+                               f"max_new_tokens ({max_new_tokens}) in the context of {self.cache.capacity} tokens; "
+                               "lower --tree-budget or --max-new-tokens, or raise --max-context")
         need = len(prompt) + max_new_tokens
         if need > self.cache.capacity:
             raise SpecdecError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {need} "
@@ -138,11 +172,15 @@ class SpeculativeGenerator:
         return max(0, min(req.cfg.k, budget, room))
 
     def _propose(self, req: _Request, k: int) -> DraftTree:
+        """k caps the depth (tokens a step can accept); a tree's nodes are capped by the context room."""
         if k == 0:
             return DraftTree.empty()
-        tree = self.drafter.propose(DraftState(req.tokens, k, req.cfg.sampling, req.generator))
-        if len(tree) > k:
+        room = self.cache.capacity - self.cache.length - 1
+        tree = self.drafter.propose(DraftState(req.tokens, k, req.cfg.sampling, req.generator, max_nodes=room))
+        if tree.is_chain and len(tree) > k:
             tree = DraftTree.chain(tree.tokens[:k], None if tree.q is None else tree.q[:k])
+        elif not tree.is_chain and len(tree) > room:
+            raise SpecdecError(f"the drafter proposed a tree of {len(tree)} nodes but only {room} context slots are left")
         return tree
 
     def _step(self, req: _Request) -> str | None:
@@ -154,12 +192,18 @@ class SpeculativeGenerator:
         req.stats.record_choice(k)
         tree = self._propose(req, k)
         t1 = time.perf_counter()
-        acc = verify(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
-        self.cache.advance(1 + acc.num_accepted)
+        if tree.is_chain:
+            acc = verify(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
+            self.cache.advance(1 + acc.num_accepted)
+            path, depth = list(range(acc.num_accepted)), len(tree)
+        else:
+            tacc = verify_tree(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
+            acc = Acceptance(len(tacc.path), tacc.next_token)
+            path, depth = tacc.path, int(tree.depth.max())
         req.stats.draft_seconds += t1 - t0
         req.stats.verify_seconds += time.perf_counter() - t1
-        req.stats.record_step(len(tree), acc.num_accepted)
+        req.stats.record_step(depth, acc.num_accepted, nodes=len(tree))
         self.drafter.observe(acc.num_accepted)
         if self.policy is not None:
-            self.policy.observe(len(tree), acc.num_accepted)
-        return req.emit(tree.tokens[:acc.num_accepted].tolist() + [acc.next_token])
+            self.policy.observe(depth, acc.num_accepted)
+        return req.emit(tree.tokens[path].tolist() + [acc.next_token])
