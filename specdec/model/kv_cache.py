@@ -53,3 +53,10 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def row(self, b: int) -> "KVCache":
+        """Batch row b as a cache of its own (shares storage; its own length starts at 0)."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = self.k[:, b:b + 1], self.v[:, b:b + 1]  # [layers, 1, kv_heads, capacity, head_dim]
+        view.capacity, view.length = self.capacity, 0
+        return view

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -82,18 +84,26 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, start: int, mask):
-        # x [batch, T, dim]; k_cache, v_cache [batch, kv_heads, capacity, head_dim]; mask [T, start + T] or None
+    def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
+        # x [batch, T, dim]; k_cache, v_cache [batch, kv_heads, capacity, head_dim].
+        # start: int (all rows write slots start..start+T-1; mask [T, start + T] or None), or
+        # slots # [batch, T] int64 (row b writes its tokens at slots[b]; mask [batch, 1, T, S] attends to slots < S)
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        end = start + t
-        k_cache[:, :, start:end] = k
-        v_cache[:, :, start:end] = v
-        out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end],
-                                             attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        if isinstance(start, int):
+            end = start + t
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v
+            keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
+        else:  # Ragged: row i of the batch is cache row start.rows[i] and writes at start.slots[i]
+            rows, end = start.rows, mask.shape[-1]
+            k_cache[rows[:, None], :, start.slots] = k.transpose(1, 2)  # [batch, T, kv_heads, head_dim]
+            v_cache[rows[:, None], :, start.slots] = v.transpose(1, 2)
+            keys, values = k_cache[rows, :, :end], v_cache[rows, :, :end]  # a gather: only the live rows
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
 
@@ -129,6 +139,13 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+class Ragged(NamedTuple):
+    """Where a ragged batch writes: cache rows # [batch] and slots # [batch, T] per row."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+
+
 def causal_mask(start: int, t: int, device) -> torch.Tensor | None:
     """Bool mask [t, start + t]: query i (slot start + i) sees slots <= start + i. None when t == 1."""
     if t == 1:
@@ -157,14 +174,26 @@ class Transformer(nn.Module):
         return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, batch, w.dtype, w.device)
 
     @torch.inference_mode()
-    def forward(self, tokens, cache: KVCache, start: int, positions=None, mask=None, last_only=False):
+    def forward(self, tokens, cache: KVCache, start: int, positions=None, mask=None, last_only=False, slots=None,
+                rows=None):
         """Logits [batch, T or 1, vocab] for tokens [batch, T] written at cache slots [start, start+T).
 
         positions [batch, T] are the RoPE positions (default start..start+T-1); mask [T, start+T]
         is a bool attention mask over the slots (default causal). The cache length is not changed.
+        Ragged batches: slots [batch, T] gives each row's own cache slots (start is then ignored),
+        with positions [batch, T] and mask [batch, 1, T, S] required; rows [batch] (default
+        0..batch-1) are the cache rows the batch's rows live in.
         """
         b, t = tokens.shape
-        cache.require(start + t)
+        if slots is not None:
+            if positions is None or mask is None:
+                raise ValueError("a forward with per-row slots needs positions and a mask")
+            cache.require(int(slots.max()) + 1)
+            cache.require(mask.shape[-1])
+            rows = torch.arange(b, device=tokens.device) if rows is None else rows
+            start = Ragged(rows, slots)
+        else:
+            cache.require(start + t)
         if positions is None:
             positions = torch.arange(start, start + t, device=tokens.device).expand(b, t)
         if mask is None:
