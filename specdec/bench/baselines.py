@@ -81,8 +81,11 @@ class LlamaCppBaseline:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
         if mode not in self.instances:
             draft = LlamaPromptLookupDecoding(num_pred_tokens=k) if mode == "lookup" else None
+            # logits_all=True for lookup: llama-cpp-python sizes its score buffer from this argument, not
+            # from the draft model, so without it prompts longer than n_batch overflow the buffer
             self.instances[mode] = Llama(model_path=self.path, n_ctx=self.n_ctx, n_threads=self.threads,
-                                         n_threads_batch=self.threads, draft_model=draft, verbose=False)
+                                         n_threads_batch=self.threads, draft_model=draft,
+                                         logits_all=mode == "lookup", verbose=False)
             self.eos.add(self.instances[mode].token_eos())
         llm = self.instances[mode]
         if mode == "lookup":

@@ -48,6 +48,7 @@ class Record:
     repeat: int = 0
     k: int | None = None
     kind: str | None = None
+    error: str | None = None  # a peer that failed on this prompt (the run goes on; the summary lists it)
 
     @property
     def tokens_per_second(self) -> float:
@@ -168,7 +169,14 @@ class Comparison:
         with out.open("a") as f, bar:
             for rep, i, prompt, spec in todo:  # interleaved: A B C A B C, so drift hits all alike
                 seed = None if self.seed is None else self.seed + 1_000_003 * rep + i
-                rec = self.run_one(prompt, spec, rep, seed)
+                try:
+                    rec = self.run_one(prompt, spec, rep, seed)
+                except Exception as e:  # noqa: BLE001 - a peer library's failure must not end the run
+                    if spec.kind in OUR_KINDS:
+                        raise
+                    rec = Record(prompt.id, prompt.category, spec.label, [], 0.0, None, rep, spec.k, spec.kind,
+                                 error=f"{type(e).__name__}: {e}"[:300])
+                    bar.write(f"warning: {spec.label} failed on {prompt.id}: {rec.error}")
                 records.append(rec)
                 f.write(json.dumps(rec.__dict__) + "\n")
                 f.flush()

@@ -148,11 +148,15 @@ def theory(methods: dict, cost_profile: dict | None = None) -> dict:
 
 
 def build_summary(records: list[Record], config: dict, cost_profile: dict | None = None) -> dict:
+    failures = [{"prompt_id": r.prompt_id, "method": r.method, "repeat": r.repeat, "error": r.error}
+                for r in records if r.error]
+    records = [r for r in records if not r.error]
     greedy = config.get("temperature", 0) == 0
     methods = summarize(records, greedy)
     categories = {c: summarize([r for r in records if r.category == c], greedy)
                   for c in sorted({r.category for r in records})}
-    return {"config": config, "methods": methods, "categories": categories, "theory": theory(methods, cost_profile),
+    return {"config": config, "failures": failures, "methods": methods, "categories": categories,
+            "theory": theory(methods, cost_profile),
             "theory_by_category": {c: theory(m, cost_profile) for c, m in categories.items()}}
 
 
@@ -183,6 +187,9 @@ HEADER = ("| method | prompts | tok/s | tok/s median | speedup mean | speedup me
 
 def markdown(summary: dict) -> str:
     parts = ["## All prompts\n", HEADER, *method_rows(summary["methods"]), ""]
+    if summary.get("failures"):
+        parts += ["Failed runs (left out above): " + "; ".join(
+            f"{f['method']} on {f['prompt_id']}: {f['error']}" for f in summary["failures"]), ""]
     if len(summary["categories"]) > 1:
         for cat, methods in summary["categories"].items():
             parts += [f"## {cat}\n", HEADER, *method_rows(methods), ""]

@@ -1,0 +1,127 @@
+"""`specdec serve`: an OpenAI-compatible HTTP server over the speculative engine.
+
+Modules: protocol (request/response bodies), stepper (slots and one step at a time), scheduler
+(the engine's thread, admission, cancellation, timeouts, stop strings), metrics (Prometheus),
+memory (the start-up budget check), app (FastAPI endpoints and the graceful-shutdown server).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from specdec.errors import SpecdecError
+
+DEFAULT_GRACE_SECONDS = 10.0
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """The serve-only flags (add_model_flags and add_spec_flags give the model and drafting ones)."""
+    from specdec.cli import integer
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=integer, default=8000, help="port to listen on")
+    p.add_argument("--max-batch", type=integer, default=4,
+                   help="sequences generated at once (slots, each with its own KV cache of --max-context tokens)")
+    p.add_argument("--max-queue", type=integer, default=64,
+                   help="requests that may wait for a slot; beyond that the answer is 429 with Retry-After")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may take, queueing included (finish_reason 'timeout'; 0 = none)")
+    p.add_argument("--memory-budget-gb", type=float, default=None,
+                   help="weights + KV caches + head-room must fit this (default: available memory at start "
+                        "minus max(0.5 GiB, 10%%))")
+    p.add_argument("--spec-off-batch", type=integer, default=None,
+                   help="plain steps (no drafting) while more than N sequences are active")
+    p.add_argument("--k-schedule", default=None,
+                   help="draft length by active batch size, e.g. 1:4,4:2,8:0 (from 4 sequences k<=2, from 8 plain)")
+    p.add_argument("--prefill-chunk", type=integer, default=256,
+                   help="prompt tokens prefilled per step, so long prompts do not stall running sequences")
+    p.add_argument("--shutdown-grace", type=float, default=DEFAULT_GRACE_SECONDS,
+                   help="on SIGTERM, seconds in-flight requests may still run before they end with 'abort'")
+    p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+
+
+def drafting_method(args) -> str:
+    """'none', 'ngram', 'suffix' or 'draft' from the CLI values, with Runner.from_args's checks."""
+    chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix),
+                                     ("--draft", args.draft not in (None, "none"))) if on]
+    if len(chosen) > 1:
+        raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
+    if args.datastore and not args.suffix:
+        raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
+    return "ngram" if args.ngram else "suffix" if args.suffix else (
+        "none" if args.draft in (None, "none") else "draft")
+
+
+def build_scheduler(args, progress=None):
+    """Models, drafters (one per slot), policy, memory check, stepper and scheduler from CLI values."""
+    from specdec.config import NgramConfig, SuffixConfig
+    from specdec.model import load_model
+    from specdec.model.loading import resolve_device
+    from specdec.policy import AdaptivePolicy, PolicyConfig, parse_schedule
+    from specdec.runner import build_drafter, build_policy, log, tree_config
+    from specdec.server.memory import GIB, available_bytes, default_budget, plan_memory
+    from specdec.server.metrics import ServerMetrics
+    from specdec.server.scheduler import Scheduler, k_schedule
+    from specdec.server.stepper import StepwiseGenerator
+
+    progress = progress or log
+    for flag, value, low in (("--max-context", args.max_context, 1), ("--max-batch", args.max_batch, 1),
+                             ("--max-queue", args.max_queue, 0), ("--prefill-chunk", args.prefill_chunk, 1),
+                             ("--k", args.k, 1)):
+        if value < low:
+            raise SpecdecError(f"{flag} must be >= {low}, got {value}")
+    if args.spec_off_batch is not None and args.spec_off_batch < 0:
+        raise SpecdecError(f"--spec-off-batch must be >= 0, got {args.spec_off_batch}")
+    if args.request_timeout < 0:
+        raise SpecdecError(f"--request-timeout must be >= 0 (0 = none), got {args.request_timeout}")
+    if not 0.0 <= args.draft_p_min < 1.0:
+        raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
+    if args.memory_budget_gb is not None and args.memory_budget_gb <= 0:
+        raise SpecdecError(f"--memory-budget-gb must be > 0, got {args.memory_budget_gb}")
+    schedule = parse_schedule(args.k_schedule) if args.k_schedule else None
+    method = drafting_method(args)
+    tree = tree_config(args)
+    if tree is not None and method != "draft":
+        raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
+
+    available = available_bytes(resolve_device(args.device))  # before the models take their share
+    target = load_model(args.model, args.device, args.dtype, progress=progress, pack=not args.no_pack)
+    draft = load_model(args.draft, args.device, args.dtype, progress=progress) if method == "draft" else None
+    ngram = NgramConfig(args.ngram_max, args.ngram_min)
+    suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
+
+    def drafter_factory():
+        return build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
+                             tree, suffix)
+
+    probe = drafter_factory()  # validates the drafting values before anything large is allocated
+    tree_nodes = getattr(probe, "max_tree_nodes", 0)
+    budget = int(args.memory_budget_gb * GIB) if args.memory_budget_gb is not None else default_budget(available)
+    plan = plan_memory(target.module, draft.module if draft else None, args.max_context, args.max_batch,
+                       max(args.prefill_chunk, args.k + 1 + tree_nodes), budget)
+    plan.check()
+    progress(f"memory: {plan.total / GIB:.3f} GiB of a {budget / GIB:.3f} GiB budget "
+             f"({args.max_batch} slots x {plan.kv_per_slot / GIB:.3f} GiB KV)")
+    policy_factory = None
+    if args.policy == "adaptive":
+        base = build_policy(probe, target, args.k, args.cost_profile)
+        if base is not None:
+            def policy_factory():
+                return AdaptivePolicy(base.costs, PolicyConfig(k_max=args.k))
+    del probe
+    stepper = StepwiseGenerator(target.module, drafter_factory, args.max_context, args.max_batch,
+                                policy_factory, args.prefill_chunk)
+    limit = k_schedule(args.spec_off_batch, schedule) if (schedule or args.spec_off_batch is not None) else None
+    return Scheduler(stepper, target.tokenizer, target.eos_ids, k=args.k, max_queue=args.max_queue,
+                     request_timeout=args.request_timeout or None, k_for_batch=limit, metrics=ServerMetrics(),
+                     memory=plan, model=target)
+
+
+def serve(args) -> int:
+    """Build everything, then serve until SIGTERM/SIGINT (graceful: see app.Server)."""
+    from specdec.server.app import create_app, make_server
+    scheduler = build_scheduler(args)
+    name = args.served_model_name or args.model
+    app = create_app(scheduler, name)
+    server = make_server(app, scheduler, args.host, args.port, args.shutdown_grace)
+    server.run()
+    return 0

@@ -1,0 +1,317 @@
+"""The FastAPI app: OpenAI-compatible endpoints over a Scheduler; plus /health, /metrics and /stats.
+
+Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}}. Validation errors
+are 400 and name the field in `param`. A request the queue cannot take is 429 with Retry-After; a
+request that arrives while the server shuts down is 503. Streaming answers are server-sent events
+(`data: {...}` chunks in OpenAI's format, then `data: [DONE]`); an error after the stream began
+is sent as `data: {"error": {...}}` before `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.config import SamplingParams
+from specdec.errors import SpecdecError
+from specdec.model.tokenizer import encode_messages
+from specdec.server.metrics import CONTENT_TYPE_LATEST
+from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, ChatChoice, ChatMessageOut,
+                                     CompletionChoice, CompletionRequest, CompletionResponse, Usage, new_id, now)
+from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
+
+log = logging.getLogger("specdec.server")
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+DISCONNECT_POLL_SECONDS = 0.25
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status, headers=e.headers)
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return JSONResponse(error_body("the request body is not valid JSON", code="invalid_json"), status_code=400)
+    # a union's errors carry the member type in the location (prompt.str, prompt.list[int].0): keep the field
+    param = ".".join(x for x in loc if not x.startswith(("list[", "str", "int", "function-"))) or None
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind == "missing":
+        msg = "a required field is missing"
+    message = f"Invalid value for '{param}': {msg}" if param else msg
+    if len(errors) > 1 and param:
+        others = sorted({".".join(str(x) for x in e.get("loc", ()) if x != "body") for e in errors[1:]} - {param})
+        if others:
+            message += f" (also check: {', '.join(others[:4])})"
+    return JSONResponse(error_body(message, param=param, code="invalid_value"), status_code=400)
+
+
+class CountRequests:
+    """ASGI middleware: counts /v1/ requests by the status code they answered with."""
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            return await self.app(scope, receive, send)
+        status = [500]
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.requests.labels(status=str(status[0])).inc()
+
+
+def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
+    """The app around a Scheduler (started with the app, stopped when it shuts down)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.scheduler = scheduler
+    app.add_middleware(CountRequests, metrics=scheduler.metrics)
+    tokenizer = scheduler.tokenizer
+    vocab_size = scheduler.stepper.target.config.vocab_size
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError):
+        return _validation_error(exc)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise APIError(404, f"The model '{name}' does not exist; this server serves '{model_name}'",
+                           param="model", code="model_not_found", type="not_found_error")
+
+    async def encode(fn, *args) -> list[int]:
+        def run():
+            with scheduler.tokenizer_lock:
+                return fn(*args)
+        return await asyncio.to_thread(run)
+
+    def submit(ids: list[int], body, max_tokens: int, sink):
+        try:
+            sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, body.seed)
+        except SpecdecError as e:
+            raise APIError(400, str(e)) from None
+        try:
+            return scheduler.submit(ids, RequestParams(max_tokens, sampling, body.stop_list), sink)
+        except QueueFull as e:
+            raise APIError(429, str(e), code="queue_full", type="rate_limit_error",
+                           headers={"Retry-After": str(e.retry_after)}) from None
+        except ShuttingDown as e:
+            raise APIError(503, str(e), code="shutting_down", type="server_error") from None
+        except SpecdecError as e:
+            code = "context_length_exceeded" if "context" in str(e) else None
+            raise APIError(400, str(e), param="max_tokens" if code else None, code=code) from None
+
+    async def run(request: Request, body, ids: list[int], max_tokens: int, chat: bool):
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(ev: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        handle = submit(ids, body, max_tokens, sink)
+        rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
+
+        async def next_event() -> Event | None:
+            """The next event, or None once the client has gone (then the request is cancelled)."""
+            while True:
+                try:
+                    return await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        handle.cancel()
+                        return None
+
+        if not body.stream:
+            parts: list[str] = []
+            try:
+                while True:
+                    ev = await next_event()
+                    if ev is None:
+                        return Response(status_code=499)
+                    parts.append(ev.text)
+                    if ev.kind == "done":
+                        break
+            except BaseException:
+                handle.cancel()
+                raise
+            if ev.error:
+                raise APIError(500, ev.error, type="server_error", code="engine_error")
+            usage = Usage(**ev.usage)
+            text = "".join(parts)
+            if chat:
+                return ChatCompletionResponse(id=rid, created=created, model=model_name, usage=usage, choices=[
+                    ChatChoice(message=ChatMessageOut(content=text), finish_reason=ev.finish_reason)])
+            return CompletionResponse(id=rid, created=created, model=model_name, usage=usage, choices=[
+                CompletionChoice(text=text, finish_reason=ev.finish_reason)])
+
+        def chunk(text: str | None, finish: str | None = None, role: bool = False) -> str:
+            if chat:
+                delta = ({"role": "assistant", "content": ""} if role else
+                         {} if text is None else {"content": text})
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                obj = "chat.completion.chunk"
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                obj = "text_completion"
+            return sse({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]})
+
+        async def stream():
+            finished = False
+            try:
+                if chat:
+                    yield chunk(None, role=True)
+                while True:
+                    ev = await next_event()
+                    if ev is None:
+                        return
+                    if ev.error:
+                        yield sse(error_body(ev.error, "server_error", code="engine_error"))
+                        break
+                    if ev.text:
+                        yield chunk(ev.text)
+                    if ev.kind == "done":
+                        yield chunk(None, finish=ev.finish_reason)
+                        if body.include_usage:
+                            yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                                       "created": created, "model": model_name, "choices": [], "usage": ev.usage})
+                        break
+                yield "data: [DONE]\n\n"
+                finished = True
+            finally:
+                if not finished:
+                    handle.cancel()  # the client went away (or the server is closing the connection)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body.model)
+        if isinstance(body.prompt, str):
+            ids = await encode(tokenizer.encode, body.prompt)
+        else:
+            ids = list(body.prompt)
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})", param="prompt")
+        if not ids:
+            raise APIError(400, "the prompt encodes to no tokens; give some text", param="prompt")
+        return await run(request, body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        check_model(body.model)
+        messages = [m.plain() for m in body.messages]
+        try:
+            ids = await encode(encode_messages, tokenizer, messages)
+        except SpecdecError as e:
+            raise APIError(400, str(e).replace("drop --chat to use a plain prompt", "use /v1/completions"),
+                           param="messages") from None
+        except Exception as e:  # noqa: BLE001 - a template may refuse a conversation (e.g. role order)
+            raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
+        max_tokens = body.token_budget
+        if max_tokens is None:  # OpenAI: as many as the context leaves
+            max_tokens = scheduler.context - len(ids) - scheduler.stepper.tree_nodes
+            if max_tokens < 1:
+                raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
+                                    f"{scheduler.context} tokens", param="messages", code="context_length_exceeded")
+        return await run(request, body, ids, max_tokens, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "specdec", "max_model_len": scheduler.context}]}
+
+    @app.get("/health")
+    async def health():
+        if not scheduler.alive:
+            return JSONResponse({"status": "down"}, status_code=503)
+        if scheduler.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/stats")
+    async def stats():
+        return scheduler.snapshot()
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(scheduler.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with a graceful drain: on SIGTERM/SIGINT the scheduler stops admitting
+    (503), in-flight requests get `grace` seconds to finish, then end with finish_reason 'abort';
+    uvicorn then closes the connections (they have all answered) and the app's shutdown stops the
+    scheduler thread."""
+
+    def __init__(self, config: uvicorn.Config, scheduler: Scheduler, grace: float = 10.0):
+        super().__init__(config)
+        self.scheduler = scheduler
+        self.grace = grace
+
+    def handle_exit(self, sig, frame) -> None:
+        self.scheduler.drain(self.grace)
+        super().handle_exit(sig, frame)
+
+
+def make_server(app: FastAPI, scheduler: Scheduler, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0,
+                log_level: str = "info") -> Server:
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=grace + 5.0)
+    return Server(config, scheduler, grace)

@@ -1,0 +1,435 @@
+"""The scheduler: one background thread owns the engine; requests join and leave at step boundaries.
+
+The event loop never runs torch. It calls `submit()` (cheap: checks, then a queue append under a
+lock) and receives `Event`s through the `sink` it passed, which the scheduler thread calls (the app's
+sink hops back onto the loop with `call_soon_threadsafe`).
+
+The thread's loop, one iteration per round:
+1. admit: move queued requests into free slots (`StepwiseGenerator.add`);
+2. reap: end sequences that were cancelled (client gone), passed their deadline ('timeout') or are
+   being aborted at shutdown ('abort'); their slots are free for the next admission;
+3. set the round's draft-length limit from the number of active sequences (`k_for_batch`);
+4. step every active sequence once (`StepwiseGenerator.run_round`): a prefill chunk or one
+   speculative step; an exception fails that sequence only ('error'), never the thread;
+5. deliver: decode each sequence's new tokens to text, cut at the first stop string (then the
+   sequence ends with 'stop' and leaves its slot), send the text that can no longer change.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specdec.config import GenerationConfig, SamplingParams
+from specdec.errors import SpecdecError
+from specdec.server.metrics import ServerMetrics
+from specdec.server.stepper import Sequence, StepwiseGenerator
+
+log = logging.getLogger("specdec.server")
+
+
+class QueueFull(Exception):
+    """The wait queue is full; retry after `retry_after` seconds (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ShuttingDown(Exception):
+    """The server no longer admits requests (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Event:
+    """'delta': new text (and the tokens that completed it); 'done': the rest of the text, the finish
+    reason ('stop', 'length', 'timeout', 'abort', 'cancelled' or 'error'), usage and any error."""
+
+    kind: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict | None = None
+    error: str | None = None
+
+
+def k_schedule(spec_off_batch: int | None = None, schedule: dict[int, int] | None = None) -> Callable[[int], int | None]:
+    """batch size -> the largest draft length allowed (None = no limit; 0 = plain steps).
+
+    spec_off_batch N: 0 when more than N sequences are active. schedule {min batch: k} (from
+    specdec.policy.parse_schedule, e.g. '1:4,4:2,8:0'): the entry of the largest size <= batch;
+    below its smallest size there is no limit."""
+    def limit(batch: int) -> int | None:
+        if spec_off_batch is not None and batch > spec_off_batch:
+            return 0
+        if schedule:
+            sizes = [b for b in schedule if b <= batch]
+            if sizes:
+                return schedule[max(sizes)]
+        return None
+    return limit
+
+
+class TextTracker:
+    """Turns a growing list of token ids into text deltas, cut at the first stop string.
+
+    Text is held back while it ends in an incomplete UTF-8 character or in a prefix of a stop
+    string (it may still turn into one)."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), lock: threading.Lock | None = None):
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self.lock = lock or threading.Lock()
+        self.ids: list[int] = []
+        self.text = ""
+        self.sent = 0  # characters of text already delivered
+        self.stopped = False
+
+    def _decode(self) -> str:
+        with self.lock:
+            return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+
+    def add(self, new: list[int]) -> tuple[str, bool]:
+        """New tokens -> (text to deliver now, whether a stop string was found)."""
+        if self.stopped:
+            return "", True
+        self.ids += new
+        text = self.text = self._decode()
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            cut = min(hits)
+            self.text, self.stopped = text[:cut], True
+            delta = text[self.sent:cut]
+            self.sent = max(self.sent, cut)
+            return delta, True
+        safe = len(text)
+        if text.endswith("\ufffd"):
+            safe = len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    safe = min(safe, len(text) - n)
+                    break
+        delta = text[self.sent:safe] if safe > self.sent else ""
+        self.sent = max(self.sent, safe)
+        return delta, False
+
+    def flush(self) -> str:
+        """Everything not yet delivered (at the end of the sequence)."""
+        delta = self.text[self.sent:]
+        self.sent = len(self.text)
+        return delta
+
+
+class Handle:
+    """One submitted request, as the app holds it: `cancel()` ends it at the next step boundary."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, prompt: list[int], params: RequestParams, sink: Callable[[Event], None],
+                 deadline: float | None, tracker: TextTracker):
+        self.id = next(self._ids)
+        self.prompt = prompt
+        self.params = params
+        self.sink = sink
+        self.deadline = deadline
+        self.tracker = tracker
+        self.submitted = time.monotonic()
+        self.seq: Sequence | None = None
+        self.sent_tokens = 0
+        self.t_first: float | None = None
+        self.done = False
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+class Scheduler:
+    """Owns a StepwiseGenerator on one thread; admits from a bounded queue into `max_batch` slots."""
+
+    def __init__(self, stepper: StepwiseGenerator, tokenizer, eos_ids: set[int], k: int = 4, max_queue: int = 64,
+                 request_timeout: float | None = None, k_for_batch: Callable[[int], int | None] | None = None,
+                 metrics: ServerMetrics | None = None, memory=None, model=None):
+        if max_queue < 0:
+            raise SpecdecError(f"max_queue must be >= 0, got {max_queue}")
+        if k < 1:
+            raise SpecdecError(f"k (draft length) must be >= 1, got {k}")
+        self.stepper = stepper
+        self.tokenizer = tokenizer
+        self.tokenizer_lock = threading.Lock()  # the app encodes while this thread decodes
+        self.eos_ids = set(eos_ids)
+        self.k = k
+        self.max_queue = max_queue
+        self.request_timeout = request_timeout if request_timeout and request_timeout > 0 else None
+        self.k_for_batch = k_for_batch
+        self.metrics = metrics or ServerMetrics()
+        self.memory = memory  # a MemoryPlan, for /stats
+        self.model = model  # the LoadedModel, when built from CLI values
+        self.metrics.max_batch.set(stepper.max_batch)
+        self.metrics.speculation_on.set(int(stepper.speculative))
+        self._cv = threading.Condition()
+        self._queue: collections.deque[Handle] = collections.deque()
+        self._running: list[Handle] = []
+        self._n_running = 0
+        self._draining = False
+        self._abort = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._mean_seconds = 1.0  # running mean of request durations, for Retry-After
+        self.speculation_on = stepper.speculative
+        self.k_limit: int | None = None
+
+    # ---- the app's side (any thread) ----
+
+    @property
+    def context(self) -> int:
+        return self.stepper.capacity
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
+            self._thread.start()
+
+    def submit(self, prompt: list[int], params: RequestParams, sink: Callable[[Event], None]) -> Handle:
+        """Queue a request. Raises SpecdecError (bad request: too long, bad values), QueueFull, ShuttingDown."""
+        if self._draining or self._stop:
+            raise ShuttingDown("the server is shutting down and admits no new requests")
+        if not self.alive:
+            raise ShuttingDown("the scheduler is not running")
+        self.stepper.check_fits(prompt, params.max_tokens)
+        GenerationConfig(params.max_tokens, self.k, params.sampling)  # validates
+        deadline = time.monotonic() + self.request_timeout if self.request_timeout else None
+        handle = Handle(list(prompt), params, sink, deadline, TextTracker(self.tokenizer, params.stop,
+                                                                          self.tokenizer_lock))
+        with self._cv:
+            free = self.stepper.max_batch - self._n_running
+            if len(self._queue) >= self.max_queue + free:
+                raise QueueFull(f"the queue is full ({self.max_queue} waiting, {self.stepper.max_batch} running); "
+                                "retry later", self._retry_after())
+            self._queue.append(handle)
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cv.notify()
+        return handle
+
+    def drain(self, grace: float) -> None:
+        """Stop admitting; requests still running after `grace` seconds end with 'abort'."""
+        with self._cv:
+            if self._draining:
+                return
+            self._draining = True
+        timer = threading.Timer(max(0.0, grace), self._begin_abort)
+        timer.daemon = True
+        timer.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the thread; whatever is still queued or running ends with 'abort'."""
+        with self._cv:
+            self._draining = self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def snapshot(self) -> dict:
+        with self._cv:
+            return {"active": self._n_running, "queued": len(self._queue), "max_batch": self.stepper.max_batch,
+                    "free_slots": self.stepper.max_batch - self._n_running, "max_queue": self.max_queue,
+                    "context": self.context, "speculation_on": self.speculation_on, "k": self.k,
+                    "k_limit": self.k_limit, "draining": self._draining, "alive": self.alive,
+                    "request_timeout": self.request_timeout,
+                    "memory": self.memory.summary() if self.memory is not None else None}
+
+    def _retry_after(self) -> int:
+        waves = (len(self._queue) + 1) / max(1, self.stepper.max_batch)
+        return int(min(60, max(1, math.ceil(self._mean_seconds * waves))))
+
+    def _begin_abort(self) -> None:
+        with self._cv:
+            self._abort = True
+            self._cv.notify()
+
+    # ---- the scheduler thread ----
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not (self._stop or self._queue or self._running or self._abort):
+                        self._cv.wait(0.5)
+                    if self._stop:
+                        break
+                try:
+                    self._admit()
+                    self._reap()
+                    if self._running:
+                        self._round()
+                except Exception:  # noqa: BLE001 - keep serving; the failing request was ended
+                    log.exception("scheduler iteration failed")
+                    time.sleep(0.01)
+        finally:
+            with self._cv:
+                left = list(self._queue) + list(self._running)
+                self._queue.clear()
+            for h in left:
+                self._end(h, "abort")
+
+    def _admit(self) -> None:
+        with self._cv:
+            while self._queue and self.stepper.free:
+                h = self._queue.popleft()
+                if h.cancelled:
+                    self._end(h, "cancelled")
+                    continue
+                try:
+                    h.seq = self.stepper.add(h.prompt, GenerationConfig(h.params.max_tokens, self.k, h.params.sampling),
+                                             self.eos_ids, tag=h)
+                except Exception as e:  # noqa: BLE001
+                    self._end(h, "error", f"could not start the request: {e}")
+                    continue
+                self._running.append(h)
+                self.metrics.prompt_tokens.inc(len(h.prompt))
+            self._sync_counts()
+
+    def _sync_counts(self) -> None:
+        self._n_running = len(self._running)
+        self.metrics.queue_depth.set(len(self._queue))
+        self.metrics.active.set(len(self._running))
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+
+        def why(h: Handle) -> str | None:
+            if h.cancelled:
+                return "cancelled"
+            if self._abort:
+                return "abort"
+            if h.deadline is not None and now > h.deadline:
+                return "timeout"
+            return None
+
+        for h in list(self._running):
+            reason = why(h)
+            if reason:
+                self._end(h, reason)
+        with self._cv:
+            ended = [(h, why(h)) for h in self._queue]
+            if any(r for _, r in ended):
+                self._queue = collections.deque(h for h, r in ended if not r)
+                for h, r in ended:
+                    if r:
+                        self._end(h, r)
+            self._sync_counts()
+
+    def _round(self) -> None:
+        limit = self.k_for_batch(len(self._running)) if self.k_for_batch else None
+        self.stepper.k_limit = self.k_limit = limit
+        k_now = self.k if limit is None else min(self.k, limit)
+        self.speculation_on = self.stepper.speculative and k_now > 0
+        self.metrics.speculation_on.set(int(self.speculation_on))
+        self.metrics.draft_k.set(k_now if self.stepper.speculative else 0)
+        errors: dict[Sequence, Exception] = {}
+
+        def on_error(seq: Sequence, e: Exception) -> None:
+            errors[seq] = e
+            log.error("request %s failed in its step", getattr(seq.tag, "id", "?"), exc_info=e)
+
+        done = self.stepper.run_round(on_error)
+        for h in list(self._running):
+            if h.seq in errors:
+                continue
+            try:
+                self._deliver(h)
+            except Exception as e:  # noqa: BLE001
+                log.exception("request %s failed while decoding its text", h.id)
+                self._end(h, "error", f"decoding the output failed: {type(e).__name__}: {e}")
+        for seq in done:
+            h = seq.tag
+            if seq in errors:
+                e = errors[seq]
+                self._end(h, "error", f"the request failed in the engine: {type(e).__name__}: {e}")
+            else:
+                self._end(h, seq.finish_reason or "stop")
+
+    def _deliver(self, h: Handle) -> None:
+        if h.done or h.seq is None:
+            return
+        new = h.seq.new_tokens[h.sent_tokens:]
+        if not new:
+            return
+        h.sent_tokens += len(new)
+        self.metrics.generated_tokens.inc(len(new))
+        if h.t_first is None:
+            h.t_first = time.monotonic()
+        delta, stopped = h.tracker.add(new)
+        if delta:
+            self._send(h, Event("delta", delta, new))
+        if stopped:
+            self._end(h, "stop")
+
+    def _end(self, h: Handle, reason: str, error: str | None = None) -> None:
+        """Finish a request once: free its slot, send the rest of its text, usage and reason."""
+        if h.done:
+            return
+        h.done = True
+        seq = h.seq
+        if seq is not None:
+            self.stepper.release(seq)
+            if h in self._running:
+                self._running.remove(h)
+            with self._cv:
+                self._sync_counts()
+        tail = ""
+        if error is None:
+            try:
+                if seq is not None and h.sent_tokens < len(seq.new_tokens):
+                    h.tracker.add(seq.new_tokens[h.sent_tokens:])
+                    h.sent_tokens = len(seq.new_tokens)
+                tail = h.tracker.flush()
+            except Exception as e:  # noqa: BLE001
+                reason, error = "error", f"decoding the output failed: {type(e).__name__}: {e}"
+        stats = seq.req.stats if seq is not None else None
+        completion = len(seq.new_tokens) if seq is not None else 0
+        usage = {"prompt_tokens": len(h.prompt), "completion_tokens": completion,
+                 "total_tokens": len(h.prompt) + completion,
+                 "speculative": {"drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
+                                 "tau": round(stats.tau, 4) if stats else 0.0}}
+        self.metrics.finished.labels(reason=reason).inc()
+        if stats is not None:
+            self.metrics.record_generation(stats)
+            if h.t_first is not None and completion > 1:
+                self.metrics.tpot.observe((time.monotonic() - h.t_first) / (completion - 1))
+        if reason in ("stop", "length"):
+            self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (time.monotonic() - h.submitted)
+        self._send(h, Event("done", tail, finish_reason=reason, usage=usage, error=error))
+
+    @staticmethod
+    def _send(h: Handle, event: Event) -> None:
+        try:
+            h.sink(event)
+        except Exception:  # noqa: BLE001 - the listener is gone (loop closed); nothing to tell
+            log.debug("request %s: event dropped", h.id)

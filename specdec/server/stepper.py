@@ -1,0 +1,214 @@
+"""Step-level continuous batching over the single-sequence engine.
+
+`StepwiseGenerator` keeps a pool of `max_batch` slots. Each slot is a `SpeculativeGenerator` with
+its own preallocated KV cache (capacity = the context), its own drafter (from a factory) and its own
+policy, all sharing the target's weights. A `Sequence` is one request in a slot. `step(seq)` does one
+unit of work for it:
+
+- while its prompt is not yet in the cache: one prefill chunk (`prefill_chunk` tokens), so a long
+  prompt holds the other sequences up for one chunk at a time, not for the whole prompt;
+- after the last chunk: the first token, from the chunk's last logits (exactly as the engine's
+  `_prefill`), then `drafter.start(prompt)` and `policy.reset()`;
+- afterwards: one speculative step through the engine's own `_step` (propose -> verify -> accept ->
+  commit), so a sequence served here emits exactly the tokens `SpeculativeGenerator.generate` emits.
+
+`run_round()` steps every active sequence once, in admission order (round robin). Sequences join
+(`add`) and leave (`release`) between rounds, so a request never waits for another to finish.
+
+Where a batched verify goes: `_decode_round` runs one `_step` per decoding sequence. A batched
+engine would replace that loop with: propose for each sequence, one target forward over the
+ragged [last token + draft] rows of every decoding sequence (one cache row per slot), then accept
+and commit per row (specdec.engine.batch.verify_batch is such a forward). Prefill chunks stay
+per-sequence. Nothing outside `_decode_round` needs to change.
+
+Speculation under load: before each round the owner sets `k_limit` (None = no limit, 0 = plain
+steps). Each slot's engine consults it through `LoadPolicy`, which caps the step's k and then asks
+the slot's adaptive policy, if any. Any k keeps the output exact (greedy: plain decoding's tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from specdec.config import GenerationConfig
+from specdec.drafters.base import Drafter, NoDrafter
+from specdec.engine.generate import SpeculativeGenerator, _Request, make_generator
+from specdec.errors import SpecdecError
+from specdec.metrics import GenerationStats
+from specdec.model.transformer import Transformer
+from specdec.sampling.logits import probs_from_logits, sample
+
+
+class LoadPolicy:
+    """A slot's policy: caps each step's k at the owner's current `k_limit`, then defers to `inner`
+    (an AdaptivePolicy or None). Without a limit and without `inner` it returns the engine's cap,
+    which makes the engine's step identical to a step without a policy."""
+
+    def __init__(self, owner: "StepwiseGenerator", inner=None):
+        self.owner = owner
+        self.inner = inner
+
+    def choose(self, batch: int = 1, k_cap: int | None = None) -> int:
+        limit = self.owner.k_limit
+        if limit is not None:
+            k_cap = limit if k_cap is None else min(k_cap, limit)
+        if self.inner is not None:
+            # batch=1: each sequence is verified on its own here, so the single-sequence costs apply.
+            return self.inner.choose(batch=1, k_cap=k_cap)
+        return k_cap if k_cap is not None else 0
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        if self.inner is not None:
+            self.inner.observe(num_drafted, num_accepted)
+
+    def reset(self) -> None:
+        if self.inner is not None:
+            self.inner.reset()
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in a slot: the engine's _Request, how much of the prompt is in the cache, and
+    whether it is done. `tag` is the owner's (the scheduler keeps its request handle there)."""
+
+    req: _Request
+    slot: int
+    engine: SpeculativeGenerator
+    prefilled: int = 0
+    finish_reason: str | None = None
+    t_start: float = field(default_factory=time.perf_counter)
+    tag: object = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.req.num_new == 0
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.req.tokens[self.req.prompt_len:]
+
+
+class StepwiseGenerator:
+    """A pool of slots (cache + drafter + policy each) stepped one sequence-step at a time."""
+
+    def __init__(self, target: Transformer, drafter_factory: Callable[[], Drafter], capacity: int, max_batch: int,
+                 policy_factory: Callable[[], object] | None = None, prefill_chunk: int = 256):
+        if max_batch < 1:
+            raise SpecdecError(f"max_batch must be >= 1, got {max_batch}")
+        if prefill_chunk < 1:
+            raise SpecdecError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.target = target
+        self.drafter_factory = drafter_factory
+        self.prefill_chunk = prefill_chunk
+        self.k_limit: int | None = None
+        self.slots = [SpeculativeGenerator(target, drafter_factory(), capacity,
+                                           LoadPolicy(self, policy_factory() if policy_factory else None))
+                      for _ in range(max_batch)]
+        self.free: list[int] = list(range(max_batch))
+        self.active: list[Sequence] = []
+        self.speculative = not isinstance(self.slots[0].drafter, NoDrafter)
+
+    @property
+    def capacity(self) -> int:
+        """Context of every slot, in tokens (the cache capacity, capped by the model's positions)."""
+        return self.slots[0].cache.capacity
+
+    @property
+    def max_batch(self) -> int:
+        return len(self.slots)
+
+    @property
+    def tree_nodes(self) -> int:
+        """Scratch slots a draft tree needs past the end of a sequence (0 for chains)."""
+        return getattr(self.slots[0].drafter, "max_tree_nodes", 0)
+
+    def check_fits(self, prompt: list[int], max_new_tokens: int) -> None:
+        """SpecdecError naming the numbers unless prompt + max_new_tokens (+ tree scratch) fit a slot."""
+        self.slots[0].check_fits(prompt, max_new_tokens)
+
+    def add(self, prompt: list[int], cfg: GenerationConfig, eos_ids: set[int] = frozenset(), tag=None) -> Sequence:
+        """Take a free slot for a new sequence; its prompt is prefilled by the next steps."""
+        if not self.free:
+            raise SpecdecError("no free slot")
+        self.check_fits(prompt, cfg.max_new_tokens)
+        slot = self.free.pop(0)
+        engine = self.slots[slot]
+        engine.cache.reset()
+        req = _Request(list(prompt), len(prompt), cfg, set(eos_ids),
+                       make_generator(cfg.sampling.seed, engine.cache.k.device), GenerationStats(), None)
+        seq = Sequence(req, slot, engine, tag=tag)
+        self.active.append(seq)
+        return seq
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence leaves its slot (finished, cancelled or failed); the slot is free at once."""
+        if seq in self.active:
+            self.active.remove(seq)
+            self.free.append(seq.slot)
+            seq.req.stats.new_tokens = seq.req.num_new
+            seq.req.stats.seconds = time.perf_counter() - seq.t_start
+
+    def step(self, seq: Sequence) -> str | None:
+        """One prefill chunk or one speculative step; returns a finish reason ('stop', 'length') or None."""
+        if seq.finish_reason is not None:
+            return seq.finish_reason
+        if seq.prefilling:
+            reason = self._prefill_chunk(seq)
+        else:
+            reason = seq.engine._step(seq.req)
+        seq.finish_reason = reason
+        return reason
+
+    def run_round(self, on_error: Callable[[Sequence, Exception], None] | None = None) -> list[Sequence]:
+        """Step every active sequence once; returns those that finished this round (still in their slots).
+
+        An exception in one sequence's step marks that sequence failed (on_error) and never stops the
+        others; the failed sequence is returned with finish_reason 'error'."""
+        done: list[Sequence] = []
+        prefilling = [s for s in self.active if s.finish_reason is None and s.prefilling]
+        decoding = [s for s in self.active if s.finish_reason is None and not s.prefilling]
+        for seq in prefilling:
+            self._guarded(seq, self.step, on_error, done)
+        self._decode_round(decoding, on_error, done)
+        return done
+
+    def _decode_round(self, decoding: list[Sequence], on_error, done: list[Sequence]) -> None:
+        """One speculative step per decoding sequence. A batched verify replaces this loop."""
+        for seq in decoding:
+            self._guarded(seq, self.step, on_error, done)
+
+    @staticmethod
+    def _guarded(seq: Sequence, fn, on_error, done: list[Sequence]) -> None:
+        try:
+            if fn(seq) is not None:
+                done.append(seq)
+        except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
+            seq.finish_reason = "error"
+            if on_error is not None:
+                on_error(seq, e)
+            done.append(seq)
+
+    def _prefill_chunk(self, seq: Sequence) -> str | None:
+        """Feed the next chunk of the prompt; after the last one, emit the first token as the engine does."""
+        t0 = time.perf_counter()
+        req, cache = seq.req, seq.engine.cache
+        end = min(seq.prefilled + self.prefill_chunk, req.prompt_len)
+        x = torch.tensor([req.tokens[seq.prefilled:end]], device=cache.k.device)  # [1, chunk]
+        logits = self.target(x, cache, seq.prefilled, last_only=True)[0, -1]  # [vocab]
+        cache.advance(end - seq.prefilled)
+        seq.prefilled = end
+        if end < req.prompt_len:
+            req.stats.prefill_seconds += time.perf_counter() - t0
+            return None
+        sampling = req.cfg.sampling
+        first = int(logits.argmax()) if sampling.greedy else int(sample(probs_from_logits(logits, sampling),
+                                                                        req.generator))
+        req.stats.prefill_seconds += time.perf_counter() - t0
+        reason = req.emit([first])
+        seq.engine.drafter.start(req.tokens[:req.prompt_len])
+        seq.engine.policy.reset()
+        return reason
