@@ -173,3 +173,22 @@ def test_negative_draft_vocab_is_refused(tiny_llama_dir, tmp_path, capsys):
             "--out", str(tmp_path / "run")]
     assert main(argv) == 2
     assert "draft_vocab" in capsys.readouterr().err
+
+
+def test_a_failing_peer_is_recorded_and_reported_not_fatal(tiny_llama_dir, tmp_path):
+    from specdec.bench.compare import Comparison
+    from specdec.bench.datasets import Prompt
+    from specdec.bench.report import build_summary
+    from specdec.model import load_model
+
+    class BrokenPeer:
+        def generate(self, *args):
+            raise RuntimeError("peer exploded")
+
+    target = load_model(str(tiny_llama_dir))
+    specs = parse_methods("plain,hf", [4])
+    records = Comparison(target, None, specs, 6, 64, hf=BrokenPeer()).run(
+        [Prompt("p", "c", ("w1 w2 w1",))], tmp_path / "r.jsonl")
+    assert [r.method for r in records] == ["plain", "hf"] and "exploded" in records[1].error
+    summary = build_summary(records, {"temperature": 0})
+    assert set(summary["methods"]) == {"plain"} and summary["failures"][0]["method"] == "hf"

@@ -51,6 +51,14 @@ def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status, headers=e.headers)
 
 
+TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
+
+
+def _is_type_tag(part: str) -> bool:
+    """pydantic puts a union member's type in an error's location (prompt.list[int].0): not a field."""
+    return part in TYPE_TAGS or "[" in part or part.startswith("function-")
+
+
 def _validation_error(exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
@@ -58,8 +66,7 @@ def _validation_error(exc: RequestValidationError) -> JSONResponse:
     kind = first.get("type", "")
     if kind == "json_invalid":
         return JSONResponse(error_body("the request body is not valid JSON", code="invalid_json"), status_code=400)
-    # a union's errors carry the member type in the location (prompt.str, prompt.list[int].0): keep the field
-    param = ".".join(x for x in loc if not x.startswith(("list[", "str", "int", "function-"))) or None
+    param = ".".join(x for x in loc if not _is_type_tag(x)) or None
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind == "missing":
         msg = "a required field is missing"
@@ -242,9 +249,10 @@ def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
             ids = list(body.prompt)
             bad = [t for t in ids if t >= vocab_size]
             if bad:
-                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})", param="prompt")
+                raise APIError(400, f"Invalid value for 'prompt': token id {bad[0]} is outside the vocabulary "
+                                    f"(0..{vocab_size - 1})", param="prompt")
         if not ids:
-            raise APIError(400, "the prompt encodes to no tokens; give some text", param="prompt")
+            raise APIError(400, "Invalid value for 'prompt': it encodes to no tokens; give some text", param="prompt")
         return await run(request, body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS, chat=False)
 
     @app.post("/v1/chat/completions")

@@ -1,0 +1,465 @@
+"""`specdec serve`: the real server on loopback (uvicorn in a thread), driven by the official openai client
+and raw httpx, on the tiny HF-directory models. Greedy output must equal SpeculativeGenerator.generate's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import openai
+import pytest
+import torch
+
+from specdec.cli import add_model_flags, add_spec_flags
+from specdec.config import GenerationConfig, SamplingParams
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.engine.generate import SpeculativeGenerator
+from specdec.errors import SpecdecError
+from specdec.model import load_model
+from specdec.model.tokenizer import encode_messages
+from specdec.server import add_serve_flags, build_scheduler
+from specdec.server.app import create_app, make_server
+from specdec.server.metrics import ServerMetrics
+from specdec.server.scheduler import Scheduler, TextTracker, k_schedule
+from specdec.server.stepper import StepwiseGenerator
+
+K = 3
+CONTEXT = 512
+CHAT_TEMPLATE = ("{% for m in messages %}w90 {{ m['content'] }} w91 {% endfor %}"
+                 "{% if add_generation_prompt %}w92{% endif %}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine is shared; the tiny models do not need more
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tiny_llama_dir, tmp_path_factory):
+    """The tiny llama directory plus a chat template (its word-level tokenizer has none)."""
+    from transformers import AutoTokenizer
+    out = tmp_path_factory.mktemp("tiny-chat") / "model"
+    shutil.copytree(tiny_llama_dir, out)
+    tok = AutoTokenizer.from_pretrained(str(out))
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(out))
+    return out
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_model_flags(p)
+    add_spec_flags(p)
+    add_serve_flags(p)
+    return p.parse_args(list(argv))
+
+
+@contextmanager
+def running(scheduler: Scheduler, name: str = "tiny", grace: float = 5.0):
+    """The real server on a free loopback port, in a thread; yields (base_url, uvicorn server)."""
+    app = create_app(scheduler, name)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = make_server(app, scheduler, "127.0.0.1", port, grace=grace, log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
+        assert not thread.is_alive()
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+# ---- the main server: target + a (random, mostly rejected) draft model, 4 slots ----
+
+@pytest.fixture(scope="module")
+def main(chat_dir, tiny_qwen_dir):
+    sched = build_scheduler(serve_args("--model", str(chat_dir), "--draft", str(tiny_qwen_dir), "--k", str(K),
+                                       "--device", "cpu", "--max-context", str(CONTEXT), "--max-batch", "4",
+                                       "--max-queue", "16", "--no-pack"), progress=lambda m: None)
+    with running(sched) as (base, server):
+        yield base, sched
+
+
+def reference(sched: Scheduler, ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int | None = None):
+    """The engine's own output for the same prompt ids and drafter configuration."""
+    engine = SpeculativeGenerator(sched.stepper.target, sched.stepper.drafter_factory(), CONTEXT)
+    return engine.generate(ids, GenerationConfig(max_tokens, K, SamplingParams(temperature, 0, 1.0, seed)),
+                           sched.eos_ids)
+
+
+def text_of(sched: Scheduler, tokens: list[int]) -> str:
+    return sched.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def test_models_health_and_stats(main):
+    base, sched = main
+    assert [m.id for m in client(base).models.list().data] == ["tiny"]
+    assert httpx.get(base + "/health").json() == {"status": "ok"}
+    stats = httpx.get(base + "/stats").json()
+    assert stats["max_batch"] == 4 and stats["context"] == CONTEXT and stats["memory"]["total_bytes"] > 0
+
+
+def test_completion_greedy_equals_engine(main):
+    base, sched = main
+    ids = [5, 17, 3, 88, 41]
+    ref = reference(sched, ids, 40)
+    r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 40,
+                                                    "temperature": 0}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == text_of(sched, ref.tokens)
+    assert body["choices"][0]["finish_reason"] == ref.finish_reason
+    usage = body["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (5, len(ref.tokens))
+    assert usage["total_tokens"] == 5 + len(ref.tokens)
+    spec = usage["speculative"]
+    assert (spec["drafted"], spec["accepted"]) == (ref.stats.drafted, ref.stats.accepted) and spec["drafted"] > 0
+    assert spec["tau"] == pytest.approx(ref.stats.tau, abs=1e-3)
+
+
+def test_completion_text_prompt_streaming_matches_non_streaming(main):
+    base, sched = main
+    c = client(base)
+    whole = c.completions.create(model="tiny", prompt="w5 w17 w3 w9", max_tokens=30, temperature=0)
+    ref = reference(sched, [5, 17, 3, 9], 30)
+    assert whole.choices[0].text == text_of(sched, ref.tokens)
+    chunks = list(c.completions.create(model="tiny", prompt="w5 w17 w3 w9", max_tokens=30, temperature=0,
+                                       stream=True, stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert sum(1 for ch in chunks if ch.choices and ch.choices[0].text) > 1  # it really streamed
+
+
+def test_chunked_prefill_equals_engine(main):
+    """A prompt longer than the 256-token prefill chunk is prefilled over two steps, with the same output."""
+    base, sched = main
+    ids = [(i * 37) % 90 for i in range(300)]
+    ref = reference(sched, ids, 20)
+    out = client(base).completions.create(model="tiny", prompt=ids, max_tokens=20, temperature=0)
+    assert out.choices[0].text == text_of(sched, ref.tokens)
+
+
+def test_seed_reproducible_at_temperature_one(main):
+    base, sched = main
+    c = client(base)
+    ids = [7, 8, 9, 10]
+
+    def sampled(seed):
+        return c.completions.create(model="tiny", prompt=ids, max_tokens=25, temperature=1.0, seed=seed).choices[0].text
+
+    first, again, other = sampled(1234), sampled(1234), sampled(99)
+    assert first == again != other
+    assert first == text_of(sched, reference(sched, ids, 25, temperature=1.0, seed=1234).tokens)
+
+
+def test_stop_strings(main):
+    base, sched = main
+    c = client(base)
+    full = c.completions.create(model="tiny", prompt="w1 w2 w3", max_tokens=30, temperature=0).choices[0].text
+    words = full.split()
+    stop = " " + words[len(words) // 2] + " "
+    cut = full[:full.find(stop)]
+    out = c.completions.create(model="tiny", prompt="w1 w2 w3", max_tokens=30, temperature=0, stop=[stop, "zzz"])
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (cut, "stop")
+    assert out.usage.completion_tokens < 30
+    streamed = c.completions.create(model="tiny", prompt="w1 w2 w3", max_tokens=30, temperature=0, stop=stop,
+                                    stream=True)
+    parts = [(ch.choices[0].text, ch.choices[0].finish_reason) for ch in streamed]
+    assert "".join(t for t, _ in parts) == cut and parts[-1][1] == "stop"
+
+
+def test_chat_non_streaming_and_streaming(main):
+    base, sched = main
+    messages = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": "w10 w11 w12"}]
+    ids = encode_messages(sched.tokenizer, messages)
+    ref = reference(sched, ids, 20)
+    c = client(base)
+    out = c.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+    assert out.object == "chat.completion" and out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == text_of(sched, ref.tokens)
+    assert out.usage.prompt_tokens == len(ids)
+    chunks = list(c.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=20,
+                                            temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == out.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == out.choices[0].finish_reason
+
+
+BAD = [  # (endpoint, body changes, param named in the error)
+    ("completions", {"n": 2}, "n"),
+    ("completions", {"max_tokens": -1}, "max_tokens"),
+    ("completions", {"max_tokens": "many"}, "max_tokens"),
+    ("completions", {"temperature": -1}, "temperature"),
+    ("completions", {"temperature": "hot"}, "temperature"),
+    ("completions", {"top_p": 0}, "top_p"),
+    ("completions", {"seed": -5}, "seed"),
+    ("completions", {"prompt": ""}, "prompt"),
+    ("completions", {"prompt": []}, "prompt"),
+    ("completions", {"prompt": ["w1", "w2"]}, "prompt"),
+    ("completions", {"prompt": [1, 2, 500]}, "prompt"),
+    ("completions", {"prompt": 12}, "prompt"),
+    ("completions", {"stop": [""]}, "stop"),
+    ("completions", {"stop": 5}, "stop"),
+    ("completions", {"logprobs": 2}, "logprobs"),
+    ("completions", {"echo": True}, "echo"),
+    ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
+    ("completions", {"stream": "maybe"}, "stream"),
+    ("chat/completions", {"messages": []}, "messages"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "w1"}]}, "messages.0.role"),
+    ("chat/completions", {"logprobs": True}, "logprobs"),
+    ("chat/completions", {"n": 3}, "n"),
+    ("chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+]
+
+
+@pytest.mark.parametrize("endpoint,change,param", BAD, ids=[f"{e}-{p}-{i}" for i, (e, _, p) in enumerate(BAD)])
+def test_bad_input_is_400_naming_the_field(main, endpoint, change, param):
+    base, _ = main
+    body = {"model": "tiny", "max_tokens": 5}
+    body |= {"prompt": "w1 w2"} if endpoint == "completions" else {"messages": [{"role": "user", "content": "w1"}]}
+    r = httpx.post(f"{base}/v1/{endpoint}", json=body | change, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and err["type"] == "invalid_request_error" and param.split(".")[0] in err["message"]
+
+
+def test_other_bad_requests(main):
+    base, _ = main
+    r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 600})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    for number in ("3 tokens", "600", "603", "512"):
+        assert number in err["message"], err["message"]
+    r = httpx.post(base + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(base + "/v1/completions", json={"model": "gpt-9", "prompt": "w1"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = httpx.post(base + "/v1/completions", json={"prompt": "w1"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert httpx.get(base + "/v1/nothing").json()["error"]["type"] == "not_found_error"
+    with pytest.raises(openai.BadRequestError) as exc:
+        client(base).completions.create(model="tiny", prompt="w1", max_tokens=4, n=2)
+    assert "n=1" in str(exc.value)
+
+
+def test_concurrent_requests_all_complete_with_engine_outputs(main):
+    base, sched = main
+    prompts = [[i + 1, (7 * i) % 90, 30 + i, 2 * i + 5] for i in range(6)]
+    expected = [text_of(sched, reference(sched, p, 30).tokens) for p in prompts]
+    c = client(base)
+
+    def one(p):
+        return c.completions.create(model="tiny", prompt=p, max_tokens=30, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(one, prompts))
+    assert got == expected
+    assert httpx.get(base + "/stats").json()["active"] == 0
+
+
+def test_metrics_series(main):
+    base, _ = main
+    client(base).completions.create(model="tiny", prompt="w3 w4", max_tokens=8, temperature=0)
+    text = httpx.get(base + "/metrics").text
+    for series in ('specdec_requests_total{status="200"}', 'specdec_requests_total{status="400"}',
+                   "specdec_generated_tokens_total", "specdec_queue_depth", "specdec_active_sequences",
+                   "specdec_drafted_tokens_total", "specdec_accepted_tokens_total",
+                   'specdec_accepted_at_position_total{position="1"}', 'specdec_drafted_at_position_total{position="1"}',
+                   "specdec_tau", "specdec_time_per_output_token_seconds_bucket", "specdec_speculation_on 1.0",
+                   'specdec_finished_total{reason="length"}', "specdec_draft_k 3.0"):
+        assert series in text, series
+
+
+# ---- a slow server: 2 slots, a queue of 1, speculation off above 1 active sequence ----
+
+class SlowStepper(StepwiseGenerator):
+    """Each step sleeps (so requests overlap reliably); a prompt starting with token 93 fails in decode.
+    The slow server has no end-of-sequence ids, so every request runs to its max_tokens."""
+
+    delay = 0.01
+
+    def step(self, seq):
+        time.sleep(self.delay)
+        if seq.req.tokens[0] == 93 and not seq.prefilling:
+            raise RuntimeError("injected failure")
+        return super().step(seq)
+
+
+def slow_scheduler(target, max_batch=2, max_queue=1) -> Scheduler:
+    factory = lambda: DraftModelDrafter(target.module, target.module.config.vocab_size, CONTEXT)  # noqa: E731
+    stepper = SlowStepper(target.module, factory, CONTEXT, max_batch)
+    return Scheduler(stepper, target.tokenizer, set(), k=K, max_queue=max_queue,  # no EOS: runs to max_tokens
+                     k_for_batch=k_schedule(spec_off_batch=1), metrics=ServerMetrics())
+
+
+@pytest.fixture(scope="module")
+def tiny_target_loaded(tiny_llama_dir):
+    return load_model(str(tiny_llama_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def slow(tiny_target_loaded):
+    sched = slow_scheduler(tiny_target_loaded)
+    with running(sched) as (base, server):
+        yield base, sched
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_queue_full_is_429_and_speculation_switches_off_under_load(slow, tiny_target_loaded):
+    base, sched = slow
+    prompts = [[1 + i, 2, 3, 4 + i] for i in range(6)]
+    results, seen_off = {}, []
+
+    def post(i):
+        results[i] = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": prompts[i],
+                                                                "max_tokens": 60, "temperature": 0}, timeout=60)
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: (s := httpx.get(base + "/stats").json())["active"] == 2
+                    and s["speculation_on"] is False and seen_off.append(httpx.get(base + "/metrics").text) is None)
+    for t in threads:
+        t.join(60)
+    assert "specdec_speculation_on 0.0" in seen_off[0]
+    codes = sorted(r.status_code for r in results.values())
+    assert codes == [200, 200, 200, 429, 429, 429], codes  # 2 slots + 1 queued; the rest refused at once
+    for i, r in results.items():
+        if r.status_code == 429:
+            assert int(r.headers["Retry-After"]) >= 1
+            assert r.json()["error"]["code"] == "queue_full"
+        else:  # speculation went off and on again between steps; greedy output is still the engine's
+            plain = SpeculativeGenerator(tiny_target_loaded.module,
+                                         DraftModelDrafter(tiny_target_loaded.module, 96, CONTEXT), CONTEXT)
+            ref = plain.generate(prompts[i], GenerationConfig(60, K))
+            assert r.json()["choices"][0]["text"] == text_of(sched, ref.tokens)
+    assert wait_for(lambda: httpx.get(base + "/stats").json()["speculation_on"] is True
+                    or httpx.get(base + "/stats").json()["active"] == 0)
+
+
+def test_mid_stream_disconnect_frees_the_slot(slow):
+    base, sched = slow
+    before = sched.metrics.finished.labels(reason="cancelled")._value.get()
+    with httpx.stream("POST", base + "/v1/completions", json={"model": "tiny", "prompt": "w1 w2", "max_tokens": 400,
+                                                              "temperature": 0, "stream": True}, timeout=30) as r:
+        got = []
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                got.append(line)
+            if len(got) == 3:
+                break
+    assert len(got) == 3  # and now the client is gone, 400 tokens (4+ s) before the end
+    assert wait_for(lambda: httpx.get(base + "/stats").json()["active"] == 0, timeout=3.0)
+    assert sched.metrics.finished.labels(reason="cancelled")._value.get() == before + 1
+
+
+def test_request_timeout(slow):
+    base, sched = slow
+    sched.request_timeout = 0.3
+    try:
+        out = client(base).completions.create(model="tiny", prompt="w1 w2", max_tokens=400, temperature=0)
+    finally:
+        sched.request_timeout = None
+    assert out.choices[0].finish_reason == "timeout" and 0 < out.usage.completion_tokens < 400
+    assert wait_for(lambda: httpx.get(base + "/stats").json()["active"] == 0)
+
+
+def test_step_exception_fails_only_that_request(slow):
+    base, sched = slow
+    c = client(base)
+    with ThreadPoolExecutor(2) as pool:
+        bad = pool.submit(httpx.post, base + "/v1/completions",
+                          json={"model": "tiny", "prompt": [93, 1, 2], "max_tokens": 10}, timeout=30)
+        good = pool.submit(c.completions.create, model="tiny", prompt=[4, 1, 2], max_tokens=10, temperature=0)
+        bad, good = bad.result(), good.result()
+    assert bad.status_code == 500
+    assert "injected failure" in bad.json()["error"]["message"] and bad.json()["error"]["type"] == "server_error"
+    assert good.usage.completion_tokens == 10
+    with pytest.raises(openai.APIError, match="injected failure"):
+        list(c.completions.create(model="tiny", prompt=[93, 5], max_tokens=10, stream=True))
+    assert sched.alive and httpx.get(base + "/health").status_code == 200
+    assert wait_for(lambda: httpx.get(base + "/stats").json()["active"] == 0)
+
+
+def test_graceful_shutdown_ends_streams_with_abort(tiny_target_loaded):
+    sched = slow_scheduler(tiny_target_loaded, max_batch=1, max_queue=2)
+    with running(sched, grace=0.3) as (base, server):
+        events = []
+        with httpx.stream("POST", base + "/v1/completions", timeout=30,
+                          json={"model": "tiny", "prompt": "w1", "max_tokens": 400, "stream": True}) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 2:
+                    server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler does
+                    assert sched.draining
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+    assert not sched.alive
+    with pytest.raises(httpx.TransportError):  # the listening socket is closed
+        httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "w1"}, timeout=2)
+
+
+# ---- units ----
+
+def test_text_tracker_holds_back_stop_prefixes(tiny_target_loaded):
+    tok = tiny_target_loaded.tokenizer
+    tr = TextTracker(tok, ("w3 w4",))
+    assert tr.add([1, 2]) == ("w1 w2", False)
+    assert tr.add([3]) == (" ", False)  # "w3" may begin the stop string: held back
+    assert tr.add([5]) == ("w3 w5", False)
+    assert tr.add([3, 4, 6]) == (" ", True)  # cut before the stop string
+    assert tr.text == "w1 w2 w3 w5 " and tr.flush() == ""
+
+
+def test_k_schedule():
+    limit = k_schedule(spec_off_batch=6, schedule={1: 4, 3: 2, 5: 0})
+    assert [limit(b) for b in (1, 2, 3, 4, 5, 7)] == [4, 4, 2, 2, 0, 0]
+    assert k_schedule(schedule={2: 1})(1) is None and k_schedule()(100) is None
+
+
+def test_startup_checks(tiny_llama_dir):
+    with pytest.raises(SpecdecError, match=r"GiB.*lower --max-batch"):
+        build_scheduler(serve_args("--model", str(tiny_llama_dir), "--device", "cpu", "--memory-budget-gb", "1e-6"),
+                        progress=lambda m: None)
+    with pytest.raises(SpecdecError, match="schedule"):
+        build_scheduler(serve_args("--model", str(tiny_llama_dir), "--k-schedule", "1-4"), progress=lambda m: None)
+    with pytest.raises(SpecdecError, match="--max-batch"):
+        build_scheduler(serve_args("--model", str(tiny_llama_dir), "--max-batch", "0"), progress=lambda m: None)
