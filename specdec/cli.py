@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--out", default="runs/bench",
                        help="output directory; a run there that was interrupted resumes where it stopped")
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching at step boundaries)")
+    add_model_flags(srv)
+    add_spec_flags(srv)
+    from specdec.server import add_serve_flags  # imports nothing heavy
+    add_serve_flags(srv)
     store = sub.add_parser("datastore", help="build a token datastore for the suffix drafter")
     store_sub = store.add_subparsers(dest="action", required=True)
     build = store_sub.add_parser("build", help="tokenize text files into a datastore file")
@@ -143,6 +148,11 @@ def cmd_profile(args) -> int:
     print_profile(result)
     write_profile(result, args.out)
     return 0
+
+
+def cmd_serve(args) -> int:
+    from specdec.server import serve
+    return serve(args)
 
 
 def cmd_datastore(args) -> int:
@@ -193,7 +203,7 @@ def cmd_generate(args) -> int:
 
 
 COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench,
-            "profile": cmd_profile, "datastore": cmd_datastore}
+            "profile": cmd_profile, "datastore": cmd_datastore, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:

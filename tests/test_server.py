@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,12 +22,13 @@ import pytest
 import torch
 
 from specdec.cli import add_model_flags, add_spec_flags
-from specdec.config import GenerationConfig, SamplingParams
+from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model import load_model
 from specdec.model.tokenizer import encode_messages
+from specdec.runner import build_drafter
 from specdec.server import add_serve_flags, build_scheduler
 from specdec.server.app import create_app, make_server
 from specdec.server.metrics import ServerMetrics
@@ -256,7 +260,7 @@ def test_other_bad_requests(main):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
-    for number in ("3 tokens", "600", "603", "512"):
+    for number in ("prompt (3 tokens)", "max_tokens (600)", "603", "context of 512 tokens"):
         assert number in err["message"], err["message"]
     r = httpx.post(base + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
@@ -463,3 +467,71 @@ def test_startup_checks(tiny_llama_dir):
         build_scheduler(serve_args("--model", str(tiny_llama_dir), "--k-schedule", "1-4"), progress=lambda m: None)
     with pytest.raises(SpecdecError, match="--max-batch"):
         build_scheduler(serve_args("--model", str(tiny_llama_dir), "--max-batch", "0"), progress=lambda m: None)
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "draft", "tree"])
+def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, method):
+    """Sequences joining and leaving a 3-slot pool, prefilled 4 tokens per step, with the draft length
+    limit changing every round (none, 0, 1): each gets exactly the engine's greedy tokens."""
+    target = tiny_target_loaded
+    draft = load_model(str(tiny_qwen_dir), device="cpu") if method in ("draft", "tree") else None
+    tree = TreeConfig(8, 3, 2) if method == "tree" else None
+
+    def factory():
+        return build_drafter("draft" if method == "tree" else method, target, CONTEXT, draft, tree=tree)
+
+    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50)), [7], [9, 9, 9, 9, 9, 9, 9]]
+    cfg = GenerationConfig(24, K)
+    expected = [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg, target.eos_ids).tokens
+                for p in prompts]
+    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4)
+    pending, got, limits = list(enumerate(prompts)), {}, [None, 0, 1]
+    for round_no in range(500):
+        while pending and stepper.free:
+            i, p = pending.pop(0)
+            stepper.add(p, cfg, target.eos_ids, tag=i)
+        if not stepper.active:
+            break
+        stepper.k_limit = limits[round_no % 3]
+        for seq in stepper.run_round():
+            assert seq.finish_reason in ("stop", "length")
+            got[seq.tag] = seq.new_tokens
+            stepper.release(seq)
+    assert [got[i] for i in range(len(prompts))] == expected
+    assert sorted(stepper.free) == [0, 1, 2]
+
+
+def test_sigterm_drains_and_exits_cleanly(tiny_llama_dir):
+    """The real signal path: serve() in a child process, SIGTERM, exit status 0 and no traceback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import argparse, sys\n"
+            "from specdec.cli import add_model_flags, add_spec_flags\n"
+            "from specdec.server import add_serve_flags, serve\n"
+            "p = argparse.ArgumentParser(); add_model_flags(p); add_spec_flags(p); add_serve_flags(p)\n"
+            "sys.exit(serve(p.parse_args(sys.argv[1:])))\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-c", code, "--model", str(tiny_llama_dir), "--device", "cpu",
+                             "--ngram", "--max-context", "256", "--port", str(port), "--shutdown-grace", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def up():
+            try:
+                return httpx.get(base + "/health", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return proc.poll() is None and False
+
+        assert wait_for(up, timeout=90), proc.stderr.read() if proc.poll() is not None else "no answer"
+        out = client(base).completions.create(model=str(tiny_llama_dir), prompt="w1 w2", max_tokens=5,
+                                              temperature=0)
+        assert out.usage.prompt_tokens == 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err

@@ -12,6 +12,7 @@ import argparse
 from specdec.errors import SpecdecError
 
 DEFAULT_GRACE_SECONDS = 10.0
+SUFFIX_BYTES_PER_TOKEN = 512  # a mutable suffix automaton, per indexed token (specdec/drafters/suffix.py)
 
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -97,7 +98,9 @@ def build_scheduler(args, progress=None):
     tree_nodes = getattr(probe, "max_tree_nodes", 0)
     budget = int(args.memory_budget_gb * GIB) if args.memory_budget_gb is not None else default_budget(available)
     plan = plan_memory(target.module, draft.module if draft else None, args.max_context, args.max_batch,
-                       max(args.prefill_chunk, args.k + 1 + tree_nodes), budget)
+                       max(args.prefill_chunk, args.k + 1 + tree_nodes), budget,
+                       drafter_bytes_per_slot=SUFFIX_BYTES_PER_TOKEN * args.suffix_cache_tokens if method == "suffix"
+                       else 0)
     plan.check()
     progress(f"memory: {plan.total / GIB:.3f} GiB of a {budget / GIB:.3f} GiB budget "
              f"({args.max_batch} slots x {plan.kv_per_slot / GIB:.3f} GiB KV)")

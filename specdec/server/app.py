@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -25,7 +26,8 @@ from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages
 from specdec.server.metrics import CONTENT_TYPE_LATEST
 from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, ChatChoice, ChatMessageOut,
-                                     CompletionChoice, CompletionRequest, CompletionResponse, Usage, new_id, now)
+                                     CompletionChoice, CompletionRequest, CompletionResponse, ErrorBody,
+                                     ErrorResponse, Usage, new_id, now)
 from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
 
 log = logging.getLogger("specdec.server")
@@ -44,7 +46,7 @@ class APIError(Exception):
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return ErrorResponse(error=ErrorBody(message=message, type=type, param=param, code=code)).model_dump()
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -306,7 +308,7 @@ class Server(uvicorn.Server):
     """uvicorn's server with a graceful drain: on SIGTERM/SIGINT the scheduler stops admitting
     (503), in-flight requests get `grace` seconds to finish, then end with finish_reason 'abort';
     uvicorn then closes the connections (they have all answered) and the app's shutdown stops the
-    scheduler thread."""
+    scheduler thread. A second SIGINT stops waiting."""
 
     def __init__(self, config: uvicorn.Config, scheduler: Scheduler, grace: float = 10.0):
         super().__init__(config)
@@ -314,8 +316,12 @@ class Server(uvicorn.Server):
         self.grace = grace
 
     def handle_exit(self, sig, frame) -> None:
+        # As uvicorn's, but without re-raising the signal after the shutdown: a drained server exits 0.
         self.scheduler.drain(self.grace)
-        super().handle_exit(sig, frame)
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting
+        else:
+            self.should_exit = True
 
 
 def make_server(app: FastAPI, scheduler: Scheduler, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0,

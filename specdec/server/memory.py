@@ -4,13 +4,16 @@ Everything the server allocates is sized at start-up (the caches are preallocate
 runs once, before the caches exist:
 
     need = weights(target) + weights(draft)
-         + max_batch * (kv(target, context) + kv(draft, context))
+         + max_batch * (kv(target, context) + kv(draft, context) + a suffix drafter's cache)
          + head-room for one forward (a prefill chunk or a verify of the widest draft/tree)
 
 kv(model, n) = 2 (keys, values) * layers * kv_heads * head_dim * n * bytes per element.
 The head-room is a rough upper bound of one forward's live activations, in fp32:
     T * (6 * hidden + 3 * intermediate + 2 * heads * context + vocab) * 4 bytes
 for T tokens in the forward (max of the prefill chunk and the verify width).
+
+A suffix drafter's cache of earlier requests is counted at its bound, 512 bytes per token (see
+specdec/drafters/suffix.py: about 0.5 KB per token while mutable).
 
 The default budget is the memory available when the server starts (before it loads the models),
 less a margin of max(512 MiB, 10 %): psutil's `available` (or /proc/meminfo MemAvailable) on the
@@ -100,21 +103,24 @@ class MemoryPlan:
     def check(self) -> None:
         if self.total > self.budget:
             fit = (self.budget - self.weights - self.headroom) // self.kv_per_slot if self.kv_per_slot else 0
+            fits = f"at most {fit} fit" if fit >= 1 else "not even one fits"
             raise SpecdecError(
                 f"the server needs {self.total / GIB:.3f} GiB (weights {self.weights / GIB:.3f} GiB + "
-                f"{self.slots} slots x {self.kv_per_slot / GIB:.3f} GiB KV cache + head-room "
+                f"{self.slots} slots x {self.kv_per_slot / GIB:.3f} GiB of per-slot caches + head-room "
                 f"{self.headroom / GIB:.3f} GiB) but the memory budget is {self.budget / GIB:.3f} GiB; "
-                f"lower --max-batch (at most {max(0, fit)} fit) or --max-context, or raise --memory-budget-gb")
+                f"lower --max-batch ({fits}), --max-context or --suffix-cache-tokens, or raise --memory-budget-gb")
 
     def summary(self) -> dict:
         return {"weights_bytes": self.weights, "kv_bytes_per_slot": self.kv_per_slot, "slots": self.slots,
                 "headroom_bytes": self.headroom, "total_bytes": self.total, "budget_bytes": self.budget}
 
 
-def plan_memory(target, draft, context: int, max_batch: int, forward_tokens: int, budget: int) -> MemoryPlan:
-    """target, draft: Transformer modules (draft may be None)."""
+def plan_memory(target, draft, context: int, max_batch: int, forward_tokens: int, budget: int,
+                drafter_bytes_per_slot: int = 0) -> MemoryPlan:
+    """target, draft: Transformer modules (draft may be None). drafter_bytes_per_slot: host memory a
+    slot's drafter may grow to besides a KV cache (the suffix drafter's cache of earlier requests)."""
     models = [m for m in (target, draft) if m is not None]
     weights = sum(module_bytes(m) for m in models)
-    kv = sum(kv_bytes(m, context) for m in models)
+    kv = sum(kv_bytes(m, context) for m in models) + drafter_bytes_per_slot
     headroom = max(activation_bytes(m, forward_tokens, context) for m in models)
     return MemoryPlan(weights, kv, max_batch, headroom, budget)

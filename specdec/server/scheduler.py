@@ -222,6 +222,7 @@ class Scheduler:
             raise ShuttingDown("the server is shutting down and admits no new requests")
         if not self.alive:
             raise ShuttingDown("the scheduler is not running")
+        self.check_fits(len(prompt), params.max_tokens)
         self.stepper.check_fits(prompt, params.max_tokens)
         GenerationConfig(params.max_tokens, self.k, params.sampling)  # validates
         deadline = time.monotonic() + self.request_timeout if self.request_timeout else None
@@ -236,6 +237,17 @@ class Scheduler:
             self.metrics.queue_depth.set(len(self._queue))
             self._cv.notify()
         return handle
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """SpecdecError in the API's words unless prompt + max_tokens (+ a draft tree's scratch) fit the context."""
+        if prompt_len < 1:
+            raise SpecdecError("the prompt is empty; give at least one token")
+        tree = self.stepper.tree_nodes
+        need = prompt_len + max_tokens + tree
+        if need > self.context:
+            extra = f" + draft tree scratch ({tree})" if tree else ""
+            raise SpecdecError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}){extra} = {need} exceeds "
+                               f"the context of {self.context} tokens; shorten the prompt or lower max_tokens")
 
     def drain(self, grace: float) -> None:
         """Stop admitting; requests still running after `grace` seconds end with 'abort'."""
@@ -279,7 +291,7 @@ class Scheduler:
         try:
             while True:
                 with self._cv:
-                    while not (self._stop or self._queue or self._running or self._abort):
+                    while not (self._stop or self._queue or self._running):
                         self._cv.wait(0.5)
                     if self._stop:
                         break
