@@ -41,6 +41,10 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="suffix drafter: tokens of earlier requests kept (oldest evicted first; 0 = none)")
     p.add_argument("--suffix-min-match", type=integer, default=1, help="suffix drafter: shortest match that drafts")
     p.add_argument("--datastore", default=None, help="suffix drafter: a file from `specdec datastore build`")
+    p.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
+                   help="self-speculation: the target drafts with its first L layers (or a list like 0-5,8) and its "
+                        "own head; 'auto' = the choice saved by `specdec tune-layer-skip`")
+    p.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
     p.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
     p.add_argument("--draft-vocab", type=integer, default=0,
                    help="draft model scores only the first N token ids (0 = all); cuts its LM-head cost")
@@ -122,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_flags(srv)
     from specdec.server import add_serve_flags  # imports nothing heavy
     add_serve_flags(srv)
+    tune = sub.add_parser("tune-layer-skip", help="pick the layer-skip depth L by measured acceptance and speed; save it")
+    add_model_flags(tune)
+    tune.add_argument("--candidates", default=None, help="comma list of L to try (default: eighths of the depth and n-1)")
+    tune.add_argument("--dataset", default=None, help="JSONL prompts (default: the shipped code prompts)")
+    tune.add_argument("--limit", type=integer, default=4, help="first N prompts")
+    tune.add_argument("--k", type=integer, default=4, help="draft tokens per verify step")
+    tune.add_argument("--max-new-tokens", type=integer, default=32)
+    tune.add_argument("--out", default="runs/layer_skip.json", help="the JSON file the choice is saved in (per model)")
     store = sub.add_parser("datastore", help="build a token datastore for the suffix drafter")
     store_sub = store.add_subparsers(dest="action", required=True)
     build = store_sub.add_parser("build", help="tokenize text files into a datastore file")
@@ -147,6 +159,30 @@ def cmd_profile(args) -> int:
     result = profile(target.module, draft.module if draft else None, args.context, args.repeats)
     print_profile(result)
     write_profile(result, args.out)
+    return 0
+
+
+def cmd_tune_layer_skip(args) -> int:
+    from specdec.bench.datasets import load_prompts
+    from specdec.drafters.layer_skip import save_choice, tune_layer_skip
+    from specdec.model import load_model
+    from specdec.model.tokenizer import encode_prompt
+    from specdec.runner import log
+    if args.limit < 1:
+        raise SpecdecError(f"--limit must be >= 1, got {args.limit}")
+    try:
+        candidates = None if args.candidates is None else [int(c) for c in args.candidates.split(",")]
+    except ValueError:
+        raise SpecdecError(f"--candidates takes integers separated by commas, got {args.candidates!r}") from None
+    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
+    prompts = [encode_prompt(target.tokenizer, p.turns[0], chat=bool(target.tokenizer.chat_template))
+               for p in load_prompts(args.dataset)[:args.limit]]
+    result = tune_layer_skip(target.module, prompts, candidates, args.max_new_tokens, args.k, progress=log)
+    save_choice(args.out, args.model, result)
+    print(json.dumps({k: result[k] for k in ("best", "beats_plain", "plain_tokens_per_second")}))
+    if not result["beats_plain"]:
+        log("warning: no layer-skip depth beat plain decoding on these prompts; this model's shallow layers "
+            "draft poorly (it was not trained for early exit)")
     return 0
 
 
@@ -203,7 +239,8 @@ def cmd_generate(args) -> int:
 
 
 COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench,
-            "profile": cmd_profile, "datastore": cmd_datastore, "serve": cmd_serve}
+            "profile": cmd_profile, "datastore": cmd_datastore, "serve": cmd_serve,
+            "tune-layer-skip": cmd_tune_layer_skip}
 
 
 def main(argv: list[str] | None = None) -> int:

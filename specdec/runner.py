@@ -104,15 +104,18 @@ class Runner:
         if not 0.0 <= args.draft_p_min < 1.0:
             raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
         chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix),
+                                         ("--layer-skip", args.layer_skip is not None),
                                          ("--draft", args.draft not in (None, "none"))) if on]
         if len(chosen) > 1:
             raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
         if args.datastore and not args.suffix:
             raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
-        method = "ngram" if args.ngram else "suffix" if args.suffix else ("none" if args.draft in (None, "none")
-                                                                          else "draft")
+        method = "ngram" if args.ngram else "suffix" if args.suffix else "layer-skip" if args.layer_skip else (
+            "none" if args.draft in (None, "none") else "draft")
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
         draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
+        if method == "layer-skip":
+            return Runner.layer_skip(args, cfg)
         tree = tree_config(args)
         if tree is not None and method != "draft":
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
@@ -124,6 +127,28 @@ class Runner:
         label = f"draft {args.draft} {k_text}" if method == "draft" else (
             f"{method} {k_text}" if method in ("ngram", "suffix") else "plain")
         return Runner(target, engine, cfg, label)
+
+    @staticmethod
+    def layer_skip(args, cfg: GenerationConfig) -> "Runner":
+        """The target drafts for itself with its first L layers, writing into the engine's own cache."""
+        from specdec.drafters.layer_skip import load_choice, make_layer_skip, parse_layer_spec
+        if tree_config(args) is not None:
+            raise SpecdecError("--layer-skip drafts chains; it does not take --tree-budget / --tree-choices")
+        spec = parse_layer_spec(args.layer_skip)
+        if spec == "auto":
+            spec = load_choice(args.layer_skip_file, args.model)
+        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
+        cache = target.module.new_cache(args.max_context)
+        drafter = make_layer_skip(target.module, spec, args.max_context, cache)
+        if args.policy == "adaptive":
+            from specdec.policy import AdaptivePolicy, PolicyConfig, measure_costs
+            costs = measure_costs(target.module, None)
+            costs.draft_cost = len(drafter.layers) / target.module.config.num_layers  # a shallow pass per draft
+            policy = AdaptivePolicy(costs, PolicyConfig(k_max=args.k))
+        else:
+            policy = None
+        engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy, cache=cache)
+        return Runner(target, engine, cfg, f"layer-skip {drafter.spec} k={args.k}")
 
     def generate(self, prompt: str, chat: bool = False, on_tokens=None) -> GenerationResult:
         ids = encode_prompt(self.target.tokenizer, prompt, chat)

@@ -192,8 +192,9 @@ class SpeculativeGenerator:
         req.stats.record_choice(k)
         tree = self._propose(req, k)
         t1 = time.perf_counter()
-        if tree.is_chain:
-            acc = verify(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
+        if tree.is_chain:  # a drafter may verify from the hidden states it already has (layer skip)
+            verify_chain = getattr(self.drafter, "verify_chain", None) or verify
+            acc = verify_chain(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
             self.cache.advance(1 + acc.num_accepted)
             path, depth = list(range(acc.num_accepted)), len(tree)
         else:

@@ -48,6 +48,8 @@ def drafting_method(args) -> str:
         raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
     if args.datastore and not args.suffix:
         raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
+    if getattr(args, "layer_skip", None):
+        raise SpecdecError("specdec serve does not support --layer-skip yet; use it with `specdec generate`")
     return "ngram" if args.ngram else "suffix" if args.suffix else (
         "none" if args.draft in (None, "none") else "draft")
 
