@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="`specdec profile` JSON to take c and v(n) from, for the theory check and the "
                             "adaptive policy (default: measured in this run / at start)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.add_argument("--report-only", action="store_true",
+                       help="summarize the records already in --out (prompts every method finished); run nothing")
     bench.add_argument("--out", default="runs/bench",
                        help="output directory; a run there that was interrupted resumes where it stopped")
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching at step boundaries)")

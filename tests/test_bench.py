@@ -192,3 +192,18 @@ def test_a_failing_peer_is_recorded_and_reported_not_fatal(tiny_llama_dir, tmp_p
     assert [r.method for r in records] == ["plain", "hf"] and "exploded" in records[1].error
     summary = build_summary(records, {"temperature": 0})
     assert set(summary["methods"]) == {"plain"} and summary["failures"][0]["method"] == "hf"
+
+
+def test_report_only_summarizes_the_prompts_every_method_finished(tiny_llama_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "category": "c", "prompt": "w1 w2 w1 w2"}) + "\n" for i in "ab"))
+    out = tmp_path / "run"
+    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram", "--dataset", str(data),
+            "--max-new-tokens", "6", "--out", str(out), "--no-plots"]
+    assert main(argv) == 0
+    lines = (out / "records.jsonl").read_text().splitlines()
+    (out / "records.jsonl").write_text("\n".join(lines[:3]) + "\n")  # as if stopped after a, plain of b
+    assert main(argv + ["--report-only"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["prompts_complete"] == 1 and summary["methods"]["plain"]["prompts"] == 1
+    assert len((out / "records.jsonl").read_text().splitlines()) == 3  # nothing was run

@@ -240,6 +240,17 @@ def make_peers(args, target, draft, kinds: set[str]) -> Peers:
     return peers
 
 
+def complete_prompts(records: list[Record], prompts: list[Prompt], specs: list[MethodSpec],
+                     repeats: int) -> tuple[list[Record], list[str]]:
+    """Keep the records of prompts that every method finished in every repeat (so all methods are
+    compared on the same prompts, also in an interrupted run); return them and those prompt ids."""
+    have = {(r.prompt_id, r.method, r.repeat) for r in records}
+    complete = [p.id for p in prompts if all((p.id, s.label, rep) in have for s in specs for rep in range(repeats))]
+    keep = set(complete)
+    labels = {s.label for s in specs}
+    return [r for r in records if r.prompt_id in keep and r.method in labels and r.repeat < repeats], complete
+
+
 def run_comparison(args) -> dict:
     """`specdec bench`: load models once, run every method on every prompt, write the results."""
     from specdec.bench import report
@@ -261,22 +272,27 @@ def run_comparison(args) -> dict:
     done = {(r.prompt_id, r.method, r.repeat) for r in read_records(records_path)}
     pending = {s.kind for s in specs if any((p.id, s.label, rep) not in done
                                              for p in prompts for rep in range(args.repeats))}
-    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
-    needs_draft = bool(pending & {"draft", "tree", "hf-assisted"})
-    draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
-    peers = make_peers(args, target, draft, pending)
     t0 = time.time()
-    comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
-                            args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
-                            args.tree_depth, args.tree_topk, args.datastore)
-    records = comparison.run(prompts, records_path, args.repeats)
-    wanted = {(p.id, s.label, rep) for p in prompts for s in specs for rep in range(args.repeats)}
-    records = [r for r in records if (r.prompt_id, r.method, r.repeat) in wanted]
+    if args.report_only:  # summarize what the run directory holds; load and run nothing
+        records = read_records(records_path)
+    else:
+        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
+        needs_draft = bool(pending & {"draft", "tree", "hf-assisted"})
+        draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
+        peers = make_peers(args, target, draft, pending)
+        comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
+                                args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
+                                args.tree_depth, args.tree_topk, args.datastore)
+        records = comparison.run(prompts, records_path, args.repeats)
+    records, complete = complete_prompts(records, prompts, specs, args.repeats)
+    if not records:
+        raise SpecdecError(f"no prompt in {out} has a record for every method yet; nothing to summarize")
     config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "tree", "hf-assisted") for s in specs)
               else None, "methods": [s.label for s in specs], "k": parse_k_list(args.k),
               "draft_vocab": args.draft_vocab, "draft_p_min": args.draft_p_min,
               "tree_depth": args.tree_depth, "tree_topk": args.tree_topk, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "categories": sorted({p.category for p in prompts}), "repeats": args.repeats,
+              "prompts_complete": len(complete),
               "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "temperature": args.temperature,
               "seed": args.seed, "greedy": args.temperature == 0, "wall_seconds_this_session": round(time.time() - t0, 1)}
     cost_profile = report.read_cost_profile(args.cost_profile) if args.cost_profile else None
