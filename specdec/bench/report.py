@@ -90,10 +90,10 @@ def acceptance_summary(stats: list[dict]) -> dict:
     width = max((len(s["drafted_at"]) for s in stats), default=0)
     at = [(sum(s["accepted_at"][i] for s in stats if i < len(s["accepted_at"])),
            sum(s["drafted_at"][i] for s in stats if i < len(s["drafted_at"]))) for i in range(width)]
-    times = {key: round(sum(s[key] for s in stats), 2) for key in ("draft_seconds", "verify_seconds",
+    times = {key: round(sum(s[key] for s in stats), 4) for key in ("draft_seconds", "verify_seconds",
                                                                     "prefill_seconds", "seconds")}
     times["other_seconds"] = round(times["seconds"] - times["draft_seconds"] - times["verify_seconds"]
-                                   - times["prefill_seconds"], 2)
+                                   - times["prefill_seconds"], 4)
     return {"steps": steps, "drafted": drafted, "accepted": accepted, "rejections": rejections,
             "tau": round((steps + accepted) / steps, 3) if steps else 0.0,
             "alpha": round(accepted / drafted, 3) if drafted else 0.0,
@@ -126,6 +126,8 @@ def theory(methods: dict, cost_profile: dict | None = None) -> dict:
     if not plain or not plain.get("steps"):
         return {}
     t1 = plain["time_split"]["verify_seconds"] / plain["steps"]  # one plain decode step
+    if t1 <= 0 or not plain.get("decode_tokens_per_second"):
+        return {}  # too little plain decoding timed to turn seconds into step costs
     out = {}
     for label, s in methods.items():
         if s["kind"] not in ("draft", "ngram", "suffix") or not s.get("steps") or s.get("adaptive"):
