@@ -41,6 +41,19 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
     raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix or draft")
 
 
+def drafting_method(args) -> str:
+    """'none', 'ngram', 'suffix', 'layer-skip' or 'draft' from the CLI values; one at most."""
+    layer_skip = getattr(args, "layer_skip", None) is not None
+    chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix), ("--layer-skip", layer_skip),
+                                     ("--draft", args.draft not in (None, "none"))) if on]
+    if len(chosen) > 1:
+        raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
+    if args.datastore and not args.suffix:
+        raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
+    return "ngram" if args.ngram else "suffix" if args.suffix else "layer-skip" if layer_skip else (
+        "none" if args.draft in (None, "none") else "draft")
+
+
 def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
     """Medusa-style choices from JSON text or a JSON file: [[0], [1], [0, 0], ...]."""
     import json
@@ -103,19 +116,11 @@ class Runner:
             raise SpecdecError(f"max_context must be >= 1, got {args.max_context}")
         if not 0.0 <= args.draft_p_min < 1.0:
             raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
-        chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix),
-                                         ("--layer-skip", args.layer_skip is not None),
-                                         ("--draft", args.draft not in (None, "none"))) if on]
-        if len(chosen) > 1:
-            raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
-        if args.datastore and not args.suffix:
-            raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
-        method = "ngram" if args.ngram else "suffix" if args.suffix else "layer-skip" if args.layer_skip else (
-            "none" if args.draft in (None, "none") else "draft")
-        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
-        draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
+        method = drafting_method(args)
         if method == "layer-skip":
             return Runner.layer_skip(args, cfg)
+        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
+        draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
         tree = tree_config(args)
         if tree is not None and method != "draft":
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")

@@ -41,17 +41,12 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
 
 
 def drafting_method(args) -> str:
-    """'none', 'ngram', 'suffix' or 'draft' from the CLI values, with Runner.from_args's checks."""
-    chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix),
-                                     ("--draft", args.draft not in (None, "none"))) if on]
-    if len(chosen) > 1:
-        raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
-    if args.datastore and not args.suffix:
-        raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
-    if getattr(args, "layer_skip", None):
+    """The runner's choice of drafter; serve has no layer-skip yet."""
+    from specdec.runner import drafting_method as chosen
+    method = chosen(args)
+    if method == "layer-skip":
         raise SpecdecError("specdec serve does not support --layer-skip yet; use it with `specdec generate`")
-    return "ngram" if args.ngram else "suffix" if args.suffix else (
-        "none" if args.draft in (None, "none") else "draft")
+    return method
 
 
 def build_scheduler(args, progress=None):
