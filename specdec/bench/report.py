@@ -16,6 +16,7 @@ JSON is given.
 from __future__ import annotations
 
 import json
+import sys
 import statistics
 from pathlib import Path
 
@@ -215,7 +216,11 @@ def write_outputs(summary: dict, records: list[Record], out: Path, plots: bool =
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(markdown(summary) + "\n## Theory check\n\n" + theory_table(summary))
     if plots:
-        make_plots(summary, out)
+        try:
+            make_plots(summary, out)
+        except ImportError as e:  # the numbers are already on disk; a missing plotting library must not lose them
+            print(f"specdec bench: plots skipped ({e}); pip install matplotlib, then rerun with --report-only",
+                  file=sys.stderr)
 
 
 def make_plots(summary: dict, out: Path) -> list[Path]:
