@@ -29,6 +29,16 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "weights (saves one copy of the target's weights in memory; verification is slower)")
 
 
+def add_lookahead_flags(p: argparse.ArgumentParser, with_switch: bool) -> None:
+    if with_switch:
+        p.add_argument("--lookahead", action="store_true",
+                       help="lookahead decoding: Jacobi iteration feeds an n-gram pool, verified in the same pass")
+    p.add_argument("--lookahead-window", type=integer, default=3, help="lookahead: window width W (columns)")
+    p.add_argument("--lookahead-ngram", type=integer, default=3, help="lookahead: n-gram size N (N - 1 levels)")
+    p.add_argument("--lookahead-candidates", type=integer, default=3,
+                   help="lookahead: at most G pool n-grams verified per step")
+
+
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
@@ -41,6 +51,7 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="suffix drafter: tokens of earlier requests kept (oldest evicted first; 0 = none)")
     p.add_argument("--suffix-min-match", type=integer, default=1, help="suffix drafter: shortest match that drafts")
     p.add_argument("--datastore", default=None, help="suffix drafter: a file from `specdec datastore build`")
+    add_lookahead_flags(p, with_switch=True)
     p.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
                    help="self-speculation: the target drafts with its first L layers (or a list like 0-5,8) and its "
                         "own head; 'auto' = the choice saved by `specdec tune-layer-skip`")
@@ -91,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(bench)
     bench.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the 'draft' and 'hf-assisted' methods")
     bench.add_argument("--methods", default="plain,draft,ngram,hf",
-                       help="comma list from plain, draft, ngram, suffix, tree (ours; tree:N is the draft model's "
-                            "dynamic token tree of N nodes), hf, hf-assisted, hf-lookup "
+                       help="comma list from plain, draft, ngram, suffix, lookahead, layer-skip, tree (ours; tree:N "
+                            "is the draft model's dynamic token tree of N nodes), hf, hf-assisted, hf-lookup "
                             "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
                             "a drafting method may pin its k, e.g. draft:8")
     bench.add_argument("--dataset", default=None,
@@ -105,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
     bench.add_argument("--datastore", default=None, help="suffix method: a file from `specdec datastore build`")
     bench.add_argument("--tree-depth", type=integer, default=4, help="tree methods: largest depth")
+    add_lookahead_flags(bench, with_switch=False)
+    bench.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
+                       help="layer-skip method: draft with the first L layers (or a list like 0-5,8); 'auto' = the "
+                            "choice saved by `specdec tune-layer-skip`")
+    bench.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
     bench.add_argument("--tree-topk", type=integer, default=4, help="tree methods: expansion width per depth")
     bench.add_argument("--draft-p-min", type=float, default=0.0,
                        help="draft methods stop early when the draft's top probability is below this (0 = off)")

@@ -32,6 +32,21 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class LookaheadConfig:
+    """Lookahead decoding: a Jacobi window of `window` columns and ngram - 1 levels, and at most
+    `candidates` pool n-grams verified per step."""
+
+    window: int = 3
+    ngram: int = 3
+    candidates: int = 3
+
+    def __post_init__(self):
+        if self.window < 1 or self.ngram < 2 or self.candidates < 1:
+            raise SpecdecError(f"lookahead needs window >= 1, ngram >= 2 and candidates >= 1, got "
+                               f"{self.window}, {self.ngram}, {self.candidates}")
+
+
+@dataclass(frozen=True)
 class NgramConfig:
     """Prompt lookup: match the last n tokens (max_n down to min_n) earlier in the text."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from specdec.config import GenerationConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
+from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.engine.generate import GenerationResult, SpeculativeGenerator
 from specdec.errors import SpecdecError
@@ -19,9 +19,10 @@ def log(msg: str) -> None:
 
 def build_drafter(method: str, target: LoadedModel, capacity: int, draft: LoadedModel | None = None,
                   ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0, p_min: float = 0.0,
-                  tree: TreeConfig | None = None, suffix: SuffixConfig = SuffixConfig()) -> Drafter:
-    """method: 'none', 'ngram', 'suffix' or 'draft' (then `draft` is the loaded draft model; `tree`
-    makes it propose token trees instead of chains)."""
+                  tree: TreeConfig | None = None, suffix: SuffixConfig = SuffixConfig(),
+                  lookahead: LookaheadConfig = LookaheadConfig()) -> Drafter:
+    """method: 'none', 'ngram', 'suffix', 'lookahead' or 'draft' (then `draft` is the loaded draft
+    model; `tree` makes it propose token trees instead of chains)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
     if draft_vocab < 0:
@@ -35,22 +36,28 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
         from specdec.drafters.suffix import SuffixDrafter
         store = load_datastore(suffix.datastore, tokenizer_fingerprint(target.tokenizer)) if suffix.datastore else None
         return SuffixDrafter(suffix.cache_tokens, suffix.min_match, store)
+    if method == "lookahead":
+        from specdec.drafters.lookahead import LookaheadDrafter
+        return LookaheadDrafter(lookahead.window, lookahead.ngram, lookahead.candidates)
     if method == "draft" and draft is not None:
         check_compatible(target.tokenizer, draft.tokenizer)
         return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree)
-    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix or draft")
+    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead or draft")
 
 
 def drafting_method(args) -> str:
-    """'none', 'ngram', 'suffix', 'layer-skip' or 'draft' from the CLI values; one at most."""
+    """'none', 'ngram', 'suffix', 'lookahead', 'layer-skip' or 'draft' from the CLI values; one at most."""
     layer_skip = getattr(args, "layer_skip", None) is not None
-    chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix), ("--layer-skip", layer_skip),
-                                     ("--draft", args.draft not in (None, "none"))) if on]
+    lookahead = getattr(args, "lookahead", False)
+    chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix), ("--lookahead", lookahead),
+                                     ("--layer-skip", layer_skip), ("--draft", args.draft not in (None, "none")))
+              if on]
     if len(chosen) > 1:
         raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
     if args.datastore and not args.suffix:
         raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
-    return "ngram" if args.ngram else "suffix" if args.suffix else "layer-skip" if layer_skip else (
+    return "ngram" if args.ngram else "suffix" if args.suffix else "lookahead" if lookahead else (
+        "layer-skip") if layer_skip else (
         "none" if args.draft in (None, "none") else "draft")
 
 
@@ -71,6 +78,11 @@ def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(c) for c in value)
 
 
+def lookahead_config(args) -> LookaheadConfig:
+    return LookaheadConfig(getattr(args, "lookahead_window", 3), getattr(args, "lookahead_ngram", 3),
+                           getattr(args, "lookahead_candidates", 3))
+
+
 def tree_config(args) -> TreeConfig | None:
     """--tree-choices (static) or --tree-budget > 0 (dynamic), else None (chains)."""
     if getattr(args, "tree_choices", None):
@@ -86,6 +98,7 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, measure_costs
     if isinstance(drafter, NoDrafter):
         return None
+    from specdec.drafters.layer_skip import LayerSkipDrafter
     model = drafter.model if isinstance(drafter, DraftModelDrafter) else None
     if cost_profile:
         import json
@@ -95,6 +108,8 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
             raise SpecdecError(f"cannot read a `specdec profile` JSON from {cost_profile}: {e}") from None
     else:
         costs = measure_costs(target.module, model, sizes=sorted({1, 2, 3, 5, 9, k_max + 1}))
+    if isinstance(drafter, LayerSkipDrafter):  # a draft token is a pass through L of the target's layers
+        costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
         f"c {costs.draft_cost:.3f}")
     return AdaptivePolicy(costs, PolicyConfig(k_max=k_max))
@@ -125,12 +140,13 @@ class Runner:
         if tree is not None and method != "draft":
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
         drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
-                                tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore))
+                                tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore),
+                                lookahead_config(args))
         policy = build_policy(drafter, target, args.k, args.cost_profile) if args.policy == "adaptive" else None
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)
         k_text = f"k<={args.k} adaptive" if policy else f"k={args.k}"
         label = f"draft {args.draft} {k_text}" if method == "draft" else (
-            f"{method} {k_text}" if method in ("ngram", "suffix") else "plain")
+            f"{method} {k_text}" if method in ("ngram", "suffix", "lookahead") else "plain")
         return Runner(target, engine, cfg, label)
 
     @staticmethod
@@ -145,13 +161,7 @@ class Runner:
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
         cache = target.module.new_cache(args.max_context)
         drafter = make_layer_skip(target.module, spec, args.max_context, cache)
-        if args.policy == "adaptive":
-            from specdec.policy import AdaptivePolicy, PolicyConfig, measure_costs
-            costs = measure_costs(target.module, None)
-            costs.draft_cost = len(drafter.layers) / target.module.config.num_layers  # a shallow pass per draft
-            policy = AdaptivePolicy(costs, PolicyConfig(k_max=args.k))
-        else:
-            policy = None
+        policy = build_policy(drafter, target, args.k, args.cost_profile) if args.policy == "adaptive" else None
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy, cache=cache)
         return Runner(target, engine, cfg, f"layer-skip {drafter.spec} k={args.k}")
 

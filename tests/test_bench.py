@@ -8,6 +8,7 @@ from specdec.bench.datasets import load_prompts, read_jsonl
 from specdec.bench.profile import VERIFY_SIZES, profile
 from specdec.cli import main
 from specdec.errors import SpecdecError
+from tests.test_cli import cli_error
 
 
 def test_shipped_code_prompts_load():
@@ -166,6 +167,19 @@ def test_bench_k_sweep_repeats_theory_and_plots(tiny_llama_dir, tmp_path, capsys
     assert "predicted" in capsys.readouterr().out
     for png in ("speedup_by_category.png", "acceptance_by_position.png", "tokens_per_second_vs_k.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def test_bench_lookahead_and_layer_skip_methods(tiny_llama_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6 w5 w6"}) + "\n")
+    out = tmp_path / "run"
+    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,lookahead,layer-skip:2", "--dataset", str(data),
+            "--max-new-tokens", "10", "--no-plots", "--out", str(out)]
+    assert "--layer-skip" in cli_error(argv, capsys)
+    assert main(argv + ["--layer-skip", "1", "--lookahead-window", "2"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["methods"]) == {"plain", "lookahead", "layer-skip:2"}
+    assert all(m["greedy_mismatches"] == [] for k, m in summary["methods"].items() if k != "plain")
 
 
 def test_negative_draft_vocab_is_refused(tiny_llama_dir, tmp_path, capsys):

@@ -233,3 +233,13 @@ def test_generate_with_layer_skip_matches_plain(capsys, tiny_llama_dir):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"] == plain
     assert "layer" in cli_error(base[:1] + ["--layer-skip", "9"] + base[1:], capsys).lower()
     assert "one drafting method" in cli_error(base[:1] + ["--layer-skip", "1", "--ngram"] + base[1:], capsys)
+
+
+def test_generate_with_lookahead_matches_plain(capsys, tiny_llama_dir):
+    base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "12", "--json", "w1 w2 w3 w1 w2"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
+    assert main(base[:1] + ["--lookahead", "--lookahead-window", "2", "--lookahead-ngram", "4"] + base[1:]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"] == plain
+    assert "lookahead" in cli_error(base[:1] + ["--lookahead", "--lookahead-ngram", "1"] + base[1:], capsys)
+    assert "one drafting method" in cli_error(base[:1] + ["--lookahead", "--suffix"] + base[1:], capsys)

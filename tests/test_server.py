@@ -312,9 +312,13 @@ class SlowStepper(StepwiseGenerator):
 
     def step(self, seq):
         time.sleep(self.delay)
-        if seq.req.tokens[0] == 93 and not seq.prefilling:
-            raise RuntimeError("injected failure")
         return super().step(seq)
+
+    def _propose_for(self, seq):  # the batched decode path
+        time.sleep(self.delay)
+        if seq.req.tokens[0] == 93:
+            raise RuntimeError("injected failure")
+        return super()._propose_for(seq)
 
 
 def slow_scheduler(target, max_batch=2, max_queue=1) -> Scheduler:
@@ -469,8 +473,9 @@ def test_startup_checks(tiny_llama_dir):
         build_scheduler(serve_args("--model", str(tiny_llama_dir), "--max-batch", "0"), progress=lambda m: None)
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "draft", "tree"])
-def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, method):
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-sequence"])
+@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "lookahead", "draft", "tree"])
+def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, method, batched):
     """Sequences joining and leaving a 3-slot pool, prefilled 4 tokens per step, with the draft length
     limit changing every round (none, 0, 1): each gets exactly the engine's greedy tokens."""
     target = tiny_target_loaded
@@ -484,7 +489,7 @@ def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, me
     cfg = GenerationConfig(24, K)
     expected = [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg, target.eos_ids).tokens
                 for p in prompts]
-    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4)
+    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4, batched=batched)
     pending, got, limits = list(enumerate(prompts)), {}, [None, 0, 1]
     for round_no in range(500):
         while pending and stepper.free:
@@ -535,3 +540,26 @@ def test_sigterm_drains_and_exits_cleanly(tiny_llama_dir):
             proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
+
+
+def test_batched_round_verifies_every_chain_in_one_forward(tiny_target_loaded):
+    """3 decoding sequences with n-gram chains: one target forward per round, ragged over 3 rows."""
+    target = tiny_target_loaded
+    factory = lambda: build_drafter("ngram", target, CONTEXT)  # noqa: E731
+    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64)
+    for p in ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5], list(range(30, 50))):
+        stepper.add(p, GenerationConfig(12, K), set())
+    stepper.run_round()  # prefills
+    calls = []
+    original = target.module.forward
+
+    def counting(tokens, *args, **kwargs):
+        calls.append(tuple(tokens.shape))
+        return original(tokens, *args, **kwargs)
+
+    target.module.forward = counting
+    try:
+        stepper.run_round()
+    finally:
+        del target.module.forward
+    assert len(calls) == 1 and calls[0][0] == 3

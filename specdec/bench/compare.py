@@ -13,17 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench.datasets import Prompt
-from specdec.config import GenerationConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
+from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
-from specdec.runner import build_drafter, build_policy
+from specdec.runner import build_drafter, build_policy, lookahead_config
 
-OUR_KINDS = ("plain", "draft", "ngram", "suffix", "tree")  # tree:N = the draft model's dynamic tree of N nodes
+OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree")  # tree:N = the draft model's
+# dynamic tree of N nodes
 HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
 LLAMA_KINDS = {"llama": "plain", "llama-lookup": "lookup"}
 ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
-K_KINDS = ("draft", "ngram", "suffix", "tree", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
+K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
 
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
@@ -109,14 +110,25 @@ class Comparison:
     def __init__(self, target, draft, specs: list[MethodSpec], max_new_tokens: int, capacity: int = 4096,
                  hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None,
                  draft_p_min: float = 0.0, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
-                 datastore: str | None = None):
+                 datastore: str | None = None, lookahead: LookaheadConfig = LookaheadConfig(),
+                 layer_skip=None):
+        """layer_skip: the layer spec (L or a list) for the layer-skip method."""
         self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
         self.max_new_tokens, self.temperature, self.seed, self.tree_depth = max_new_tokens, temperature, seed, tree_depth
-        drafters = {kind: build_drafter("none" if kind == "plain" else kind, target, capacity, draft, NgramConfig(),
-                                        draft_vocab, draft_p_min, suffix=SuffixConfig(datastore=datastore))
-                    for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind != "tree"}}
+        # every engine shares the target's cache (one method runs at a time); layer skip drafts into it too
+        cache = target.module.new_cache(capacity)
+        drafters = {}
+        for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind != "tree"}:
+            if kind == "layer-skip":
+                from specdec.drafters.layer_skip import make_layer_skip
+                if layer_skip is None:
+                    raise SpecdecError("the layer-skip method needs --layer-skip L (or 'auto' after tune-layer-skip)")
+                drafters[kind] = make_layer_skip(target.module, layer_skip, capacity, cache)
+            else:
+                drafters[kind] = build_drafter("none" if kind == "plain" else kind, target, capacity, draft,
+                                               NgramConfig(), draft_vocab, draft_p_min,
+                                               suffix=SuffixConfig(datastore=datastore), lookahead=lookahead)
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
-        cache = None
         for s in specs:
             if s.kind == "tree":  # each tree size its own drafter (and draft cache)
                 drafter = build_drafter("draft", target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min,
@@ -127,7 +139,7 @@ class Comparison:
                 continue
             policy = build_policy(drafter, target, s.k, cost_profile) if s.adaptive else None
             engine = SpeculativeGenerator(target.module, drafter, capacity, policy, cache)
-            self.engines[s.label], cache = engine, engine.cache
+            self.engines[s.label] = engine
 
     def encode(self, messages: list[dict]) -> list[int]:
         tok = self.target.tokenizer
@@ -224,6 +236,16 @@ class Peers:
     notes: list[str] = field(default_factory=list)
 
 
+def bench_layer_spec(args):
+    """--layer-skip for the layer-skip method: L, a layer list, or 'auto' (tune-layer-skip's saved choice)."""
+    from specdec.drafters.layer_skip import load_choice, parse_layer_spec
+    if args.layer_skip is None:
+        raise SpecdecError("the layer-skip method needs --layer-skip L, a layer list, or 'auto' "
+                           "(the choice `specdec tune-layer-skip` saved)")
+    spec = parse_layer_spec(args.layer_skip)
+    return load_choice(args.layer_skip_file, args.model) if spec == "auto" else spec
+
+
 def make_peers(args, target, draft, kinds: set[str]) -> Peers:
     """Load only the peers that still have work (a resumed run may have none)."""
     from specdec.model.loading import model_directory
@@ -282,7 +304,8 @@ def run_comparison(args) -> dict:
         peers = make_peers(args, target, draft, pending)
         comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
                                 args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
-                                args.tree_depth, args.tree_topk, args.datastore)
+                                args.tree_depth, args.tree_topk, args.datastore, lookahead_config(args),
+                                bench_layer_spec(args) if "layer-skip" in pending else None)
         records = comparison.run(prompts, records_path, args.repeats)
     records, complete = complete_prompts(records, prompts, specs, args.repeats)
     if not records:

@@ -192,15 +192,20 @@ class SpeculativeGenerator:
         req.stats.record_choice(k)
         tree = self._propose(req, k)
         t1 = time.perf_counter()
-        if tree.is_chain:  # a drafter may verify from the hidden states it already has (layer skip)
+        # a drafter may bring its own verify forward: from the hidden states it already has (layer skip,
+        # verify_chain) or with extra branches in the same pass (lookahead, verify_tree); a plain step
+        # chosen by the policy (k = 0) is always a plain forward
+        tree_hook = getattr(self.drafter, "verify_tree", None) if k > 0 else None
+        if tree.is_chain and tree_hook is None:
             verify_chain = getattr(self.drafter, "verify_chain", None) or verify
             acc = verify_chain(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
             self.cache.advance(1 + acc.num_accepted)
             path, depth = list(range(acc.num_accepted)), len(tree)
         else:
-            tacc = verify_tree(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
+            tacc = (tree_hook or verify_tree)(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling,
+                                              req.generator)
             acc = Acceptance(len(tacc.path), tacc.next_token)
-            path, depth = tacc.path, int(tree.depth.max())
+            path, depth = tacc.path, int(tree.depth.max()) if len(tree) else 0
         req.stats.draft_seconds += t1 - t0
         req.stats.verify_seconds += time.perf_counter() - t1
         req.stats.record_step(depth, acc.num_accepted, nodes=len(tree))

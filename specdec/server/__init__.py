@@ -55,7 +55,7 @@ def build_scheduler(args, progress=None):
     from specdec.model import load_model
     from specdec.model.loading import resolve_device
     from specdec.policy import AdaptivePolicy, PolicyConfig, parse_schedule
-    from specdec.runner import build_drafter, build_policy, log, tree_config
+    from specdec.runner import build_drafter, build_policy, log, lookahead_config, tree_config
     from specdec.server.memory import GIB, available_bytes, default_budget, plan_memory
     from specdec.server.metrics import ServerMetrics
     from specdec.server.scheduler import Scheduler, k_schedule
@@ -89,7 +89,7 @@ def build_scheduler(args, progress=None):
 
     def drafter_factory():
         return build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
-                             tree, suffix)
+                             tree, suffix, lookahead_config(args))
 
     probe = drafter_factory()  # validates the drafting values before anything large is allocated
     tree_nodes = getattr(probe, "max_tree_nodes", 0)

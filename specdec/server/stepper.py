@@ -15,11 +15,13 @@ unit of work for it:
 `run_round()` steps every active sequence once, in admission order (round robin). Sequences join
 (`add`) and leave (`release`) between rounds, so a request never waits for another to finish.
 
-Where a batched verify goes: `_decode_round` runs one `_step` per decoding sequence. A batched
-engine would replace that loop with: propose for each sequence, one target forward over the
-ragged [last token + draft] rows of every decoding sequence (one cache row per slot), then accept
-and commit per row (specdec.engine.batch.verify_batch is such a forward). Prefill chunks stay
-per-sequence. Nothing outside `_decode_round` needs to change.
+Batched verification: the slots' caches are rows of one batched KV cache (`KVCache.row`).
+`_decode_round` lets each decoding sequence propose its own draft (its own drafter, policy and k),
+then verifies every chain in ONE target forward over the ragged [last token + draft] rows
+(specdec.engine.batch.verify_batch), and accepts, rolls back and commits per row. Sequences whose
+drafter proposes a tree or brings its own verify pass (layer skip, lookahead) take the engine's
+single-sequence `_step` instead. Prefill chunks stay per sequence. With `batched=False` every
+sequence takes `_step` (the reference the batched path is tested against).
 
 Speculation under load: before each round the owner sets `k_limit` (None = no limit, 0 = plain
 steps). Each slot's engine consults it through `LoadPolicy`, which caps the step's k and then asks
@@ -36,11 +38,17 @@ import torch
 
 from specdec.config import GenerationConfig
 from specdec.drafters.base import Drafter, NoDrafter
+from specdec.engine.batch import verify_batch
 from specdec.engine.generate import SpeculativeGenerator, _Request, make_generator
 from specdec.errors import SpecdecError
 from specdec.metrics import GenerationStats
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits, sample
+from specdec.tree import DraftTree
+
+
+def _raise(e: Exception):
+    raise e
 
 
 class LoadPolicy:
@@ -96,7 +104,8 @@ class StepwiseGenerator:
     """A pool of slots (cache + drafter + policy each) stepped one sequence-step at a time."""
 
     def __init__(self, target: Transformer, drafter_factory: Callable[[], Drafter], capacity: int, max_batch: int,
-                 policy_factory: Callable[[], object] | None = None, prefill_chunk: int = 256):
+                 policy_factory: Callable[[], object] | None = None, prefill_chunk: int = 256,
+                 batched: bool = True):
         if max_batch < 1:
             raise SpecdecError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_chunk < 1:
@@ -105,9 +114,12 @@ class StepwiseGenerator:
         self.drafter_factory = drafter_factory
         self.prefill_chunk = prefill_chunk
         self.k_limit: int | None = None
+        self.batched = batched
+        self.cache = target.new_cache(capacity, batch=max_batch)  # row b is slot b's cache
         self.slots = [SpeculativeGenerator(target, drafter_factory(), capacity,
-                                           LoadPolicy(self, policy_factory() if policy_factory else None))
-                      for _ in range(max_batch)]
+                                           LoadPolicy(self, policy_factory() if policy_factory else None),
+                                           cache=self.cache.row(b))
+                      for b in range(max_batch)]
         self.free: list[int] = list(range(max_batch))
         self.active: list[Sequence] = []
         self.speculative = not isinstance(self.slots[0].drafter, NoDrafter)
@@ -177,9 +189,79 @@ class StepwiseGenerator:
         return done
 
     def _decode_round(self, decoding: list[Sequence], on_error, done: list[Sequence]) -> None:
-        """One speculative step per decoding sequence. A batched verify replaces this loop."""
+        """One speculative step per decoding sequence: chains verified together in one forward."""
+        batch: list[tuple[Sequence, int, DraftTree, float]] = []  # (sequence, k, draft, draft seconds)
         for seq in decoding:
-            self._guarded(seq, self.step, on_error, done)
+            engine = seq.engine
+            if not self.batched or self._own_verify(engine.drafter):
+                self._guarded(seq, self.step, on_error, done)
+                continue
+            try:
+                t0 = time.perf_counter()
+                k, draft = self._propose_for(seq)
+            except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
+                self._guarded(seq, lambda s, e=e: _raise(e), on_error, done)
+                continue
+            if not draft.is_chain:  # a tree: verified on its own (its mask is not ragged-batched)
+                self._guarded(seq, lambda s, k=k, d=draft: self._step_with(s, k, d), on_error, done)
+                continue
+            batch.append((seq, k, draft, time.perf_counter() - t0))
+        if not batch:
+            return
+        t1 = time.perf_counter()
+        try:
+            accs = verify_batch(self.target, self.cache, [s.engine.cache.length for s, *_ in batch],
+                                [s.req.tokens[-1] for s, *_ in batch], [d for _, _, d, _ in batch],
+                                [s.req.cfg.sampling for s, *_ in batch], [s.req.generator for s, *_ in batch],
+                                [s.slot for s, *_ in batch])
+        except Exception as e:  # noqa: BLE001 - the batch failed as a whole: each sequence reports it
+            for seq, *_ in batch:
+                self._guarded(seq, lambda s, e=e: _raise(e), on_error, done)
+            return
+        verify_seconds = (time.perf_counter() - t1) / len(batch)  # the shared forward, split alike
+        for (seq, k, draft, draft_seconds), acc in zip(batch, accs):
+            self._guarded(seq, lambda s, k=k, d=draft, a=acc, ds=draft_seconds:
+                          self._commit(s, k, d, a, ds, verify_seconds), on_error, done)
+
+    @staticmethod
+    def _propose_for(seq: Sequence) -> tuple[int, DraftTree]:
+        """This step's k (the slot's load limit and policy) and the slot drafter's proposal."""
+        engine = seq.engine
+        k = engine.policy.choose(k_cap=engine._draft_length(seq.req))
+        return k, engine._propose(seq.req, k)
+
+    @staticmethod
+    def _own_verify(drafter) -> bool:
+        return hasattr(drafter, "verify_chain") or hasattr(drafter, "verify_tree")
+
+    def _step_with(self, seq: Sequence, k: int, tree: DraftTree) -> str | None:
+        """The engine's step for a draft already proposed (trees): verify alone, then commit."""
+        from specdec.engine.generate import verify_tree
+        t1 = time.perf_counter()
+        tacc = verify_tree(self.target, seq.engine.cache, seq.req.tokens[-1], tree, seq.req.cfg.sampling,
+                           seq.req.generator)
+        seq.req.stats.verify_seconds += time.perf_counter() - t1
+        return self._finish_step(seq, k, tree, tacc.path, tacc.next_token, int(tree.depth.max()))
+
+    def _commit(self, seq: Sequence, k: int, draft: DraftTree, acc, draft_seconds: float,
+                verify_seconds: float) -> str | None:
+        seq.engine.cache.advance(1 + acc.num_accepted)  # this row's rollback: its length
+        seq.req.stats.draft_seconds += draft_seconds
+        seq.req.stats.verify_seconds += verify_seconds
+        return self._finish_step(seq, k, draft, list(range(acc.num_accepted)), acc.next_token, len(draft))
+
+    @staticmethod
+    def _finish_step(seq: Sequence, k: int, draft: DraftTree, path: list[int], next_token: int,
+                     depth: int) -> str | None:
+        """What the engine's _step does after verifying: stats, drafter and policy feedback, emit."""
+        stats = seq.req.stats
+        stats.record_choice(k)
+        stats.record_step(depth, len(path), nodes=len(draft))
+        seq.engine.drafter.observe(len(path))
+        seq.engine.policy.observe(depth, len(path))
+        reason = seq.req.emit(draft.tokens[path].tolist() + [next_token])
+        seq.finish_reason = reason
+        return reason
 
     @staticmethod
     def _guarded(seq: Sequence, fn, on_error, done: list[Sequence]) -> None:
