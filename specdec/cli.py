@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--from", dest="sources", nargs="+", required=True,
                        help="text files (one document each) or .jsonl files (a 'text' or 'prompt' per line)")
     build.add_argument("--out", required=True, help="the datastore file to write")
+    load = sub.add_parser("loadtest", help="drive `specdec serve` at concurrency 1..16 with speculation off, on "
+                          "and policy-driven; throughput, latency, TTFT, TPOT, fraction of steps speculating")
+    add_model_flags(load)
+    from specdec.bench.loadtest import add_loadtest_flags
+    add_loadtest_flags(load)
     prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c")
     add_model_flags(prof)
     prof.add_argument("--draft", default=None, help="draft model, to measure c (draft/target step ratio)")
@@ -201,6 +206,12 @@ def cmd_tune_layer_skip(args) -> int:
     if not result["beats_plain"]:
         log("warning: no layer-skip depth beat plain decoding on these prompts; this model's shallow layers "
             "draft poorly (it was not trained for early exit)")
+    return 0
+
+
+def cmd_loadtest(args) -> int:
+    from specdec.bench.loadtest import run_loadtest
+    run_loadtest(args)
     return 0
 
 
@@ -258,7 +269,7 @@ def cmd_generate(args) -> int:
 
 COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench,
             "profile": cmd_profile, "datastore": cmd_datastore, "serve": cmd_serve,
-            "tune-layer-skip": cmd_tune_layer_skip}
+            "tune-layer-skip": cmd_tune_layer_skip, "loadtest": cmd_loadtest}
 
 
 def main(argv: list[str] | None = None) -> int:

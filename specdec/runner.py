@@ -92,8 +92,10 @@ def tree_config(args) -> TreeConfig | None:
     return None
 
 
-def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile: str | None = None):
-    """An AdaptivePolicy for this drafter: costs from a `specdec profile` JSON or measured now."""
+def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile: str | None = None,
+                 max_rows: int = 0):
+    """An AdaptivePolicy for this drafter: costs from a `specdec profile` JSON or measured now
+    (v(n) up to n = max(k_max + 1, max_rows): a server measures up to max_batch (k_max + 1) rows)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, measure_costs
     if isinstance(drafter, NoDrafter):
@@ -107,7 +109,9 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SpecdecError(f"cannot read a `specdec profile` JSON from {cost_profile}: {e}") from None
     else:
-        costs = measure_costs(target.module, model, sizes=sorted({1, 2, 3, 5, 9, k_max + 1}))
+        top = max(k_max + 1, max_rows)
+        sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}
+        costs = measure_costs(target.module, model, sizes=sorted(sizes))
     if isinstance(drafter, LayerSkipDrafter):  # a draft token is a pass through L of the target's layers
         costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "

@@ -164,6 +164,9 @@ def test_bench_k_sweep_repeats_theory_and_plots(tiny_llama_dir, tmp_path, capsys
     assert len(summary["methods"]["plain"]["tokens_per_second_repeats"]["values"]) == 2
     assert all(m["greedy_mismatches"] == [] for k, m in summary["methods"].items() if k != "plain")
     assert set(summary["theory"]) == {"ngram:1", "ngram:3"}
+    costs = summary["step_costs"]
+    assert costs["plain"]["verified_per_step"] == 1.0 and costs["plain"]["verify_vs_plain_step"] == 1.0
+    assert 1.0 <= costs["ngram:3"]["verified_per_step"] <= 4.0 and costs["plain"]["plain_fraction"] == 1.0
     assert "predicted" in capsys.readouterr().out
     for png in ("speedup_by_category.png", "acceptance_by_position.png", "tokens_per_second_vs_k.png"):
         assert (out / png).stat().st_size > 1000

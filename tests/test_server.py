@@ -563,3 +563,24 @@ def test_batched_round_verifies_every_chain_in_one_forward(tiny_target_loaded):
     finally:
         del target.module.forward
     assert len(calls) == 1 and calls[0][0] == 3
+
+
+def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):
+    """Verifying 5 positions costs one step, more costs n steps: alone a sequence drafts 4 tokens;
+    three decoding together draft nothing (3 plain rows beat any 6+ row verify)."""
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
+    target = tiny_target_loaded
+    costs = CostModel({1: 1.0, 5: 1.0, 6: 6.0, 100: 100.0})
+    factory = lambda: build_drafter("ngram", target, CONTEXT)  # noqa: E731
+    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64,
+                                policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4)))
+    alone = stepper.add([1, 2, 3, 1, 2, 3, 1, 2], GenerationConfig(12, 4), set())
+    stepper.run_round()  # prefill
+    stepper.run_round()
+    assert alone.req.stats.k_chosen[-1] == 1 and len(alone.req.stats.k_chosen) == 5  # k = 4
+    others = [stepper.add(p, GenerationConfig(12, 4), set()) for p in ([4, 5, 4, 5, 4, 5], [7, 8, 9, 7, 8])]
+    stepper.run_round()  # the newcomers prefill; the first sequence decodes alone once more
+    stepper.run_round()  # three decode together
+    assert stepper.decode_batch == 3
+    for seq in [alone] + others:
+        assert seq.req.stats.k_chosen[0] >= 1  # the shared round was plain for everyone

@@ -95,7 +95,14 @@ def acceptance_summary(stats: list[dict]) -> dict:
                                                                     "prefill_seconds", "seconds")}
     times["other_seconds"] = round(times["seconds"] - times["draft_seconds"] - times["verify_seconds"]
                                    - times["prefill_seconds"], 4)
+    verified = sum(s.get("verified_nodes", s["drafted"]) for s in stats)
+    width_k = max((len(s.get("k_chosen") or []) for s in stats), default=0)
+    k_hist = [sum((s.get("k_chosen") or [])[i] for s in stats if i < len(s.get("k_chosen") or []))
+              for i in range(width_k)]
     return {"steps": steps, "drafted": drafted, "accepted": accepted, "rejections": rejections,
+            "verified_per_step": round(1 + verified / steps, 3) if steps else 0.0,  # tokens per verify forward
+            "k_histogram": k_hist,  # steps per chosen k (index 0 = plain steps)
+            "plain_fraction": round(k_hist[0] / steps, 3) if steps and k_hist else 0.0,
             "tau": round((steps + accepted) / steps, 3) if steps else 0.0,
             "alpha": round(accepted / drafted, 3) if drafted else 0.0,
             "alpha_iid": round(accepted / (accepted + rejections), 3) if accepted + rejections else 0.0,
@@ -150,6 +157,20 @@ def theory(methods: dict, cost_profile: dict | None = None) -> dict:
     return out
 
 
+def step_costs(methods: dict) -> dict:
+    """Per method: tokens per verify forward, and the verify and draft time of one step in plain steps
+    (measured in this run: seconds per step over plain decoding's seconds per step)."""
+    plain = methods.get("plain")
+    if not plain or not plain.get("steps") or plain["time_split"]["verify_seconds"] <= 0:
+        return {}
+    t1 = plain["time_split"]["verify_seconds"] / plain["steps"]
+    return {label: {"verified_per_step": s["verified_per_step"],
+                    "verify_vs_plain_step": round(s["time_split"]["verify_seconds"] / s["steps"] / t1, 3),
+                    "draft_vs_plain_step": round(s["time_split"]["draft_seconds"] / s["steps"] / t1, 3),
+                    "tau": s["tau"], "plain_fraction": s.get("plain_fraction", 0.0)}
+            for label, s in methods.items() if s.get("steps")}
+
+
 def build_summary(records: list[Record], config: dict, cost_profile: dict | None = None) -> dict:
     failures = [{"prompt_id": r.prompt_id, "method": r.method, "repeat": r.repeat, "error": r.error}
                 for r in records if r.error]
@@ -159,7 +180,7 @@ def build_summary(records: list[Record], config: dict, cost_profile: dict | None
     categories = {c: summarize([r for r in records if r.category == c], greedy)
                   for c in sorted({r.category for r in records})}
     return {"config": config, "failures": failures, "methods": methods, "categories": categories,
-            "theory": theory(methods, cost_profile),
+            "theory": theory(methods, cost_profile), "step_costs": step_costs(methods),
             "theory_by_category": {c: theory(m, cost_profile) for c, m in categories.items()}}
 
 
@@ -199,6 +220,15 @@ def markdown(summary: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
+def step_cost_table(summary: dict) -> str:
+    rows = ["| method | tokens per verify forward | verify step / plain step | draft per step / plain step "
+            "| tau | plain steps |", "|---|---|---|---|---|---|"]
+    for label, s in summary.get("step_costs", {}).items():
+        rows.append(f"| {label} | {s['verified_per_step']:.2f} | {s['verify_vs_plain_step']:.3f} | "
+                    f"{s['draft_vs_plain_step']:.3f} | {s['tau']:.2f} | {100 * s['plain_fraction']:.0f}% |")
+    return "\n".join(rows) + "\n"
+
+
 def theory_table(summary: dict) -> str:
     rows = ["| scope | method | k | alpha (iid) | c | v(k+1) | tau | predicted | measured (decode) | measured (end to end) |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -214,7 +244,8 @@ def theory_table(summary: dict) -> str:
 
 def write_outputs(summary: dict, records: list[Record], out: Path, plots: bool = True) -> None:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(markdown(summary) + "\n## Theory check\n\n" + theory_table(summary))
+    (out / "summary.md").write_text(markdown(summary) + "\n## Theory check\n\n" + theory_table(summary)
+                                    + "\n## Step costs (this run)\n\n" + step_cost_table(summary))
     if plots:
         try:
             make_plots(summary, out)

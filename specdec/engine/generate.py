@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from specdec.config import GenerationConfig, SamplingParams
-from specdec.drafters.base import Drafter, DraftState
+from specdec.drafters.base import Drafter, DraftState, NoDrafter
 from specdec.errors import SpecdecError
 from specdec.metrics import GenerationStats
 from specdec.model.transformer import Transformer
@@ -166,7 +166,9 @@ class SpeculativeGenerator:
         return int(sample(probs_from_logits(logits, sampling), generator))
 
     def _draft_length(self, req: _Request) -> int:
-        """k, capped so drafts never pass the token budget or the context."""
+        """k, capped so drafts never pass the token budget or the context (0 for plain decoding)."""
+        if isinstance(self.drafter, NoDrafter):
+            return 0
         budget = req.cfg.max_new_tokens - req.num_new - 1
         room = self.cache.capacity - self.cache.length - 1
         return max(0, min(req.cfg.k, budget, room))

@@ -103,7 +103,7 @@ def build_scheduler(args, progress=None):
              f"({args.max_batch} slots x {plan.kv_per_slot / GIB:.3f} GiB KV)")
     policy_factory = None
     if args.policy == "adaptive":
-        base = build_policy(probe, target, args.k, args.cost_profile)
+        base = build_policy(probe, target, args.k, args.cost_profile, max_rows=args.max_batch * (args.k + 1))
         if base is not None:
             def policy_factory():
                 return AdaptivePolicy(base.costs, PolicyConfig(k_max=args.k))

@@ -31,6 +31,8 @@ class ServerMetrics:
         self.accepted_at = Counter("specdec_accepted_at_position", "Draft tokens accepted at position i (1-based)",
                                    ["position"], registry=r)
         self.verify_steps = Counter("specdec_verify_steps", "Verify steps (the prefill is not one)", registry=r)
+        self.speculative_steps = Counter("specdec_speculative_steps", "Verify steps that drafted at least one token",
+                                         registry=r)
         self.tau = Gauge("specdec_tau", "Mean tokens per verify step over finished requests (plain = 1)",
                          registry=r)
         self.tpot = Histogram("specdec_time_per_output_token_seconds",
@@ -48,6 +50,7 @@ class ServerMetrics:
         self.drafted.inc(stats.drafted)
         self.accepted.inc(stats.accepted)
         self.verify_steps.inc(stats.steps)
+        self.speculative_steps.inc(stats.steps - (stats.k_chosen[0] if stats.k_chosen else 0))
         for i, (d, a) in enumerate(zip(stats.drafted_at, stats.accepted_at)):
             self.drafted_at.labels(position=str(i + 1)).inc(d)
             self.accepted_at.labels(position=str(i + 1)).inc(a)

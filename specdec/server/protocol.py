@@ -198,6 +198,8 @@ class SpeculativeUsage(BaseModel):
     drafted: int = 0
     accepted: int = 0
     tau: float = 0.0
+    steps: int = 0  # verify steps
+    plain_steps: int = 0  # of those, steps that drafted nothing (speculation off for that step)
 
 
 class Usage(BaseModel):

@@ -429,7 +429,9 @@ class Scheduler:
         usage = {"prompt_tokens": len(h.prompt), "completion_tokens": completion,
                  "total_tokens": len(h.prompt) + completion,
                  "speculative": {"drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
-                                 "tau": round(stats.tau, 4) if stats else 0.0}}
+                                 "tau": round(stats.tau, 4) if stats else 0.0,
+                                 "steps": stats.steps if stats else 0,
+                                 "plain_steps": (stats.k_chosen[0] if stats and stats.k_chosen else 0)}}
         self.metrics.finished.labels(reason=reason).inc()
         if stats is not None:
             self.metrics.record_generation(stats)

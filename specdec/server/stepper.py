@@ -25,7 +25,8 @@ sequence takes `_step` (the reference the batched path is tested against).
 
 Speculation under load: before each round the owner sets `k_limit` (None = no limit, 0 = plain
 steps). Each slot's engine consults it through `LoadPolicy`, which caps the step's k and then asks
-the slot's adaptive policy, if any. Any k keeps the output exact (greedy: plain decoding's tokens).
+the slot's adaptive policy, if any, with the round's batch size (its cost model then weighs
+B k c + v(B (k + 1)) against v(B), and turns drafting off above the critical batch). Any k keeps the output exact (greedy: plain decoding's tokens).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ class LoadPolicy:
         if limit is not None:
             k_cap = limit if k_cap is None else min(k_cap, limit)
         if self.inner is not None:
-            # batch=1: each sequence is verified on its own here, so the single-sequence costs apply.
-            return self.inner.choose(batch=1, k_cap=k_cap)
+            # the batch this step is verified in: every decoding sequence of the round (batched path)
+            return self.inner.choose(batch=self.owner.decode_batch, k_cap=k_cap)
         return k_cap if k_cap is not None else 0
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
@@ -114,6 +115,7 @@ class StepwiseGenerator:
         self.drafter_factory = drafter_factory
         self.prefill_chunk = prefill_chunk
         self.k_limit: int | None = None
+        self.decode_batch = 1  # sequences verified together this round (the policy's batch size)
         self.batched = batched
         self.cache = target.new_cache(capacity, batch=max_batch)  # row b is slot b's cache
         self.slots = [SpeculativeGenerator(target, drafter_factory(), capacity,
@@ -191,6 +193,8 @@ class StepwiseGenerator:
     def _decode_round(self, decoding: list[Sequence], on_error, done: list[Sequence]) -> None:
         """One speculative step per decoding sequence: chains verified together in one forward."""
         batch: list[tuple[Sequence, int, DraftTree, float]] = []  # (sequence, k, draft, draft seconds)
+        self.decode_batch = sum(1 for s in decoding if not self._own_verify(s.engine.drafter)) if self.batched else 1
+        self.decode_batch = max(self.decode_batch, 1)
         for seq in decoding:
             engine = seq.engine
             if not self.batched or self._own_verify(engine.drafter):
