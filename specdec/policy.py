@@ -8,10 +8,19 @@ Cost model (units: one plain decode step of the target = 1):
 Acceptance: beta_i is the probability that draft position i is accepted given that positions
 1..i-1 were, kept per position as an exponential moving average of what each verify step shows
 (positions after the first rejection show nothing). A position not yet seen in this request takes
-the pooled average over all positions, so a chain that always passes is tried longer. A chain of k drafts then emits
+the pooled average over all positions, and a position a step did not reach relaxes toward that
+pooled average, so a chain that always passes is tried longer (an estimate that went low once is not
+frozen because the policy stopped drafting that far). A chain of k drafts then emits
 E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j tokens per step (the i.i.d. case gives (1 - a^(k+1)) / (1 - a))
 for k c + v(k + 1) time. The policy takes the k with the best E(k) / time; k = 0 is plain decoding
-(1 token per 1 time). While plain, it probes now and then with a short draft so it can come back when
+(1 token per 1 time).
+
+Calibration: the offline curve times bare forwards. A real step also pays the draft model's catch-up
+on accepted tokens, sampling, host work and a longer context. When the cost model knows the plain
+step in seconds (`step_seconds`), the engine reports each step's measured seconds and the policy keeps
+rho_spec (measured / predicted seconds of drafting steps) and rho_plain (the same for plain steps)
+as moving averages; predictions are scaled by them, so a drafter that is dearer than the curve says
+loses its steps to plain decoding. While plain, it probes now and then with a short draft so it can come back when
 the text turns predictable; the probe interval doubles after each failed probe (bounded).
 
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
@@ -48,6 +57,7 @@ def interpolate(curve: dict[int, float], n: int) -> float:
 class CostModel:
     verify_cost: dict[int, float]  # n positions -> time relative to one plain step; v(1) = 1
     draft_cost: float = 0.0  # c: one draft token relative to one plain target step
+    step_seconds: float | None = None  # one plain step in seconds, where measured (enables calibration)
 
     def __post_init__(self):
         if not self.verify_cost or 1 not in self.verify_cost:
@@ -65,7 +75,7 @@ class CostModel:
     def from_profile(data: dict, drafter_kind: str = "draft") -> "CostModel":
         curve = {int(n): float(v) for n, v in data["verify_cost"].items()}
         c = float(data.get("draft_cost_ratio") or 0.0) if drafter_kind == "draft" else 0.0
-        return CostModel(curve, c)
+        return CostModel(curve, c, data.get("step_seconds"))
 
 
 def expected_tokens(beta: list[float], k: int) -> float:
@@ -77,11 +87,13 @@ def expected_tokens(beta: list[float], k: int) -> float:
     return total
 
 
-def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1) -> tuple[int, float]:
-    """The k in 0..k_max with the highest predicted tokens per unit time, and that rate (per sequence)."""
-    best, rate = 0, batch / costs.step_time(0, batch)
+def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_spec: float = 1.0,
+           rho_plain: float = 1.0) -> tuple[int, float]:
+    """The k in 0..k_max with the highest predicted tokens per unit time, and that rate (per sequence).
+    rho_spec / rho_plain scale the predicted time of drafting / plain steps (calibration)."""
+    best, rate = 0, batch / (rho_plain * costs.step_time(0, batch))
     for k in range(1, k_max + 1):
-        r = batch * expected_tokens(beta, k) / costs.step_time(k, batch)
+        r = batch * expected_tokens(beta, k) / (rho_spec * costs.step_time(k, batch))
         if r > rate * (1 + 1e-9):
             best, rate = k, r
     return best, rate / batch
@@ -95,6 +107,8 @@ class PolicyConfig:
     probe_k: int = 2  # draft length of a probe while plain
     probe_every: int = 8  # plain steps before the first probe
     probe_every_max: int = 64  # after repeated failed probes
+    relax: float = 0.15  # per step, how far a position the step did not reach moves toward the pooled rate
+    calibrate: bool = True  # scale predicted step times by measured / predicted seconds (needs step_seconds)
     schedule: dict[int, int] | None = None  # fixed {min batch size: k}; overrides the model
 
     def __post_init__(self):
@@ -136,6 +150,8 @@ class AdaptivePolicy:
         self.pooled = self.cfg.prior  # EMA over every observation, any position
         self.plain_run = 0  # plain steps since the last drafted step
         self.interval = self.cfg.probe_every
+        self.rho_spec = 1.0  # measured / predicted seconds of drafting steps (EMA)
+        self.rho_plain = 1.0  # the same for plain steps
 
     @property
     def beta(self) -> list[float]:
@@ -146,7 +162,7 @@ class AdaptivePolicy:
         if self.cfg.schedule:
             sizes = [b for b in self.cfg.schedule if b <= batch]
             return min(self.cfg.schedule[max(sizes)] if sizes else 0, k_cap)
-        k, _ = best_k(self.beta, self.costs, k_cap, batch)
+        k, _ = best_k(self.beta, self.costs, k_cap, batch, self.rho_spec, self.rho_plain)
         if k == 0 and self.plain_run + 1 >= self.interval:
             k = min(self.cfg.probe_k, k_cap)  # a cheap look: has the text turned predictable?
         return k
@@ -157,17 +173,33 @@ class AdaptivePolicy:
             self.plain_run += 1
             return
         d = self.cfg.decay
-        for i in range(min(num_drafted, num_accepted + 1, self.cfg.k_max)):
+        reached = min(num_drafted, num_accepted + 1, self.cfg.k_max)
+        for i in range(reached):
             hit = 1.0 if i < num_accepted else 0.0
             if not self.seen[i]:
                 self.ema[i], self.seen[i] = self.pooled, True
             self.ema[i] = (1 - d) * self.ema[i] + d * hit
             self.pooled = (1 - d) * self.pooled + d * hit
+        for i in range(reached, self.cfg.k_max):  # not reached this step: drift toward the pooled rate
+            self.ema[i] += self.cfg.relax * (self.pooled - self.ema[i])
         was_plain = self.plain_run > 0
         self.plain_run = 0
         if was_plain:  # that was a probe
-            pays = best_k(self.beta, self.costs, self.cfg.k_max)[0] > 0
+            pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_spec, self.rho_plain)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
+
+
+    def observe_time(self, k: int, seconds: float, batch: int = 1) -> None:
+        """A step's measured seconds (this sequence's share of a batched step): calibrates rho."""
+        if not self.cfg.calibrate or not self.costs.step_seconds or seconds <= 0:
+            return
+        predicted = self.costs.step_seconds * self.costs.step_time(k, batch) / batch
+        ratio = min(max(seconds / predicted, 0.25), 8.0)  # one outlier step (a GC pause) must not flip it
+        d = self.cfg.decay
+        if k == 0:
+            self.rho_plain = (1 - d) * self.rho_plain + d * ratio
+        else:
+            self.rho_spec = (1 - d) * self.rho_spec + d * ratio
 
 
 @torch.inference_mode()
@@ -194,7 +226,7 @@ def measure_costs(target, draft=None, sizes=(1, 2, 3, 5, 9), context: int = 256,
     t1 = step_seconds(target, 1)
     curve = {n: (1.0 if n == 1 else step_seconds(target, n) / t1) for n in sizes}
     c = step_seconds(draft, 1) / t1 if draft is not None else 0.0
-    return CostModel(curve, c)
+    return CostModel(curve, c, t1)
 
 
 def sync(device: torch.device) -> None:

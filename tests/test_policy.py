@@ -102,6 +102,35 @@ def test_policy_comes_back_when_the_text_turns_predictable():
     assert policy.choose() == 6
 
 
+def test_a_position_that_failed_once_is_tried_again_when_drafts_keep_passing():
+    """One rejection at position 2 must not freeze the policy at k = 1 while k = 1 always passes."""
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.95))
+    k = policy.choose()
+    assert k >= 2
+    policy.observe(k, 1)  # position 2 rejected
+    ks = []
+    for _ in range(40):
+        k = policy.choose()
+        policy.observe(k, k)  # from now on every draft passes
+        ks.append(k)
+    assert ks[-1] == 8
+
+
+def test_calibration_turns_a_drafter_dearer_than_the_curve_to_plain():
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=4))
+    beta = [0.7] * 4
+    policy.ema, policy.seen = list(beta), [True] * 4
+    k = policy.choose()
+    assert k > 0  # the curve alone says drafting pays at 0.7
+    for _ in range(10):  # but every drafting step really takes 3x its predicted time
+        policy.observe_time(k, 3 * 0.1 * costs.step_time(k))
+    assert policy.rho_spec > 2.5 and policy.choose() == 0
+    uncalibrated = AdaptivePolicy(CostModel(CPU.verify_cost, CPU.draft_cost), PolicyConfig(k_max=4))
+    uncalibrated.observe_time(2, 10.0)  # no step_seconds: nothing to calibrate against
+    assert uncalibrated.rho_spec == 1.0
+
+
 def test_bad_policy_config_is_refused():
     for kwargs in ({"k_max": 0}, {"prior": 1.5}, {"decay": 0.0}, {"probe_every": 10, "probe_every_max": 5}):
         with pytest.raises(SpecdecError):

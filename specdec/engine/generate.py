@@ -214,4 +214,7 @@ class SpeculativeGenerator:
         self.drafter.observe(acc.num_accepted)
         if self.policy is not None:
             self.policy.observe(depth, acc.num_accepted)
+            observe_time = getattr(self.policy, "observe_time", None)
+            if observe_time is not None:
+                observe_time(k, time.perf_counter() - t0)
         return req.emit(tree.tokens[path].tolist() + [acc.next_token])
