@@ -152,6 +152,7 @@ class AdaptivePolicy:
         self.interval = self.cfg.probe_every
         self.rho_spec = 1.0  # measured / predicted seconds of drafting steps (EMA)
         self.rho_plain = 1.0  # the same for plain steps
+        self.probed = False  # the last drafting step came right after plain steps
 
     @property
     def beta(self) -> list[float]:
@@ -183,6 +184,7 @@ class AdaptivePolicy:
         for i in range(reached, self.cfg.k_max):  # not reached this step: drift toward the pooled rate
             self.ema[i] += self.cfg.relax * (self.pooled - self.ema[i])
         was_plain = self.plain_run > 0
+        self.probed = was_plain
         self.plain_run = 0
         if was_plain:  # that was a probe
             pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_spec, self.rho_plain)[0] > 0
@@ -193,8 +195,10 @@ class AdaptivePolicy:
         """A step's measured seconds (this sequence's share of a batched step): calibrates rho."""
         if not self.cfg.calibrate or not self.costs.step_seconds or seconds <= 0:
             return
+        if k > 0 and self.probed:  # a probe also pays the drafter's catch-up on the plain steps' tokens
+            return
         predicted = self.costs.step_seconds * self.costs.step_time(k, batch) / batch
-        ratio = min(max(seconds / predicted, 0.25), 8.0)  # one outlier step (a GC pause) must not flip it
+        ratio = min(max(seconds / predicted, 0.25), 4.0)  # one outlier step (a GC pause) must not flip it
         d = self.cfg.decay
         if k == 0:
             self.rho_plain = (1 - d) * self.rho_plain + d * ratio
@@ -224,7 +228,9 @@ def measure_costs(target, draft=None, sizes=(1, 2, 3, 5, 9), context: int = 256,
         return sorted(times[1:])[len(times[1:]) // 2]
 
     t1 = step_seconds(target, 1)
-    curve = {n: (1.0 if n == 1 else step_seconds(target, n) / t1) for n in sizes}
+    curve, floor = {}, 1.0
+    for n in sorted(sizes):  # more positions never cost less: timing noise must not make v(n) dip
+        floor = curve[n] = 1.0 if n == 1 else max(floor, step_seconds(target, n) / t1)
     c = step_seconds(draft, 1) / t1 if draft is not None else 0.0
     return CostModel(curve, c, t1)
 

@@ -49,9 +49,16 @@ class DraftModelDrafter:
         self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
 
     def start(self, prompt: list[int]) -> None:
+        """Prefill all but the prompt's last token now (part of the request's prefill), so the first
+        proposal feeds two tokens like every other one and step times stay comparable."""
         self.cache.reset()
         self.cached = []
         self.committed = 0
+        head = prompt[:-1]
+        if head and len(head) < self.cache.capacity:
+            self.model(torch.tensor([head], device=self.cache.k.device), self.cache, 0, last_only=True)
+            self.cache.advance(len(head))
+            self.cached, self.committed = list(head), len(head)
 
     def propose(self, state: DraftState) -> DraftTree:
         if state.k < 1:

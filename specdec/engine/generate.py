@@ -144,9 +144,9 @@ class SpeculativeGenerator:
         req = _Request(list(prompt), len(prompt), cfg, set(eos_ids),
                        make_generator(cfg.sampling.seed, self.cache.k.device), GenerationStats(), on_tokens)
         first = self._prefill(prompt, cfg.sampling, req.generator)
+        self.drafter.start(prompt)  # a draft model prefills here: part of the request's prefill time
         req.stats.prefill_seconds = time.perf_counter() - t_start
         reason = req.emit([first])
-        self.drafter.start(prompt)
         if self.policy is not None:
             self.policy.reset()
         while reason is None:

@@ -300,8 +300,8 @@ class StepwiseGenerator:
         sampling = req.cfg.sampling
         first = int(logits.argmax()) if sampling.greedy else int(sample(probs_from_logits(logits, sampling),
                                                                         req.generator))
+        seq.engine.drafter.start(req.tokens[:req.prompt_len])
         req.stats.prefill_seconds += time.perf_counter() - t0
         reason = req.emit([first])
-        seq.engine.drafter.start(req.tokens[:req.prompt_len])
         seq.engine.policy.reset()
         return reason
