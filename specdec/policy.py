@@ -15,12 +15,15 @@ E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j tokens per step (the i.i.d. case gives 
 for k c + v(k + 1) time. The policy takes the k with the best E(k) / time; k = 0 is plain decoding
 (1 token per 1 time).
 
-Calibration: the offline curve times bare forwards. A real step also pays the draft model's catch-up
-on accepted tokens, sampling, host work and a longer context. When the cost model knows the plain
-step in seconds (`step_seconds`), the engine reports each step's measured seconds and the policy keeps
-rho_spec (measured / predicted seconds of drafting steps) and rho_plain (the same for plain steps)
-as moving averages; predictions are scaled by them, so a drafter that is dearer than the curve says
-loses its steps to plain decoding. While plain, it probes now and then with a short draft so it can come back when
+Calibration: the offline curve times bare forwards at one context length. A real step also pays a
+longer context, the draft model's catch-up on accepted tokens, sampling and host work. When the cost
+model knows the plain step in seconds (`step_seconds`, t1), the engine reports each step's measured
+draft and verify seconds, and the policy keeps two moving averages in t1 units: rho_v, measured over
+predicted verify seconds (every step, plain ones included, so plain and drafting steps are scaled
+alike), and c_eff, the measured draft seconds per draft token (drafting steps that follow a drafting
+step; a probe also pays the catch-up on the plain steps' tokens). A step of k then costs
+rho_v v(k + 1) + k c_eff against rho_v for plain, so a drafter dearer than the curve says loses its
+steps to plain decoding, and a longer context alone does not. While plain, it probes now and then with a short draft so it can come back when
 the text turns predictable; the probe interval doubles after each failed probe (bounded).
 
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
@@ -87,13 +90,14 @@ def expected_tokens(beta: list[float], k: int) -> float:
     return total
 
 
-def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_spec: float = 1.0,
-           rho_plain: float = 1.0) -> tuple[int, float]:
+def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_v: float = 1.0,
+           draft_cost: float | None = None) -> tuple[int, float]:
     """The k in 0..k_max with the highest predicted tokens per unit time, and that rate (per sequence).
-    rho_spec / rho_plain scale the predicted time of drafting / plain steps (calibration)."""
-    best, rate = 0, batch / (rho_plain * costs.step_time(0, batch))
+    Calibration: rho_v scales every verify forward, draft_cost replaces c (both in plain-step units)."""
+    c = costs.draft_cost if draft_cost is None else draft_cost
+    best, rate = 0, batch / (rho_v * costs.v(batch))
     for k in range(1, k_max + 1):
-        r = batch * expected_tokens(beta, k) / (rho_spec * costs.step_time(k, batch))
+        r = batch * expected_tokens(beta, k) / (rho_v * costs.v(batch * (k + 1)) + batch * k * c)
         if r > rate * (1 + 1e-9):
             best, rate = k, r
     return best, rate / batch
@@ -150,8 +154,8 @@ class AdaptivePolicy:
         self.pooled = self.cfg.prior  # EMA over every observation, any position
         self.plain_run = 0  # plain steps since the last drafted step
         self.interval = self.cfg.probe_every
-        self.rho_spec = 1.0  # measured / predicted seconds of drafting steps (EMA)
-        self.rho_plain = 1.0  # the same for plain steps
+        self.rho_v = 1.0  # measured / predicted seconds of verify forwards (EMA)
+        self.draft_cost = self.costs.draft_cost  # c_eff: measured draft seconds per draft token / t1 (EMA)
         self.probed = False  # the last drafting step came right after plain steps
 
     @property
@@ -163,7 +167,7 @@ class AdaptivePolicy:
         if self.cfg.schedule:
             sizes = [b for b in self.cfg.schedule if b <= batch]
             return min(self.cfg.schedule[max(sizes)] if sizes else 0, k_cap)
-        k, _ = best_k(self.beta, self.costs, k_cap, batch, self.rho_spec, self.rho_plain)
+        k, _ = best_k(self.beta, self.costs, k_cap, batch, self.rho_v, self.draft_cost)
         if k == 0 and self.plain_run + 1 >= self.interval:
             k = min(self.cfg.probe_k, k_cap)  # a cheap look: has the text turned predictable?
         return k
@@ -187,23 +191,23 @@ class AdaptivePolicy:
         self.probed = was_plain
         self.plain_run = 0
         if was_plain:  # that was a probe
-            pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_spec, self.rho_plain)[0] > 0
+            pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 
 
-    def observe_time(self, k: int, seconds: float, batch: int = 1) -> None:
-        """A step's measured seconds (this sequence's share of a batched step): calibrates rho."""
-        if not self.cfg.calibrate or not self.costs.step_seconds or seconds <= 0:
+    def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1) -> None:
+        """A step's measured draft and verify seconds (this sequence's share of a batched verify);
+        draft_seconds None = not measured. Calibrates rho_v and c_eff."""
+        t1 = self.costs.step_seconds
+        if not self.cfg.calibrate or not t1 or verify_seconds <= 0:
             return
-        if k > 0 and self.probed:  # a probe also pays the drafter's catch-up on the plain steps' tokens
-            return
-        predicted = self.costs.step_seconds * self.costs.step_time(k, batch) / batch
-        ratio = min(max(seconds / predicted, 0.25), 4.0)  # one outlier step (a GC pause) must not flip it
         d = self.cfg.decay
-        if k == 0:
-            self.rho_plain = (1 - d) * self.rho_plain + d * ratio
-        else:
-            self.rho_spec = (1 - d) * self.rho_spec + d * ratio
+        predicted = t1 * self.costs.v(batch * (k + 1)) / batch
+        ratio = min(max(verify_seconds / predicted, 0.25), 4.0)  # one outlier (a GC pause) must not flip it
+        self.rho_v = (1 - d) * self.rho_v + d * ratio
+        if k > 0 and draft_seconds is not None and not self.probed:
+            c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
+            self.draft_cost = (1 - d) * self.draft_cost + d * c
 
 
 @torch.inference_mode()

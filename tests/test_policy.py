@@ -123,12 +123,20 @@ def test_calibration_turns_a_drafter_dearer_than_the_curve_to_plain():
     policy.ema, policy.seen = list(beta), [True] * 4
     k = policy.choose()
     assert k > 0  # the curve alone says drafting pays at 0.7
-    for _ in range(10):  # but every drafting step really takes 3x its predicted time
-        policy.observe_time(k, 3 * 0.1 * costs.step_time(k))
-    assert policy.rho_spec > 2.5 and policy.choose() == 0
+    for _ in range(10):  # but drafting really takes 3x the draft cost the curve gave
+        policy.observe_time(k, 3 * 0.1 * k * costs.draft_cost, 0.1 * costs.v(k + 1))
+    assert policy.draft_cost == pytest.approx(3 * costs.draft_cost, rel=0.1) and policy.rho_v == pytest.approx(1.0)
+    assert policy.choose() == 0
+    # a longer context slows every forward alike: plain and drafting keep their relative costs
+    slow = AdaptivePolicy(costs, PolicyConfig(k_max=4))
+    slow.ema, slow.seen = list(beta), [True] * 4
+    for _ in range(10):
+        slow.observe_time(k, 0.1 * k * costs.draft_cost, 2 * 0.1 * costs.v(k + 1))
+        slow.observe_time(0, None, 2 * 0.1)
+    assert slow.rho_v == pytest.approx(2.0, rel=0.05) and slow.choose() > 0
     uncalibrated = AdaptivePolicy(CostModel(CPU.verify_cost, CPU.draft_cost), PolicyConfig(k_max=4))
-    uncalibrated.observe_time(2, 10.0)  # no step_seconds: nothing to calibrate against
-    assert uncalibrated.rho_spec == 1.0
+    uncalibrated.observe_time(2, 10.0, 10.0)  # no step_seconds: nothing to calibrate against
+    assert uncalibrated.rho_v == 1.0 and uncalibrated.draft_cost == CPU.draft_cost
 
 
 def test_bad_policy_config_is_refused():

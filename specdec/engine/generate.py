@@ -216,5 +216,5 @@ class SpeculativeGenerator:
             self.policy.observe(depth, acc.num_accepted)
             observe_time = getattr(self.policy, "observe_time", None)
             if observe_time is not None:
-                observe_time(k, time.perf_counter() - t0)
+                observe_time(k, t1 - t0, time.perf_counter() - t1)
         return req.emit(tree.tokens[path].tolist() + [acc.next_token])

@@ -74,9 +74,9 @@ class LoadPolicy:
         if self.inner is not None:
             self.inner.observe(num_drafted, num_accepted)
 
-    def observe_time(self, k: int, seconds: float) -> None:
+    def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float) -> None:
         if self.inner is not None and hasattr(self.inner, "observe_time"):
-            self.inner.observe_time(k, seconds, self.owner.decode_batch)
+            self.inner.observe_time(k, draft_seconds, verify_seconds, self.owner.decode_batch)
 
     def reset(self) -> None:
         if self.inner is not None:
@@ -250,7 +250,7 @@ class StepwiseGenerator:
                            seq.req.generator)
         seq.req.stats.verify_seconds += time.perf_counter() - t1
         return self._finish_step(seq, k, tree, tacc.path, tacc.next_token, int(tree.depth.max()),
-                                 time.perf_counter() - t1)
+                                 None, time.perf_counter() - t1)
 
     def _commit(self, seq: Sequence, k: int, draft: DraftTree, acc, draft_seconds: float,
                 verify_seconds: float) -> str | None:
@@ -258,18 +258,18 @@ class StepwiseGenerator:
         seq.req.stats.draft_seconds += draft_seconds
         seq.req.stats.verify_seconds += verify_seconds
         return self._finish_step(seq, k, draft, list(range(acc.num_accepted)), acc.next_token, len(draft),
-                                 draft_seconds + verify_seconds)
+                                 draft_seconds, verify_seconds)
 
     @staticmethod
     def _finish_step(seq: Sequence, k: int, draft: DraftTree, path: list[int], next_token: int,
-                     depth: int, stats_seconds: float) -> str | None:
+                     depth: int, draft_seconds: float | None, verify_seconds: float) -> str | None:
         """What the engine's _step does after verifying: stats, drafter and policy feedback, emit."""
         stats = seq.req.stats
         stats.record_choice(k)
         stats.record_step(depth, len(path), nodes=len(draft))
         seq.engine.drafter.observe(len(path))
         seq.engine.policy.observe(depth, len(path))
-        seq.engine.policy.observe_time(k, stats_seconds)
+        seq.engine.policy.observe_time(k, draft_seconds, verify_seconds)
         reason = seq.req.emit(draft.tokens[path].tolist() + [next_token])
         seq.finish_reason = reason
         return reason
