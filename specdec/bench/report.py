@@ -128,14 +128,21 @@ def read_cost_profile(path: str) -> dict:
         raise SpecdecError(f"cannot read a `specdec profile` JSON from {path}: {e}") from None
 
 
+def plain_step_seconds(methods: dict) -> float | None:
+    """Seconds of one plain decode step in this run, or None when plain decoding was too short to time."""
+    plain = methods.get("plain")
+    if not plain or not plain.get("steps") or not plain.get("decode_tokens_per_second"):
+        return None
+    t1 = plain["time_split"]["verify_seconds"] / plain["steps"]
+    return t1 if t1 > 0 else None
+
+
 def theory(methods: dict, cost_profile: dict | None = None) -> dict:
     """Predicted vs measured speedup for each of our speculative methods."""
-    plain = methods.get("plain")
-    if not plain or not plain.get("steps"):
-        return {}
-    t1 = plain["time_split"]["verify_seconds"] / plain["steps"]  # one plain decode step
-    if t1 <= 0 or not plain.get("decode_tokens_per_second"):
+    t1 = plain_step_seconds(methods)
+    if t1 is None:
         return {}  # too little plain decoding timed to turn seconds into step costs
+    plain = methods["plain"]
     out = {}
     for label, s in methods.items():
         if s["kind"] not in ("draft", "ngram", "suffix") or not s.get("steps") or s.get("adaptive"):
@@ -160,10 +167,9 @@ def theory(methods: dict, cost_profile: dict | None = None) -> dict:
 def step_costs(methods: dict) -> dict:
     """Per method: tokens per verify forward, and the verify and draft time of one step in plain steps
     (measured in this run: seconds per step over plain decoding's seconds per step)."""
-    plain = methods.get("plain")
-    if not plain or not plain.get("steps") or plain["time_split"]["verify_seconds"] <= 0:
+    t1 = plain_step_seconds(methods)
+    if t1 is None:
         return {}
-    t1 = plain["time_split"]["verify_seconds"] / plain["steps"]
     return {label: {"verified_per_step": s["verified_per_step"],
                     "verify_vs_plain_step": round(s["time_split"]["verify_seconds"] / s["steps"] / t1, 3),
                     "draft_vs_plain_step": round(s["time_split"]["draft_seconds"] / s["steps"] / t1, 3),

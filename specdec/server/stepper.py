@@ -48,9 +48,6 @@ from specdec.sampling.logits import probs_from_logits, sample
 from specdec.tree import DraftTree
 
 
-def _raise(e: Exception):
-    raise e
-
 
 class LoadPolicy:
     """A slot's policy: caps each step's k at the owner's current `k_limit`, then defers to `inner`
@@ -208,7 +205,7 @@ class StepwiseGenerator:
                 t0 = time.perf_counter()
                 k, draft = self._propose_for(seq)
             except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
-                self._guarded(seq, lambda s, e=e: _raise(e), on_error, done)
+                self._fail(seq, e, on_error, done)
                 continue
             if not draft.is_chain:  # a tree: verified on its own (its mask is not ragged-batched)
                 self._guarded(seq, lambda s, k=k, d=draft: self._step_with(s, k, d), on_error, done)
@@ -224,7 +221,7 @@ class StepwiseGenerator:
                                 [s.slot for s, *_ in batch])
         except Exception as e:  # noqa: BLE001 - the batch failed as a whole: each sequence reports it
             for seq, *_ in batch:
-                self._guarded(seq, lambda s, e=e: _raise(e), on_error, done)
+                self._fail(seq, e, on_error, done)
             return
         verify_seconds = (time.perf_counter() - t1) / len(batch)  # the shared forward, split alike
         for (seq, k, draft, draft_seconds), acc in zip(batch, accs):
@@ -280,10 +277,14 @@ class StepwiseGenerator:
             if fn(seq) is not None:
                 done.append(seq)
         except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
-            seq.finish_reason = "error"
-            if on_error is not None:
-                on_error(seq, e)
-            done.append(seq)
+            StepwiseGenerator._fail(seq, e, on_error, done)
+
+    @staticmethod
+    def _fail(seq: Sequence, e: Exception, on_error, done: list[Sequence]) -> None:
+        seq.finish_reason = "error"
+        if on_error is not None:
+            on_error(seq, e)
+        done.append(seq)
 
     def _prefill_chunk(self, seq: Sequence) -> str | None:
         """Feed the next chunk of the prompt; after the last one, emit the first token as the engine does."""
