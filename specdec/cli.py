@@ -42,7 +42,9 @@ def add_lookahead_flags(p: argparse.ArgumentParser, with_switch: bool) -> None:
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
-    p.add_argument("--ngram", action="store_true", help="draft by n-gram prompt lookup instead of a model")
+    p.add_argument("--ngram", action="store_true",
+                   help="draft by n-gram prompt lookup instead of a model; with --draft MODEL: both (hybrid: "
+                        "lookup when the last 3 tokens occurred before, the model otherwise)")
     p.add_argument("--ngram-max", type=integer, default=3, help="largest n-gram to match")
     p.add_argument("--ngram-min", type=integer, default=1, help="smallest n-gram to match")
     p.add_argument("--suffix", action="store_true",
@@ -100,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Runs every method on every prompt, interleaved prompt by prompt, and "
                                        "writes records.jsonl, summary.json, summary.md and PNG plots to --out.")
     add_model_flags(bench)
-    bench.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the 'draft' and 'hf-assisted' methods")
+    bench.add_argument("--draft", default=DEFAULT_DRAFT,
+                       help="draft model for the 'draft', 'tree', 'hybrid' and 'hf-assisted' methods")
     bench.add_argument("--methods", default="plain,draft,ngram,hf",
-                       help="comma list from plain, draft, ngram, suffix, lookahead, layer-skip, tree (ours; tree:N "
-                            "is the draft model's dynamic token tree of N nodes), hf, hf-assisted, hf-lookup "
+                       help="comma list from plain, draft, ngram, suffix, lookahead, layer-skip, tree, hybrid (ours; "
+                            "tree:N is the draft model's dynamic token tree of N nodes; hybrid is the draft model "
+                            "plus prompt lookup), hf, hf-assisted, hf-lookup "
                             "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
                             "a drafting method may pin its k, e.g. draft:8")
     bench.add_argument("--dataset", default=None,
@@ -261,7 +265,7 @@ def cmd_generate(args) -> int:
     result = runner.generate(args.prompt, chat=args.chat, on_tokens=on_tokens)
     if args.json:
         text = runner.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
-        print(json.dumps({"text": text, "stats": result.stats.summary()}))
+        print(json.dumps({"text": text, "method": runner.method, "stats": result.stats.summary()}))
     else:
         print(f"\n[{runner.method}] {result.stats.line()}", file=sys.stderr)
     return 0

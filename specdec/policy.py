@@ -6,11 +6,16 @@ Cost model (units: one plain decode step of the target = 1):
 - one draft token costs c (the draft model's step over the target's; about 0 for lookup drafters).
 
 Acceptance: beta_i is the probability that draft position i is accepted given that positions
-1..i-1 were, kept per position as an exponential moving average of what each verify step shows
-(positions after the first rejection show nothing). A position not yet seen in this request takes
-the pooled average over all positions, and a position a step did not reach relaxes toward that
-pooled average, so a chain that always passes is tried longer (an estimate that went low once is not
-frozen because the policy stopped drafting that far). A chain of k drafts then emits
+1..i-1 were. Each position keeps discounted counts of what the verify steps showed (hits and trials,
+both multiplied by 1 - decay before each new observation, so about 1/decay recent observations
+count; positions after the first rejection show nothing), and beta_i is their Beta-posterior mean
+with the pooled rate of this request as its prior: (hits_i + w pooled) / (trials_i + w). The pooled
+rate is the same estimate over all positions, with the prior carried from earlier requests of this
+policy (a server slot or a bench method sees similar traffic) as its own prior. A position a step
+did not reach loses its counts at rate `relax` and so drifts back toward the pooled rate: an
+estimate that went low once is not frozen because the policy stopped drafting that far. One
+rejection moves a well-observed position only a little, so k does not oscillate on text the drafter
+knows well. A chain of k drafts then emits
 E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j tokens per step (the i.i.d. case gives (1 - a^(k+1)) / (1 - a))
 for k c + v(k + 1) time. The policy takes the k with the best E(k) / time; k = 0 is plain decoding
 (1 token per 1 time).
@@ -23,8 +28,14 @@ predicted verify seconds (every step, plain ones included, so plain and drafting
 alike), and c_eff, the measured draft seconds per draft token (drafting steps that follow a drafting
 step; a probe also pays the catch-up on the plain steps' tokens). A step of k then costs
 rho_v v(k + 1) + k c_eff against rho_v for plain, so a drafter dearer than the curve says loses its
-steps to plain decoding, and a longer context alone does not. While plain, it probes now and then with a short draft so it can come back when
-the text turns predictable; the probe interval doubles after each failed probe (bounded).
+steps to plain decoding, and a longer context alone does not. The calibration carries over to the
+next request. While plain, it probes now and then with a short draft so it can come back when the
+text turns predictable; the probe interval doubles after each failed probe (bounded).
+
+Admission: a draft model must prefill the prompt before its first proposal (prefill_cost per prompt
+token, in plain steps). A request whose draft prefill would cost more than the predicted saving
+over max_new_tokens (or, when no saving is predicted, more than a small learning allowance) runs
+plain, without the draft's prefill: on a long prompt with a short answer the drafter cannot win it back.
 
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
 rows, so plain costs v(B) for B tokens and a chain costs B k c + v(B (k + 1)) for B E(k) tokens;
@@ -61,12 +72,14 @@ class CostModel:
     verify_cost: dict[int, float]  # n positions -> time relative to one plain step; v(1) = 1
     draft_cost: float = 0.0  # c: one draft token relative to one plain target step
     step_seconds: float | None = None  # one plain step in seconds, where measured (enables calibration)
+    prefill_cost: float = 0.0  # the drafter's prefill per prompt token, relative to one plain step
 
     def __post_init__(self):
         if not self.verify_cost or 1 not in self.verify_cost:
             raise SpecdecError("a cost model needs v(1) among its verify costs")
-        if any(n < 1 or v <= 0 for n, v in self.verify_cost.items()) or self.draft_cost < 0:
-            raise SpecdecError(f"costs must be positive: v={self.verify_cost}, c={self.draft_cost}")
+        if any(n < 1 or v <= 0 for n, v in self.verify_cost.items()) or self.draft_cost < 0 or self.prefill_cost < 0:
+            raise SpecdecError(f"costs must be positive: v={self.verify_cost}, c={self.draft_cost}, "
+                               f"prefill {self.prefill_cost}")
 
     def v(self, n: int) -> float:
         return interpolate(self.verify_cost, n)
@@ -77,8 +90,10 @@ class CostModel:
     @staticmethod
     def from_profile(data: dict, drafter_kind: str = "draft") -> "CostModel":
         curve = {int(n): float(v) for n, v in data["verify_cost"].items()}
-        c = float(data.get("draft_cost_ratio") or 0.0) if drafter_kind == "draft" else 0.0
-        return CostModel(curve, c, data.get("step_seconds"))
+        draft = drafter_kind == "draft"
+        c = float(data.get("draft_cost_ratio") or 0.0) if draft else 0.0
+        prefill = float(data.get("draft_prefill_cost") or 0.0) if draft else 0.0
+        return CostModel(curve, c, data.get("step_seconds"), prefill)
 
 
 def expected_tokens(beta: list[float], k: int) -> float:
@@ -106,13 +121,17 @@ def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_
 @dataclass
 class PolicyConfig:
     k_max: int = 8
-    prior: float = 0.6  # beta_i before anything is seen
-    decay: float = 0.3  # EMA weight of the newest observation
+    prior: float = 0.6  # acceptance before anything is seen (a policy's first request)
+    prior_weight: float = 2.0  # w: the prior's weight, in observations
+    decay: float = 0.15  # per observation, the share of weight old observations lose
+    memory: float = 0.5  # per request, how far the next request's prior moves to this request's pooled rate
+    learn_budget: float = 0.05  # admission: draft prefill allowed with no predicted saving, x max_new_tokens
     probe_k: int = 2  # draft length of a probe while plain
     probe_every: int = 8  # plain steps before the first probe
     probe_every_max: int = 64  # after repeated failed probes
     relax: float = 0.15  # per step, how far a position the step did not reach moves toward the pooled rate
     calibrate: bool = True  # scale predicted step times by measured / predicted seconds (needs step_seconds)
+    calibration_decay: float = 0.3  # EMA weight of the newest step in rho_v and c_eff
     schedule: dict[int, int] | None = None  # fixed {min batch size: k}; overrides the model
 
     def __post_init__(self):
@@ -120,6 +139,9 @@ class PolicyConfig:
             raise SpecdecError(f"k_max must be >= 1, got {self.k_max}")
         if not 0.0 <= self.prior <= 1.0 or not 0.0 < self.decay <= 1.0:
             raise SpecdecError(f"prior must be in [0, 1] and decay in (0, 1], got {self.prior}, {self.decay}")
+        if self.prior_weight <= 0 or not 0.0 <= self.memory <= 1.0 or self.learn_budget < 0:
+            raise SpecdecError(f"need prior_weight > 0, memory in [0, 1] and learn_budget >= 0, got "
+                               f"{self.prior_weight}, {self.memory}, {self.learn_budget}")
         if self.probe_every < 1 or self.probe_every_max < self.probe_every:
             raise SpecdecError("need 1 <= probe_every <= probe_every_max")
 
@@ -146,21 +168,49 @@ class AdaptivePolicy:
     cfg: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self):
+        self.prior = self.cfg.prior  # the pooled rate's prior; moves toward each request's outcome
+        self.rho_v = 1.0  # measured / predicted seconds of verify forwards (EMA; kept across requests)
+        self.draft_cost = self.costs.draft_cost  # c_eff: measured draft seconds per draft token / t1 (EMA)
+        self.hits = [0.0] * self.cfg.k_max  # discounted accepted observations per position
+        self.trials = [0.0] * self.cfg.k_max  # discounted observations per position
+        self.pool_hits = self.pool_trials = 0.0  # the same over all positions
         self.reset()
 
     def reset(self) -> None:
-        self.ema = [self.cfg.prior] * self.cfg.k_max
-        self.seen = [False] * self.cfg.k_max
-        self.pooled = self.cfg.prior  # EMA over every observation, any position
+        """A new request: this request's acceptance moves the prior, then the counts start afresh."""
+        if self.pool_trials > 0:
+            self.prior += self.cfg.memory * (self.pooled - self.prior)
+        self.hits = [0.0] * self.cfg.k_max
+        self.trials = [0.0] * self.cfg.k_max
+        self.pool_hits = self.pool_trials = 0.0
         self.plain_run = 0  # plain steps since the last drafted step
         self.interval = self.cfg.probe_every
-        self.rho_v = 1.0  # measured / predicted seconds of verify forwards (EMA)
-        self.draft_cost = self.costs.draft_cost  # c_eff: measured draft seconds per draft token / t1 (EMA)
         self.probed = False  # the last drafting step came right after plain steps
 
     @property
+    def pooled(self) -> float:
+        w = self.cfg.prior_weight
+        return (self.pool_hits + w * self.prior) / (self.pool_trials + w)
+
+    @property
     def beta(self) -> list[float]:
-        return [e if seen else self.pooled for e, seen in zip(self.ema, self.seen)]
+        w, pooled = self.cfg.prior_weight, self.pooled
+        return [(h + w * pooled) / (n + w) for h, n in zip(self.hits, self.trials)]
+
+    def assume(self, beta: list[float], weight: float = 1000.0) -> None:
+        """Set the per-position estimates as if `weight` observations had shown `beta` (tests, warm starts)."""
+        for i, b in enumerate(beta[: self.cfg.k_max]):
+            self.hits[i], self.trials[i] = b * weight, weight
+
+    def admit(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """Whether this request should use the drafter at all: its prefill of the prompt must cost less
+        than the saving predicted over max_new_tokens (or the learning allowance)."""
+        if self.costs.prefill_cost <= 0 or self.cfg.schedule:
+            return True
+        cost = self.costs.prefill_cost * prompt_len
+        _, rate = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost)
+        saving = max_new_tokens * (1.0 - 1.0 / rate) if rate > 1.0 else 0.0
+        return cost <= max(saving, self.cfg.learn_budget * max_new_tokens)
 
     def choose(self, batch: int = 1, k_cap: int | None = None) -> int:
         k_cap = self.cfg.k_max if k_cap is None else min(k_cap, self.cfg.k_max)
@@ -177,16 +227,17 @@ class AdaptivePolicy:
         if num_drafted == 0:
             self.plain_run += 1
             return
-        d = self.cfg.decay
+        keep = 1.0 - self.cfg.decay
         reached = min(num_drafted, num_accepted + 1, self.cfg.k_max)
+        hit_count = min(num_accepted, reached)
         for i in range(reached):
-            hit = 1.0 if i < num_accepted else 0.0
-            if not self.seen[i]:
-                self.ema[i], self.seen[i] = self.pooled, True
-            self.ema[i] = (1 - d) * self.ema[i] + d * hit
-            self.pooled = (1 - d) * self.pooled + d * hit
-        for i in range(reached, self.cfg.k_max):  # not reached this step: drift toward the pooled rate
-            self.ema[i] += self.cfg.relax * (self.pooled - self.ema[i])
+            self.hits[i] = keep * self.hits[i] + (1.0 if i < num_accepted else 0.0)
+            self.trials[i] = keep * self.trials[i] + 1.0
+        for i in range(reached, self.cfg.k_max):  # not reached this step: drift back toward the pooled rate
+            self.hits[i] *= 1.0 - self.cfg.relax
+            self.trials[i] *= 1.0 - self.cfg.relax
+        self.pool_hits = keep * self.pool_hits + hit_count
+        self.pool_trials = keep * self.pool_trials + reached
         was_plain = self.plain_run > 0
         self.probed = was_plain
         self.plain_run = 0
@@ -194,14 +245,13 @@ class AdaptivePolicy:
             pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 
-
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1) -> None:
         """A step's measured draft and verify seconds (this sequence's share of a batched verify);
         draft_seconds None = not measured. Calibrates rho_v and c_eff."""
         t1 = self.costs.step_seconds
         if not self.cfg.calibrate or not t1 or verify_seconds <= 0:
             return
-        d = self.cfg.decay
+        d = self.cfg.calibration_decay
         predicted = t1 * self.costs.v(batch * (k + 1)) / batch
         ratio = min(max(verify_seconds / predicted, 0.25), 4.0)  # one outlier (a GC pause) must not flip it
         self.rho_v = (1 - d) * self.rho_v + d * ratio
@@ -212,7 +262,8 @@ class AdaptivePolicy:
 
 @torch.inference_mode()
 def measure_costs(target, draft=None, sizes=(1, 2, 3, 5, 9), context: int = 256, repeats: int = 3) -> CostModel:
-    """v(n) for the target and c for a draft model, timed on this machine (a few seconds).
+    """v(n) for the target, and c and the prefill cost per prompt token for a draft model, timed on
+    this machine (a few seconds).
 
     target/draft: Transformer modules. Each forward runs at `context` cached positions."""
     def step_seconds(model, n: int) -> float:
@@ -235,8 +286,16 @@ def measure_costs(target, draft=None, sizes=(1, 2, 3, 5, 9), context: int = 256,
     curve, floor = {}, 1.0
     for n in sorted(sizes):  # more positions never cost less: timing noise must not make v(n) dip
         floor = curve[n] = 1.0 if n == 1 else max(floor, step_seconds(target, n) / t1)
-    c = step_seconds(draft, 1) / t1 if draft is not None else 0.0
-    return CostModel(curve, c, t1)
+    if draft is None:
+        return CostModel(curve, 0.0, t1)
+    c = step_seconds(draft, 1) / t1  # (also warms the draft up for the prefill timing)
+    cache = draft.new_cache(context)
+    prompt = torch.randint(0, draft.config.vocab_size, (1, context), device=cache.k.device)
+    sync(cache.k.device)
+    t0 = time.perf_counter()
+    draft(prompt, cache, 0, last_only=True)
+    sync(cache.k.device)
+    return CostModel(curve, c, t1, (time.perf_counter() - t0) / context / t1)
 
 
 def sync(device: torch.device) -> None:

@@ -21,8 +21,9 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
                   ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0, p_min: float = 0.0,
                   tree: TreeConfig | None = None, suffix: SuffixConfig = SuffixConfig(),
                   lookahead: LookaheadConfig = LookaheadConfig()) -> Drafter:
-    """method: 'none', 'ngram', 'suffix', 'lookahead' or 'draft' (then `draft` is the loaded draft
-    model; `tree` makes it propose token trees instead of chains)."""
+    """method: 'none', 'ngram', 'suffix', 'lookahead', 'draft' (then `draft` is the loaded draft
+    model; `tree` makes it propose token trees instead of chains) or 'hybrid' (the draft model and
+    prompt lookup with the n-gram sizes of `ngram`)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
     if draft_vocab < 0:
@@ -39,19 +40,26 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
     if method == "lookahead":
         from specdec.drafters.lookahead import LookaheadDrafter
         return LookaheadDrafter(lookahead.window, lookahead.ngram, lookahead.candidates)
-    if method == "draft" and draft is not None:
+    if method in ("draft", "hybrid") and draft is not None:
         check_compatible(target.tokenizer, draft.tokenizer)
-        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree)
-    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead or draft")
+        model = DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree)
+        if method == "draft":
+            return model
+        from specdec.drafters.hybrid import HybridDrafter
+        return HybridDrafter(model, max_n=ngram.max_n, min_n=ngram.min_n)
+    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft or hybrid")
 
 
 def drafting_method(args) -> str:
-    """'none', 'ngram', 'suffix', 'lookahead', 'layer-skip' or 'draft' from the CLI values; one at most."""
+    """'none', 'ngram', 'suffix', 'lookahead', 'layer-skip', 'draft' or 'hybrid' (--draft with --ngram)
+    from the CLI values; one at most, except that pair."""
     layer_skip = getattr(args, "layer_skip", None) is not None
     lookahead = getattr(args, "lookahead", False)
     chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix), ("--lookahead", lookahead),
                                      ("--layer-skip", layer_skip), ("--draft", args.draft not in (None, "none")))
               if on]
+    if sorted(chosen) == ["--draft", "--ngram"]:
+        return "hybrid"
     if len(chosen) > 1:
         raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
     if args.datastore and not args.suffix:
@@ -100,8 +108,10 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, measure_costs
     if isinstance(drafter, NoDrafter):
         return None
+    from specdec.drafters.hybrid import HybridDrafter
     from specdec.drafters.layer_skip import LayerSkipDrafter
-    model = drafter.model if isinstance(drafter, DraftModelDrafter) else None
+    model = drafter.model if isinstance(drafter, DraftModelDrafter) else (
+        drafter.model.model if isinstance(drafter, HybridDrafter) else None)
     if cost_profile:
         import json
         try:
@@ -115,7 +125,7 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     if isinstance(drafter, LayerSkipDrafter):  # a draft token is a pass through L of the target's layers
         costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
-        f"c {costs.draft_cost:.3f}")
+        f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_cost:.4f} per prompt token")
     return AdaptivePolicy(costs, PolicyConfig(k_max=k_max))
 
 
@@ -139,7 +149,7 @@ class Runner:
         if method == "layer-skip":
             return Runner.layer_skip(args, cfg)
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
-        draft = load_model(args.draft, args.device, args.dtype, progress=log) if method == "draft" else None
+        draft = load_model(args.draft, args.device, args.dtype, progress=log) if method in ("draft", "hybrid") else None
         tree = tree_config(args)
         if tree is not None and method != "draft":
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
@@ -150,6 +160,7 @@ class Runner:
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)
         k_text = f"k<={args.k} adaptive" if policy else f"k={args.k}"
         label = f"draft {args.draft} {k_text}" if method == "draft" else (
+            f"draft {args.draft} + prompt lookup {k_text}") if method == "hybrid" else (
             f"{method} {k_text}" if method in ("ngram", "suffix", "lookahead") else "plain")
         return Runner(target, engine, cfg, label)
 

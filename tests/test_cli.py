@@ -147,9 +147,18 @@ def test_non_numeric_flags_are_argparse_errors(flags, name, capsys, no_model_loa
     assert name in err
 
 
-def test_ngram_and_draft_together(capsys, no_model_loads):
-    msg = cli_error(["generate", "--ngram", "--draft", "some-draft", "hi"], capsys)
-    assert "--ngram" in msg and "--draft" in msg
+def test_two_drafting_methods_are_refused(capsys, no_model_loads):
+    msg = cli_error(["generate", "--ngram", "--suffix", "hi"], capsys)
+    assert "--ngram" in msg and "--suffix" in msg
+
+
+def test_ngram_with_a_draft_model_is_the_hybrid_and_matches_plain(capsys, tiny_llama_dir):
+    base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "12", "--json", "w1 w2 w3 w1 w2"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
+    assert main(base[:1] + ["--draft", str(tiny_llama_dir), "--ngram", "--policy", "adaptive"] + base[1:]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["text"] == plain and "prompt lookup" in out["method"]
 
 
 def test_cuda_without_cuda_and_fp16_on_cpu(capsys, tiny_llama_dir, monkeypatch):
@@ -203,7 +212,7 @@ def test_generate_json(capsys, smollm2_path):
     lines = captured.out.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
-    assert set(result) == {"text", "stats"}
+    assert set(result) == {"text", "method", "stats"}
     assert isinstance(result["text"], str) and result["text"]
     stats = result["stats"]
     for key in ("new_tokens", "steps", "alpha", "tau", "per_position_acceptance", "draft_seconds",

@@ -9,6 +9,7 @@ import torch
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
@@ -29,12 +30,13 @@ def plain_outputs(tiny_target):
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
-@pytest.mark.parametrize("which", ["self", "other", "ngram", "self-truncated-head"])
+@pytest.mark.parametrize("which", ["self", "other", "ngram", "self-truncated-head", "hybrid"])
 def test_greedy_equivalence_tiny(tiny_target, tiny_draft, plain_outputs, which, k):
     drafter = {"self": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256),
                "other": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256),
                "self-truncated-head": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256, head_rows=48),
-               "ngram": lambda: NgramDrafter(3, 1)}[which]()
+               "ngram": lambda: NgramDrafter(3, 1),
+               "hybrid": lambda: HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), copy_n=2)}[which]()
     for prompt, expected in zip(PROMPTS, plain_outputs):
         result = run(tiny_target, drafter, prompt, k=k)
         assert result.tokens == expected, f"{which} k={k} diverged on prompt {prompt}"
@@ -136,7 +138,8 @@ def sample_first3(target, drafter, prompt, sampling, policy=None):
 
 
 @pytest.mark.parametrize("sampling, methods", [
-    (SamplingParams(1.0), ("draft", "ngram", "plain", "draft-truncated-head", "draft-p-min", "draft-adaptive")),
+    (SamplingParams(1.0), ("draft", "ngram", "plain", "draft-truncated-head", "draft-p-min", "draft-adaptive",
+                           "hybrid", "hybrid-lookup-only")),
     (SamplingParams(0.7, top_k=2, top_p=0.9), ("draft",)),
 ])
 def test_speculative_sampling_matches_target_distribution(sampling, methods):
@@ -151,9 +154,15 @@ def test_speculative_sampling_matches_target_distribution(sampling, methods):
     drafters = {"draft": DraftModelDrafter(draft, SMALL_VOCAB, 64), "ngram": NgramDrafter(2, 1), "plain": NoDrafter(),
                 "draft-truncated-head": DraftModelDrafter(draft, SMALL_VOCAB, 64, head_rows=2),  # q(2) = 0
                 "draft-p-min": DraftModelDrafter(draft, SMALL_VOCAB, 64, p_min=0.5),  # drafts of varying length
-                "draft-adaptive": DraftModelDrafter(draft, SMALL_VOCAB, 64)}
+                "draft-adaptive": DraftModelDrafter(draft, SMALL_VOCAB, 64),
+                # steps alternate between lookup (q one-hot) and the model (q = its distribution)
+                "hybrid": HybridDrafter(DraftModelDrafter(draft, SMALL_VOCAB, 64), copy_n=2),
+                "hybrid-lookup-only": HybridDrafter(DraftModelDrafter(draft, SMALL_VOCAB, 64), copy_n=2)}
     # k chosen per step from the acceptance seen so far (free verification: the policy drafts)
-    policies = {"draft-adaptive": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1), PolicyConfig(k_max=3, decay=0.5))}
+    policies = {"draft-adaptive": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1), PolicyConfig(k_max=3, decay=0.5)),
+                # a draft prefill the policy never admits: every request drafts by lookup alone
+                "hybrid-lookup-only": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1, prefill_cost=100.0),
+                                                     PolicyConfig(k_max=3))}
     for method in methods:
         counts = sample_first3(target, drafters[method], prompt, sampling, policies.get(method))
         assert tv(counts, joint, N_TRIALS) < bound, method

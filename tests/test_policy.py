@@ -120,7 +120,7 @@ def test_calibration_turns_a_drafter_dearer_than_the_curve_to_plain():
     costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
     policy = AdaptivePolicy(costs, PolicyConfig(k_max=4))
     beta = [0.7] * 4
-    policy.ema, policy.seen = list(beta), [True] * 4
+    policy.assume(beta)
     k = policy.choose()
     assert k > 0  # the curve alone says drafting pays at 0.7
     for _ in range(10):  # but drafting really takes 3x the draft cost the curve gave
@@ -129,7 +129,7 @@ def test_calibration_turns_a_drafter_dearer_than_the_curve_to_plain():
     assert policy.choose() == 0
     # a longer context slows every forward alike: plain and drafting keep their relative costs
     slow = AdaptivePolicy(costs, PolicyConfig(k_max=4))
-    slow.ema, slow.seen = list(beta), [True] * 4
+    slow.assume(beta)
     for _ in range(10):
         slow.observe_time(k, 0.1 * k * costs.draft_cost, 2 * 0.1 * costs.v(k + 1))
         slow.observe_time(0, None, 2 * 0.1)
@@ -139,8 +139,69 @@ def test_calibration_turns_a_drafter_dearer_than_the_curve_to_plain():
     assert uncalibrated.rho_v == 1.0 and uncalibrated.draft_cost == CPU.draft_cost
 
 
+def test_one_rejection_does_not_collapse_a_well_observed_chain():
+    """Text the drafter knows (code): after many passing steps, one early rejection costs k at most 1-2."""
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.9))
+    for _ in range(20):
+        k = policy.choose()
+        policy.observe(k, k)
+    before = policy.choose()
+    policy.observe(before, 1)  # position 2 rejected once
+    assert before >= 7 and policy.choose() >= before - 2
+
+
+def test_the_next_request_starts_from_what_earlier_requests_showed():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.6))
+    first = policy.choose()
+    for _ in range(15):  # a request the drafter knows well
+        k = policy.choose()
+        policy.observe(k, k)
+    policy.reset()
+    assert policy.prior > 0.75 and policy.choose() > first  # the next one starts with a longer chain
+    for _ in range(2):  # requests where nothing passes
+        for _ in range(30):
+            k = policy.choose()
+            policy.observe(k, 0)
+        policy.reset()
+    assert policy.prior < 0.5 and policy.choose() == 0  # ... and the one after those starts plain
+
+
+def test_admission_skips_a_draft_prefill_that_cannot_pay_back():
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.01)  # 100 prompt tokens = 1 plain step
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.6))
+    assert policy.admit(100, 64)  # 1 step of prefill: within the learning allowance (3.2 steps)
+    assert not policy.admit(2000, 64)  # 20 steps of prefill for a predicted saving of ~3: plain
+    assert policy.admit(2000, 1024)  # the same prompt with a long answer pays back
+    policy.assume([0.95] * 8)  # a drafter known to be good predicts a large saving
+    assert policy.admit(2000, 64)
+    free = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.0))  # lookup drafters: nothing to prefill
+    assert free.admit(10 ** 6, 1)
+
+
+def test_an_unadmitted_request_runs_plain_without_starting_the_drafter(tiny_target, tiny_draft):
+    class Counting(DraftModelDrafter):
+        starts = 0
+
+        def start(self, prompt):
+            Counting.starts += 1
+            super().start(prompt)
+
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=1.0)  # prefill dearer than any saving
+    engine = SpeculativeGenerator(tiny_target, Counting(tiny_draft, TINY_VOCAB, 256), 256,
+                                  AdaptivePolicy(costs, PolicyConfig(k_max=6, prior=0.9)))
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    cfg = GenerationConfig(20, 6, SamplingParams())
+    result = engine.generate(PROMPTS[2], cfg)
+    assert result.tokens == plain.generate(PROMPTS[2], cfg).tokens
+    assert Counting.starts == 0 and result.stats.drafted == 0 and result.stats.plain_fraction == 1.0
+    engine.policy.costs.prefill_cost = 0.0  # a free prefill is always admitted
+    engine.generate(PROMPTS[2], cfg)
+    assert Counting.starts == 1
+
+
 def test_bad_policy_config_is_refused():
-    for kwargs in ({"k_max": 0}, {"prior": 1.5}, {"decay": 0.0}, {"probe_every": 10, "probe_every_max": 5}):
+    for kwargs in ({"k_max": 0}, {"prior": 1.5}, {"decay": 0.0}, {"probe_every": 10, "probe_every_max": 5},
+                   {"prior_weight": 0.0}, {"memory": 1.5}, {"learn_budget": -1.0}):
         with pytest.raises(SpecdecError):
             PolicyConfig(**kwargs)
     with pytest.raises(SpecdecError):
@@ -150,6 +211,7 @@ def test_bad_policy_config_is_refused():
 def test_measured_costs_are_positive(tiny_target, tiny_draft):
     costs = measure_costs(tiny_target, tiny_draft, sizes=(1, 2, 5), context=16, repeats=2)
     assert costs.verify_cost[1] == 1.0 and all(v > 0 for v in costs.verify_cost.values()) and costs.draft_cost > 0
+    assert costs.prefill_cost > 0 and measure_costs(tiny_target, None, sizes=(1, 2), context=16).prefill_cost == 0
 
 
 PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]

@@ -19,12 +19,12 @@ from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter, build_policy, lookahead_config
 
-OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree")  # tree:N = the draft model's
+OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid")  # tree:N = the draft model's
 # dynamic tree of N nodes
 HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
 LLAMA_KINDS = {"llama": "plain", "llama-lookup": "lookup"}
 ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
-K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
+K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
 
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
@@ -299,7 +299,7 @@ def run_comparison(args) -> dict:
         records = read_records(records_path)
     else:
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack)
-        needs_draft = bool(pending & {"draft", "tree", "hf-assisted"})
+        needs_draft = bool(pending & {"draft", "tree", "hybrid", "hf-assisted"})
         draft = load_model(args.draft, args.device, args.dtype, progress=log) if needs_draft else None
         peers = make_peers(args, target, draft, pending)
         comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
@@ -310,7 +310,8 @@ def run_comparison(args) -> dict:
     records, complete = complete_prompts(records, prompts, specs, args.repeats)
     if not records:
         raise SpecdecError(f"no prompt in {out} has a record for every method yet; nothing to summarize")
-    config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "tree", "hf-assisted") for s in specs)
+    config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "tree", "hybrid", "hf-assisted")
+                                                                 for s in specs)
               else None, "methods": [s.label for s in specs], "k": parse_k_list(args.k),
               "draft_vocab": args.draft_vocab, "draft_p_min": args.draft_p_min,
               "tree_depth": args.tree_depth, "tree_topk": args.tree_topk, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),

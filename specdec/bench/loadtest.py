@@ -234,7 +234,7 @@ def run_loadtest(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if args.draft and args.ngram:
         raise SpecdecError("choose one drafter for the speculative modes: --draft MODEL or --ngram")
-    summary = {"config": {"model": args.model, "draft": "ngram" if args.ngram else args.draft, "k": args.k, "max_tokens": args.max_tokens,
+    summary = {"config": {"model": args.model, "draft": "ngram" if args.ngram else args.draft, "draft_vocab": args.draft_vocab, "k": args.k, "max_tokens": args.max_tokens,
                           "max_batch": args.max_batch, "concurrency": levels, "modes": modes,
                           "dataset": args.dataset or "specdec/data/code_prompts.jsonl"}, "modes": {}}
     records = open(out / "records.jsonl", "w")
@@ -243,6 +243,8 @@ def run_loadtest(args) -> dict:
         log(f"[{mode}] starting specdec serve on port {port}")
         common = ["--max-context", str(args.max_context)] + (["--device", args.device] if args.device else []) + (
             ["--dtype", args.dtype] if args.dtype else []) + (["--no-pack"] if args.no_pack else [])
+        if args.draft_vocab and mode != "off" and args.draft:
+            common += ["--draft-vocab", str(args.draft_vocab)]
         proc = start_server(args.model, common + mode_flags(mode, args.draft, args.k, args.ngram), port, args.max_batch,
                             out / f"server-{mode}.log")
         base = f"http://127.0.0.1:{port}"
@@ -273,6 +275,7 @@ def add_loadtest_flags(p) -> None:
     from specdec.cli import integer
     p.add_argument("--draft", default=None, help="draft model for the 'on' and 'policy' modes")
     p.add_argument("--ngram", action="store_true", help="the 'on' and 'policy' modes draft by prompt lookup instead")
+    p.add_argument("--draft-vocab", type=integer, default=0, help="the draft model scores only the first N token ids")
     p.add_argument("--modes", default="off,on,policy", help="comma list from off, on, policy")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="client threads at once, per level")
     p.add_argument("--min-requests", type=integer, default=4, help="requests per level: max(this, 2 x concurrency)")

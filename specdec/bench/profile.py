@@ -89,7 +89,9 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
               "verify_cost": {str(n): round(s / t[1], 3) for n, s in t.items()}}
     if draft is not None:
         d1 = forward_seconds(draft, 1, context, repeats)
-        result.update({"draft_step_seconds": round(d1, 5), "draft_cost_ratio": round(d1 / t[1], 3)})
+        prefill = forward_seconds(draft, context, 0, 1)  # the draft's prefill of a context-long prompt
+        result.update({"draft_step_seconds": round(d1, 5), "draft_cost_ratio": round(d1 / t[1], 3),
+                       "draft_prefill_cost": round(prefill / context / t[1], 5)})
     return result
 
 
@@ -99,7 +101,8 @@ def print_profile(r: dict) -> None:
           f"({100 * r['roofline_fraction']:.0f}%)")
     print("v(n): " + "  ".join(f"v({n})={v}" for n, v in r["verify_cost"].items()))
     if "draft_cost_ratio" in r:
-        print(f"draft step {r['draft_step_seconds'] * 1000:.1f} ms, c = {r['draft_cost_ratio']}")
+        print(f"draft step {r['draft_step_seconds'] * 1000:.1f} ms, c = {r['draft_cost_ratio']}, "
+              f"draft prefill {r.get('draft_prefill_cost', 0)} plain steps per prompt token")
 
 
 def write_profile(r: dict, out: str) -> None:

@@ -89,6 +89,7 @@ class _Request:
     generator: torch.Generator
     stats: GenerationStats
     on_tokens: Callable[[list[int]], None] | None
+    speculate: bool = True  # False: the policy did not admit the drafter for this request (all plain)
 
     @property
     def num_new(self) -> int:
@@ -144,16 +145,29 @@ class SpeculativeGenerator:
         req = _Request(list(prompt), len(prompt), cfg, set(eos_ids),
                        make_generator(cfg.sampling.seed, self.cache.k.device), GenerationStats(), on_tokens)
         first = self._prefill(prompt, cfg.sampling, req.generator)
-        self.drafter.start(prompt)  # a draft model prefills here: part of the request's prefill time
+        self.start_drafter(req)  # a draft model prefills here: part of the request's prefill time
         req.stats.prefill_seconds = time.perf_counter() - t_start
         reason = req.emit([first])
-        if self.policy is not None:
-            self.policy.reset()
         while reason is None:
             reason = self._step(req)
         req.stats.new_tokens = req.num_new
         req.stats.seconds = time.perf_counter() - t_start
         return GenerationResult(req.tokens[req.prompt_len:], req.stats, reason)
+
+    def start_drafter(self, req: _Request) -> None:
+        """A new request: the policy starts afresh and decides whether the drafter's prefill of this
+        prompt can pay (else the request runs plain, and the drafter never sees it; a hybrid drafter
+        drafts by lookup alone instead)."""
+        if self.policy is not None:
+            self.policy.reset()
+            admit = getattr(self.policy, "admit", None)
+            if admit is not None and not isinstance(self.drafter, NoDrafter):
+                req.speculate = admit(req.prompt_len, req.cfg.max_new_tokens)
+        if req.speculate:
+            self.drafter.start(req.tokens[:req.prompt_len])
+        elif hasattr(self.drafter, "start_lookup_only"):  # a hybrid drafts without its model instead
+            self.drafter.start_lookup_only(req.tokens[:req.prompt_len])
+            req.speculate = True
 
     def _prefill(self, prompt: list[int], sampling: SamplingParams, generator) -> int:
         """Fill the cache with the prompt; return the first new token."""
@@ -167,7 +181,7 @@ class SpeculativeGenerator:
 
     def _draft_length(self, req: _Request) -> int:
         """k, capped so drafts never pass the token budget or the context (0 for plain decoding)."""
-        if isinstance(self.drafter, NoDrafter):
+        if isinstance(self.drafter, NoDrafter) or not req.speculate:
             return 0
         budget = req.cfg.max_new_tokens - req.num_new - 1
         room = self.cache.capacity - self.cache.length - 1

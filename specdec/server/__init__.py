@@ -83,7 +83,7 @@ def build_scheduler(args, progress=None):
 
     available = available_bytes(resolve_device(args.device))  # before the models take their share
     target = load_model(args.model, args.device, args.dtype, progress=progress, pack=not args.no_pack)
-    draft = load_model(args.draft, args.device, args.dtype, progress=progress) if method == "draft" else None
+    draft = load_model(args.draft, args.device, args.dtype, progress=progress) if method in ("draft", "hybrid") else None
     ngram = NgramConfig(args.ngram_max, args.ngram_min)
     suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
 

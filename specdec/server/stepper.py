@@ -8,7 +8,7 @@ unit of work for it:
 - while its prompt is not yet in the cache: one prefill chunk (`prefill_chunk` tokens), so a long
   prompt holds the other sequences up for one chunk at a time, not for the whole prompt;
 - after the last chunk: the first token, from the chunk's last logits (exactly as the engine's
-  `_prefill`), then `drafter.start(prompt)` and `policy.reset()`;
+  `_prefill`), then `engine.start_drafter` (the policy's reset and admission, the drafter's start);
 - afterwards: one speculative step through the engine's own `_step` (propose -> verify -> accept ->
   commit), so a sequence served here emits exactly the tokens `SpeculativeGenerator.generate` emits.
 
@@ -78,6 +78,9 @@ class LoadPolicy:
     def reset(self) -> None:
         if self.inner is not None:
             self.inner.reset()
+
+    def admit(self, prompt_len: int, max_new_tokens: int) -> bool:
+        return self.inner is None or not hasattr(self.inner, "admit") or self.inner.admit(prompt_len, max_new_tokens)
 
 
 @dataclass(eq=False)
@@ -301,8 +304,6 @@ class StepwiseGenerator:
         sampling = req.cfg.sampling
         first = int(logits.argmax()) if sampling.greedy else int(sample(probs_from_logits(logits, sampling),
                                                                         req.generator))
-        seq.engine.drafter.start(req.tokens[:req.prompt_len])
+        seq.engine.start_drafter(req)
         req.stats.prefill_seconds += time.perf_counter() - t0
-        reason = req.emit([first])
-        seq.engine.policy.reset()
-        return reason
+        return req.emit([first])

@@ -1,0 +1,60 @@
+"""A draft model and prompt lookup together: copy when the text repeats, otherwise ask the model.
+
+Each step proposes one chain from one source:
+- prompt lookup (free) when the last `copy_n` tokens occurred earlier in the prompt or output;
+  a match that long is a strong sign that the text copies (summaries, RAG answers, code edits),
+  where lookup drafts are accepted as often as the model's and cost nothing;
+- the draft model otherwise (or when lookup finds no match).
+
+A request the policy does not admit for the draft model (its prefill of a long prompt would not pay
+back, see specdec.policy) starts with `start_lookup_only`: the model never sees the request, and
+every step drafts by lookup alone (n-gram sizes max_n..min_n, as the plain n-gram drafter).
+
+Each proposal is verified by the same rules as any chain (its own q: None for lookup, the model's
+for model drafts), so the output is exactly the target's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specdec.drafters.base import DraftState
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import ngram_continuation
+from specdec.errors import SpecdecError
+from specdec.tree import DraftTree
+
+
+class HybridDrafter:
+    def __init__(self, model: DraftModelDrafter, copy_n: int = 3, max_n: int = 3, min_n: int = 1):
+        if not 1 <= min_n <= max_n or copy_n < 1:
+            raise SpecdecError(f"hybrid drafter: need 1 <= min_n <= max_n and copy_n >= 1, "
+                               f"got {min_n}, {max_n}, {copy_n}")
+        self.model = model
+        self.copy_n, self.max_n, self.min_n = copy_n, max_n, min_n
+        self.use_model = True
+        self.lookup_steps = self.model_steps = 0  # proposals per source, over this drafter's life
+
+    def start(self, prompt: list[int]) -> None:
+        self.use_model = True
+        self.model.start(prompt)
+
+    def start_lookup_only(self, prompt: list[int]) -> None:
+        """This request drafts by lookup alone; the draft model is not started (no prefill)."""
+        self.use_model = False
+
+    def propose(self, state: DraftState) -> DraftTree:
+        if state.k < 1:
+            return DraftTree.empty()
+        tokens = np.asarray(state.tokens, dtype=np.int64)
+        min_n = self.copy_n if self.use_model else self.min_n
+        cont = ngram_continuation(tokens, state.k, max(self.max_n, min_n), min_n)
+        if len(cont) or not self.use_model:
+            self.lookup_steps += 1
+            return DraftTree.chain(torch.from_numpy(cont.copy()))
+        self.model_steps += 1
+        return self.model.propose(state)
+
+    def observe(self, num_accepted: int) -> None:
+        self.model.observe(num_accepted)
