@@ -1,0 +1,48 @@
+"""The adaptive policy against plain decoding and the best fixed k, per category, from a bench summary.
+
+    python scripts/policy_table.py runs/policy2-greedy/summary.json [--adaptive draft:auto,hybrid:auto]
+
+Speedups are the bench's mean of per-prompt ratios against plain decoding in the same run. The
+fixed-k methods are those of the same kind as the adaptive one with a pinned k ('draft:1'..'draft:8').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def rows(summary: dict, adaptive: str, fixed_kind: str) -> list[list[str]]:
+    scopes = [("all", summary["methods"])] + sorted(summary["categories"].items())
+    out = []
+    for name, methods in scopes:
+        a = methods.get(adaptive)
+        fixed = {label: m for label, m in methods.items() if m.get("kind") == fixed_kind and not m.get("adaptive")}
+        if a is None or not fixed:
+            continue
+        best_label, best = max(fixed.items(), key=lambda kv: kv[1]["speedup_vs_plain_mean"])
+        ratio = a["speedup_vs_plain_mean"] / best["speedup_vs_plain_mean"]
+        out.append([name, f"{a['speedup_vs_plain_mean']:.3f}x", f"{best_label.split(':')[-1]} "
+                    f"{best['speedup_vs_plain_mean']:.3f}x", f"{ratio:.3f}", f"{a['tau']:.2f}",
+                    f"{100 * a['plain_fraction']:.0f}%"])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("summary")
+    ap.add_argument("--adaptive", default="draft:auto", help="comma list of adaptive method labels")
+    ap.add_argument("--fixed-kind", default="draft", help="the kind whose pinned-k methods are compared")
+    args = ap.parse_args()
+    summary = json.load(open(args.summary))
+    for label in args.adaptive.split(","):
+        print(f"\n{label} against plain decoding and the best fixed k of {args.fixed_kind}:\n")
+        print("| scope | adaptive vs plain | best fixed k | adaptive / best fixed | adaptive tau | plain steps |")
+        print("|---|---|---|---|---|---|")
+        for r in rows(summary, label, args.fixed_kind):
+            print("| " + " | ".join(r) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
