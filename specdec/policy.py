@@ -245,14 +245,16 @@ class AdaptivePolicy:
             pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 
-    def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1) -> None:
-        """A step's measured draft and verify seconds (this sequence's share of a batched verify);
-        draft_seconds None = not measured. Calibrates rho_v and c_eff."""
+    def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1,
+                     width: int | None = None) -> None:
+        """A step's measured draft and verify seconds (this sequence's share of a batched verify, whose
+        rows were padded to `width` positions; default k + 1); draft_seconds None = not measured.
+        Calibrates rho_v and c_eff."""
         t1 = self.costs.step_seconds
         if not self.cfg.calibrate or not t1 or verify_seconds <= 0:
             return
         d = self.cfg.calibration_decay
-        predicted = t1 * self.costs.v(batch * (k + 1)) / batch
+        predicted = t1 * self.costs.v(batch * (width or k + 1)) / batch
         ratio = min(max(verify_seconds / predicted, 0.25), 4.0)  # one outlier (a GC pause) must not flip it
         self.rho_v = (1 - d) * self.rho_v + d * ratio
         if k > 0 and draft_seconds is not None and not self.probed:

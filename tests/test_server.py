@@ -314,11 +314,11 @@ class SlowStepper(StepwiseGenerator):
         time.sleep(self.delay)
         return super().step(seq)
 
-    def _propose_for(self, seq):  # the batched decode path
+    def _choose_for(self, seq):  # the batched decode path
         time.sleep(self.delay)
         if seq.req.tokens[0] == 93:
             raise RuntimeError("injected failure")
-        return super()._propose_for(seq)
+        return super()._choose_for(seq)
 
 
 def slow_scheduler(target, max_batch=2, max_queue=1) -> Scheduler:
@@ -584,3 +584,34 @@ def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):
     assert stepper.decode_batch == 3
     for seq in [alone] + others:
         assert seq.req.stats.k_chosen[0] >= 1  # the shared round was plain for everyone
+
+
+def test_round_width_is_chosen_for_the_whole_batch():
+    """Every row pads to the widest draft: a lone probe must not make all rows pay for its width."""
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
+    from specdec.server.stepper import round_width
+    costs = CostModel({1: 1.0, 8: 1.0, 64: 8.0})  # flat to 8 rows, then linear in rows
+    sure, unsure = AdaptivePolicy(costs, PolicyConfig(k_max=4)), AdaptivePolicy(costs, PolicyConfig(k_max=4))
+    sure.assume([0.95] * 4)
+    unsure.assume([0.1] * 4)
+    assert round_width([(sure, 4)]) == 5  # alone: its own choice
+    assert round_width([(unsure, 2)] + [(unsure, 0)] * 15) == 1  # 16 rows: the probe waits
+    assert round_width([(sure, 4)] * 2) == 5  # 10 rows still cost ~1 step: both draft 4
+    assert round_width([(None, 3), (None, 0)]) == 4  # fixed k (no adaptive policy): the widest stands
+    assert round_width([]) == 1
+
+
+def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
+    """Four plain rows and one probing row: the round stays one token wide (no padded rows)."""
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
+    target = tiny_target_loaded
+    costs = CostModel({1: 1.0, 5: 5.0, 100: 100.0})  # compute-bound: every row costs
+    factory = lambda: build_drafter("ngram", target, CONTEXT)  # noqa: E731
+    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=5, prefill_chunk=64,
+                                policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4, prior=0.0)))
+    seqs = [stepper.add([1, 2, 3, 1, 2, 3, 1 + i], GenerationConfig(12, 4), set()) for i in range(5)]
+    stepper.run_round()  # prefills
+    seqs[0].engine.policy.inner.plain_run = 100  # this one is due for a probe
+    assert seqs[0].engine.policy.choose() == 2
+    stepper.run_round()
+    assert stepper.round_width == 1 and all(s.req.stats.k_chosen[0] >= 1 for s in seqs)

@@ -49,6 +49,32 @@ from specdec.tree import DraftTree
 
 
 
+def round_width(chosen: list[tuple[object, int]]) -> int:
+    """Positions per row for one batched verify: every row pads to the widest, so a single row
+    drafting k makes all B rows cost k + 1. chosen: (the row's adaptive policy or None, its k).
+
+    With adaptive policies on every row, the width W is chosen for the whole round: the one with
+    the most expected tokens, sum_b E_b(min(k_b, W - 1)), per predicted time, v(B W) plus the rows'
+    draft costs; each row then drafts at most W - 1. A lone probe in a large batch no longer makes
+    every row pay for it. Otherwise (fixed k, a schedule) the widest choice stands."""
+    if not chosen:
+        return 1
+    widest = max(k for _, k in chosen) + 1
+    policies = [p for p, _ in chosen]
+    if len(chosen) < 2 or any(p is None or not hasattr(p, "beta") or p.cfg.schedule for p in policies):
+        return widest
+    from specdec.policy import expected_tokens
+    costs, n = policies[0].costs, len(chosen)
+    rho_v = sum(p.rho_v for p in policies) / n
+    best, best_rate = 1, 0.0
+    for w in sorted({k + 1 for _, k in chosen} | {1}):
+        tokens = sum(expected_tokens(p.beta, min(k, w - 1)) for p, k in chosen)
+        seconds = rho_v * costs.v(n * w) + sum(min(k, w - 1) * p.draft_cost for p, k in chosen)
+        if tokens / seconds > best_rate * (1 + 1e-9):
+            best, best_rate = w, tokens / seconds
+    return best
+
+
 class LoadPolicy:
     """A slot's policy: caps each step's k at the owner's current `k_limit`, then defers to `inner`
     (an AdaptivePolicy or None). Without a limit and without `inner` it returns the engine's cap,
@@ -73,7 +99,9 @@ class LoadPolicy:
 
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float) -> None:
         if self.inner is not None and hasattr(self.inner, "observe_time"):
-            self.inner.observe_time(k, draft_seconds, verify_seconds, self.owner.decode_batch)
+            batch = self.owner.decode_batch
+            width = max(self.owner.round_width, k + 1) if batch > 1 else None  # the padded rows it shared
+            self.inner.observe_time(k, draft_seconds, verify_seconds, batch, width)
 
     def reset(self) -> None:
         if self.inner is not None:
@@ -120,6 +148,7 @@ class StepwiseGenerator:
         self.prefill_chunk = prefill_chunk
         self.k_limit: int | None = None
         self.decode_batch = 1  # sequences verified together this round (the policy's batch size)
+        self.round_width = 1  # positions per row of this round's batched verify (every row pads to it)
         self.batched = batched
         self.cache = target.new_cache(capacity, batch=max_batch)  # row b is slot b's cache
         self.slots = [SpeculativeGenerator(target, drafter_factory(), capacity,
@@ -199,6 +228,7 @@ class StepwiseGenerator:
         batch: list[tuple[Sequence, int, DraftTree, float]] = []  # (sequence, k, draft, draft seconds)
         self.decode_batch = sum(1 for s in decoding if not self._own_verify(s.engine.drafter)) if self.batched else 1
         self.decode_batch = max(self.decode_batch, 1)
+        chosen: list[tuple[Sequence, int, float]] = []  # (sequence, k, seconds spent choosing)
         for seq in decoding:
             engine = seq.engine
             if not self.batched or self._own_verify(engine.drafter):
@@ -206,14 +236,24 @@ class StepwiseGenerator:
                 continue
             try:
                 t0 = time.perf_counter()
-                k, draft = self._propose_for(seq)
+                k = self._choose_for(seq)
+            except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
+                self._fail(seq, e, on_error, done)
+                continue
+            chosen.append((seq, k, time.perf_counter() - t0))
+        self.round_width = round_width([(s.engine.policy.inner, k) for s, k, _ in chosen])
+        for seq, k, choose_seconds in chosen:
+            try:
+                t0 = time.perf_counter()
+                k = min(k, self.round_width - 1)
+                draft = seq.engine._propose(seq.req, k)
             except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
                 self._fail(seq, e, on_error, done)
                 continue
             if not draft.is_chain:  # a tree: verified on its own (its mask is not ragged-batched)
                 self._guarded(seq, lambda s, k=k, d=draft: self._step_with(s, k, d), on_error, done)
                 continue
-            batch.append((seq, k, draft, time.perf_counter() - t0))
+            batch.append((seq, k, draft, choose_seconds + time.perf_counter() - t0))
         if not batch:
             return
         t1 = time.perf_counter()
@@ -232,11 +272,9 @@ class StepwiseGenerator:
                           self._commit(s, k, d, a, ds, verify_seconds), on_error, done)
 
     @staticmethod
-    def _propose_for(seq: Sequence) -> tuple[int, DraftTree]:
-        """This step's k (the slot's load limit and policy) and the slot drafter's proposal."""
-        engine = seq.engine
-        k = engine.policy.choose(k_cap=engine._draft_length(seq.req))
-        return k, engine._propose(seq.req, k)
+    def _choose_for(seq: Sequence) -> int:
+        """This step's k for a sequence: its slot's load limit and policy (the round may cap it)."""
+        return seq.engine.policy.choose(k_cap=seq.engine._draft_length(seq.req))
 
     @staticmethod
     def _own_verify(drafter) -> bool:
