@@ -241,11 +241,13 @@ class StepwiseGenerator:
                 self._fail(seq, e, on_error, done)
                 continue
             chosen.append((seq, k, time.perf_counter() - t0))
-        self.round_width = round_width([(s.engine.policy.inner, k) for s, k, _ in chosen])
+        chains = [(s.engine.policy.inner, k) for s, k, _ in chosen if not self._tree(s.engine.drafter)]
+        self.round_width = round_width(chains)
         for seq, k, choose_seconds in chosen:
             try:
                 t0 = time.perf_counter()
-                k = min(k, self.round_width - 1)
+                if not self._tree(seq.engine.drafter):  # trees are verified on their own, at their own width
+                    k = min(k, self.round_width - 1)
                 draft = seq.engine._propose(seq.req, k)
             except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
                 self._fail(seq, e, on_error, done)
@@ -275,6 +277,10 @@ class StepwiseGenerator:
     def _choose_for(seq: Sequence) -> int:
         """This step's k for a sequence: its slot's load limit and policy (the round may cap it)."""
         return seq.engine.policy.choose(k_cap=seq.engine._draft_length(seq.req))
+
+    @staticmethod
+    def _tree(drafter) -> bool:
+        return getattr(drafter, "max_tree_nodes", 0) > 0
 
     @staticmethod
     def _own_verify(drafter) -> bool:
