@@ -26,7 +26,11 @@ sequence takes `_step` (the reference the batched path is tested against).
 Speculation under load: before each round the owner sets `k_limit` (None = no limit, 0 = plain
 steps). Each slot's engine consults it through `LoadPolicy`, which caps the step's k and then asks
 the slot's adaptive policy, if any, with the round's batch size (its cost model then weighs
-B k c + v(B (k + 1)) against v(B), and turns drafting off above the critical batch). Any k keeps the output exact (greedy: plain decoding's tokens).
+B k c + v(B (k + 1)) against v(B), and turns drafting off above the critical batch). Every row
+of the batched verify pads to the widest draft, so the round then picks one width W for all rows
+(`round_width`: the most expected tokens per predicted time, v(B W) plus draft costs) and caps each
+row's k at W - 1: one sequence's probe no longer makes all B rows pay for its width. Any k keeps
+the output exact (greedy: plain decoding's tokens).
 """
 
 from __future__ import annotations
