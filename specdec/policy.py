@@ -36,6 +36,7 @@ Admission: a draft model must prefill the prompt before its first proposal (pref
 token, in plain steps). A request whose draft prefill would cost more than the predicted saving
 over max_new_tokens (or, when no saving is predicted, more than a small learning allowance) runs
 plain, without the draft's prefill: on a long prompt with a short answer the drafter cannot win it back.
+In a batch of B the prefill stalls all B sequences, so it counts B times, against the saving at batch B.
 
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
 rows, so plain costs v(B) for B tokens and a chain costs B k c + v(B (k + 1)) for B E(k) tokens;
@@ -202,15 +203,20 @@ class AdaptivePolicy:
         for i, b in enumerate(beta[: self.cfg.k_max]):
             self.hits[i], self.trials[i] = b * weight, weight
 
-    def admit(self, prompt_len: int, max_new_tokens: int) -> bool:
+    def admit(self, prompt_len: int, max_new_tokens: int, batch: int = 1) -> bool:
         """Whether this request should use the drafter at all: its prefill of the prompt must cost less
-        than the saving predicted over max_new_tokens (or the learning allowance)."""
+        than the saving predicted over max_new_tokens (alone: or the learning allowance).
+
+        In a batch of B running sequences the draft's prefill stalls all of them, so it counts B
+        times, against the saving predicted at that batch size (none above the critical batch)."""
         if self.costs.prefill_cost <= 0 or self.cfg.schedule:
             return True
-        cost = self.costs.prefill_cost * prompt_len
-        _, rate = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost)
-        saving = max_new_tokens * (1.0 - 1.0 / rate) if rate > 1.0 else 0.0
-        return cost <= max(saving, self.cfg.learn_budget * max_new_tokens)
+        batch = max(batch, 1)
+        cost = self.costs.prefill_cost * prompt_len * batch
+        _, rate = best_k(self.beta, self.costs, self.cfg.k_max, batch, self.rho_v, self.draft_cost)
+        plain = 1.0 / (self.rho_v * self.costs.v(batch))  # per-sequence plain rate at this batch
+        saving = max_new_tokens * (1.0 - plain / rate) if rate > plain else 0.0
+        return cost <= max(saving, self.cfg.learn_budget * max_new_tokens if batch == 1 else 0.0)
 
     def choose(self, batch: int = 1, k_cap: int | None = None) -> int:
         k_cap = self.cfg.k_max if k_cap is None else min(k_cap, self.cfg.k_max)

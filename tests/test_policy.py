@@ -176,6 +176,10 @@ def test_admission_skips_a_draft_prefill_that_cannot_pay_back():
     assert policy.admit(2000, 64)
     free = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.0))  # lookup drafters: nothing to prefill
     assert free.admit(10 ** 6, 1)
+    # under load the draft's prefill stalls every running sequence, and speculation saves less
+    loaded = AdaptivePolicy(CostModel(COMPUTE_BOUND.verify_cost, 0.26, prefill_cost=0.01), PolicyConfig(k_max=8))
+    loaded.assume([0.95] * 8)
+    assert loaded.admit(100, 64, batch=1) and not loaded.admit(100, 64, batch=16)
 
 
 def test_an_unadmitted_request_runs_plain_without_starting_the_drafter(tiny_target, tiny_draft):

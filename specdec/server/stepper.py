@@ -112,7 +112,11 @@ class LoadPolicy:
             self.inner.reset()
 
     def admit(self, prompt_len: int, max_new_tokens: int) -> bool:
-        return self.inner is None or not hasattr(self.inner, "admit") or self.inner.admit(prompt_len, max_new_tokens)
+        """Admission at the current load: the sequences already decoding plus this one."""
+        if self.inner is None or not hasattr(self.inner, "admit"):
+            return True
+        batch = sum(1 for s in self.owner.active if not s.prefilling) + 1 if self.owner.batched else 1
+        return self.inner.admit(prompt_len, max_new_tokens, batch)
 
 
 @dataclass(eq=False)
