@@ -34,16 +34,6 @@ def best_seconds(fn, device: torch.device, repeats: int) -> float:
     return best
 
 
-def read_bandwidth_gbs(device: torch.device, megabytes: int = 1024, repeats: int = 5) -> float:
-    """Streaming read bandwidth: the faster of a full reduction and a matrix-vector product over
-    a buffer far larger than the caches (the GEMV is the access pattern of a decode step)."""
-    cols = 4096
-    w = torch.ones(megabytes * (1 << 20) // 4 // cols, cols, dtype=torch.float32, device=device)  # [rows, cols]
-    x = torch.ones(cols, 1, dtype=torch.float32, device=device)
-    seconds = min(best_seconds(w.sum, device, repeats), best_seconds(lambda: w @ x, device, repeats))
-    return w.numel() * 4 / seconds / 1e9
-
-
 def weight_bytes(model: Transformer) -> int:
     """Bytes of weights read per decode step: every parameter once, except an untied input
     embedding (a step gathers one row of it). A tied embedding is read once, as the head."""
@@ -56,6 +46,42 @@ def weight_bytes(model: Transformer) -> int:
             seen.add(id(p))
             total += p.numel() * p.element_size()
     return total
+
+
+def roofline_rounds(model: Transformer, context: int, rounds: int, bandwidth_mb: int) -> dict:
+    """Bandwidth and plain step time measured in alternating pairs, so that both see the same
+    machine. On this shared host the attainable bandwidth swings between about 15 and 37 GB/s
+    from one second to the next; a bandwidth taken apart from the step (or the best of several
+    probes against a typical step) turns that swing into a roofline gap. Each round times one
+    GEMV pass over as many bytes as a step reads (a 2 GB buffer, larger than any cache, read
+    repeatedly), then one plain step; the result is the median over rounds of the per-round ratio
+    (and the medians of its two parts)."""
+    device = model.lm_head.weight.device
+    nbytes = weight_bytes(model)
+    cols = 4096
+    w = torch.ones(bandwidth_mb * (1 << 20) // 4 // cols, cols, dtype=torch.float32, device=device)  # [rows, cols]
+    v = torch.ones(cols, 1, dtype=torch.float32, device=device)
+    passes = max(1, round(nbytes / (w.numel() * 4)))
+
+    def stream():
+        for _ in range(passes):
+            w @ v
+    cache = model.new_cache(context + 1)
+    cache.advance(context)
+    x = torch.randint(0, model.config.vocab_size, (1, 1), device=device)
+    model(x, cache, context)  # warm-up
+    stream()
+    bws, steps, fractions = [], [], []
+    for _ in range(rounds):
+        bw = passes * w.numel() * 4 / best_seconds(stream, device, 1) / 1e9
+        step = best_seconds(lambda: model(x, cache, context), device, 1)
+        bws.append(bw)
+        steps.append(step)
+        fractions.append(nbytes / step / (bw * 1e9))
+    return {"bandwidth_gbs": statistics.median(bws), "step_seconds": statistics.median(steps),
+            "roofline_fraction": statistics.median(fractions),
+            "rounds": [{"bandwidth_gbs": round(b, 2), "step_seconds": round(s, 5), "fraction": round(f, 3)}
+                       for b, s, f in zip(bws, steps, fractions)]}
 
 
 def forward_seconds(model: Transformer, n: int, context: int, repeats: int) -> float:
@@ -75,16 +101,18 @@ def forward_seconds(model: Transformer, n: int, context: int, repeats: int) -> f
 
 
 def profile(target: Transformer, draft: Transformer | None, context: int = 512, repeats: int = 7,
-            bandwidth_mb: int = 1024) -> dict:
+            bandwidth_mb: int = 2048) -> dict:
     device = target.lm_head.weight.device
-    bandwidth = read_bandwidth_gbs(device, bandwidth_mb)
+    paired = roofline_rounds(target, context, 2 * repeats + 1, bandwidth_mb)
     t = {n: forward_seconds(target, n, context, repeats) for n in VERIFY_SIZES}
-    roofline = bandwidth * 1e9 / weight_bytes(target)
+    roofline = paired["bandwidth_gbs"] * 1e9 / weight_bytes(target)
     result = {"device": str(device), "dtype": str(target.lm_head.weight.dtype), "context": context,
-              "bandwidth_gbs": round(bandwidth, 2), "weight_bytes": weight_bytes(target),
-              "step_seconds": round(t[1], 5), "plain_tokens_per_second": round(1 / t[1], 3),
+              "bandwidth_gbs": round(paired["bandwidth_gbs"], 2), "weight_bytes": weight_bytes(target),
+              "step_seconds": round(paired["step_seconds"], 5),
+              "plain_tokens_per_second": round(1 / paired["step_seconds"], 3),
               "roofline_tokens_per_second": round(roofline, 3),
-              "roofline_fraction": round(1 / t[1] / roofline, 3),
+              "roofline_fraction": round(paired["roofline_fraction"], 3),
+              "roofline_rounds": paired["rounds"],
               "forward_seconds": {str(n): round(s, 5) for n, s in t.items()},
               "verify_cost": {str(n): round(s / t[1], 3) for n, s in t.items()}}
     if draft is not None:
