@@ -24,11 +24,13 @@ class LoadedModel:
 
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
-               pack: bool = False) -> LoadedModel:
+               pack: bool = False, cuda_graphs: bool = False) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     pack: on CPU in fp32, route multi-row GEMMs (verify passes) through oneDNN prepacked weights
     (see cpu_linear.py). It costs a second copy of the weights in memory. Ignored elsewhere.
+    cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
+    engine/cuda_graphs.py).
     """
     from specdec.model.loading import load_hf_dir, model_directory, resolve_device, resolve_dtype
     from specdec.model.registry import resolve_model
@@ -42,4 +44,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     module = load_hf_dir(directory, dev, torch_dtype)
     if pack and dev.type == "cpu" and torch_dtype == torch.float32 and onednn_available():
         pack_linears(module)
+    if cuda_graphs:
+        from specdec.engine.cuda_graphs import enable_cuda_graphs
+        enable_cuda_graphs(module)
     return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer))

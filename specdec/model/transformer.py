@@ -98,6 +98,10 @@ class Attention(nn.Module):
             k_cache[:, :, start:end] = k
             v_cache[:, :, start:end] = v
             keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
+        elif isinstance(start, Static):  # fixed shapes: write at slots, attend over the whole cache under the mask
+            k_cache.index_copy_(2, start.slots, k)
+            v_cache.index_copy_(2, start.slots, v)
+            keys, values = k_cache, v_cache
         else:  # Ragged: row i of the batch is cache row start.rows[i] and writes at start.slots[i]
             rows, end = start.rows, mask.shape[-1]
             k_cache[rows[:, None], :, start.slots] = k.transpose(1, 2)  # [batch, T, kv_heads, head_dim]
@@ -146,6 +150,12 @@ class Ragged(NamedTuple):
     slots: torch.Tensor
 
 
+class Static(NamedTuple):
+    """Where a fixed-shape forward writes (CUDA graphs): slots # [T], the same for every row."""
+
+    slots: torch.Tensor
+
+
 def causal_mask(start: int, t: int, device) -> torch.Tensor | None:
     """Bool mask [t, start + t]: query i (slot start + i) sees slots <= start + i. None when t == 1."""
     if t == 1:
@@ -163,6 +173,7 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg, cfg.max_position_embeddings)
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, head_dim]
         self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim]
+        self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.engine.cuda_graphs), or None
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -198,6 +209,18 @@ class Transformer(nn.Module):
             positions = torch.arange(start, start + t, device=tokens.device).expand(b, t)
         if mask is None:
             mask = causal_mask(start, t, tokens.device)
+        if self.graphs is not None and isinstance(start, int):
+            return self.graphs.run(tokens, cache, start, positions, mask, last_only)
+        return self.layers_forward(tokens, cache, start, positions, mask, last_only)
+
+    @torch.inference_mode()
+    def static_forward(self, tokens, cache: KVCache, slots, positions, mask, last_only=False):
+        """forward() whose shapes depend only on tokens [batch, T] and the cache, with no host syncs,
+        for CUDA graph capture: writes at slots [T] (int64), RoPE positions [batch, T], bool mask
+        [T, capacity] over every cache slot. The caller checks that the slots fit."""
+        return self.layers_forward(tokens, cache, Static(slots), positions, mask, last_only)
+
+    def layers_forward(self, tokens, cache: KVCache, start, positions, mask, last_only):
         dtype = self.lm_head.weight.dtype
         cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [batch, 1, T, head_dim]
         sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
