@@ -30,7 +30,9 @@ step; a probe also pays the catch-up on the plain steps' tokens). A step of k th
 rho_v v(k + 1) + k c_eff against rho_v for plain, so a drafter dearer than the curve says loses its
 steps to plain decoding, and a longer context alone does not. The calibration carries over to the
 next request. While plain, it probes now and then with a short draft so it can come back when the
-text turns predictable; the probe interval doubles after each failed probe (bounded).
+text turns predictable; the probe interval doubles after each failed probe (bounded). A request
+whose carried estimate says plain probes at its first step: the carried prior is only a guess
+about this request's text, and a passing probe costs nothing.
 
 Admission: a draft model must prefill the prompt before its first proposal (prefill_cost per prompt
 token, in plain steps). A request whose draft prefill would cost more than the predicted saving
@@ -130,6 +132,7 @@ class PolicyConfig:
     probe_k: int = 2  # draft length of a probe while plain
     probe_every: int = 8  # plain steps before the first probe
     probe_every_max: int = 64  # after repeated failed probes
+    probe_first: bool = True  # a request whose estimate says plain still drafts its first step as a probe
     relax: float = 0.15  # per step, how far a position the step did not reach moves toward the pooled rate
     calibrate: bool = True  # scale predicted step times by measured / predicted seconds (needs step_seconds)
     calibration_decay: float = 0.3  # EMA weight of the newest step in rho_v and c_eff
@@ -187,6 +190,8 @@ class AdaptivePolicy:
         self.plain_run = 0  # plain steps since the last drafted step
         self.interval = self.cfg.probe_every
         self.probed = False  # the last drafting step came right after plain steps
+        self.opening = True  # no step of this request has run yet
+        self.opening_probe = False  # the first step drafts as a probe although the estimate says plain
 
     @property
     def pooled(self) -> float:
@@ -224,12 +229,20 @@ class AdaptivePolicy:
             sizes = [b for b in self.cfg.schedule if b <= batch]
             return min(self.cfg.schedule[max(sizes)] if sizes else 0, k_cap)
         k, _ = best_k(self.beta, self.costs, k_cap, batch, self.rho_v, self.draft_cost)
-        if k == 0 and self.plain_run + 1 >= self.interval:
-            k = min(self.cfg.probe_k, k_cap)  # a cheap look: has the text turned predictable?
-        return k
+        # A request starts with a probe when the carried prior says plain (this request's text may
+        # suit the drafter better than the last one's), then plain steps probe now and then.
+        # Probes only where plain is the estimate's doing: if even a good drafter (beta 0.9) cannot
+        # pay at this batch size and draft cost, no probe can show otherwise.
+        if k > 0 or not (self.opening and self.cfg.probe_first or self.plain_run + 1 >= self.interval):
+            return k
+        if best_k([0.9] * k_cap, self.costs, k_cap, batch, self.rho_v, self.draft_cost)[0] == 0:
+            return 0
+        self.opening_probe = self.opening and self.cfg.probe_first
+        return min(self.cfg.probe_k, k_cap)  # a cheap look: has the text turned predictable?
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         """One verify step's outcome: positions 1..accepted passed, position accepted+1 (if drafted) failed."""
+        opening_probe, self.opening, self.opening_probe = self.opening_probe, False, False
         if num_drafted == 0:
             self.plain_run += 1
             return
@@ -247,7 +260,7 @@ class AdaptivePolicy:
         was_plain = self.plain_run > 0
         self.probed = was_plain
         self.plain_run = 0
-        if was_plain:  # that was a probe
+        if was_plain or opening_probe:  # that was a probe
             pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 

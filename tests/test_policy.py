@@ -79,7 +79,7 @@ def test_zero_acceptance_drives_the_policy_to_plain_within_a_few_steps():
 
 
 def test_perfect_drafter_drives_the_policy_to_the_largest_k():
-    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.3))
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.3, probe_first=False))
     assert policy.choose() == 0  # a pessimistic prior starts plain ...
     ks = []
     for _ in range(60):
@@ -163,7 +163,25 @@ def test_the_next_request_starts_from_what_earlier_requests_showed():
             k = policy.choose()
             policy.observe(k, 0)
         policy.reset()
-    assert policy.prior < 0.5 and policy.choose() == 0  # ... and the one after those starts plain
+    assert policy.prior < 0.5 and policy.choose() == policy.cfg.probe_k  # ... the one after those opens with a
+    policy.observe(policy.cfg.probe_k, 0)  # probe, and when that fails it goes plain at once
+    assert [policy.choose() for _ in range(5)] == [0] * 5
+
+
+def test_an_opening_probe_that_passes_starts_drafting_at_once():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.2))
+    assert best_k(policy.beta, CPU, 8)[0] == 0 and policy.choose() == policy.cfg.probe_k
+    policy.observe(policy.cfg.probe_k, policy.cfg.probe_k)
+    assert policy.choose() > 0  # no wait of probe_every plain steps
+    policy.reset()
+    policy.prior = 0.2
+    assert policy.choose(batch=1) == policy.cfg.probe_k
+    policy.observe(policy.cfg.probe_k, 0)  # a failed opening probe: plain, with probes backing off as before
+    ks = []
+    for _ in range(4 * policy.cfg.probe_every):
+        ks.append(policy.choose())
+        policy.observe(ks[-1], 0)
+    assert ks[: policy.cfg.probe_every] == [0] * policy.cfg.probe_every and 1 <= sum(k > 0 for k in ks) <= 2
 
 
 def test_admission_skips_a_draft_prefill_that_cannot_pay_back():
