@@ -474,12 +474,12 @@ def test_startup_checks(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-sequence"])
-@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "lookahead", "draft", "tree"])
+@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "lookahead", "draft", "tree", "hybrid"])
 def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, method, batched):
     """Sequences joining and leaving a 3-slot pool, prefilled 4 tokens per step, with the draft length
     limit changing every round (none, 0, 1): each gets exactly the engine's greedy tokens."""
     target = tiny_target_loaded
-    draft = load_model(str(tiny_qwen_dir), device="cpu") if method in ("draft", "tree") else None
+    draft = load_model(str(tiny_qwen_dir), device="cpu") if method in ("draft", "tree", "hybrid") else None
     tree = TreeConfig(8, 3, 2) if method == "tree" else None
 
     def factory():
@@ -563,6 +563,45 @@ def test_batched_round_verifies_every_chain_in_one_forward(tiny_target_loaded):
     finally:
         del target.module.forward
     assert len(calls) == 1 and calls[0][0] == 3
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batched_round_drafts_every_chain_together(tiny_target_loaded, tiny_qwen_dir, temperature):
+    """3 sequences with a draft model: each round's drafts take k draft forwards over all rows (one
+    per position, ragged first catch-up), not 3 k; each row's cache keeps its own tokens, so the
+    output is still exact (greedy: the engine's tokens; sampled: valid, seeded runs repeat)."""
+    target = tiny_target_loaded
+    draft = load_model(str(tiny_qwen_dir), device="cpu")
+    factory = lambda: build_drafter("draft", target, CONTEXT, draft)  # noqa: E731
+    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50))]
+    cfg = GenerationConfig(16, K, SamplingParams(temperature=temperature, seed=3))
+
+    def run(count_rounds: int = 0):
+        stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64)
+        seqs = [stepper.add(p, cfg, set()) for p in prompts]
+        stepper.run_round()  # prefills (and the draft model's own)
+        calls, original = [], draft.module.forward
+
+        def counting(tokens, *args, **kwargs):
+            calls.append(tuple(tokens.shape))
+            return original(tokens, *args, **kwargs)
+        draft.module.forward = counting
+        try:
+            for _ in range(count_rounds):
+                stepper.run_round()
+        finally:
+            del draft.module.forward
+        while stepper.active:
+            for seq in stepper.run_round():
+                stepper.release(seq)
+        return [s.new_tokens for s in seqs], calls
+
+    tokens, calls = run(count_rounds=1)
+    assert len(calls) == K and all(shape[0] == 3 for shape in calls)  # one forward per draft position, 3 rows
+    assert tokens == run()[0]  # seeded: the same tokens again
+    if temperature == 0:
+        assert tokens == [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg).tokens
+                          for p in prompts]
 
 
 def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):

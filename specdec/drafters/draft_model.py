@@ -9,6 +9,7 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import DraftState
+from specdec.model.kv_cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits, sample
@@ -185,6 +186,60 @@ class DraftModelDrafter:
         logits = self.model(x, self.cache, start, last_only=True)[0, -1]  # [draft_vocab]
         self.cache.advance(x.shape[1])
         return align_vocab(logits, self.target_vocab)
+
+
+@torch.inference_mode()
+def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], cache: KVCache,
+                   rows: list[int]) -> list[DraftTree]:
+    """Every drafter's chain of up to state.k tokens, drafted for all of them together: one draft
+    forward per draft position over every row still drafting, instead of one per row. This is
+    what lets a draft model pay in a batch: a forward of B rows reads the weights once, as one row.
+
+    The drafters' caches must be rows `rows` of `cache` (KVCache.row) and share one model. Each row
+    behaves as DraftModelDrafter.propose: it catches up on its committed tokens (a ragged first
+    forward), drafts greedily or samples from its own q with its own generator, stops early under
+    p_min, and leaves its cache holding exactly the tokens it fed."""
+    from specdec.engine.batch import ragged_inputs
+    if not drafters:
+        return []
+    model, device = drafters[0].model, cache.k.device
+    if any(d.tree is not None for d in drafters) or any(d.model.lm_head.weight.data_ptr() !=
+                                                        model.lm_head.weight.data_ptr() for d in drafters):
+        raise SpecdecError("batched drafting needs chain drafters sharing one draft model")
+    n = len(drafters)
+    feeds = [d._sync(s.tokens) for d, s in zip(drafters, states)]  # each row's tokens to feed first
+    drafted: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    qs: list[list] = [[] for _ in range(n)]
+    stopped = [False] * n
+    live = [i for i in range(n) if states[i].k >= 1]
+    while live:
+        lengths = [drafters[i].cache.length for i in live]
+        tokens, slots, positions, mask = ragged_inputs(lengths, [feeds[i] for i in live], device)
+        logits = model(tokens, cache, 0, positions=positions, mask=mask, slots=slots,
+                       rows=torch.tensor([rows[i] for i in live], device=device))  # [B, T, draft_vocab]
+        nxt = []
+        for j, i in enumerate(live):
+            d, state = drafters[i], states[i]
+            d.cache.advance(len(feeds[i]))
+            row = align_vocab(logits[j, len(feeds[i]) - 1], d.target_vocab)  # [vocab]
+            q = None if state.sampling.greedy else probs_from_logits(row, state.sampling)
+            if d.p_min > 0 and float((torch.softmax(row, -1) if q is None else q).max()) < d.p_min:
+                stopped[i] = True  # every drafted token has been fed
+                continue
+            token = row.argmax() if q is None else sample(q, state.generator)
+            drafted[i].append(token.view(1))
+            qs[i].append(q)
+            if len(drafted[i]) < state.k:
+                feeds[i] = [int(token)]
+                nxt.append(i)
+        live = nxt
+    out = []
+    for i, (d, state) in enumerate(zip(drafters, states)):
+        toks = torch.cat(drafted[i]) if drafted[i] else torch.empty(0, dtype=torch.long, device=device)
+        fed = toks.tolist() if stopped[i] else toks.tolist()[:-1]
+        d.cached += fed
+        out.append(DraftTree.chain(toks, None if state.sampling.greedy or not qs[i] else torch.stack(qs[i])))
+    return out
 
 
 def select_tree(tokens: list[int], parents: list[int], scores: list[float], depths: list[int], budget: int,

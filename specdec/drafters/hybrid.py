@@ -47,6 +47,12 @@ class HybridDrafter:
     def propose(self, state: DraftState) -> DraftTree:
         if state.k < 1:
             return DraftTree.empty()
+        tree = self.lookup(state)
+        return tree if tree is not None else self.model.propose(state)
+
+    def lookup(self, state: DraftState) -> DraftTree | None:
+        """This step's source: the lookup chain, or None when the draft model must propose (the
+        batched server then drafts for many sequences in one draft forward)."""
         tokens = np.asarray(state.tokens, dtype=np.int64)
         min_n = self.copy_n if self.use_model else self.min_n
         cont = ngram_continuation(tokens, state.k, max(self.max_n, min_n), min_n)
@@ -54,7 +60,7 @@ class HybridDrafter:
             self.lookup_steps += 1
             return DraftTree.chain(torch.from_numpy(cont.copy()))
         self.model_steps += 1
-        return self.model.propose(state)
+        return None
 
     def observe(self, num_accepted: int) -> None:
         self.model.observe(num_accepted)

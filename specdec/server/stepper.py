@@ -42,7 +42,8 @@ from typing import Callable
 import torch
 
 from specdec.config import GenerationConfig
-from specdec.drafters.base import Drafter, NoDrafter
+from specdec.drafters.base import Drafter, DraftState, NoDrafter
+from specdec.drafters.draft_model import DraftModelDrafter, propose_chains
 from specdec.engine.batch import verify_batch
 from specdec.engine.generate import SpeculativeGenerator, _Request, make_generator
 from specdec.errors import SpecdecError
@@ -50,7 +51,6 @@ from specdec.metrics import GenerationStats
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.tree import DraftTree
-
 
 
 def round_width(chosen: list[tuple[object, int]]) -> int:
@@ -166,6 +166,15 @@ class StepwiseGenerator:
         self.free: list[int] = list(range(max_batch))
         self.active: list[Sequence] = []
         self.speculative = not isinstance(self.slots[0].drafter, NoDrafter)
+        # A draft model's slot caches become rows of one batched cache, so that a round drafts for
+        # every sequence in one forward per position (propose_chains).
+        self.draft_cache = None
+        models = [self._model_drafter(s.drafter) for s in self.slots]
+        if batched and all(m is not None for m in models):
+            first = models[0]
+            self.draft_cache = first.model.new_cache(first.cache.capacity, batch=max_batch)
+            for b, m in enumerate(models):
+                m.cache = self.draft_cache.row(b)
 
     @property
     def capacity(self) -> int:
@@ -251,19 +260,16 @@ class StepwiseGenerator:
             chosen.append((seq, k, time.perf_counter() - t0))
         chains = [(s.engine.policy.inner, k) for s, k, _ in chosen if not self._tree(s.engine.drafter)]
         self.round_width = round_width(chains)
-        for seq, k, choose_seconds in chosen:
-            try:
-                t0 = time.perf_counter()
-                if not self._tree(seq.engine.drafter):  # trees are verified on their own, at their own width
-                    k = min(k, self.round_width - 1)
-                draft = seq.engine._propose(seq.req, k)
-            except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
-                self._fail(seq, e, on_error, done)
+        capped = [(seq, k if self._tree(seq.engine.drafter) else min(k, self.round_width - 1), t)
+                  for seq, k, t in chosen]  # trees are verified on their own, at their own width
+        for seq, k, draft, seconds in self._propose_round(capped):
+            if isinstance(draft, Exception):
+                self._fail(seq, draft, on_error, done)
                 continue
             if not draft.is_chain:  # a tree: verified on its own (its mask is not ragged-batched)
                 self._guarded(seq, lambda s, k=k, d=draft: self._step_with(s, k, d), on_error, done)
                 continue
-            batch.append((seq, k, draft, choose_seconds + time.perf_counter() - t0))
+            batch.append((seq, k, draft, seconds))
         if not batch:
             return
         t1 = time.perf_counter()
@@ -280,6 +286,47 @@ class StepwiseGenerator:
         for (seq, k, draft, draft_seconds), acc in zip(batch, accs):
             self._guarded(seq, lambda s, k=k, d=draft, a=acc, ds=draft_seconds:
                           self._commit(s, k, d, a, ds, verify_seconds), on_error, done)
+
+    def _propose_round(self, chosen: list[tuple[Sequence, int, float]]):
+        """Every sequence's draft for this round: (sequence, k, draft or the exception it raised,
+        seconds spent choosing and drafting). Chains of the draft model are drafted for all rows
+        together (propose_chains: one draft forward per position); other drafters propose alone."""
+        out, pooled = [], []  # pooled: (index into out, model drafter, state)
+        for seq, k, seconds in chosen:
+            t0 = time.perf_counter()
+            try:
+                model = self._model_drafter(seq.engine.drafter) if k > 0 and self.draft_cache is not None else None
+                state = DraftState(seq.req.tokens, k, seq.req.cfg.sampling, seq.req.generator)
+                lookup = seq.engine.drafter.lookup(state) if model is not None and model is not seq.engine.drafter \
+                    else None  # a hybrid step copies by lookup or asks the model
+                if model is not None and lookup is None:
+                    pooled.append((len(out), model, state))
+                    draft = None
+                else:
+                    draft = lookup if lookup is not None else seq.engine._propose(seq.req, k)
+            except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
+                draft = e
+            out.append([seq, k, draft, seconds + time.perf_counter() - t0])
+        if pooled:
+            t0 = time.perf_counter()
+            try:
+                drafts = propose_chains([m for _, m, _ in pooled], [st for *_, st in pooled], self.draft_cache,
+                                        [out[i][0].slot for i, *_ in pooled])
+            except Exception as e:  # noqa: BLE001 - the pooled drafting failed as a whole: each sequence reports it
+                drafts = [e] * len(pooled)
+            share = (time.perf_counter() - t0) / len(pooled)
+            for (i, *_), draft in zip(pooled, drafts):
+                out[i][2] = draft
+                out[i][3] += share
+        return [tuple(o) for o in out]
+
+    @staticmethod
+    def _model_drafter(drafter) -> DraftModelDrafter | None:
+        """The draft-model drafter behind a slot's drafter (itself, or a hybrid's), for chains only."""
+        model = drafter if isinstance(drafter, DraftModelDrafter) else getattr(drafter, "model", None)
+        if isinstance(model, DraftModelDrafter) and model.tree is None and (model is drafter or hasattr(drafter, "lookup")):
+            return model
+        return None
 
     @staticmethod
     def _choose_for(seq: Sequence) -> int:
