@@ -5,7 +5,10 @@ the batch size) it starts `specdec serve` as a subprocess on loopback, waits for
 each concurrency level c sends `requests_per_level(c)` streaming chat completions from c client
 threads at once (Spec-Bench prompts, greedy, `max_tokens`). Per request it records the status,
 latency, time to first token, completion tokens and the speculative usage the server reports
-(steps, plain steps, drafted, accepted). Then SIGTERM, and the next mode.
+(steps, plain steps, drafted, accepted). Then SIGTERM, and the next mode. By default (`--order
+level`) the loop is level-major: at each level every mode gets a fresh server in turn, in
+alternating order (ABC, then CBA), so machine drift over the run hits every mode alike, as the
+bench's interleaving does; `--order mode` keeps one server per mode for all levels.
 
 Per mode and level it reports: throughput (completion tokens / wall seconds of the level), p50 and
 p95 latency, p50 time to first token, mean time per output token, the fraction of verify steps
@@ -235,23 +238,25 @@ def run_loadtest(args) -> dict:
     if args.draft and args.ngram:
         raise SpecdecError("choose one drafter for the speculative modes: --draft MODEL or --ngram")
     summary = {"config": {"model": args.model, "draft": "ngram" if args.ngram else args.draft, "draft_vocab": args.draft_vocab, "k": args.k, "max_tokens": args.max_tokens,
-                          "max_batch": args.max_batch, "concurrency": levels, "modes": modes,
+                          "max_batch": args.max_batch, "concurrency": levels, "modes": modes, "order": args.order,
                           "dataset": args.dataset or "specdec/data/code_prompts.jsonl"}, "modes": {}}
     records = open(out / "records.jsonl", "w")
-    for mode in modes:
+    common = ["--max-context", str(args.max_context)] + (["--device", args.device] if args.device else []) + (
+        ["--dtype", args.dtype] if args.dtype else []) + (["--no-pack"] if args.no_pack else [])
+    summary["modes"] = {mode: {} for mode in modes}
+
+    def drive(mode: str, run_levels: list[int], log_name: str) -> None:
+        """One server in this mode, warmed up, driven at each of run_levels, then stopped."""
         port = free_port()
         log(f"[{mode}] starting specdec serve on port {port}")
-        common = ["--max-context", str(args.max_context)] + (["--device", args.device] if args.device else []) + (
-            ["--dtype", args.dtype] if args.dtype else []) + (["--no-pack"] if args.no_pack else [])
-        if args.draft_vocab and mode != "off" and args.draft:
-            common += ["--draft-vocab", str(args.draft_vocab)]
-        proc = start_server(args.model, common + mode_flags(mode, args.draft, args.k, args.ngram), port, args.max_batch,
-                            out / f"server-{mode}.log")
+        flags = common + (["--draft-vocab", str(args.draft_vocab)] if args.draft_vocab and mode != "off"
+                          and args.draft else [])
+        proc = start_server(args.model, flags + mode_flags(mode, args.draft, args.k, args.ngram), port,
+                            args.max_batch, out / log_name)
         base = f"http://127.0.0.1:{port}"
-        summary["modes"][mode] = {}
         try:
             one_request(base, args.model, mixed[0], 4, mode, 0, args.timeout, not args.completions)  # warm-up
-            for c in levels:
+            for c in run_levels:
                 n = requests_per_level(c, args.min_requests)
                 results, wall = run_level(base, args.model, mixed, c, n, args.max_tokens, mode, args.timeout,
                                           not args.completions)
@@ -264,6 +269,14 @@ def run_loadtest(args) -> dict:
                     f"p50 {s['latency_p50']} s, spec on {s['speculation_on_fraction']}")
         finally:
             stop_server(proc)
+
+    if args.order == "mode":  # one server per mode, every level in turn (fewer restarts, drift between modes)
+        for mode in modes:
+            drive(mode, levels, f"server-{mode}.log")
+    else:  # level by level, modes alternating in order (ABC, CBA, ...), so slow drift hits every mode alike
+        for i, c in enumerate(levels):
+            for mode in (modes if i % 2 == 0 else modes[::-1]):
+                drive(mode, [c], f"server-{mode}-c{c}.log")
     records.close()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(markdown(summary))
@@ -277,6 +290,9 @@ def add_loadtest_flags(p) -> None:
     p.add_argument("--ngram", action="store_true", help="the 'on' and 'policy' modes draft by prompt lookup instead")
     p.add_argument("--draft-vocab", type=integer, default=0, help="the draft model scores only the first N token ids")
     p.add_argument("--modes", default="off,on,policy", help="comma list from off, on, policy")
+    p.add_argument("--order", choices=("level", "mode"), default="level",
+                   help="level: at each concurrency level run every mode (a fresh server each, order alternating "
+                        "ABC, CBA), so drift between modes cancels; mode: one server per mode for all levels")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="client threads at once, per level")
     p.add_argument("--min-requests", type=integer, default=4, help="requests per level: max(this, 2 x concurrency)")
     p.add_argument("--max-tokens", type=integer, default=32)
