@@ -82,8 +82,11 @@ def build_scheduler(args, progress=None):
         raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
 
     available = available_bytes(resolve_device(args.device))  # before the models take their share
-    target = load_model(args.model, args.device, args.dtype, progress=progress, pack=not args.no_pack, cuda_graphs=args.cuda_graphs)
-    draft = load_model(args.draft, args.device, args.dtype, progress=progress, cuda_graphs=args.cuda_graphs) if method in ("draft", "hybrid") else None
+    target = load_model(args.model, args.device, args.dtype, progress=progress, pack=not args.no_pack,
+                        cuda_graphs=args.cuda_graphs)
+    # the server drafts for many sequences in one draft forward (multi-row GEMMs), so the draft packs too
+    draft = load_model(args.draft, args.device, args.dtype, progress=progress, pack=not args.no_pack,
+                       cuda_graphs=args.cuda_graphs) if method in ("draft", "hybrid") else None
     ngram = NgramConfig(args.ngram_max, args.ngram_min)
     suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
 
