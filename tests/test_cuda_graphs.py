@@ -62,3 +62,14 @@ def test_cuda_graphs_keep_greedy_output_exact(dtype):
         assert gen.generate(prompt, cfg).tokens == plain
         assert gen.generate(prompt, cfg).tokens == plain  # replayed graphs, same caches
     assert 0 < graphed.graphs.captures <= graphed.graphs.max_graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_truncated_draft_head_gets_graphs_of_its_own():
+    from specdec.drafters.draft_model import truncated_head
+    model = tiny_model(0).to("cuda")
+    enable_cuda_graphs(model)
+    view = truncated_head(model, 40)
+    assert view.graphs is not model.graphs and view.graphs.model is view
+    cache = view.new_cache(16)
+    assert view(torch.tensor([[1, 2, 3]], device="cuda"), cache, 0).shape[-1] == 40

@@ -278,4 +278,7 @@ def truncated_head(model: Transformer, rows: int) -> Transformer:
     head = nn.Linear(model.config.hidden_size, rows, bias=False, device="meta")
     head.weight = nn.Parameter(model.lm_head.weight[:rows], requires_grad=False)  # [rows, hidden], a view
     view.lm_head = head
+    if getattr(model, "graphs", None) is not None:  # the view's graphs must replay the view's own head
+        from specdec.engine.cuda_graphs import enable_cuda_graphs
+        enable_cuda_graphs(view, model.graphs.max_tokens)
     return view
