@@ -9,10 +9,12 @@ Acceptance: beta_i is the probability that draft position i is accepted given th
 1..i-1 were. Each position keeps discounted counts of what the verify steps showed (hits and trials,
 both multiplied by 1 - decay before each new observation, so about 1/decay recent observations
 count; positions after the first rejection show nothing), and beta_i is their Beta-posterior mean
-with the pooled rate of this request as its prior: (hits_i + w pooled) / (trials_i + w). The pooled
-rate is the same estimate over all positions, with the prior carried from earlier requests of this
-policy (a server slot or a bench method sees similar traffic) as its own prior. A position a step
-did not reach loses its counts at rate `relax` and so drifts back toward the pooled rate: an
+(hits_i + w prior_i) / (trials_i + w). prior_i is the pooled rate of this request, or beta_(i-1)
+where that is higher: acceptance given the chain got that far rarely drops with depth, so after a
+chain accepted to its end the next position starts from the last one's rate, and k can grow by
+more than one per passing step. The pooled rate is the same estimate over all positions, with the
+prior carried from earlier requests of this policy (a server slot or a bench method sees similar
+traffic) as its own prior. A position a step did not reach loses its counts at rate `relax` and so drifts back toward the pooled rate: an
 estimate that went low once is not frozen because the policy stopped drafting that far. One
 rejection moves a well-observed position only a little, so k does not oscillate on text the drafter
 knows well. A chain of k drafts then emits
@@ -200,8 +202,15 @@ class AdaptivePolicy:
 
     @property
     def beta(self) -> list[float]:
-        w, pooled = self.cfg.prior_weight, self.pooled
-        return [(h + w * pooled) / (n + w) for h, n in zip(self.hits, self.trials)]
+        """Per-position estimates. Position i's prior is the pooled rate, or position i-1's estimate
+        where that is higher: a chain accepted to its end says little about the next position by
+        count, but acceptance given the chain got that far rarely drops with depth, and the deeper
+        positions are only observed once the policy drafts that far."""
+        w, pooled, out = self.cfg.prior_weight, self.pooled, []
+        for h, n in zip(self.hits, self.trials):
+            prior = max(pooled, out[-1]) if out else pooled
+            out.append((h + w * prior) / (n + w))
+        return out
 
     def assume(self, beta: list[float], weight: float = 1000.0) -> None:
         """Set the per-position estimates as if `weight` observations had shown `beta` (tests, warm starts)."""

@@ -268,3 +268,19 @@ def test_adaptive_goes_plain_with_a_useless_drafter(tiny_target, tiny_draft):
 def test_bad_p_min_is_refused(tiny_draft):
     with pytest.raises(SpecdecError, match="p_min"):
         DraftModelDrafter(tiny_draft, TINY_VOCAB, 64, p_min=1.0)
+
+
+def test_a_chain_accepted_to_its_end_extends_k_by_more_than_one():
+    """A request's first chains pass in full: k reaches the longest chain within three steps, where
+    a prior stuck at the pooled rate for unobserved positions would climb one position at a time."""
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.6))
+    ks = []
+    for _ in range(3):
+        ks.append(policy.choose())
+        policy.observe(ks[-1], ks[-1])
+    assert ks[0] >= 1 and ks[1] >= ks[0] + 2 and policy.choose() == 8
+    # ... and an unreached position still starts from no more than the last reached one showed
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.6))
+    policy.assume([0.9, 0.3])
+    beta = policy.beta
+    assert beta[1] == pytest.approx(0.3, abs=0.01) and beta[2] < 0.7
