@@ -167,6 +167,8 @@ def test_cuda_without_cuda_and_fp16_on_cpu(capsys, tiny_llama_dir, monkeypatch):
     assert "CUDA" in cli_error(["generate", "--model", str(tiny_llama_dir), "--device", "cuda", "w1"], capsys)
     msg = cli_error(["generate", "--model", str(tiny_llama_dir), "--dtype", "float16", "w1"], capsys)
     assert "float16" in msg
+    msg = cli_error(["generate", "--model", str(tiny_llama_dir), "--cuda-graphs", "w1"], capsys)
+    assert "--cuda-graphs needs a CUDA device" in msg
 
 
 def test_empty_prompt(capsys, tiny_llama_dir):

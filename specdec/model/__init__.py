@@ -32,6 +32,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
     engine/cuda_graphs.py).
     """
+    from specdec.errors import SpecdecError
     from specdec.model.loading import load_hf_dir, model_directory, resolve_device, resolve_dtype
     from specdec.model.registry import resolve_model
     from specdec.model.cpu_linear import onednn_available, pack_linears
@@ -39,6 +40,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
 
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dev, dtype)
+    if cuda_graphs and dev.type != "cuda":
+        raise SpecdecError(f"--cuda-graphs needs a CUDA device, not {dev}; use --device cuda or drop --cuda-graphs")
     directory = model_directory(resolve_model(spec), progress)
     tokenizer = load_tokenizer(directory)
     module = load_hf_dir(directory, dev, torch_dtype)
