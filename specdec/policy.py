@@ -101,6 +101,18 @@ class CostModel:
         return CostModel(curve, c, data.get("step_seconds"), prefill)
 
 
+def load_profile(path: str) -> dict:
+    """A `specdec profile` JSON with its verify curve as {int n: float v(n)}; a clear error otherwise."""
+    import json
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        data["verify_cost"] = {int(n): float(v) for n, v in data["verify_cost"].items()}
+        return data
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SpecdecError(f"cannot read a `specdec profile` JSON from {path}: {e}") from None
+
+
 def expected_tokens(beta: list[float], k: int) -> float:
     """E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j: tokens one step emits, the recovered/bonus one included."""
     total, reach = 1.0, 1.0

@@ -105,7 +105,7 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     """An AdaptivePolicy for this drafter: costs from a `specdec profile` JSON or measured now
     (v(n) up to n = max(k_max + 1, max_rows): a server measures up to max_batch (k_max + 1) rows)."""
     from specdec.drafters.draft_model import DraftModelDrafter
-    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, measure_costs
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, load_profile, measure_costs
     if isinstance(drafter, NoDrafter):
         return None
     from specdec.drafters.hybrid import HybridDrafter
@@ -113,11 +113,7 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     model = drafter.model if isinstance(drafter, DraftModelDrafter) else (
         drafter.model.model if isinstance(drafter, HybridDrafter) else None)
     if cost_profile:
-        import json
-        try:
-            costs = CostModel.from_profile(json.loads(open(cost_profile).read()), "draft" if model else "lookup")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SpecdecError(f"cannot read a `specdec profile` JSON from {cost_profile}: {e}") from None
+        costs = CostModel.from_profile(load_profile(cost_profile), "draft" if model else "lookup")
     else:
         top = max(k_max + 1, max_rows)
         sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}

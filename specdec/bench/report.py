@@ -21,7 +21,6 @@ import statistics
 from pathlib import Path
 
 from specdec.bench.compare import LLAMA_KINDS, OUR_KINDS, Record
-from specdec.errors import SpecdecError
 from specdec.policy import interpolate
 
 OWN_PLAIN = {"hf-assisted": "hf", "hf-lookup": "hf", "llama-lookup": "llama"}
@@ -119,13 +118,9 @@ def predicted_speedup(alpha: float, k: int, c: float, v: float) -> float:
 
 
 def read_cost_profile(path: str) -> dict:
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-        return {"verify_cost": {int(n): float(v) for n, v in data["verify_cost"].items()},
-                "draft_cost_ratio": data.get("draft_cost_ratio")}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise SpecdecError(f"cannot read a `specdec profile` JSON from {path}: {e}") from None
+    from specdec.policy import load_profile
+    data = load_profile(path)
+    return {"verify_cost": data["verify_cost"], "draft_cost_ratio": data.get("draft_cost_ratio")}
 
 
 def plain_step_seconds(methods: dict) -> float | None:
