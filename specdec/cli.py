@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="draft model for the 'draft', 'tree', 'hybrid' and 'hf-assisted' methods")
     bench.add_argument("--methods", default="plain,draft,ngram,hf",
                        help="comma list from plain, draft, ngram, suffix, lookahead, layer-skip, tree, hybrid (ours; "
-                            "tree:N is the draft model's dynamic token tree of N nodes; hybrid is the draft model "
+                            "tree:N is the draft model's dynamic token tree of N nodes, tree:auto lets the policy choose "
+                            "plain, a chain or a tree of 4-16 nodes per step; hybrid is the draft model "
                             "plus prompt lookup), hf, hf-assisted, hf-lookup "
                             "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
                             "a drafting method may pin its k, e.g. draft:8")

@@ -36,6 +36,14 @@ text turns predictable; the probe interval doubles after each failed probe (boun
 whose carried estimate says plain probes at its first step: the carried prior is only a guess
 about this request's text, and a passing probe costs nothing.
 
+Trees: a drafter that can propose token trees (the draft model with a tree configuration) gives
+the policy tree sizes as further actions. A tree of n nodes and depth D emits 1 + sum_{i<=D}
+prod_{j<=i} gamma_{n,j} tokens for D c_tree + v(n + 1) time, with gamma_{n,i} the chance its
+accepted path reaches depth i once it reached i - 1 (discounted Beta estimates per size and depth,
+with an optimistic prior from the chain's estimate, so that an untried size gets tried), and c_tree the
+measured draft cost per tree depth. The policy proposes the tree when it beats the best chain and
+plain; trees are verified alone, so only at batch 1.
+
 Admission: a draft model must prefill the prompt before its first proposal (prefill_cost per prompt
 token, in plain steps). A request whose draft prefill would cost more than the predicted saving
 over max_new_tokens (or, when no saving is predicted, more than a small learning allowance) runs
@@ -151,6 +159,8 @@ class PolicyConfig:
     calibrate: bool = True  # scale predicted step times by measured / predicted seconds (needs step_seconds)
     calibration_decay: float = 0.3  # EMA weight of the newest step in rho_v and c_eff
     schedule: dict[int, int] | None = None  # fixed {min batch size: k}; overrides the model
+    tree_sizes: tuple[int, ...] = ()  # node budgets the drafter can also propose as trees (empty: chains only)
+    tree_depth: int = 0  # those trees' depth cap
 
     def __post_init__(self):
         if self.k_max < 1:
@@ -162,6 +172,9 @@ class PolicyConfig:
                                f"{self.prior_weight}, {self.memory}, {self.learn_budget}")
         if self.probe_every < 1 or self.probe_every_max < self.probe_every:
             raise SpecdecError("need 1 <= probe_every <= probe_every_max")
+        if self.tree_sizes and (self.tree_depth < 1 or min(self.tree_sizes) < 2):
+            raise SpecdecError(f"tree sizes need at least 2 nodes and a depth >= 1, got {self.tree_sizes}, "
+                               f"depth {self.tree_depth}")
 
 
 def parse_schedule(text: str) -> dict[int, int]:
@@ -192,6 +205,8 @@ class AdaptivePolicy:
         self.hits = [0.0] * self.cfg.k_max  # discounted accepted observations per position
         self.trials = [0.0] * self.cfg.k_max  # discounted observations per position
         self.pool_hits = self.pool_trials = 0.0  # the same over all positions
+        # trees: measured draft seconds per tree depth / t1 (EMA), per tree size
+        self.tree_cost = {n: self.costs.draft_cost for n in self.cfg.tree_sizes}
         self.reset()
 
     def reset(self) -> None:
@@ -201,6 +216,9 @@ class AdaptivePolicy:
         self.hits = [0.0] * self.cfg.k_max
         self.trials = [0.0] * self.cfg.k_max
         self.pool_hits = self.pool_trials = 0.0
+        depth = self.cfg.tree_depth
+        self.tree_hits = {n: [0.0] * depth for n in self.cfg.tree_sizes}  # per size, per depth
+        self.tree_trials = {n: [0.0] * depth for n in self.cfg.tree_sizes}
         self.plain_run = 0  # plain steps since the last drafted step
         self.interval = self.cfg.probe_every
         self.probed = False  # the last drafting step came right after plain steps
@@ -223,6 +241,59 @@ class AdaptivePolicy:
             prior = max(pooled, out[-1]) if out else pooled
             out.append((h + w * prior) / (n + w))
         return out
+
+    def tree_beta(self, n: int) -> list[float]:
+        """Per-depth acceptance of trees of n nodes: the chance the accepted path reaches depth i once
+        it reached i - 1. Depth i's prior is optimistic, so that an untried size gets tried: as if
+        each of the tree's m = n / depth candidates per level passed independently at the chain's
+        rate b_i, 1 - (1 - b_i)^m (siblings are the draft's weaker alternatives, so the truth is
+        lower, and a few observations correct it). Where higher, the next smaller size's estimate
+        (more nodes only add paths) or depth i - 1's (as for chains) is the prior instead."""
+        smaller = [m for m in self.cfg.tree_sizes if m < n]
+        below = self.tree_beta(max(smaller)) if smaller else None
+        chain, m = self.beta, max(1.0, n / max(self.cfg.tree_depth, 1))
+        w, out = self.cfg.prior_weight, []
+        for i, (h, t) in enumerate(zip(self.tree_hits[n], self.tree_trials[n])):
+            b = chain[i] if i < len(chain) else self.pooled
+            prior = max(1.0 - (1.0 - b) ** m, below[i] if below else 0.0, out[-1] if out else 0.0)
+            out.append((h + w * prior) / (t + w))
+        return out
+
+    def tree_rate(self, n: int, depth: int) -> float:
+        """Predicted tokens per unit time of a tree of n nodes and the given depth (alone, batch 1)."""
+        seconds = self.rho_v * self.costs.v(n + 1) + depth * self.tree_cost[n]
+        return expected_tokens(self.tree_beta(n), depth) / seconds
+
+    def choose_action(self, batch: int = 1, k_cap: int | None = None,
+                      nodes_cap: int | None = None) -> tuple[int, int | None]:
+        """(k, None): a chain of k (0: plain), as choose(); or (depth, n): a tree of at most n nodes,
+        where a tree size predicts more tokens per time than the best chain and plain. Trees are
+        verified alone, so they are weighed only at batch 1."""
+        k_cap = self.cfg.k_max if k_cap is None else min(k_cap, self.cfg.k_max)
+        sizes = [n for n in self.cfg.tree_sizes if nodes_cap is None or n <= nodes_cap]
+        if batch == 1 and sizes and k_cap > 0 and not self.cfg.schedule:
+            depth = min(self.cfg.tree_depth, k_cap)
+            _, chain_rate = best_k(self.beta, self.costs, k_cap, 1, self.rho_v, self.draft_cost)
+            rate, n = max((self.tree_rate(n, depth), n) for n in sizes)
+            if rate > chain_rate * (1 + 1e-9):
+                self.opening_probe = False
+                return depth, n
+        return self.choose(batch, k_cap), None
+
+    def observe_tree(self, n: int, depth: int, num_accepted: int) -> None:
+        """A tree step's outcome: a tree of (at most) n nodes and this depth; its accepted path's length."""
+        keep = 1.0 - self.cfg.decay
+        hits, trials = self.tree_hits[n], self.tree_trials[n]
+        reached = min(depth, num_accepted + 1, len(hits))
+        for i in range(len(hits)):
+            if i < reached:
+                hits[i] = keep * hits[i] + (1.0 if i < num_accepted else 0.0)
+                trials[i] = keep * trials[i] + 1.0
+            else:
+                hits[i] *= 1.0 - self.cfg.relax
+                trials[i] *= 1.0 - self.cfg.relax
+        self.opening = self.opening_probe = self.probed = False
+        self.plain_run = 0
 
     def assume(self, beta: list[float], weight: float = 1000.0) -> None:
         """Set the per-position estimates as if `weight` observations had shown `beta` (tests, warm starts)."""
@@ -286,18 +357,22 @@ class AdaptivePolicy:
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1,
-                     width: int | None = None) -> None:
+                     width: int | None = None, nodes: int | None = None) -> None:
         """A step's measured draft and verify seconds (this sequence's share of a batched verify, whose
         rows were padded to `width` positions; default k + 1); draft_seconds None = not measured.
-        Calibrates rho_v and c_eff."""
+        nodes: the step was a tree of that size (its verify covered nodes + 1 positions, its k is
+        its depth). Calibrates rho_v and c_eff (for a tree: that size's draft cost per depth)."""
         t1 = self.costs.step_seconds
         if not self.cfg.calibrate or not t1 or verify_seconds <= 0:
             return
         d = self.cfg.calibration_decay
-        predicted = t1 * self.costs.v(batch * (width or k + 1)) / batch
+        predicted = t1 * self.costs.v(nodes + 1 if nodes else batch * (width or k + 1)) / (1 if nodes else batch)
         ratio = min(max(verify_seconds / predicted, 0.25), 4.0)  # one outlier (a GC pause) must not flip it
         self.rho_v = (1 - d) * self.rho_v + d * ratio
-        if k > 0 and draft_seconds is not None and not self.probed:
+        if nodes and k > 0 and draft_seconds is not None:
+            c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
+            self.tree_cost[nodes] = (1 - d) * self.tree_cost[nodes] + d * c
+        elif k > 0 and draft_seconds is not None and not self.probed:
             c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
             self.draft_cost = (1 - d) * self.draft_cost + d * c
 

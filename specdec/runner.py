@@ -122,7 +122,25 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
         costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
         f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_cost:.4f} per prompt token")
-    return AdaptivePolicy(costs, PolicyConfig(k_max=k_max))
+    return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, **tree_actions(drafter)))
+
+
+def tree_actions(drafter: Drafter) -> dict:
+    """The tree sizes a draft-model drafter configured for trees offers the policy besides chains:
+    powers of two below its node budget and the budget itself (a static tree: its own size), at
+    its depth cap."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+    budget = getattr(drafter, "max_tree_nodes", 0)
+    if not isinstance(drafter, DraftModelDrafter) or budget < 2:
+        return {}
+    if drafter.static is not None:
+        parents = drafter.static[0]
+        depth = [0] * len(parents)
+        for i, p in enumerate(parents):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        return {"tree_sizes": (budget,), "tree_depth": max(depth)}
+    sizes = sorted({n for n in (4, 8, 16, 32, 64) if n < budget} | {budget})
+    return {"tree_sizes": tuple(sizes), "tree_depth": drafter.tree.depth}
 
 
 @dataclass

@@ -70,8 +70,9 @@ def test_k_list_and_method_parsing():
     assert parse_methods("plain,draft", [4]) == [MethodSpec("plain", "plain", 1), MethodSpec("draft", "draft", 4)]
     assert [s.label for s in parse_methods("plain,ngram,hf", [1, 2])] == ["plain", "ngram:1", "ngram:2", "hf"]
     assert parse_methods("draft:8", [4]) == [MethodSpec("draft:8", "draft", 8)]
+    assert parse_methods("tree:auto", [4]) == [MethodSpec("tree:auto", "tree", 8, adaptive=True)]
     for bad, msg in (("telepathy", "unknown method"), ("plain:3", "takes no k"), ("draft,draft", "twice"),
-                     ("draft:x", "--k"), ("", "no methods")):
+                     ("draft:x", "--k"), ("", "no methods"), ("hf-lookup:auto", "adaptive")):
         with pytest.raises(SpecdecError, match=msg):
             parse_methods(bad, [4])
 

@@ -284,3 +284,63 @@ def test_a_chain_accepted_to_its_end_extends_k_by_more_than_one():
     policy.assume([0.9, 0.3])
     beta = policy.beta
     assert beta[1] == pytest.approx(0.3, abs=0.01) and beta[2] < 0.7
+
+
+FLAT = CostModel({1: 1.0, 33: 1.05}, draft_cost=0.05)  # a GPU-like curve: 33 positions cost one step
+
+
+def tree_policy(costs, **kw):
+    return AdaptivePolicy(costs, PolicyConfig(k_max=8, tree_sizes=(4, 8, 16), tree_depth=4, **kw))
+
+
+def test_trees_are_chosen_where_positions_are_cheap_and_chains_where_they_are_not():
+    gpu, cpu = tree_policy(FLAT), tree_policy(CPU)
+    for p in (gpu, cpu):
+        p.assume([0.8] * 8)
+        for n, a in ((4, 0.85), (8, 0.88), (16, 0.9)):  # larger trees pass more often, depth by depth
+            p.tree_hits[n], p.tree_trials[n] = [1000 * a] * 4, [1000.0] * 4
+    cpu.tree_cost = {n: 0.55 for n in cpu.tree_cost}  # a tree depth's drafting as measured here (trees.md)
+    assert gpu.choose_action() == (4, 16)  # 17 positions cost about one step: the largest tree
+    k, nodes = cpu.choose_action()
+    assert nodes is None and k >= 3  # here 17 positions cost 1.8 steps: a chain
+    assert gpu.choose_action(batch=4)[1] is None  # trees are verified alone: never in a batch
+    assert gpu.choose_action(nodes_cap=8) == (4, 8) and gpu.choose_action(k_cap=2) == (2, 16)
+
+
+def test_a_tree_size_that_fails_gives_way_to_the_chain_and_the_estimates_carry_the_outcome():
+    p = tree_policy(FLAT)
+    p.assume([0.7] * 8)
+    assert p.choose_action()[1] is not None  # untried trees start optimistic: worth a try
+    for step in range(30):
+        k, nodes = p.choose_action()
+        if nodes is None:
+            break
+        p.observe_tree(nodes, k, 0)  # no tree path ever passes
+    assert nodes is None and k >= 1 and step <= 8  # back to the chain within a few steps
+    assert p.tree_beta(16)[0] < 0.5
+    before = p.tree_beta(8)[0]
+    p.observe_tree(8, 4, 4)
+    assert p.tree_beta(8)[0] > before and p.opening is False
+    with pytest.raises(SpecdecError, match="tree sizes"):
+        PolicyConfig(tree_sizes=(1,), tree_depth=4)
+
+
+def test_tree_drafter_under_the_policy_is_exact_and_uses_both_shapes(tiny_target, tiny_draft):
+    """The draft model configured for trees, the policy choosing chain / tree / plain per step on a flat
+    cost curve: greedy output equals plain decoding, and both trees and chains were proposed."""
+    from specdec.config import TreeConfig
+    from specdec.runner import tree_actions
+    prompts = [[5, 17, 3, 88, 41, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2]]
+    cfg = GenerationConfig(40, 8)
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    drafter = DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, tree=TreeConfig(16, 4, 4))
+    assert tree_actions(drafter) == {"tree_sizes": (4, 8, 16), "tree_depth": 4}
+    policy = AdaptivePolicy(CostModel({1: 1.0, 17: 1.0, 33: 1.6}, draft_cost=0.05),
+                            PolicyConfig(k_max=8, prior=0.5, **tree_actions(drafter)))
+    engine = SpeculativeGenerator(tiny_target, drafter, 256, policy)
+    shapes = []
+    original = drafter.propose
+    drafter.propose = lambda state: shapes.append(state.tree) or original(state)
+    for p in prompts:
+        assert engine.generate(p, cfg).tokens == plain.generate(p, cfg).tokens
+    assert True in shapes and False in shapes

@@ -28,6 +28,7 @@ K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybri
 
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
+AUTO_TREE_BUDGET = 16  # tree:auto: the largest tree; the policy weighs 4, 8 and 16 nodes against chains and plain
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def parse_k_list(text: str) -> list[int | str]:
 
 def _spec(label: str, kind: str, k: int | str) -> MethodSpec:
     if k == "auto":
-        if kind not in OUR_KINDS or kind == "tree":
+        if kind not in OUR_KINDS:
             raise SpecdecError(f"'auto' (the adaptive policy) is for our drafting methods, not {kind!r}")
         return MethodSpec(label, kind, AUTO_K_MAX, adaptive=True)
     return MethodSpec(label, kind, k)
@@ -131,8 +132,9 @@ class Comparison:
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
         for s in specs:
             if s.kind == "tree":  # each tree size its own drafter (and draft cache)
+                budget = AUTO_TREE_BUDGET if s.adaptive else s.k
                 drafter = build_drafter("draft", target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min,
-                                        TreeConfig(s.k, min(tree_depth, s.k), tree_topk))
+                                        TreeConfig(budget, min(tree_depth, s.k), tree_topk))
             elif s.kind in OUR_KINDS:
                 drafter = drafters[s.kind]
             else:
@@ -149,7 +151,8 @@ class Comparison:
 
     def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
         if spec.label in self.engines:
-            k = min(self.tree_depth, spec.k) if spec.kind == "tree" else spec.k  # a tree's k caps its depth
+            # a fixed tree's k caps its depth; tree:auto may also choose chains up to AUTO_K_MAX
+            k = min(self.tree_depth, spec.k) if spec.kind == "tree" and not spec.adaptive else spec.k
             cfg = GenerationConfig(self.max_new_tokens, k, SamplingParams(self.temperature, seed=seed))
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
             return res.tokens, res.stats.seconds, res.stats.summary()

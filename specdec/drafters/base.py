@@ -20,6 +20,7 @@ class DraftState:
     sampling: SamplingParams
     generator: torch.Generator | None  # for stochastic drafters; None under greedy
     max_nodes: int | None = None  # a tree may have at most this many nodes (the context room left)
+    tree: bool = True  # False: a drafter configured for trees proposes a chain this step (the policy's choice)
 
 
 class Drafter(Protocol):

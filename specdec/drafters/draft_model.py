@@ -64,7 +64,7 @@ class DraftModelDrafter:
     def propose(self, state: DraftState) -> DraftTree:
         if state.k < 1:
             return DraftTree.empty(self.cache.k.device)
-        if self.tree is not None:
+        if self.tree is not None and state.tree:
             return self._propose_tree(state)
         feed = self._sync(state.tokens)
         device = self.cache.k.device

@@ -187,12 +187,15 @@ class SpeculativeGenerator:
         room = self.cache.capacity - self.cache.length - 1
         return max(0, min(req.cfg.k, budget, room))
 
-    def _propose(self, req: _Request, k: int) -> DraftTree:
-        """k caps the depth (tokens a step can accept); a tree's nodes are capped by the context room."""
+    def _propose(self, req: _Request, k: int, nodes: int | None = None, tree: bool = True) -> DraftTree:
+        """k caps the depth (tokens a step can accept); a tree's nodes are capped by the context room
+        and `nodes`; tree=False asks a tree drafter for a chain."""
         if k == 0:
             return DraftTree.empty()
         room = self.cache.capacity - self.cache.length - 1
-        tree = self.drafter.propose(DraftState(req.tokens, k, req.cfg.sampling, req.generator, max_nodes=room))
+        cap = room if nodes is None else min(room, nodes)
+        tree = self.drafter.propose(DraftState(req.tokens, k, req.cfg.sampling, req.generator, max_nodes=cap,
+                                               tree=tree))
         if tree.is_chain and len(tree) > k:
             tree = DraftTree.chain(tree.tokens[:k], None if tree.q is None else tree.q[:k])
         elif not tree.is_chain and len(tree) > room:
@@ -202,11 +205,15 @@ class SpeculativeGenerator:
     def _step(self, req: _Request) -> str | None:
         """propose -> verify -> accept -> commit; returns a finish reason or None."""
         t0 = time.perf_counter()
-        k = self._draft_length(req)
-        if self.policy is not None:
+        k, nodes = self._draft_length(req), None
+        choose_action = getattr(self.policy, "choose_action", None)
+        tree_drafter = getattr(self.drafter, "max_tree_nodes", 0) > 0
+        if choose_action is not None and tree_drafter:  # chain, tree size or plain
+            k, nodes = choose_action(k_cap=k, nodes_cap=self.cache.capacity - self.cache.length - 1)
+        elif self.policy is not None:
             k = self.policy.choose(k_cap=k)
         req.stats.record_choice(k)
-        tree = self._propose(req, k)
+        tree = self._propose(req, k, nodes, tree=nodes is not None or choose_action is None)
         t1 = time.perf_counter()
         # a drafter may bring its own verify forward: from the hidden states it already has (layer skip,
         # verify_chain) or with extra branches in the same pass (lookahead, verify_tree); a plain step
@@ -226,7 +233,10 @@ class SpeculativeGenerator:
         req.stats.verify_seconds += time.perf_counter() - t1
         req.stats.record_step(depth, acc.num_accepted, nodes=len(tree))
         self.drafter.observe(acc.num_accepted)
-        if self.policy is not None:
+        if nodes is not None:
+            self.policy.observe_tree(nodes, depth, acc.num_accepted)
+            self.policy.observe_time(k, t1 - t0, time.perf_counter() - t1, nodes=nodes)
+        elif self.policy is not None:
             self.policy.observe(depth, acc.num_accepted)
             observe_time = getattr(self.policy, "observe_time", None)
             if observe_time is not None:

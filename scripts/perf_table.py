@@ -1,0 +1,86 @@
+"""Collect the engine-speed evidence (issue 4) into one JSON and a markdown table.
+
+Usage:
+  python scripts/perf_table.py --profiles runs/perf --e2e-before docs/results/core.json \
+      --e2e-after runs/perf-e2e/summary.json --out docs/results/perf.json
+
+Reads `specdec profile` JSONs named before-1.5b / after-1.5b / before-0.5b / after-0.5b (before:
+--no-pack, MKL for every GEMM; after: oneDNN-prepacked weights for multi-row GEMMs), bf16-1.5b, and
+omp-default-N / omp-active-N (the OMP_WAIT_POLICY trial), plus two bench summaries on the code prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def profile_row(p: dict) -> dict:
+    v = p["verify_cost"]
+    return {"plain_tokens_per_second": p["plain_tokens_per_second"], "bandwidth_gbs": p["bandwidth_gbs"],
+            "roofline_tokens_per_second": p["roofline_tokens_per_second"], "roofline_fraction": p["roofline_fraction"],
+            "v5": v.get("5"), "v9": v.get("9"), "verify_cost": v, "draft_cost_ratio": p.get("draft_cost_ratio")}
+
+
+def e2e_row(summary: dict) -> dict:
+    out = {}
+    for method, m in summary["methods"].items():
+        out[method] = {"tokens_per_second": m["tokens_per_second_total"],
+                       "speedup_vs_plain_mean": m.get("speedup_vs_plain_mean"), "tau": m.get("tau"),
+                       "greedy_mismatches": len(m.get("greedy_mismatches") or [])}
+    return {"config": {k: summary["config"].get(k) for k in ("prompts", "max_new_tokens", "k", "draft_vocab", "dataset")},
+            "methods": out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profiles", default="runs/perf")
+    ap.add_argument("--e2e-before", default="docs/results/core.json")
+    ap.add_argument("--e2e-after", default="runs/perf-e2e/summary.json")
+    ap.add_argument("--out", default="docs/results/perf.json")
+    args = ap.parse_args()
+    d = Path(args.profiles)
+    result = {"models": {}}
+    for model in ("1.5b", "0.5b"):
+        before, after = load(d / f"before-{model}.json"), load(d / f"after-{model}.json")
+        result["models"][model] = {"before": profile_row(before) if before else None,
+                                   "after": profile_row(after) if after else None}
+    bf16 = load(d / "bf16-1.5b.json")
+    result["bf16_1.5b"] = profile_row(bf16) if bf16 else None
+    omp = {}
+    for policy in ("default", "active"):
+        runs = [load(p) for p in sorted(d.glob(f"omp-{policy}-*.json"))]
+        if runs:
+            omp[policy] = {"plain_tokens_per_second": [r["plain_tokens_per_second"] for r in runs],
+                           "roofline_fraction": [r["roofline_fraction"] for r in runs],
+                           "median_roofline_fraction": statistics.median(r["roofline_fraction"] for r in runs)}
+    result["omp_wait_policy"] = omp
+    stream = load(d / "weight-stream.json")
+    result["weight_stream"] = stream
+    for key, path in (("before", args.e2e_before), ("after", args.e2e_after)):
+        s = load(Path(path))
+        result.setdefault("end_to_end", {})[key] = e2e_row(s) if s else None
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    rows = ["| | 1.5B before | 1.5B after | 0.5B before | 0.5B after |", "|---|---|---|---|---|"]
+    m = result["models"]
+
+    def cell(model, when, key, fmt="{}"):
+        r = m[model][when]
+        return fmt.format(r[key]) if r and r.get(key) is not None else "-"
+    for label, key, fmt in (("plain tok/s", "plain_tokens_per_second", "{}"),
+                            ("roofline tok/s", "roofline_tokens_per_second", "{}"),
+                            ("fraction of roofline", "roofline_fraction", "{:.0%}"),
+                            ("v(5)", "v5", "{}"), ("v(9)", "v9", "{}"), ("c (draft / target step)", "draft_cost_ratio", "{}")):
+        rows.append(f"| {label} | " + " | ".join(cell(mo, w, key, fmt) for mo in ("1.5b", "0.5b")
+                                               for w in ("before", "after")) + " |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
