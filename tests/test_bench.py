@@ -121,6 +121,10 @@ def test_profile_reports_the_verify_curve(tiny_target, tiny_draft):
     for key in ("bandwidth_gbs", "plain_tokens_per_second", "roofline_tokens_per_second", "roofline_fraction",
                 "draft_cost_ratio"):
         assert r[key] > 0
+    rounds = r["roofline_rounds"]  # bandwidth and step alternate; the fraction is the median of the pairs'
+    assert len(rounds) == 2 * 2 + 1
+    fractions = sorted(x["fraction"] for x in rounds)
+    assert r["roofline_fraction"] == pytest.approx(fractions[len(fractions) // 2], abs=1e-3)
 
 
 def test_select_prompts_by_category_and_limit():
