@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--temperature", type=float, default=0.0,
                        help="0 = greedy (outputs are checked token for token against plain decoding)")
     bench.add_argument("--seed", type=integer, default=None, help="base seed for sampling (per prompt: seed + index)")
+    bench.add_argument("--ignore-eos", action="store_true",
+                       help="our methods generate exactly --max-new-tokens (EOS does not stop them), so sampled "
+                            "runs compare equal amounts of work; not for the HF and llama.cpp peers")
     bench.add_argument("--repeats", type=integer, default=1, help="run everything N times; reports mean ± stdev")
     bench.add_argument("--theory", action="store_true",
                        help="print the predicted speedup (1-a^(k+1))/((1-a)(k c + v(k+1))) next to the measured one")

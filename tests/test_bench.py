@@ -229,3 +229,17 @@ def test_report_only_summarizes_the_prompts_every_method_finished(tiny_llama_dir
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["prompts_complete"] == 1 and summary["methods"]["plain"]["prompts"] == 1
     assert len((out / "records.jsonl").read_text().splitlines()) == 3  # nothing was run
+
+
+def test_ignore_eos_runs_every_method_to_the_budget_and_refuses_peers(tiny_llama_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6 w5 w6"}) + "\n")
+    out = tmp_path / "run"
+    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram", "--dataset", str(data),
+            "--max-new-tokens", "12", "--temperature", "1.0", "--seed", "3", "--ignore-eos", "--no-plots",
+            "--out", str(out)]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(len(r["tokens"]) == 12 for r in records)
+    assert json.loads((out / "summary.json").read_text())["config"]["ignore_eos"] is True
+    assert "peers" in cli_error(argv[:4] + ["plain,hf"] + argv[5:], capsys)

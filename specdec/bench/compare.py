@@ -112,8 +112,10 @@ class Comparison:
                  hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None,
                  draft_p_min: float = 0.0, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
                  datastore: str | None = None, lookahead: LookaheadConfig = LookaheadConfig(),
-                 layer_skip=None):
-        """layer_skip: the layer spec (L or a list) for the layer-skip method."""
+                 layer_skip=None, ignore_eos: bool = False):
+        """layer_skip: the layer spec (L or a list) for the layer-skip method; ignore_eos: our methods
+        always generate max_new_tokens."""
+        self.ignore_eos = ignore_eos
         self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
         self.max_new_tokens, self.temperature, self.seed, self.tree_depth = max_new_tokens, temperature, seed, tree_depth
         # every engine shares the target's cache (one method runs at a time); layer skip drafts into it too
@@ -153,7 +155,8 @@ class Comparison:
         if spec.label in self.engines:
             # a fixed tree's k caps its depth; tree:auto may also choose chains up to AUTO_K_MAX
             k = min(self.tree_depth, spec.k) if spec.kind == "tree" and not spec.adaptive else spec.k
-            cfg = GenerationConfig(self.max_new_tokens, k, SamplingParams(self.temperature, seed=seed))
+            cfg = GenerationConfig(self.max_new_tokens, k, SamplingParams(self.temperature, seed=seed),
+                                   stop_at_eos=not self.ignore_eos)
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
             return res.tokens, res.stats.seconds, res.stats.summary()
         peer, mode = (self.hf, HF_KINDS[spec.kind]) if spec.kind in HF_KINDS else (self.llama, LLAMA_KINDS[spec.kind])
@@ -285,6 +288,9 @@ def run_comparison(args) -> dict:
     specs = parse_methods(args.methods, parse_k_list(args.k))
     if args.repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1, got {args.repeats}")
+    peers = sorted(s.label for s in specs if s.kind in HF_KINDS or s.kind in LLAMA_KINDS)
+    if args.ignore_eos and peers:
+        raise SpecdecError(f"--ignore-eos applies to our methods only; drop it or the peers {peers}")
     if {s.kind for s in specs} & set(LLAMA_KINDS):
         from specdec.bench.baselines import llama_cpp_available
         if not llama_cpp_available():
@@ -308,7 +314,7 @@ def run_comparison(args) -> dict:
         comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
                                 args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
                                 args.tree_depth, args.tree_topk, args.datastore, lookahead_config(args),
-                                bench_layer_spec(args) if "layer-skip" in pending else None)
+                                bench_layer_spec(args) if "layer-skip" in pending else None, args.ignore_eos)
         records = comparison.run(prompts, records_path, args.repeats)
     records, complete = complete_prompts(records, prompts, specs, args.repeats)
     if not records:
@@ -321,7 +327,7 @@ def run_comparison(args) -> dict:
               "categories": sorted({p.category for p in prompts}), "repeats": args.repeats,
               "prompts_complete": len(complete),
               "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "temperature": args.temperature,
-              "seed": args.seed, "greedy": args.temperature == 0, "wall_seconds_this_session": round(time.time() - t0, 1)}
+              "seed": args.seed, "greedy": args.temperature == 0, "ignore_eos": args.ignore_eos, "wall_seconds_this_session": round(time.time() - t0, 1)}
     cost_profile = report.read_cost_profile(args.cost_profile) if args.cost_profile else None
     summary = report.build_summary(records, config, cost_profile)
     report.write_outputs(summary, records, out, plots=not args.no_plots)
