@@ -2,11 +2,12 @@
 
 Usage:
   python scripts/perf_table.py --profiles runs/perf --e2e-before docs/results/core.json \
-      --e2e-after runs/perf-e2e/summary.json --out docs/results/perf.json
+      --e2e-after docs/results/peers.json --out docs/results/perf.json
 
 Reads `specdec profile` JSONs named before-1.5b / after-1.5b / before-0.5b / after-0.5b (before:
 --no-pack, MKL for every GEMM; after: oneDNN-prepacked weights for multi-row GEMMs), bf16-1.5b, and
-omp-default-N / omp-active-N (the OMP_WAIT_POLICY trial), plus two bench summaries on the code prompts.
+bf16-packed-1.5b (bf16 with every GEMM prepacked), omp-default-N / omp-active-N (the OMP_WAIT_POLICY
+trial), weight-stream.json (scripts/weight_stream_bench.py), plus two bench summaries on the code prompts.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profiles", default="runs/perf")
     ap.add_argument("--e2e-before", default="docs/results/core.json")
-    ap.add_argument("--e2e-after", default="runs/perf-e2e/summary.json")
+    ap.add_argument("--e2e-after", default="docs/results/peers.json")
     ap.add_argument("--out", default="docs/results/perf.json")
     args = ap.parse_args()
     d = Path(args.profiles)
@@ -51,8 +52,9 @@ def main() -> None:
         before, after = load(d / f"before-{model}.json"), load(d / f"after-{model}.json")
         result["models"][model] = {"before": profile_row(before) if before else None,
                                    "after": profile_row(after) if after else None}
-    bf16 = load(d / "bf16-1.5b.json")
-    result["bf16_1.5b"] = profile_row(bf16) if bf16 else None
+    for name in ("bf16-1.5b", "bf16-packed-1.5b"):
+        bf16 = load(d / f"{name}.json")
+        result[name.replace("-", "_")] = profile_row(bf16) if bf16 else None
     omp = {}
     for policy in ("default", "active"):
         runs = [load(p) for p in sorted(d.glob(f"omp-{policy}-*.json"))]
