@@ -292,6 +292,11 @@ class AdaptivePolicy:
             else:
                 hits[i] *= 1.0 - self.cfg.relax
                 trials[i] *= 1.0 - self.cfg.relax
+        # The pooled rate (the chain's prior) learns from trees too: a tree's accepted path is at least
+        # what a chain would have passed, so an optimistic chain estimate gets the chain tried, and
+        # a policy that has only seen trees does not keep the chain at its starting prior forever.
+        self.pool_hits = keep * self.pool_hits + min(num_accepted, reached)
+        self.pool_trials = keep * self.pool_trials + reached
         self.opening = self.opening_probe = self.probed = False
         self.plain_run = 0
 

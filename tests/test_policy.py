@@ -344,3 +344,21 @@ def test_tree_drafter_under_the_policy_is_exact_and_uses_both_shapes(tiny_target
     for p in prompts:
         assert engine.generate(p, cfg).tokens == plain.generate(p, cfg).tokens
     assert True in shapes and False in shapes
+
+
+def test_a_policy_that_has_only_seen_trees_pass_tries_the_chain():
+    """Trees that pass raise the chain's estimate too (the pooled rate): where chains are cheaper
+    (this CPU's curve, trees' drafting dear), the policy moves on to a chain."""
+    p = tree_policy(CPU, prior=0.3)
+    p.tree_cost = {n: 0.55 for n in p.tree_cost}
+    p.tree_hits = {n: [1.0] * 4 for n in p.tree_hits}  # trees seen passing once, chain never tried
+    p.tree_trials = {n: [1.0] * 4 for n in p.tree_trials}
+    shapes = []
+    for _ in range(12):
+        k, nodes = p.choose_action()
+        shapes.append(nodes)
+        if nodes is None:
+            p.observe(k, k)
+        else:
+            p.observe_tree(nodes, k, k)
+    assert shapes[-1] is None and p.beta[0] > 0.8
