@@ -25,8 +25,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
     p.add_argument("--no-pack", action="store_true",
-                   help="CPU: keep ATen's GEMMs instead of oneDNN prepacked weights (fp32: for verify passes; "
-                        "bf16: for every forward) (saves one copy of the target's weights in memory, and in `serve` of the draft's, "
+                   help="CPU fp32: keep the default MKL GEMMs for verify passes instead of oneDNN prepacked "
+                        "weights (saves one copy of the target's weights in memory, and in `serve` of the draft's, "
                         "whose forwards are batched across sequences; verification is slower)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")

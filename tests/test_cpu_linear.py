@@ -22,24 +22,6 @@ def test_packed_linear_matches_linear(rows, bias):
     torch.testing.assert_close(PackedLinear(lin)(x), lin(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 5])
-def test_packed_bf16_linear_matches_linear(rows):
-    torch.manual_seed(0)
-    lin = nn.Linear(96, 200, bias=True).to(torch.bfloat16)
-    x = torch.randn(1, rows, 96, dtype=torch.bfloat16)
-    packed = PackedLinear(lin)
-    assert not packed.single_row_aten  # bf16: the packed kernel for every row count
-    torch.testing.assert_close(packed(x), lin(x), atol=2e-2, rtol=2e-2)
-
-
-def test_greedy_equivalence_with_a_packed_bf16_target():
-    target = pack_linears(tiny_model(0).to(torch.bfloat16))
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2, 9, 4]
-    cfg = GenerationConfig(30, 5)
-    plain = SpeculativeGenerator(target, NoDrafter(), 128).generate(prompt, cfg).tokens
-    assert SpeculativeGenerator(target, NgramDrafter(3, 1), 128).generate(prompt, cfg).tokens == plain
-
-
 def test_pack_linears_keeps_names_and_ties():
     model = pack_linears(tiny_model(4, tie_word_embeddings=True))
     assert isinstance(model.lm_head, PackedLinear)

@@ -27,8 +27,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
                pack: bool = False, cuda_graphs: bool = False) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
-    pack: on CPU in fp32, route multi-row GEMMs (verify passes) through oneDNN prepacked weights, in
-    bf16 every GEMM (see cpu_linear.py). It costs a second copy of the weights in memory. Ignored elsewhere.
+    pack: on CPU in fp32, route multi-row GEMMs (verify passes) through oneDNN prepacked weights
+    (see cpu_linear.py). It costs a second copy of the weights in memory. Ignored elsewhere.
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
     engine/cuda_graphs.py).
     """
@@ -45,7 +45,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     directory = model_directory(resolve_model(spec), progress)
     tokenizer = load_tokenizer(directory)
     module = load_hf_dir(directory, dev, torch_dtype)
-    if pack and dev.type == "cpu" and torch_dtype in (torch.float32, torch.bfloat16) and onednn_available():
+    if pack and dev.type == "cpu" and torch_dtype == torch.float32 and onednn_available():
         pack_linears(module)
     if cuda_graphs:
         from specdec.engine.cuda_graphs import enable_cuda_graphs

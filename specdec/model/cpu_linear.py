@@ -18,27 +18,24 @@ def onednn_available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """Same math as nn.Linear; rows > 1 go through oneDNN with a prepacked weight. In bf16 every row
-    count does: ATen's bf16 single-row product is slower than oneDNN's (AMX) packed one, which reads
-    bf16 weights at about 1.5x the fp32 single-row speed (docs/results/weight-stream.json)."""
+    """Same math as nn.Linear; rows > 1 go through oneDNN with a prepacked weight."""
 
     def __init__(self, linear: nn.Linear, pack_rows: int = 5):
         super().__init__()
         self.weight = linear.weight  # [out, in], shared (tied embeddings stay tied)
         self.bias = linear.bias  # [out] or None
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), pack_rows)
-        self.single_row_aten = linear.weight.dtype == torch.float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [batch, T, in]
-        if self.single_row_aten and x.shape[0] * x.shape[1] == 1:
+        if x.shape[0] * x.shape[1] == 1:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
-    """Swap every fp32 or bf16 nn.Linear of a CPU model for a PackedLinear, in place."""
+    """Swap every nn.Linear of an fp32 CPU model for a PackedLinear, in place."""
     for name, child in model.named_children():
-        if isinstance(child, nn.Linear) and child.weight.dtype in (torch.float32, torch.bfloat16):
+        if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32:
             setattr(model, name, PackedLinear(child))
         else:
             pack_linears(child)
