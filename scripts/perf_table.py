@@ -6,7 +6,7 @@ Usage:
 
 Reads `specdec profile` JSONs named before-1.5b / after-1.5b / before-0.5b / after-0.5b (before:
 --no-pack, MKL for every GEMM; after: oneDNN-prepacked weights for multi-row GEMMs), bf16-1.5b, and
-bf16-packed-1.5b (bf16 with every GEMM prepacked), omp-default-N / omp-active-N (the OMP_WAIT_POLICY
+bf16-packed-1.5b and bf16ab-{packed,aten}-N (bf16 with every GEMM prepacked vs ATen, alternated), omp-default-N / omp-active-N (the OMP_WAIT_POLICY
 trial), weight-stream.json (scripts/weight_stream_bench.py), plus two bench summaries on the code prompts.
 """
 
@@ -63,6 +63,12 @@ def main() -> None:
                            "roofline_fraction": [r["roofline_fraction"] for r in runs],
                            "median_roofline_fraction": statistics.median(r["roofline_fraction"] for r in runs)}
     result["omp_wait_policy"] = omp
+    ab = {}
+    for kernel in ("packed", "aten"):  # bf16, every GEMM prepacked vs ATen's, alternated
+        runs = [load(p) for p in sorted(d.glob(f"bf16ab-{kernel}-*.json"))]
+        if runs:
+            ab[kernel] = [profile_row(r) for r in runs]
+    result["bf16_packed_vs_aten"] = ab
     stream = load(d / "weight-stream.json")
     result["weight_stream"] = stream
     for key, path in (("before", args.e2e_before), ("after", args.e2e_after)):
