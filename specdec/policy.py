@@ -40,7 +40,8 @@ Trees: a drafter that can propose token trees (the draft model with a tree confi
 the policy tree sizes as further actions. A tree of n nodes and depth D emits 1 + sum_{i<=D}
 prod_{j<=i} gamma_{n,j} tokens for D c_tree + v(n + 1) time, with gamma_{n,i} the chance its
 accepted path reaches depth i once it reached i - 1 (discounted Beta estimates per size and depth,
-with an optimistic prior from the chain's estimate, so that an untried size gets tried), and c_tree the
+with an optimistic prior from the chain's estimate, so that an untried size gets tried; a tree's
+outcome also feeds the pooled rate, so that the chain gets tried too), and c_tree the
 measured draft cost per tree depth. The policy proposes the tree when it beats the best chain and
 plain; trees are verified alone, so only at batch 1.
 
