@@ -644,7 +644,9 @@ def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
     """Four plain rows and one probing row: the round stays one token wide (no padded rows)."""
     from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
     target = tiny_target_loaded
-    costs = CostModel({1: 1.0, 5: 5.0, 100: 100.0})  # compute-bound: every row costs
+    # 10 positions cost one step, more cost in proportion: a good drafter could pay in a round of
+    # 5 (so a probe is allowed), but 5 rows x 3 positions cost 1.5 steps for one row's guess
+    costs = CostModel({1: 1.0, 10: 1.0, 100: 10.0})
     factory = lambda: build_drafter("ngram", target, CONTEXT)  # noqa: E731
     stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=5, prefill_chunk=64,
                                 policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4, prior=0.0)))
