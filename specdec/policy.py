@@ -283,9 +283,19 @@ class AdaptivePolicy:
 
     def observe_tree(self, n: int, depth: int, num_accepted: int) -> None:
         """A tree step's outcome: a tree of (at most) n nodes and this depth; its accepted path's length."""
+        # The pooled rate (the chain's prior) learns from trees too: a tree's accepted path is at least
+        # what a chain would have passed, so an optimistic chain estimate gets the chain tried, and
+        # a policy that has only seen trees does not keep the chain at its starting prior forever.
+        self._count(self.tree_hits[n], self.tree_trials[n], depth, num_accepted)
+        self.opening = self.opening_probe = self.probed = False
+        self.plain_run = 0
+
+    def _count(self, hits: list[float], trials: list[float], drafted: int, num_accepted: int) -> None:
+        """One step's outcome into discounted per-position counts (positions 1..accepted passed, the
+        next one, if drafted, failed; unreached positions drift toward the pooled rate) and into
+        the pooled counts."""
         keep = 1.0 - self.cfg.decay
-        hits, trials = self.tree_hits[n], self.tree_trials[n]
-        reached = min(depth, num_accepted + 1, len(hits))
+        reached = min(drafted, num_accepted + 1, len(hits))
         for i in range(len(hits)):
             if i < reached:
                 hits[i] = keep * hits[i] + (1.0 if i < num_accepted else 0.0)
@@ -293,13 +303,8 @@ class AdaptivePolicy:
             else:
                 hits[i] *= 1.0 - self.cfg.relax
                 trials[i] *= 1.0 - self.cfg.relax
-        # The pooled rate (the chain's prior) learns from trees too: a tree's accepted path is at least
-        # what a chain would have passed, so an optimistic chain estimate gets the chain tried, and
-        # a policy that has only seen trees does not keep the chain at its starting prior forever.
         self.pool_hits = keep * self.pool_hits + min(num_accepted, reached)
         self.pool_trials = keep * self.pool_trials + reached
-        self.opening = self.opening_probe = self.probed = False
-        self.plain_run = 0
 
     def assume(self, beta: list[float], weight: float = 1000.0) -> None:
         """Set the per-position estimates as if `weight` observations had shown `beta` (tests, warm starts)."""
@@ -344,17 +349,7 @@ class AdaptivePolicy:
         if num_drafted == 0:
             self.plain_run += 1
             return
-        keep = 1.0 - self.cfg.decay
-        reached = min(num_drafted, num_accepted + 1, self.cfg.k_max)
-        hit_count = min(num_accepted, reached)
-        for i in range(reached):
-            self.hits[i] = keep * self.hits[i] + (1.0 if i < num_accepted else 0.0)
-            self.trials[i] = keep * self.trials[i] + 1.0
-        for i in range(reached, self.cfg.k_max):  # not reached this step: drift back toward the pooled rate
-            self.hits[i] *= 1.0 - self.cfg.relax
-            self.trials[i] *= 1.0 - self.cfg.relax
-        self.pool_hits = keep * self.pool_hits + hit_count
-        self.pool_trials = keep * self.pool_trials + reached
+        self._count(self.hits, self.trials, num_drafted, num_accepted)
         was_plain = self.plain_run > 0
         self.probed = was_plain
         self.plain_run = 0

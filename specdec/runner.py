@@ -129,16 +129,12 @@ def tree_actions(drafter: Drafter) -> dict:
     """The tree sizes a draft-model drafter configured for trees offers the policy besides chains:
     powers of two below its node budget and the budget itself (a static tree: its own size), at
     its depth cap."""
-    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.draft_model import DraftModelDrafter, node_depths
     budget = getattr(drafter, "max_tree_nodes", 0)
     if not isinstance(drafter, DraftModelDrafter) or budget < 2:
         return {}
     if drafter.static is not None:
-        parents = drafter.static[0]
-        depth = [0] * len(parents)
-        for i, p in enumerate(parents):
-            depth[i] = 1 if p < 0 else depth[p] + 1
-        return {"tree_sizes": (budget,), "tree_depth": max(depth)}
+        return {"tree_sizes": (budget,), "tree_depth": max(node_depths(drafter.static[0]))}
     sizes = sorted({n for n in (4, 8, 16, 32, 64) if n < budget} | {budget})
     return {"tree_sizes": tuple(sizes), "tree_depth": drafter.tree.depth}
 

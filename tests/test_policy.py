@@ -362,3 +362,11 @@ def test_a_policy_that_has_only_seen_trees_pass_tries_the_chain():
         else:
             p.observe_tree(nodes, k, k)
     assert shapes[-1] is None and p.beta[0] > 0.8
+
+
+def test_tree_actions_of_a_static_tree_and_of_a_chain_drafter(tiny_draft):
+    from specdec.config import TreeConfig
+    from specdec.runner import tree_actions
+    static = DraftModelDrafter(tiny_draft, TINY_VOCAB, 64, tree=TreeConfig(choices=((0,), (1,), (0, 0), (0, 0, 0))))
+    assert tree_actions(static) == {"tree_sizes": (4,), "tree_depth": 3}
+    assert tree_actions(DraftModelDrafter(tiny_draft, TINY_VOCAB, 64)) == {}

@@ -150,9 +150,7 @@ class DraftModelDrafter:
 
     def _static_tree(self, root: torch.Tensor, prefix: int, max_depth: int, max_nodes: int) -> DraftTree:
         parents, ranks = self.static
-        depths = [1 if p < 0 else 0 for p in parents]
-        for i, p in enumerate(parents):
-            depths[i] = 1 if p < 0 else depths[p] + 1
+        depths = node_depths(parents)
         keep = [i for i in range(len(parents)) if depths[i] <= max_depth][:max_nodes]
         tokens, slots = [0] * len(parents), {}
         need = max(ranks) + 1
@@ -240,6 +238,14 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
         d.cached += fed
         out.append(DraftTree.chain(toks, None if state.sampling.greedy or not qs[i] else torch.stack(qs[i])))
     return out
+
+
+def node_depths(parents: list[int]) -> list[int]:
+    """Depth of every node (a root's child is 1) from topologically ordered parents (-1 = root)."""
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return depths
 
 
 def select_tree(tokens: list[int], parents: list[int], scores: list[float], depths: list[int], budget: int,
