@@ -9,29 +9,34 @@ Acceptance: beta_i is the probability that draft position i is accepted given th
 1..i-1 were. Each position keeps discounted counts of what the verify steps showed (hits and trials,
 both multiplied by 1 - decay before each new observation, so about 1/decay recent observations
 count; positions after the first rejection show nothing), and beta_i is their Beta-posterior mean
-(hits_i + w prior_i) / (trials_i + w). prior_i is the pooled rate of this request, or beta_(i-1)
-where that is higher: acceptance given the chain got that far rarely drops with depth, so after a
-chain accepted to its end the next position starts from the last one's rate, and k can grow by
-more than one per passing step. The pooled rate is the same estimate over all positions, with the
-prior carried from earlier requests of this policy (a server slot or a bench method sees similar
-traffic) as its own prior. A position a step did not reach loses its counts at rate `relax` and so drifts back toward the pooled rate: an
-estimate that went low once is not frozen because the policy stopped drafting that far. One
-rejection moves a well-observed position only a little, so k does not oscillate on text the drafter
-knows well. A chain of k drafts then emits
-E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j tokens per step (the i.i.d. case gives (1 - a^(k+1)) / (1 - a))
-for k c + v(k + 1) time. The policy takes the k with the best E(k) / time; k = 0 is plain decoding
-(1 token per 1 time).
+(hits_i + w_pos prior_i) / (trials_i + w_pos). prior_i is the pooled rate of this request, or
+beta_(i-1) where that is higher: acceptance given the chain got that far rarely drops with depth, so
+after a chain accepted to its end the next position starts from the last one's rate, and k can grow
+by more than one per passing step. The prior's weight w_pos (position_weight, 6 observations) keeps
+one rejection at a deep position from cutting k for long when the pooled evidence is good. The pooled
+rate is the same estimate over all positions (prior weight 2), with the prior carried from earlier
+requests of this policy (a server slot or a bench method sees similar traffic; each request moves
+it toward that request's whole acceptance record). A position a step did not reach loses its counts
+at rate `relax` and so drifts back toward the pooled rate: an estimate that went low once is not
+frozen because the policy stopped drafting that far. A plain step observes nothing, so every count
+loses weight at rate `plain_relax` (slower after failed probes): the estimates drift back toward
+the carried prior, and the policy looks again when a bad patch of text may have passed. A chain of
+k drafts then emits E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j tokens per step (the i.i.d. case gives
+(1 - a^(k+1)) / (1 - a)) for k c + v(k + 1) time. The policy takes the k with the best E(k) / time;
+k = 0 is plain decoding (1 token per 1 time).
 
 Calibration: the offline curve times bare forwards at one context length. A real step also pays a
-longer context, the draft model's catch-up on accepted tokens, sampling and host work. When the cost
-model knows the plain step in seconds (`step_seconds`, t1), the engine reports each step's measured
-draft and verify seconds, and the policy keeps two moving averages in t1 units: rho_v, measured over
-predicted verify seconds (every step, plain ones included, so plain and drafting steps are scaled
-alike), and c_eff, the measured draft seconds per draft token (drafting steps that follow a drafting
-step; a probe also pays the catch-up on the plain steps' tokens). A step of k then costs
-rho_v v(k + 1) + k c_eff against rho_v for plain, so a drafter dearer than the curve says loses its
-steps to plain decoding, and a longer context alone does not. The calibration carries over to the
-next request. While plain, it probes now and then with a short draft so it can come back when the
+longer or shorter context, the draft model's catch-up on accepted tokens, sampling and host work.
+When the cost model knows the plain step in seconds (`step_seconds`, t1), the engine reports each
+step's measured draft and verify seconds, and the policy keeps three moving averages in t1 units:
+rho_v, measured over predicted seconds of plain steps; rho_spec, the same for drafted steps (a
+multi-position verify: sampled verification's softmax over the vocabulary at every position, for
+one, makes it dearer relative to a plain step than the bare forwards say); and c_eff, the measured
+draft seconds per draft token (drafting steps that follow a drafting step; a probe also pays the
+catch-up on the plain steps' tokens). A step of k then costs rho_spec v(k + 1) + k c_eff against
+rho_v for plain, so a drafter dearer than the curve says loses its steps to plain decoding, and a
+longer context alone (which slows both alike) does not. The calibration carries over to the next
+request. While plain, it probes now and then with a one-token draft so it can come back when the
 text turns predictable; the probe interval doubles after each failed probe (bounded). A request
 whose carried estimate says plain probes at its first step: the carried prior is only a guess
 about this request's text, and a passing probe costs nothing.
@@ -132,13 +137,15 @@ def expected_tokens(beta: list[float], k: int) -> float:
 
 
 def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_v: float = 1.0,
-           draft_cost: float | None = None) -> tuple[int, float]:
+           draft_cost: float | None = None, rho_spec: float | None = None) -> tuple[int, float]:
     """The k in 0..k_max with the highest predicted tokens per unit time, and that rate (per sequence).
-    Calibration: rho_v scales every verify forward, draft_cost replaces c (both in plain-step units)."""
+    Calibration: rho_v scales a plain step's verify forward and rho_spec (default rho_v) a drafted
+    step's; draft_cost replaces c (all in plain-step units)."""
+    rho_spec = rho_v if rho_spec is None else rho_spec
     c = costs.draft_cost if draft_cost is None else draft_cost
     best, rate = 0, batch / (rho_v * costs.v(batch))
     for k in range(1, k_max + 1):
-        r = batch * expected_tokens(beta, k) / (rho_v * costs.v(batch * (k + 1)) + batch * k * c)
+        r = batch * expected_tokens(beta, k) / (rho_spec * costs.v(batch * (k + 1)) + batch * k * c)
         if r > rate * (1 + 1e-9):
             best, rate = k, r
     return best, rate / batch
@@ -148,11 +155,13 @@ def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_
 class PolicyConfig:
     k_max: int = 8
     prior: float = 0.6  # acceptance before anything is seen (a policy's first request)
-    prior_weight: float = 2.0  # w: the prior's weight, in observations
+    prior_weight: float = 2.0  # w: the pooled rate's prior weight, in observations
+    position_weight: float = 6.0  # how many observations a position's prior (pooled rate / previous position) counts as
+    plain_relax: float = 0.1  # per plain step, the share of weight every count loses (estimates drift back to the prior)
     decay: float = 0.15  # per observation, the share of weight old observations lose
     memory: float = 0.5  # per request, how far the next request's prior moves to this request's pooled rate
     learn_budget: float = 0.05  # admission: draft prefill allowed with no predicted saving, x max_new_tokens
-    probe_k: int = 2  # draft length of a probe while plain
+    probe_k: int = 1  # draft length of a probe while plain
     probe_every: int = 8  # plain steps before the first probe
     probe_every_max: int = 64  # after repeated failed probes
     probe_first: bool = True  # a request whose estimate says plain still drafts its first step as a probe
@@ -168,9 +177,11 @@ class PolicyConfig:
             raise SpecdecError(f"k_max must be >= 1, got {self.k_max}")
         if not 0.0 <= self.prior <= 1.0 or not 0.0 < self.decay <= 1.0:
             raise SpecdecError(f"prior must be in [0, 1] and decay in (0, 1], got {self.prior}, {self.decay}")
-        if self.prior_weight <= 0 or not 0.0 <= self.memory <= 1.0 or self.learn_budget < 0:
-            raise SpecdecError(f"need prior_weight > 0, memory in [0, 1] and learn_budget >= 0, got "
-                               f"{self.prior_weight}, {self.memory}, {self.learn_budget}")
+        if self.prior_weight <= 0 or self.position_weight <= 0 or not 0.0 <= self.plain_relax < 1.0:
+            raise SpecdecError(f"need prior_weight > 0, position_weight > 0 and plain_relax in [0, 1), got "
+                               f"{self.prior_weight}, {self.position_weight}, {self.plain_relax}")
+        if not 0.0 <= self.memory <= 1.0 or self.learn_budget < 0:
+            raise SpecdecError(f"need memory in [0, 1] and learn_budget >= 0, got {self.memory}, {self.learn_budget}")
         if self.probe_every < 1 or self.probe_every_max < self.probe_every:
             raise SpecdecError("need 1 <= probe_every <= probe_every_max")
         if self.tree_sizes and (self.tree_depth < 1 or min(self.tree_sizes) < 2):
@@ -201,19 +212,23 @@ class AdaptivePolicy:
 
     def __post_init__(self):
         self.prior = self.cfg.prior  # the pooled rate's prior; moves toward each request's outcome
-        self.rho_v = 1.0  # measured / predicted seconds of verify forwards (EMA; kept across requests)
+        self.rho_v = 1.0  # measured / predicted seconds of plain steps' forwards (EMA; kept across requests)
+        self.rho_spec = 1.0  # the same for drafted steps' verify forwards (EMA; kept across requests)
         self.draft_cost = self.costs.draft_cost  # c_eff: measured draft seconds per draft token / t1 (EMA)
         self.hits = [0.0] * self.cfg.k_max  # discounted accepted observations per position
         self.trials = [0.0] * self.cfg.k_max  # discounted observations per position
         self.pool_hits = self.pool_trials = 0.0  # the same over all positions
+        self.request_hits = self.request_trials = 0.0  # this request's undiscounted totals (for the next prior)
         # trees: measured draft seconds per tree depth / t1 (EMA), per tree size
         self.tree_cost = {n: self.costs.draft_cost for n in self.cfg.tree_sizes}
         self.reset()
 
     def reset(self) -> None:
         """A new request: this request's acceptance moves the prior, then the counts start afresh."""
-        if self.pool_trials > 0:
-            self.prior += self.cfg.memory * (self.pooled - self.prior)
+        if self.request_trials > 0:  # this request's whole record (plain steps relax the running counts)
+            rate = (self.request_hits + self.cfg.prior_weight * self.prior) / (self.request_trials + self.cfg.prior_weight)
+            self.prior += self.cfg.memory * (rate - self.prior)
+        self.request_hits = self.request_trials = 0.0
         self.hits = [0.0] * self.cfg.k_max
         self.trials = [0.0] * self.cfg.k_max
         self.pool_hits = self.pool_trials = 0.0
@@ -237,7 +252,7 @@ class AdaptivePolicy:
         where that is higher: a chain accepted to its end says little about the next position by
         count, but acceptance given the chain got that far rarely drops with depth, and the deeper
         positions are only observed once the policy drafts that far."""
-        w, pooled, out = self.cfg.prior_weight, self.pooled, []
+        w, pooled, out = self.cfg.position_weight, self.pooled, []
         for h, n in zip(self.hits, self.trials):
             prior = max(pooled, out[-1]) if out else pooled
             out.append((h + w * prior) / (n + w))
@@ -253,7 +268,7 @@ class AdaptivePolicy:
         smaller = [m for m in self.cfg.tree_sizes if m < n]
         below = self.tree_beta(max(smaller)) if smaller else None
         chain, m = self.beta, max(1.0, n / max(self.cfg.tree_depth, 1))
-        w, out = self.cfg.prior_weight, []
+        w, out = self.cfg.prior_weight, []  # a weak prior: an optimistic guess that observations must correct fast
         for i, (h, t) in enumerate(zip(self.tree_hits[n], self.tree_trials[n])):
             b = chain[i] if i < len(chain) else self.pooled
             prior = max(1.0 - (1.0 - b) ** m, below[i] if below else 0.0, out[-1] if out else 0.0)
@@ -262,7 +277,7 @@ class AdaptivePolicy:
 
     def tree_rate(self, n: int, depth: int) -> float:
         """Predicted tokens per unit time of a tree of n nodes and the given depth (alone, batch 1)."""
-        seconds = self.rho_v * self.costs.v(n + 1) + depth * self.tree_cost[n]
+        seconds = self.rho_spec * self.costs.v(n + 1) + depth * self.tree_cost[n]
         return expected_tokens(self.tree_beta(n), depth) / seconds
 
     def choose_action(self, batch: int = 1, k_cap: int | None = None,
@@ -274,7 +289,7 @@ class AdaptivePolicy:
         sizes = [n for n in self.cfg.tree_sizes if nodes_cap is None or n <= nodes_cap]
         if batch == 1 and sizes and k_cap > 0 and not self.cfg.schedule:
             depth = min(self.cfg.tree_depth, k_cap)
-            _, chain_rate = best_k(self.beta, self.costs, k_cap, 1, self.rho_v, self.draft_cost)
+            _, chain_rate = best_k(self.beta, self.costs, k_cap, 1, self.rho_v, self.draft_cost, self.rho_spec)
             rate, n = max((self.tree_rate(n, depth), n) for n in sizes)
             if rate > chain_rate * (1 + 1e-9):
                 self.opening_probe = False
@@ -305,6 +320,8 @@ class AdaptivePolicy:
                 trials[i] *= 1.0 - self.cfg.relax
         self.pool_hits = keep * self.pool_hits + min(num_accepted, reached)
         self.pool_trials = keep * self.pool_trials + reached
+        self.request_hits += min(num_accepted, reached)
+        self.request_trials += reached
 
     def assume(self, beta: list[float], weight: float = 1000.0) -> None:
         """Set the per-position estimates as if `weight` observations had shown `beta` (tests, warm starts)."""
@@ -321,7 +338,7 @@ class AdaptivePolicy:
             return True
         batch = max(batch, 1)
         cost = self.costs.prefill_cost * prompt_len * batch
-        _, rate = best_k(self.beta, self.costs, self.cfg.k_max, batch, self.rho_v, self.draft_cost)
+        _, rate = best_k(self.beta, self.costs, self.cfg.k_max, batch, self.rho_v, self.draft_cost, self.rho_spec)
         plain = 1.0 / (self.rho_v * self.costs.v(batch))  # per-sequence plain rate at this batch
         saving = max_new_tokens * (1.0 - plain / rate) if rate > plain else 0.0
         return cost <= max(saving, self.cfg.learn_budget * max_new_tokens if batch == 1 else 0.0)
@@ -331,14 +348,14 @@ class AdaptivePolicy:
         if self.cfg.schedule:
             sizes = [b for b in self.cfg.schedule if b <= batch]
             return min(self.cfg.schedule[max(sizes)] if sizes else 0, k_cap)
-        k, _ = best_k(self.beta, self.costs, k_cap, batch, self.rho_v, self.draft_cost)
+        k, _ = best_k(self.beta, self.costs, k_cap, batch, self.rho_v, self.draft_cost, self.rho_spec)
         # A request starts with a probe when the carried prior says plain (this request's text may
         # suit the drafter better than the last one's), then plain steps probe now and then.
         # Probes only where plain is the estimate's doing: if even a good drafter (beta 0.9) cannot
         # pay at this batch size and draft cost, no probe can show otherwise.
         if k > 0 or not (self.opening and self.cfg.probe_first or self.plain_run + 1 >= self.interval):
             return k
-        if best_k([0.9] * k_cap, self.costs, k_cap, batch, self.rho_v, self.draft_cost)[0] == 0:
+        if best_k([0.9] * k_cap, self.costs, k_cap, batch, self.rho_v, self.draft_cost, self.rho_spec)[0] == 0:
             return 0
         self.opening_probe = self.opening and self.cfg.probe_first
         return min(self.cfg.probe_k, k_cap)  # a cheap look: has the text turned predictable?
@@ -348,13 +365,19 @@ class AdaptivePolicy:
         opening_probe, self.opening, self.opening_probe = self.opening_probe, False, False
         if num_drafted == 0:
             self.plain_run += 1
+            if self.cfg.plain_relax > 0:  # slower after failed probes (a longer probe interval)
+                keep = 1.0 - self.cfg.plain_relax * self.cfg.probe_every / self.interval
+                self.hits = [keep * h for h in self.hits]
+                self.trials = [keep * n for n in self.trials]
+                self.pool_hits *= keep
+                self.pool_trials *= keep
             return
         self._count(self.hits, self.trials, num_drafted, num_accepted)
         was_plain = self.plain_run > 0
         self.probed = was_plain
         self.plain_run = 0
         if was_plain or opening_probe:  # that was a probe
-            pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost)[0] > 0
+            pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost, self.rho_spec)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1,
@@ -369,7 +392,10 @@ class AdaptivePolicy:
         d = self.cfg.calibration_decay
         predicted = t1 * self.costs.v(nodes + 1 if nodes else batch * (width or k + 1)) / (1 if nodes else batch)
         ratio = min(max(verify_seconds / predicted, 0.25), 4.0)  # one outlier (a GC pause) must not flip it
-        self.rho_v = (1 - d) * self.rho_v + d * ratio
+        if nodes or (width or k + 1) > 1:  # a multi-position verify (a padded batch row's too)
+            self.rho_spec = (1 - d) * self.rho_spec + d * ratio
+        else:
+            self.rho_v = (1 - d) * self.rho_v + d * ratio
         if nodes and k > 0 and draft_seconds is not None:
             c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
             self.tree_cost[nodes] = (1 - d) * self.tree_cost[nodes] + d * c

@@ -75,7 +75,8 @@ def test_zero_acceptance_drives_the_policy_to_plain_within_a_few_steps():
         ks.append(k)
     probes = [i for i, k in enumerate(ks) if k > 0]
     assert 3 <= len(probes) <= 12 and sum(ks) <= 2 * len(probes)
-    assert probes[-1] - probes[-2] == 64  # backed off to the largest interval
+    # backed off: at the largest interval, the estimates drift back toward the prior only slowly
+    assert probes[-1] - probes[-2] >= 32
 
 
 def test_perfect_drafter_drives_the_policy_to_the_largest_k():
@@ -133,10 +134,57 @@ def test_calibration_turns_a_drafter_dearer_than_the_curve_to_plain():
     for _ in range(10):
         slow.observe_time(k, 0.1 * k * costs.draft_cost, 2 * 0.1 * costs.v(k + 1))
         slow.observe_time(0, None, 2 * 0.1)
-    assert slow.rho_v == pytest.approx(2.0, rel=0.05) and slow.choose() > 0
+    assert slow.rho_v == pytest.approx(2.0, rel=0.05) and slow.rho_spec == pytest.approx(2.0, rel=0.05)
+    assert slow.choose() > 0
     uncalibrated = AdaptivePolicy(CostModel(CPU.verify_cost, CPU.draft_cost), PolicyConfig(k_max=4))
     uncalibrated.observe_time(2, 10.0, 10.0)  # no step_seconds: nothing to calibrate against
     assert uncalibrated.rho_v == 1.0 and uncalibrated.draft_cost == CPU.draft_cost
+
+
+def test_a_drafted_step_dearer_than_the_curve_says_is_learned_apart_from_plain_steps():
+    """Sampled verification (a softmax over the vocabulary per position) or a short context can make a
+    drafted step cost more, relative to a plain one, than the offline curve says: the policy learns
+    that apart (rho_spec) from the plain step's scale (rho_v), and a drafter near break-even goes plain."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=4, probe_first=False))
+    policy.assume([0.55] * 4)
+    k = policy.choose()
+    assert k > 0  # the curve says drafting pays a little at 0.55
+    for _ in range(15):  # plain steps run at 0.9 of the curve's step, drafted ones at 1.3 of theirs
+        policy.observe_time(0, None, 0.9 * 0.1)
+        policy.observe_time(k, 0.1 * k * costs.draft_cost, 1.3 * 0.1 * costs.v(k + 1))
+    assert policy.rho_v == pytest.approx(0.9, rel=0.05) and policy.rho_spec == pytest.approx(1.3, rel=0.05)
+    assert policy.choose() == 0
+    # a tree step and a row of a padded batch are multi-position verifies too
+    for kwargs in ({"nodes": 8}, {"batch": 4, "width": 3}):
+        p = AdaptivePolicy(costs, PolicyConfig(k_max=4, tree_sizes=(8,), tree_depth=4))
+        n = kwargs.get("nodes", 0) + 1 if "nodes" in kwargs else 4 * 3
+        for _ in range(15):
+            p.observe_time(0 if "batch" in kwargs else 4, 0.01, 1.5 * 0.1 * costs.v(n) / (4 if "batch" in kwargs else 1),
+                           **kwargs)
+        assert p.rho_spec > 1.3 and p.rho_v == 1.0, kwargs
+
+
+def test_plain_steps_let_the_estimates_drift_back_toward_the_prior():
+    """While plain, nothing is observed: old evidence loses weight, so the estimates drift back
+    toward the carried prior and the policy looks again, sooner than its probe interval, on text that
+    turned predictable; after failed probes (a longer interval) the drift slows down."""
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.8, probe_first=False))
+    for _ in range(4):
+        policy.observe(2, 0)  # a bad patch
+    low = policy.beta[0]
+    assert policy.choose() == 0
+    for _ in range(5):
+        policy.observe(0, 0)
+    assert low < policy.beta[0] < 0.8
+    steps = next(i for i in range(100) if policy.choose() > 0 or policy.observe(0, 0))
+    assert steps < policy.cfg.probe_every
+    never = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.8, probe_first=False, plain_relax=0.0))
+    for _ in range(4):
+        never.observe(2, 0)
+    for _ in range(10):
+        never.observe(0, 0)
+    assert never.beta[0] == pytest.approx(low)
 
 
 def test_one_rejection_does_not_collapse_a_well_observed_chain():

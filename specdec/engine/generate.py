@@ -240,5 +240,5 @@ class SpeculativeGenerator:
             self.policy.observe(depth, acc.num_accepted)
             observe_time = getattr(self.policy, "observe_time", None)
             if observe_time is not None:
-                observe_time(k, t1 - t0, time.perf_counter() - t1)
+                observe_time(depth, t1 - t0, time.perf_counter() - t1)  # what was drafted, not asked for
         return req.emit(tree.tokens[path].tolist() + [acc.next_token])

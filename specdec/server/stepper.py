@@ -70,10 +70,12 @@ def round_width(chosen: list[tuple[object, int]]) -> int:
     from specdec.policy import expected_tokens
     costs, n = policies[0].costs, len(chosen)
     rho_v = sum(p.rho_v for p in policies) / n
+    rho_spec = sum(p.rho_spec for p in policies) / n  # drafted (multi-position) steps' calibration
     best, best_rate = 1, 0.0
     for w in sorted({k + 1 for _, k in chosen} | {1}):
         tokens = sum(expected_tokens(p.beta, min(k, w - 1)) for p, k in chosen)
-        seconds = rho_v * costs.v(n * w) + sum(min(k, w - 1) * p.draft_cost for p, k in chosen)
+        seconds = (rho_spec if w > 1 else rho_v) * costs.v(n * w) + sum(min(k, w - 1) * p.draft_cost
+                                                                        for p, k in chosen)
         if tokens / seconds > best_rate * (1 + 1e-9):
             best, best_rate = w, tokens / seconds
     return best
@@ -368,7 +370,7 @@ class StepwiseGenerator:
         stats.record_step(depth, len(path), nodes=len(draft))
         seq.engine.drafter.observe(len(path))
         seq.engine.policy.observe(depth, len(path))
-        seq.engine.policy.observe_time(k, draft_seconds, verify_seconds)
+        seq.engine.policy.observe_time(depth, draft_seconds, verify_seconds)  # what was drafted
         reason = seq.req.emit(draft.tokens[path].tolist() + [next_token])
         seq.finish_reason = reason
         return reason
