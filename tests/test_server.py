@@ -649,7 +649,7 @@ def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
     costs = CostModel({1: 1.0, 10: 1.0, 100: 10.0})
     factory = lambda: build_drafter("ngram", target, CONTEXT)  # noqa: E731
     stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=5, prefill_chunk=64,
-                                policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4, prior=0.0)))
+                                policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4, prior=0.0, probe_k=2)))
     seqs = [stepper.add([1, 2, 3, 1, 2, 3, 1 + i], GenerationConfig(12, 4), set()) for i in range(5)]
     stepper.run_round()  # prefills
     seqs[0].engine.policy.inner.plain_run = 100  # this one is due for a probe
