@@ -161,6 +161,7 @@ class PolicyConfig:
     decay: float = 0.15  # per observation, the share of weight old observations lose
     memory: float = 0.5  # per request, how far the next request's prior moves to this request's pooled rate
     learn_budget: float = 0.05  # admission: draft prefill allowed with no predicted saving, x max_new_tokens
+    learn_backoff_max: int = 8  # after allowance requests that did not pay, skip the allowance for up to this many
     probe_k: int = 1  # draft length of a probe while plain
     probe_every: int = 8  # plain steps before the first probe
     probe_every_max: int = 64  # after repeated failed probes
@@ -180,8 +181,9 @@ class PolicyConfig:
         if self.prior_weight <= 0 or self.position_weight <= 0 or not 0.0 <= self.plain_relax < 1.0:
             raise SpecdecError(f"need prior_weight > 0, position_weight > 0 and plain_relax in [0, 1), got "
                                f"{self.prior_weight}, {self.position_weight}, {self.plain_relax}")
-        if not 0.0 <= self.memory <= 1.0 or self.learn_budget < 0:
-            raise SpecdecError(f"need memory in [0, 1] and learn_budget >= 0, got {self.memory}, {self.learn_budget}")
+        if not 0.0 <= self.memory <= 1.0 or self.learn_budget < 0 or self.learn_backoff_max < 0:
+            raise SpecdecError(f"need memory in [0, 1], learn_budget >= 0 and learn_backoff_max >= 0, got "
+                               f"{self.memory}, {self.learn_budget}, {self.learn_backoff_max}")
         if self.probe_every < 1 or self.probe_every_max < self.probe_every:
             raise SpecdecError("need 1 <= probe_every <= probe_every_max")
         if self.tree_sizes and (self.tree_depth < 1 or min(self.tree_sizes) < 2):
@@ -219,6 +221,8 @@ class AdaptivePolicy:
         self.trials = [0.0] * self.cfg.k_max  # discounted observations per position
         self.pool_hits = self.pool_trials = 0.0  # the same over all positions
         self.request_hits = self.request_trials = 0.0  # this request's undiscounted totals (for the next prior)
+        self.learning = False  # this request was admitted on the learning allowance alone
+        self.learn_backoff = self.learn_skip = 0  # requests the allowance skips after one that did not pay
         # trees: measured draft seconds per tree depth / t1 (EMA), per tree size
         self.tree_cost = {n: self.costs.draft_cost for n in self.cfg.tree_sizes}
         self.reset()
@@ -228,6 +232,13 @@ class AdaptivePolicy:
         if self.request_trials > 0:  # this request's whole record (plain steps relax the running counts)
             rate = (self.request_hits + self.cfg.prior_weight * self.prior) / (self.request_trials + self.cfg.prior_weight)
             self.prior += self.cfg.memory * (rate - self.prior)
+        if self.learning:  # a request admitted only to learn: did its drafts turn out to pay?
+            seen = self.request_hits / self.request_trials if self.request_trials else 0.0
+            pays = best_k([seen] * self.cfg.k_max, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost,
+                          self.rho_spec)[0] > 0
+            self.learn_backoff = 0 if pays else min(2 * self.learn_backoff or 1, self.cfg.learn_backoff_max)
+            self.learn_skip = self.learn_backoff
+        self.learning = False
         self.request_hits = self.request_trials = 0.0
         self.hits = [0.0] * self.cfg.k_max
         self.trials = [0.0] * self.cfg.k_max
@@ -341,7 +352,18 @@ class AdaptivePolicy:
         _, rate = best_k(self.beta, self.costs, self.cfg.k_max, batch, self.rho_v, self.draft_cost, self.rho_spec)
         plain = 1.0 / (self.rho_v * self.costs.v(batch))  # per-sequence plain rate at this batch
         saving = max_new_tokens * (1.0 - plain / rate) if rate > plain else 0.0
-        return cost <= max(saving, self.cfg.learn_budget * max_new_tokens if batch == 1 else 0.0)
+        if cost <= saving:
+            return True
+        if batch > 1 or cost > self.cfg.learn_budget * max_new_tokens:
+            return False
+        # The learning allowance, backed off like probes: after an allowance request whose drafts did
+        # not pay, the next 1, 2, 4, ... requests skip it. Each still-admitted one can bring drafting
+        # back (a refused request shows nothing, so the allowance is never switched off for good).
+        if self.learn_skip > 0:
+            self.learn_skip -= 1
+            return False
+        self.learning = True
+        return True
 
     def choose(self, batch: int = 1, k_cap: int | None = None) -> int:
         k_cap = self.cfg.k_max if k_cap is None else min(k_cap, self.cfg.k_max)

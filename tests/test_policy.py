@@ -248,6 +248,29 @@ def test_admission_skips_a_draft_prefill_that_cannot_pay_back():
     assert loaded.admit(100, 64, batch=1) and not loaded.admit(100, 64, batch=16)
 
 
+def test_the_learning_allowance_backs_off_after_requests_whose_drafts_did_not_pay():
+    """Adversarial traffic: each request's draft prefill fits the learning allowance, but drafting
+    never pays. The allowance then skips 1, 2, 4, ... requests between tries, and never stops for
+    good; one allowance request whose drafts pay restores it at once."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.01)  # 100 prompt tokens = 1 plain step
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.2, learn_backoff_max=8))
+    admitted = []
+    for _ in range(24):
+        policy.reset()
+        admitted.append(policy.admit(100, 64))  # no saving predicted at this prior: the allowance alone
+        if admitted[-1]:
+            policy.observe(1, 0)  # its probe fails
+    assert [i for i, a in enumerate(admitted) if a] == [0, 2, 5, 10, 19]
+    policy.reset()
+    policy.learn_skip = 0  # the next try comes
+    assert policy.admit(100, 64) and policy.learning
+    for _ in range(10):
+        policy.observe(2, 2)  # this request's text suits the drafter
+    policy.reset()
+    assert policy.learn_backoff == 0 and policy.learn_skip == 0 and policy.admit(100, 64)
+    assert not policy.admit(100, 64, batch=4)  # no allowance in a batch
+
+
 def test_an_unadmitted_request_runs_plain_without_starting_the_drafter(tiny_target, tiny_draft):
     class Counting(DraftModelDrafter):
         starts = 0
@@ -271,7 +294,7 @@ def test_an_unadmitted_request_runs_plain_without_starting_the_drafter(tiny_targ
 
 def test_bad_policy_config_is_refused():
     for kwargs in ({"k_max": 0}, {"prior": 1.5}, {"decay": 0.0}, {"probe_every": 10, "probe_every_max": 5},
-                   {"prior_weight": 0.0}, {"memory": 1.5}, {"learn_budget": -1.0}):
+                   {"prior_weight": 0.0}, {"memory": 1.5}, {"learn_budget": -1.0}, {"learn_backoff_max": -1}):
         with pytest.raises(SpecdecError):
             PolicyConfig(**kwargs)
     with pytest.raises(SpecdecError):
