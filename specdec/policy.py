@@ -54,6 +54,8 @@ Admission: a draft model must prefill the prompt before its first proposal (pref
 token, in plain steps). A request whose draft prefill would cost more than the predicted saving
 over max_new_tokens (or, when no saving is predicted, more than a small learning allowance) runs
 plain, without the draft's prefill: on a long prompt with a short answer the drafter cannot win it back.
+The learning allowance backs off like probes: after a request admitted on it alone whose drafts did
+not pay, the next 1, 2, 4, ... (at most learn_backoff_max) requests skip it; one that pays restores it.
 In a batch of B the prefill stalls all B sequences, so it counts B times, against the saving at batch B.
 
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
