@@ -236,8 +236,7 @@ class AdaptivePolicy:
             self.prior += self.cfg.memory * (rate - self.prior)
         if self.learning:  # a request admitted only to learn: did its drafts turn out to pay?
             seen = self.request_hits / self.request_trials if self.request_trials else 0.0
-            pays = best_k([seen] * self.cfg.k_max, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost,
-                          self.rho_spec)[0] > 0
+            pays = self._best_k([seen] * self.cfg.k_max, self.cfg.k_max)[0] > 0
             self.learn_backoff = 0 if pays else min(2 * self.learn_backoff or 1, self.cfg.learn_backoff_max)
             self.learn_skip = self.learn_backoff
         self.learning = False
@@ -253,6 +252,10 @@ class AdaptivePolicy:
         self.probed = False  # the last drafting step came right after plain steps
         self.opening = True  # no step of this request has run yet
         self.opening_probe = False  # the first step drafts as a probe although the estimate says plain
+
+    def _best_k(self, beta: list[float], k_max: int, batch: int = 1) -> tuple[int, float]:
+        """best_k under this policy's calibration (rho_v, rho_spec, c_eff)."""
+        return best_k(beta, self.costs, k_max, batch, self.rho_v, self.draft_cost, self.rho_spec)
 
     @property
     def pooled(self) -> float:
@@ -302,7 +305,7 @@ class AdaptivePolicy:
         sizes = [n for n in self.cfg.tree_sizes if nodes_cap is None or n <= nodes_cap]
         if batch == 1 and sizes and k_cap > 0 and not self.cfg.schedule:
             depth = min(self.cfg.tree_depth, k_cap)
-            _, chain_rate = best_k(self.beta, self.costs, k_cap, 1, self.rho_v, self.draft_cost, self.rho_spec)
+            _, chain_rate = self._best_k(self.beta, k_cap)
             rate, n = max((self.tree_rate(n, depth), n) for n in sizes)
             if rate > chain_rate * (1 + 1e-9):
                 self.opening_probe = False
@@ -351,7 +354,7 @@ class AdaptivePolicy:
             return True
         batch = max(batch, 1)
         cost = self.costs.prefill_cost * prompt_len * batch
-        _, rate = best_k(self.beta, self.costs, self.cfg.k_max, batch, self.rho_v, self.draft_cost, self.rho_spec)
+        _, rate = self._best_k(self.beta, self.cfg.k_max, batch)
         plain = 1.0 / (self.rho_v * self.costs.v(batch))  # per-sequence plain rate at this batch
         saving = max_new_tokens * (1.0 - plain / rate) if rate > plain else 0.0
         if cost <= saving:
@@ -372,14 +375,14 @@ class AdaptivePolicy:
         if self.cfg.schedule:
             sizes = [b for b in self.cfg.schedule if b <= batch]
             return min(self.cfg.schedule[max(sizes)] if sizes else 0, k_cap)
-        k, _ = best_k(self.beta, self.costs, k_cap, batch, self.rho_v, self.draft_cost, self.rho_spec)
+        k, _ = self._best_k(self.beta, k_cap, batch)
         # A request starts with a probe when the carried prior says plain (this request's text may
         # suit the drafter better than the last one's), then plain steps probe now and then.
         # Probes only where plain is the estimate's doing: if even a good drafter (beta 0.9) cannot
         # pay at this batch size and draft cost, no probe can show otherwise.
         if k > 0 or not (self.opening and self.cfg.probe_first or self.plain_run + 1 >= self.interval):
             return k
-        if best_k([0.9] * k_cap, self.costs, k_cap, batch, self.rho_v, self.draft_cost, self.rho_spec)[0] == 0:
+        if self._best_k([0.9] * k_cap, k_cap, batch)[0] == 0:
             return 0
         self.opening_probe = self.opening and self.cfg.probe_first
         return min(self.cfg.probe_k, k_cap)  # a cheap look: has the text turned predictable?
@@ -401,7 +404,7 @@ class AdaptivePolicy:
         self.probed = was_plain
         self.plain_run = 0
         if was_plain or opening_probe:  # that was a probe
-            pays = best_k(self.beta, self.costs, self.cfg.k_max, 1, self.rho_v, self.draft_cost, self.rho_spec)[0] > 0
+            pays = self._best_k(self.beta, self.cfg.k_max)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1,

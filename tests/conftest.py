@@ -31,6 +31,37 @@ def tiny_model(seed: int, **overrides) -> Transformer:
     return model.eval()
 
 
+def run_batched(engine, prompts: list[list[int]], cfg) -> dict[int, list[int]]:
+    """Continuous batching on a BatchEngine: a prompt joins when a row is free and leaves when
+    finished. Returns each prompt's (index ->) full token list."""
+    rows, pending, done = {}, list(enumerate(prompts)), {}
+    while pending or rows:
+        while pending and engine.free_rows:
+            i, p = pending.pop(0)
+            rows[engine.add(p, cfg)] = i
+        for b in engine.step():
+            done[rows.pop(b)] = engine.remove(b).tokens
+    return done
+
+
+def run_stepper(stepper, prompts: list[list[int]], cfg, eos_ids, limits=(None, 0, 1)) -> dict[int, list[int]]:
+    """The server's slot pool: sequences join when a slot is free and leave when finished, with the
+    draft length limit cycling through `limits` round by round. Returns each prompt's new tokens."""
+    pending, got = list(enumerate(prompts)), {}
+    for round_no in range(500):
+        while pending and stepper.free:
+            i, p = pending.pop(0)
+            stepper.add(p, cfg, eos_ids, tag=i)
+        if not stepper.active:
+            break
+        stepper.k_limit = limits[round_no % len(limits)]
+        for seq in stepper.run_round():
+            assert seq.finish_reason in ("stop", "length")
+            got[seq.tag] = seq.new_tokens
+            stepper.release(seq)
+    return got
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> Transformer:
     return tiny_model(0)

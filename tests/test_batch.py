@@ -10,7 +10,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.batch import BatchEngine, ragged_inputs
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
-from tests.conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB, run_batched
 
 PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60)), [7], [9, 9, 9, 9, 9, 9]]
 
@@ -37,13 +37,7 @@ def test_batched_greedy_equals_single_sequence(tiny_target, tiny_draft, drafter)
     single = SpeculativeGenerator(tiny_target, factory(), 256)
     expected = [single.generate(p, cfg).tokens for p in PROMPTS]
     engine = BatchEngine(tiny_target, factory, 256, max_batch=3)
-    rows, pending, done = {}, list(enumerate(PROMPTS)), {}
-    while pending or rows:  # continuous batching: join when a row is free, leave when finished
-        while pending and engine.free_rows:
-            i, p = pending.pop(0)
-            rows[engine.add(p, cfg)] = i
-        for b in engine.step():
-            done[rows.pop(b)] = engine.remove(b).tokens
+    done = run_batched(engine, PROMPTS, cfg)
     for i, p in enumerate(PROMPTS):
         assert done[i][len(p):] == expected[i], i
 

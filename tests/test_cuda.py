@@ -19,7 +19,7 @@ from specdec.engine.batch import BatchEngine
 from specdec.engine.cuda_graphs import enable_cuda_graphs
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
-from tests.conftest import TINY_VOCAB, tiny_model
+from tests.conftest import TINY_VOCAB, run_batched, run_stepper, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -106,13 +106,7 @@ def test_batched_greedy_equals_single_sequence(method, dtype, graphs):
     expected = [SpeculativeGenerator(target, DRAFTERS[method](target, draft), CAP).generate(p, cfg).tokens
                 for p in prompts]
     engine = BatchEngine(target, lambda: DRAFTERS[method](target, draft), CAP, max_batch=3)
-    rows, pending, done = {}, list(enumerate(prompts)), {}
-    while pending or rows:
-        while pending and engine.free_rows:
-            i, p = pending.pop(0)
-            rows[engine.add(p, cfg)] = i
-        for b in engine.step():
-            done[rows.pop(b)] = engine.remove(b).tokens
+    done = run_batched(engine, prompts, cfg)
     for i, p in enumerate(prompts):
         assert_greedy_match(models(dtype, False)[0], dtype, p, done[i][len(p):], expected[i], f"{method} row {i}")
 
@@ -139,17 +133,7 @@ def test_stepper_equals_engine(tiny_qwen_dir, method, dtype):
     expected = [SpeculativeGenerator(target.module, factory(), CAP).generate(p, cfg, target.eos_ids).tokens
                 for p in prompts]
     stepper = StepwiseGenerator(target.module, factory, CAP, max_batch=3, prefill_chunk=4)
-    pending, got, limits = list(enumerate(prompts)), {}, [None, 0, 1]
-    for round_no in range(500):
-        while pending and stepper.free:
-            i, p = pending.pop(0)
-            stepper.add(p, cfg, target.eos_ids, tag=i)
-        if not stepper.active:
-            break
-        stepper.k_limit = limits[round_no % 3]
-        for seq in stepper.run_round():
-            got[seq.tag] = seq.new_tokens
-            stepper.release(seq)
+    got = run_stepper(stepper, prompts, cfg, target.eos_ids)
     for i, p in enumerate(prompts):
         assert_greedy_match(target.module, dtype, p, got[i], expected[i], f"{method} sequence {i}")
 

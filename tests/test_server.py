@@ -34,6 +34,7 @@ from specdec.server.app import create_app, make_server
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler, TextTracker, k_schedule
 from specdec.server.stepper import StepwiseGenerator
+from tests.conftest import run_stepper
 
 K = 3
 CONTEXT = 512
@@ -490,18 +491,7 @@ def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, me
     expected = [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg, target.eos_ids).tokens
                 for p in prompts]
     stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4, batched=batched)
-    pending, got, limits = list(enumerate(prompts)), {}, [None, 0, 1]
-    for round_no in range(500):
-        while pending and stepper.free:
-            i, p = pending.pop(0)
-            stepper.add(p, cfg, target.eos_ids, tag=i)
-        if not stepper.active:
-            break
-        stepper.k_limit = limits[round_no % 3]
-        for seq in stepper.run_round():
-            assert seq.finish_reason in ("stop", "length")
-            got[seq.tag] = seq.new_tokens
-            stepper.release(seq)
+    got = run_stepper(stepper, prompts, cfg, target.eos_ids)
     assert [got[i] for i in range(len(prompts))] == expected
     assert sorted(stepper.free) == [0, 1, 2]
 
