@@ -19,6 +19,7 @@ import argparse
 import json
 import random
 
+from specdec.errors import SpecdecError
 from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, load_profile
 
 SCENARIOS = {  # tokens emitted so far in the request -> acceptance rate of each draft position
@@ -26,6 +27,21 @@ SCENARIOS = {  # tokens emitted so far in the request -> acceptance rate of each
     "prose-then-code": lambda done: 0.4 if done < 24 else 0.9,  # a code block after prose
     "alternating-16": lambda done: 0.9 if (done // 16) % 2 else 0.3,  # quoted passages in new text
 }
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """['decay=0.1', 'probe_k=2'] -> {'decay': 0.1, 'probe_k': 2}, typed like PolicyConfig's defaults."""
+    defaults, out = PolicyConfig(), {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        default = getattr(defaults, name, None)
+        if not sep or isinstance(default, bool) or not isinstance(default, (int, float)):
+            raise ValueError(f"--set takes FIELD=VALUE with a numeric PolicyConfig field, got {item!r}")
+        try:
+            out[name] = type(default)(value)
+        except ValueError:
+            raise ValueError(f"--set {name} needs a {type(default).__name__}, got {value!r}") from None
+    return out
 
 
 def run(costs: CostModel, scenario, seed: int, tokens: int, requests: int, fixed_k: int | None = None,
@@ -61,11 +77,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     costs = CostModel.from_profile(load_profile(args.profile))
-    overrides = {}
-    for item in args.set:
-        name, _, value = item.partition("=")
-        overrides[name] = type(getattr(PolicyConfig(), name))(value)
-    cfg = PolicyConfig(k_max=args.k_max, **overrides)
+    try:
+        cfg = PolicyConfig(k_max=args.k_max, **parse_overrides(args.set))
+    except (ValueError, SpecdecError) as e:
+        ap.error(str(e))
     rows = {}
     for name, scenario in SCENARIOS.items():
         fixed = {k: sum(run(costs, scenario, s, args.tokens, args.requests, k) for s in range(args.seeds)) / args.seeds

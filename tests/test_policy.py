@@ -441,3 +441,11 @@ def test_tree_actions_of_a_static_tree_and_of_a_chain_drafter(tiny_draft):
     static = DraftModelDrafter(tiny_draft, TINY_VOCAB, 64, tree=TreeConfig(choices=((0,), (1,), (0, 0), (0, 0, 0))))
     assert tree_actions(static) == {"tree_sizes": (4,), "tree_depth": 3}
     assert tree_actions(DraftModelDrafter(tiny_draft, TINY_VOCAB, 64)) == {}
+
+
+def test_policy_sim_overrides_are_typed_and_refuse_bad_input():
+    from scripts.policy_sim import parse_overrides
+    assert parse_overrides(["decay=0.1", "probe_k=2"]) == {"decay": 0.1, "probe_k": 2}
+    for bad in (["decay"], ["nope=1"], ["probe_k=two"], ["schedule=1:4"], ["probe_first=false"]):
+        with pytest.raises(ValueError, match="--set"):
+            parse_overrides(bad)
