@@ -73,9 +73,11 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="dynamic tree: nodes expanded per depth, and children per expanded node")
     p.add_argument("--tree-choices", default=None,
                    help="static tree: Medusa-style rank paths as JSON (or a JSON file), e.g. '[[0],[1],[0,0],[0,1]]'")
-    p.add_argument("--policy", choices=("fixed", "adaptive"), default="fixed",
+    p.add_argument("--policy", choices=("fixed", "adaptive", "adaptive-k"), default="fixed",
                    help="fixed: draft k every step; adaptive: pick k in 0..k each step from measured costs "
-                        "and running acceptance (0 = plain step)")
+                        "and running acceptance (0 = plain step), and let a draft model's chain go on or end "
+                        "by its own confidence (single-sequence generation; the server picks k only); "
+                        "adaptive-k: pick k only")
     p.add_argument("--cost-profile", default=None,
                    help="`specdec profile` JSON with v(n) and c for the adaptive policy (default: measure at start)")
 

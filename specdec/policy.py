@@ -66,12 +66,22 @@ num_speculative_tokens_per_batch_size) overrides the model.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
+from specdec.drafters.base import END, GO_ON, LAST
 from specdec.errors import SpecdecError
+
+
+CONF_EDGES = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 1.0)  # bins of the draft's top probability
+
+
+def conf_bin(p: float) -> int:
+    return min(bisect.bisect_right(CONF_EDGES, p) - 1, len(CONF_EDGES) - 2)
 
 
 def interpolate(curve: dict[int, float], n: int) -> float:
@@ -174,6 +184,9 @@ class PolicyConfig:
     schedule: dict[int, int] | None = None  # fixed {min batch size: k}; overrides the model
     tree_sizes: tuple[int, ...] = ()  # node budgets the drafter can also propose as trees (empty: chains only)
     tree_depth: int = 0  # those trees' depth cap
+    confidence: bool = True  # a drafter that knows its confidence drafts while it predicts a gain (confident_draft)
+    conf_weight: float = 4.0  # a confidence bin's prior weight, in observations (prior mean: the bin's confidence)
+    conf_decay: float = 0.01  # per observation, the share of weight a bin's old observations lose
 
     def __post_init__(self):
         if self.k_max < 1:
@@ -188,6 +201,9 @@ class PolicyConfig:
                                f"{self.memory}, {self.learn_budget}, {self.learn_backoff_max}")
         if self.probe_every < 1 or self.probe_every_max < self.probe_every:
             raise SpecdecError("need 1 <= probe_every <= probe_every_max")
+        if self.conf_weight <= 0 or not 0.0 < self.conf_decay <= 1.0:
+            raise SpecdecError(f"need conf_weight > 0 and conf_decay in (0, 1], got {self.conf_weight}, "
+                               f"{self.conf_decay}")
         if self.tree_sizes and (self.tree_depth < 1 or min(self.tree_sizes) < 2):
             raise SpecdecError(f"tree sizes need at least 2 nodes and a depth >= 1, got {self.tree_sizes}, "
                                f"depth {self.tree_depth}")
@@ -227,6 +243,16 @@ class AdaptivePolicy:
         self.learn_backoff = self.learn_skip = 0  # requests the allowance skips after one that did not pay
         # trees: measured draft seconds per tree depth / t1 (EMA), per tree size
         self.tree_cost = {n: self.costs.draft_cost for n in self.cfg.tree_sizes}
+        # confidence calibration: per bin of the draft's top probability, discounted counts of whether
+        # a drafted token there passed (given the chain reached it); kept across requests (it describes
+        # the draft/target pair more than the text)
+        self.conf_hits = [0.0] * (len(CONF_EDGES) - 1)
+        self.conf_trials = [0.0] * (len(CONF_EDGES) - 1)
+        # and, per bin of a passing token, whether the look at the next position passed (text the draft
+        # is sure of tends to go on being easy: a streak)
+        self.next_hits = [0.0] * (len(CONF_EDGES) - 1)
+        self.next_trials = [0.0] * (len(CONF_EDGES) - 1)
+        self.last_looked = 0  # draft forwards the last step ran (drafted tokens + a look that stopped)
         self.reset()
 
     def reset(self) -> None:
@@ -252,6 +278,9 @@ class AdaptivePolicy:
         self.probed = False  # the last drafting step came right after plain steps
         self.opening = True  # no step of this request has run yet
         self.opening_probe = False  # the first step drafts as a probe although the estimate says plain
+        self.rate = 0.0  # the predicted tokens per unit time of the last choice that drafted by estimate
+        self.step_conf: list[float] = []  # this step's drafted tokens' confidences (under the rule)
+        self.step_stopped = False  # this step's chain was ended by the confidence rule
 
     def _best_k(self, beta: list[float], k_max: int, batch: int = 1) -> tuple[int, float]:
         """best_k under this policy's calibration (rho_v, rho_spec, c_eff)."""
@@ -375,7 +404,7 @@ class AdaptivePolicy:
         if self.cfg.schedule:
             sizes = [b for b in self.cfg.schedule if b <= batch]
             return min(self.cfg.schedule[max(sizes)] if sizes else 0, k_cap)
-        k, _ = self._best_k(self.beta, k_cap, batch)
+        k, self.rate = self._best_k(self.beta, k_cap, batch)
         # A request starts with a probe when the carried prior says plain (this request's text may
         # suit the drafter better than the last one's), then plain steps probe now and then.
         # Probes only where plain is the estimate's doing: if even a good drafter (beta 0.9) cannot
@@ -385,11 +414,80 @@ class AdaptivePolicy:
         if self._best_k([0.9] * k_cap, k_cap, batch)[0] == 0:
             return 0
         self.opening_probe = self.opening and self.cfg.probe_first
+        self.rate = 0.0  # a probe drafts its probe_k tokens, with no confidence rule
         return min(self.cfg.probe_k, k_cap)  # a cheap look: has the text turned predictable?
 
+    def confidence_rate(self, p: float) -> float:
+        """The chance a drafted token whose draft probability was p passes, given the chain reached it:
+        a Beta estimate per confidence bin, whose prior mean is the bin's confidence (a calibrated draft)."""
+        return self._bin_rate(self.conf_hits, self.conf_trials, p)
+
+    def next_rate(self, p: float) -> float:
+        """The chance that, after a passing token of draft probability p, looking at the next position
+        yields a passing token (a Beta estimate per bin; prior mean: the bin's confidence)."""
+        return self._bin_rate(self.next_hits, self.next_trials, p)
+
+    def _bin_rate(self, hits: list[float], trials: list[float], p: float) -> float:
+        b = conf_bin(p)
+        prior = 0.5 * (CONF_EDGES[b] + CONF_EDGES[b + 1])
+        w = self.cfg.conf_weight
+        return (hits[b] + w * prior) / (trials[b] + w)
+
+    def confident_draft(self, k: int, k_cap: int) -> tuple[int, Callable[[int, float], int] | None]:
+        """After choose() returned k for a chain: (the most tokens to draft, the rule) for a drafter that
+        knows its confidence (DraftState.stop). Where the estimate chose to draft (not a probe, not
+        plain) and the rule is on, the drafter may go up to k_cap, the rule deciding each token; else
+        (k, None)."""
+        if not self.cfg.confidence or k == 0 or self.rate <= 0 or self.cfg.schedule:
+            return k, None
+        self.step_conf, self.step_stopped, reach = [], False, [1.0]
+        rate, c = self.rate, self.draft_cost
+
+        def V(n: int) -> float:  # verify time of a step with n drafted tokens
+            return self.rho_v * self.costs.v(1) if n == 0 else self.rho_spec * self.costs.v(n + 1)
+
+        def stop(i: int, p: float) -> int:
+            """Token i + 1, of draft probability p (its draft forward is spent): worth drafting if the
+            tokens it adds beat the predicted rate x the verify time it adds; worth going on after it
+            if the further tokens (each passing at next_rate(p), each a draft forward and a verify
+            position) add more than rate x their time."""
+            a, b = self.confidence_rate(p), self.next_rate(p)
+            r = reach[0] * a
+            here = r - rate * (V(i + 1) - V(i))
+            value = after = 0.0
+            for j in range(i + 1, k_cap):
+                r *= b
+                value += r - rate * (c + V(j + 1) - V(j))
+                after = max(after, value)
+            if here + after <= 0:
+                self.step_stopped = True
+                return END
+            reach[0] *= a
+            self.step_conf.append(p)
+            return GO_ON if after > 0 else LAST
+
+        return max(k, k_cap), stop
+
     def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """One verify step's outcome: positions 1..accepted passed, position accepted+1 (if drafted) failed."""
+        """One verify step's outcome: positions 1..accepted passed, position accepted+1 (if drafted) failed.
+
+        Under the confidence rule the action is "look, and draft while confident": a chain the rule
+        ended after all its tokens passed counts a failure at the next position (the look found
+        nothing worth drafting), so the estimates measure what looking yields, and a step that stopped
+        before its first token is a failed look, not a plain step. The drafted tokens' outcomes also
+        calibrate the confidence bins."""
         opening_probe, self.opening, self.opening_probe = self.opening_probe, False, False
+        looked = num_drafted + int(self.step_stopped and num_accepted == num_drafted)
+        keep = 1.0 - self.cfg.conf_decay
+        for j, p in enumerate(self.step_conf[:num_drafted][:num_accepted + 1]):
+            b = conf_bin(p)
+            self.conf_hits[b] = keep * self.conf_hits[b] + (1.0 if j < num_accepted else 0.0)
+            self.conf_trials[b] = keep * self.conf_trials[b] + 1.0
+            if j < num_accepted and j + 1 < looked:  # it passed, and the next position was looked at
+                self.next_hits[b] = keep * self.next_hits[b] + (1.0 if j + 1 < num_accepted else 0.0)
+                self.next_trials[b] = keep * self.next_trials[b] + 1.0
+        self.step_conf, self.step_stopped, self.last_looked = [], False, looked
+        num_drafted = looked  # a failed look at position num_drafted + 1 (count it as drafted, not passed)
         if num_drafted == 0:
             self.plain_run += 1
             if self.cfg.plain_relax > 0:  # slower after failed probes (a longer probe interval)
@@ -426,8 +524,8 @@ class AdaptivePolicy:
         if nodes and k > 0 and draft_seconds is not None:
             c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
             self.tree_cost[nodes] = (1 - d) * self.tree_cost[nodes] + d * c
-        elif k > 0 and draft_seconds is not None and not self.probed:
-            c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
+        elif max(k, self.last_looked) > 0 and draft_seconds is not None and not self.probed:
+            c = min(max(draft_seconds / (t1 * max(k, self.last_looked)), 0.0), 4.0)  # per draft forward
             self.draft_cost = (1 - d) * self.draft_cost + d * c
 
 

@@ -101,7 +101,7 @@ def tree_config(args) -> TreeConfig | None:
 
 
 def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile: str | None = None,
-                 max_rows: int = 0):
+                 max_rows: int = 0, confidence: bool = True):
     """An AdaptivePolicy for this drafter: costs from a `specdec profile` JSON or measured now
     (v(n) up to n = max(k_max + 1, max_rows): a server measures up to max_batch (k_max + 1) rows)."""
     from specdec.drafters.draft_model import DraftModelDrafter
@@ -122,7 +122,7 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
         costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
         f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_cost:.4f} per prompt token")
-    return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, **tree_actions(drafter)))
+    return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **tree_actions(drafter)))
 
 
 def tree_actions(drafter: Drafter) -> dict:
@@ -166,7 +166,8 @@ class Runner:
         drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
                                 tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore),
                                 lookahead_config(args))
-        policy = build_policy(drafter, target, args.k, args.cost_profile) if args.policy == "adaptive" else None
+        policy = (build_policy(drafter, target, args.k, args.cost_profile, confidence=args.policy == "adaptive")
+                  if args.policy.startswith("adaptive") else None)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)
         k_text = f"k<={args.k} adaptive" if policy else f"k={args.k}"
         label = f"draft {args.draft} {k_text}" if method == "draft" else (
@@ -186,7 +187,8 @@ class Runner:
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs)
         cache = target.module.new_cache(args.max_context)
         drafter = make_layer_skip(target.module, spec, args.max_context, cache)
-        policy = build_policy(drafter, target, args.k, args.cost_profile) if args.policy == "adaptive" else None
+        policy = (build_policy(drafter, target, args.k, args.cost_profile, confidence=args.policy == "adaptive")
+                  if args.policy.startswith("adaptive") else None)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy, cache=cache)
         return Runner(target, engine, cfg, f"layer-skip {drafter.spec} k={args.k}")
 

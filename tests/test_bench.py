@@ -71,6 +71,11 @@ def test_k_list_and_method_parsing():
     assert [s.label for s in parse_methods("plain,ngram,hf", [1, 2])] == ["plain", "ngram:1", "ngram:2", "hf"]
     assert parse_methods("draft:8", [4]) == [MethodSpec("draft:8", "draft", 8)]
     assert parse_methods("tree:auto", [4]) == [MethodSpec("tree:auto", "tree", 8, adaptive=True)]
+    assert parse_methods("draft:auto-k,hybrid", ["auto"]) == [
+        MethodSpec("draft:auto-k", "draft", 8, adaptive=True, confidence=False),
+        MethodSpec("hybrid:auto", "hybrid", 8, adaptive=True, confidence=True)]
+    assert [s.label for s in parse_methods("draft,hf", [2, "auto", "auto-k"])] == [
+        "draft:2", "draft:auto", "draft:auto-k", "hf"]
     for bad, msg in (("telepathy", "unknown method"), ("plain:3", "takes no k"), ("draft,draft", "twice"),
                      ("draft:x", "--k"), ("", "no methods"), ("hf-lookup:auto", "adaptive")):
         with pytest.raises(SpecdecError, match=msg):

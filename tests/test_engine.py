@@ -139,7 +139,7 @@ def sample_first3(target, drafter, prompt, sampling, policy=None):
 
 @pytest.mark.parametrize("sampling, methods", [
     (SamplingParams(1.0), ("draft", "ngram", "plain", "draft-truncated-head", "draft-p-min", "draft-adaptive",
-                           "hybrid", "hybrid-lookup-only")),
+                           "draft-confidence", "hybrid", "hybrid-lookup-only")),
     (SamplingParams(0.7, top_k=2, top_p=0.9), ("draft",)),
 ])
 def test_speculative_sampling_matches_target_distribution(sampling, methods):
@@ -155,11 +155,15 @@ def test_speculative_sampling_matches_target_distribution(sampling, methods):
                 "draft-truncated-head": DraftModelDrafter(draft, SMALL_VOCAB, 64, head_rows=2),  # q(2) = 0
                 "draft-p-min": DraftModelDrafter(draft, SMALL_VOCAB, 64, p_min=0.5),  # drafts of varying length
                 "draft-adaptive": DraftModelDrafter(draft, SMALL_VOCAB, 64),
+                "draft-confidence": DraftModelDrafter(draft, SMALL_VOCAB, 64),
                 # steps alternate between lookup (q one-hot) and the model (q = its distribution)
                 "hybrid": HybridDrafter(DraftModelDrafter(draft, SMALL_VOCAB, 64), copy_n=2),
                 "hybrid-lookup-only": HybridDrafter(DraftModelDrafter(draft, SMALL_VOCAB, 64), copy_n=2)}
     # k chosen per step from the acceptance seen so far (free verification: the policy drafts)
     policies = {"draft-adaptive": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1), PolicyConfig(k_max=3, decay=0.5)),
+                # verify positions dear enough that the confidence rule ends some chains early, not others
+                "draft-confidence": AdaptivePolicy(CostModel({1: 1.0, 2: 1.3, 3: 1.6, 9: 4.0}, 0.4),
+                                                   PolicyConfig(k_max=3, prior=0.9)),
                 # a draft prefill the policy never admits: every request drafts by lookup alone
                 "hybrid-lookup-only": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1, prefill_cost=100.0),
                                                      PolicyConfig(k_max=3))}

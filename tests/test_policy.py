@@ -3,14 +3,14 @@
 import pytest
 
 from specdec.config import GenerationConfig, SamplingParams
-from specdec.drafters.base import NoDrafter
+from specdec.drafters.base import END, GO_ON, NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.policy import (AdaptivePolicy, CostModel, PolicyConfig, best_k, expected_tokens, interpolate,
                             measure_costs, parse_schedule)
-from tests.conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB, tiny_model
 
 FLAT = CostModel({1: 1.0, 33: 1.0})  # verification free: a GPU at batch 1
 CPU = CostModel({1: 1.0, 2: 1.25, 3: 1.27, 5: 1.27, 9: 1.47, 17: 1.82, 33: 2.27}, draft_cost=0.26)  # measured here
@@ -449,3 +449,122 @@ def test_policy_sim_overrides_are_typed_and_refuse_bad_input():
     for bad in (["decay"], ["nope=1"], ["probe_k=two"], ["schedule=1:4"], ["probe_first=false"]):
         with pytest.raises(ValueError, match="--set"):
             parse_overrides(bad)
+
+
+# ---- the confidence rule: draft while the draft's own confidence predicts a gain ----
+
+def draft_with_rule(policy: AdaptivePolicy, k_cap: int, confidences: list[float]) -> tuple[int, int]:
+    """choose(), then the drafter's loop under the rule over these confidences: (k chosen, drafted)."""
+    k = policy.choose(k_cap=k_cap)
+    cap, stop = policy.confident_draft(k, k_cap)
+    if stop is None:
+        return k, k
+    n = 0
+    while n < cap:
+        decision = stop(n, confidences[min(n, len(confidences) - 1)])
+        n += decision != END
+        if decision != GO_ON:
+            break
+    return k, n
+
+
+def test_confidence_bins_start_calibrated_and_learn_from_outcomes():
+    policy = AdaptivePolicy(FLAT, PolicyConfig(k_max=8))  # free verification: it always drafts
+    assert policy.confidence_rate(0.99) == pytest.approx(0.99) and policy.confidence_rate(0.1) == pytest.approx(0.1)
+    for _ in range(30):  # a draft sure of tokens the target rejects
+        k, n = draft_with_rule(policy, 8, [0.99])
+        policy.observe(n, 0)
+    assert policy.confidence_rate(0.99) < 0.3 and policy.confidence_rate(0.5) == pytest.approx(0.55)
+
+
+def test_the_rule_drafts_confident_tokens_past_k_and_stops_at_an_unsure_one():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8))
+    k, n = draft_with_rule(policy, 8, [0.995] * 5 + [0.15])
+    # the prior's k, lengthened by confidence; the unsure sixth token is still verified (its draft
+    # forward is spent, a verify position costs little), but no forward is run after it
+    assert 0 < k < 5 and n == 6 and policy.step_stopped is False
+    dear = AdaptivePolicy(CostModel({1: 1.0, 2: 1.1, 9: 4.0}, 0.1), PolicyConfig(k_max=8))
+    k, n = draft_with_rule(dear, 8, [0.995] * 3 + [0.15])
+    assert n == 3 and dear.step_stopped  # dear verify positions: the unsure token is not even verified
+    dear.observe(n, n)  # all three passed: the look at position 4 found nothing worth drafting
+    assert dear.trials[3] == pytest.approx(1.0) and dear.hits[3] == 0.0 and dear.hits[2] == pytest.approx(1.0)
+    _, cap_stop = policy.choose(), policy.confident_draft(0, 8)
+    assert cap_stop == (0, None)  # a plain choice gets no rule
+
+
+def test_a_look_that_stops_before_its_first_token_is_a_failed_look_not_a_plain_step():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.9))
+    k, n = draft_with_rule(policy, 8, [0.03])
+    assert k > 0 and n == 0
+    policy.observe(0, 0)
+    assert policy.plain_run == 0 and policy.trials[0] == pytest.approx(1.0) and policy.hits[0] == 0.0
+    assert policy.last_looked == 1
+
+
+def test_a_confident_drafter_that_is_always_wrong_goes_plain_within_a_few_steps():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.9))
+    drafting = 0
+    for _ in range(100):
+        k, n = draft_with_rule(policy, 8, [0.99])
+        policy.observe(n, 0)
+        if k == 0:
+            break
+        drafting += 1
+    assert drafting <= 8
+
+
+def test_a_perfect_confident_drafter_drafts_to_the_cap_from_the_first_step():
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.3, probe_first=False))
+    assert policy.choose() == 0
+    drafted = []
+    for _ in range(30):
+        k, n = draft_with_rule(policy, 8, [0.99])
+        policy.observe(n, n)
+        drafted.append(n)
+    assert drafted[-1] == 8 and drafted.index(8) <= 10
+
+
+def test_the_rule_is_off_when_configured_off_or_scheduled():
+    for cfg in (PolicyConfig(confidence=False), PolicyConfig(schedule={1: 3})):
+        policy = AdaptivePolicy(CPU, cfg)
+        k = policy.choose()
+        assert policy.confident_draft(k, 8) == (k, None)
+
+
+def test_the_rule_in_the_engine_is_greedy_exact_and_lengthens_and_ends_chains():
+    """A target drafting for itself with a sharpened head (often sure, sometimes not): everything
+    drafted passes; chains grow past the k the position estimates chose, and some end early."""
+    import torch
+    target = tiny_model(0)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(3.0)
+    stops = []
+
+    class Counting(AdaptivePolicy):
+        def confident_draft(self, k, k_cap):
+            cap, stop = super().confident_draft(k, k_cap)
+            if stop is None:
+                return cap, stop
+
+            def counted(i, p):
+                out = stop(i, p)
+                stops.append((k, i, out == END))
+                return out
+            return cap, counted
+
+    plain = SpeculativeGenerator(target, NoDrafter(), 256)
+    engine = SpeculativeGenerator(target, DraftModelDrafter(target, TINY_VOCAB, 256), 256,
+                                  Counting(CPU, PolicyConfig(k_max=6)))
+    for prompt in PROMPTS:
+        cfg = GenerationConfig(40, 6, SamplingParams())
+        result = engine.generate(prompt, cfg)
+        assert result.tokens == plain.generate(prompt, cfg).tokens
+        assert result.stats.alpha == 1.0
+    assert any(out for _, _, out in stops)  # some chains ended by doubt ...
+    assert any(i >= k and not out for k, i, out in stops)  # ... and some grew past the chosen k
+
+
+def test_bad_confidence_config_is_refused():
+    for kwargs in ({"conf_weight": 0.0}, {"conf_decay": 0.0}, {"conf_decay": 1.5}):
+        with pytest.raises(SpecdecError):
+            PolicyConfig(**kwargs)

@@ -28,6 +28,7 @@ K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybri
 
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
+AUTO_KS = ("auto", "auto-k")  # adaptive: k and the confidence rule; k only
 AUTO_TREE_BUDGET = 16  # tree:auto: the largest tree; the policy weighs 4, 8 and 16 nodes against chains and plain
 
 
@@ -37,6 +38,7 @@ class MethodSpec:
     kind: str
     k: int  # the draft length, or the largest one for an adaptive method
     adaptive: bool = False  # k chosen per step by specdec.policy ('draft:auto')
+    confidence: bool = True  # adaptive: with the policy's confidence rule ('auto'), or k only ('auto-k')
 
 
 @dataclass
@@ -62,22 +64,24 @@ class Record:
 
 
 def parse_k_list(text: str) -> list[int | str]:
-    """'4', '1,2,3,4,6,8' or '1,2,4,auto' -> [ints and 'auto']; anything else is a clear error."""
+    """'4', '1,2,3,4,6,8' or '1,2,4,auto,auto-k' -> [ints, 'auto' and 'auto-k']; anything else is a
+    clear error."""
     values = [v.strip() for v in str(text).split(",") if v.strip()]
     try:
-        ks = [v if v == "auto" else int(v) for v in values]
+        ks = [v if v in AUTO_KS else int(v) for v in values]
     except ValueError:
-        raise SpecdecError(f"--k takes integers (or 'auto') separated by commas, e.g. 1,2,4,8,auto; got {text!r}") from None
-    if not ks or any(k != "auto" and k < 1 for k in ks):
-        raise SpecdecError(f"--k values must be integers >= 1 or 'auto', got {text!r}")
+        raise SpecdecError(f"--k takes integers (or 'auto', 'auto-k') separated by commas, e.g. 1,2,4,8,auto; "
+                           f"got {text!r}") from None
+    if not ks or any(k not in AUTO_KS and k < 1 for k in ks):
+        raise SpecdecError(f"--k values must be integers >= 1, 'auto' or 'auto-k', got {text!r}")
     return list(dict.fromkeys(ks))
 
 
 def _spec(label: str, kind: str, k: int | str) -> MethodSpec:
-    if k == "auto":
+    if k in AUTO_KS:
         if kind not in OUR_KINDS:
-            raise SpecdecError(f"'auto' (the adaptive policy) is for our drafting methods, not {kind!r}")
-        return MethodSpec(label, kind, AUTO_K_MAX, adaptive=True)
+            raise SpecdecError(f"'{k}' (the adaptive policy) is for our drafting methods, not {kind!r}")
+        return MethodSpec(label, kind, AUTO_K_MAX, adaptive=True, confidence=k == "auto")
     return MethodSpec(label, kind, k)
 
 
@@ -97,8 +101,8 @@ def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
         elif pinned:
             specs.append(_spec(item, kind, parse_k_list(pinned)[0]))
         else:
-            specs += [_spec(kind if len(k_list) == 1 and k != "auto" else f"{kind}:{k}", kind, k)
-                      for k in k_list if k != "auto" or kind in OUR_KINDS]
+            specs += [_spec(kind if len(k_list) == 1 and k not in AUTO_KS else f"{kind}:{k}", kind, k)
+                      for k in k_list if k not in AUTO_KS or kind in OUR_KINDS]
     if not specs:
         raise SpecdecError("no methods given")
     labels = [s.label for s in specs]
@@ -141,7 +145,7 @@ class Comparison:
                 drafter = drafters[s.kind]
             else:
                 continue
-            policy = build_policy(drafter, target, s.k, cost_profile) if s.adaptive else None
+            policy = build_policy(drafter, target, s.k, cost_profile, confidence=s.confidence) if s.adaptive else None
             engine = SpeculativeGenerator(target.module, drafter, capacity, policy, cache)
             self.engines[s.label] = engine
 

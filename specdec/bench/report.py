@@ -52,7 +52,7 @@ def summarize(records: list[Record], greedy: bool = True) -> dict:
     out = {}
     for method, recs in by_method.items():
         kind = recs[0].method_kind
-        s = {"kind": kind, "k": recs[0].k, "adaptive": method.endswith(":auto"), "prompts": len({r.prompt_id for r in recs}), "runs": len(recs),
+        s = {"kind": kind, "k": recs[0].k, "adaptive": method.endswith((":auto", ":auto-k")), "prompts": len({r.prompt_id for r in recs}), "runs": len(recs),
              "new_tokens": sum(len(r.tokens) for r in recs), "seconds": round(sum(r.seconds for r in recs), 2)}
         s["tokens_per_second_total"] = round(s["new_tokens"] / s["seconds"], 3) if s["seconds"] else 0.0
         s["tokens_per_second_median"] = round(statistics.median(r.tokens_per_second for r in recs), 3)

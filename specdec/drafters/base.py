@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -21,6 +21,15 @@ class DraftState:
     generator: torch.Generator | None  # for stochastic drafters; None under greedy
     max_nodes: int | None = None  # a tree may have at most this many nodes (the context room left)
     tree: bool = True  # False: a drafter configured for trees proposes a chain this step (the policy's choice)
+    # A confidence rule (the adaptive policy's): a drafter that knows its own confidence may draft up to
+    # k_stop tokens (>= k) and calls stop(i, p) before drafting token i + 1 (i drafted so far), p the top
+    # probability of its distribution there: END (0) ends the chain without it, LAST (1) drafts it and
+    # ends, GO_ON (2) drafts it and goes on. Other drafters ignore both.
+    stop: Callable[[int, float], int] | None = None
+    k_stop: int = 0
+
+
+END, LAST, GO_ON = 0, 1, 2  # a confidence rule's answers (DraftState.stop)
 
 
 class Drafter(Protocol):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from specdec.config import TreeConfig
-from specdec.drafters.base import DraftState
+from specdec.drafters.base import END, GO_ON, LAST, DraftState
 from specdec.model.kv_cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
@@ -32,7 +32,11 @@ class DraftModelDrafter:
 
     p_min > 0 stops a proposal early when the draft's top probability falls below it (llama.cpp's
     --draft-p-min, HF's assistant_confidence_threshold): a token it is unsure of is not drafted.
+    A DraftState's `stop` rule (the adaptive policy's, tuned from measured costs and acceptance)
+    ends it on the same top probability.
     """
+
+    knows_confidence = True  # honours DraftState.stop (the policy's confidence rule) on chains
 
     def __init__(self, model: Transformer, target_vocab: int, capacity: int, head_rows: int = 0,
                  p_min: float = 0.0, tree: TreeConfig | None = None):
@@ -70,15 +74,18 @@ class DraftModelDrafter:
         device = self.cache.k.device
         x = torch.tensor([feed], device=device)  # [1, T]
         drafted, qs, stopped = [], [], False
-        for _ in range(state.k):
+        for i in range(max(state.k, state.k_stop) if state.stop is not None else state.k):
             logits = self._logits(x)  # [vocab]
             q = None if state.sampling.greedy else probs_from_logits(logits, state.sampling)
-            if self.p_min > 0 and float((torch.softmax(logits, -1) if q is None else q).max()) < self.p_min:
+            decision = self._decide(logits, q, state, i)
+            if decision == END:
                 stopped = True  # every drafted token has been fed, so the cache holds them all
                 break
             token = logits.argmax() if q is None else sample(q, state.generator)
             drafted.append(token.view(1))
             qs.append(q)
+            if decision == LAST:  # as a chain that reached its length: the last token is not fed
+                break
             x = token.view(1, 1)
         tokens = torch.cat(drafted) if drafted else torch.empty(0, dtype=torch.long, device=device)
         self.cached += tokens.tolist() if stopped else tokens.tolist()[:-1]
@@ -86,6 +93,17 @@ class DraftModelDrafter:
 
     def observe(self, num_accepted: int) -> None:
         pass
+
+    def _decide(self, logits: torch.Tensor, q: torch.Tensor | None, state: DraftState, i: int) -> int:
+        """Token i + 1: END (not drafted, the chain ends), LAST or GO_ON. The user's p_min ends the chain
+        below it; then the state's confidence rule decides (both on the top probability of q, or of
+        the raw softmax under greedy)."""
+        if self.p_min <= 0 and state.stop is None:
+            return GO_ON
+        top = float((torch.softmax(logits, -1) if q is None else q).max())
+        if top < self.p_min:
+            return END
+        return GO_ON if state.stop is None else state.stop(i, top)
 
     def _propose_tree(self, state: DraftState) -> DraftTree:
         """A tree of deterministic candidates (q = None): dynamic top-k expansion by cumulative draft
@@ -221,13 +239,14 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
             d.cache.advance(len(feeds[i]))
             row = align_vocab(logits[j, len(feeds[i]) - 1], d.target_vocab)  # [vocab]
             q = None if state.sampling.greedy else probs_from_logits(row, state.sampling)
-            if d.p_min > 0 and float((torch.softmax(row, -1) if q is None else q).max()) < d.p_min:
+            decision = d._decide(row, q, state, len(drafted[i]))
+            if decision == END:
                 stopped[i] = True  # every drafted token has been fed
                 continue
             token = row.argmax() if q is None else sample(q, state.generator)
             drafted[i].append(token.view(1))
             qs[i].append(q)
-            if len(drafted[i]) < state.k:
+            if decision == GO_ON and len(drafted[i]) < (max(state.k, state.k_stop) if state.stop else state.k):
                 feeds[i] = [int(token)]
                 nxt.append(i)
         live = nxt

@@ -27,6 +27,8 @@ from specdec.tree import DraftTree
 
 
 class HybridDrafter:
+    knows_confidence = True  # its model's chains honour DraftState.stop; lookups draft their k as asked
+
     def __init__(self, model: DraftModelDrafter, copy_n: int = 3, max_n: int = 3, min_n: int = 1):
         if not 1 <= min_n <= max_n or copy_n < 1:
             raise SpecdecError(f"hybrid drafter: need 1 <= min_n <= max_n and copy_n >= 1, "

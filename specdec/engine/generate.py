@@ -187,15 +187,18 @@ class SpeculativeGenerator:
         room = self.cache.capacity - self.cache.length - 1
         return max(0, min(req.cfg.k, budget, room))
 
-    def _propose(self, req: _Request, k: int, nodes: int | None = None, tree: bool = True) -> DraftTree:
+    def _propose(self, req: _Request, k: int, nodes: int | None = None, tree: bool = True,
+                 stop=None, k_stop: int = 0) -> DraftTree:
         """k caps the depth (tokens a step can accept); a tree's nodes are capped by the context room
-        and `nodes`; tree=False asks a tree drafter for a chain."""
+        and `nodes`; tree=False asks a tree drafter for a chain; stop, k_stop: the policy's confidence
+        rule, which may let a chain grow to k_stop (see DraftState)."""
         if k == 0:
             return DraftTree.empty()
         room = self.cache.capacity - self.cache.length - 1
         cap = room if nodes is None else min(room, nodes)
         tree = self.drafter.propose(DraftState(req.tokens, k, req.cfg.sampling, req.generator, max_nodes=cap,
-                                               tree=tree))
+                                               tree=tree, stop=stop, k_stop=k_stop))
+        k = max(k, k_stop) if stop is not None else k
         if tree.is_chain and len(tree) > k:
             tree = DraftTree.chain(tree.tokens[:k], None if tree.q is None else tree.q[:k])
         elif not tree.is_chain and len(tree) > room:
@@ -205,7 +208,8 @@ class SpeculativeGenerator:
     def _step(self, req: _Request) -> str | None:
         """propose -> verify -> accept -> commit; returns a finish reason or None."""
         t0 = time.perf_counter()
-        k, nodes = self._draft_length(req), None
+        k = k_cap = self._draft_length(req)
+        nodes, stop = None, None
         choose_action = getattr(self.policy, "choose_action", None)
         tree_drafter = getattr(self.drafter, "max_tree_nodes", 0) > 0
         if choose_action is not None and tree_drafter:  # chain, tree size or plain
@@ -213,7 +217,11 @@ class SpeculativeGenerator:
         elif self.policy is not None:
             k = self.policy.choose(k_cap=k)
         req.stats.record_choice(k)
-        tree = self._propose(req, k, nodes, tree=nodes is not None or choose_action is None)
+        confident = getattr(self.policy, "confident_draft", None)
+        if nodes is None and confident is not None and getattr(self.drafter, "knows_confidence", False):
+            k_cap, stop = confident(k, k_cap)  # a chain the draft's confidence may lengthen or end
+        tree = self._propose(req, k, nodes, tree=nodes is not None or choose_action is None, stop=stop,
+                             k_stop=k_cap)
         t1 = time.perf_counter()
         # a drafter may bring its own verify forward: from the hidden states it already has (layer skip,
         # verify_chain) or with extra branches in the same pass (lookahead, verify_tree); a plain step

@@ -105,7 +105,7 @@ def build_scheduler(args, progress=None):
     progress(f"memory: {plan.total / GIB:.3f} GiB of a {budget / GIB:.3f} GiB budget "
              f"({args.max_batch} slots x {plan.kv_per_slot / GIB:.3f} GiB KV)")
     policy_factory = None
-    if args.policy == "adaptive":
+    if args.policy.startswith("adaptive"):  # the server's steps pick k only (no confidence rule)
         base = build_policy(probe, target, args.k, args.cost_profile, max_rows=args.max_batch * (args.k + 1))
         if base is not None:
             def policy_factory():
