@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
     bench.add_argument("--k", default="4",
                        help="draft tokens per step, or a sweep such as 1,2,3,4,6,8; 'auto' adds the adaptive "
-                            "policy (k chosen per step in 0..8) for our drafting methods")
+                            "policy (k chosen per step in 0..8, and a draft model's chain lengthened or ended by "
+                            "its calibrated confidence) for our drafting methods; 'auto-k': the k choice alone")
     bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
     bench.add_argument("--datastore", default=None, help="suffix method: a file from `specdec datastore build`")
     bench.add_argument("--tree-depth", type=integer, default=4, help="tree methods: largest depth")

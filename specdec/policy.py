@@ -50,6 +50,18 @@ outcome also feeds the pooled rate, so that the chain gets tried too), and c_tre
 measured draft cost per tree depth. The policy proposes the tree when it beats the best chain and
 plain; trees are verified alone, so only at batch 1.
 
+Confidence rule (single-sequence chains of a drafter that knows its confidence: a draft model, a
+hybrid's model steps): once choose() says draft, the drafter may go up to k_cap, and before each token
+asks the rule from confident_draft() with the top probability p of its distribution there. a(p),
+per bin of p, is the chance such a token passes given the chain reached it; n(p) the chance that,
+after a passing token of that confidence, the next look passes too (Beta estimates with prior mean
+p, kept across requests). With R the chance the chain got this far and r the rate choose()
+predicted: the token (its draft forward spent) is drafted if R a(p) beats r times the verify time it
+adds, and the drafter goes on after it if the further tokens (n(p) each; a draft forward and a
+verify position each) add more than r times their time. A chain the rule ended after all its
+tokens passed counts a failure at the next position, and one ended before its first token is a
+failed look, not a plain step: the position estimates then measure what looking yields.
+
 Admission: a draft model must prefill the prompt before its first proposal (prefill_cost per prompt
 token, in plain steps). A request whose draft prefill would cost more than the predicted saving
 over max_new_tokens (or, when no saving is predicted, more than a small learning allowance) runs
