@@ -63,9 +63,11 @@ tokens passed counts a failure at the next position, and one ended before its fi
 failed look, not a plain step: the position estimates then measure what looking yields.
 
 Admission: a draft model must prefill the prompt before its first proposal (prefill_cost per prompt
-token, in plain steps). A request whose draft prefill would cost more than the predicted saving
-over max_new_tokens (or, when no saving is predicted, more than a small learning allowance) runs
-plain, without the draft's prefill: on a long prompt with a short answer the drafter cannot win it back.
+token, in plain steps, scaled by rho_prefill, the measured over predicted seconds of earlier
+prefills). A request whose draft prefill would cost more than the predicted saving over its
+expected answer (max_new_tokens, or less: the running mean length of earlier requests' answers,
+expected_new) or, when no saving is predicted, more than a small learning allowance, runs plain,
+without the draft's prefill: on a long prompt with a short answer the drafter cannot win it back.
 The learning allowance backs off like probes: after a request admitted on it alone whose drafts did
 not pay, the next 1, 2, 4, ... (at most learn_backoff_max) requests skip it; one that pays restores it.
 In a batch of B the prefill stalls all B sequences, so it counts B times, against the saving at batch B.
@@ -185,6 +187,7 @@ class PolicyConfig:
     decay: float = 0.15  # per observation, the share of weight old observations lose
     memory: float = 0.5  # per request, how far the next request's prior moves to this request's pooled rate
     learn_budget: float = 0.05  # admission: draft prefill allowed with no predicted saving, x max_new_tokens
+    length_memory: float = 0.5  # per request, how far the expected answer length moves to that request's length
     learn_backoff_max: int = 8  # after allowance requests that did not pay, skip the allowance for up to this many
     probe_k: int = 1  # draft length of a probe while plain
     probe_every: int = 8  # plain steps before the first probe
@@ -211,6 +214,8 @@ class PolicyConfig:
         if not 0.0 <= self.memory <= 1.0 or self.learn_budget < 0 or self.learn_backoff_max < 0:
             raise SpecdecError(f"need memory in [0, 1], learn_budget >= 0 and learn_backoff_max >= 0, got "
                                f"{self.memory}, {self.learn_budget}, {self.learn_backoff_max}")
+        if not 0.0 < self.length_memory <= 1.0:
+            raise SpecdecError(f"length_memory must be in (0, 1], got {self.length_memory}")
         if self.probe_every < 1 or self.probe_every_max < self.probe_every:
             raise SpecdecError("need 1 <= probe_every <= probe_every_max")
         if self.conf_weight <= 0 or not 0.0 < self.conf_decay <= 1.0:
@@ -265,10 +270,19 @@ class AdaptivePolicy:
         self.next_hits = [0.0] * (len(CONF_EDGES) - 1)
         self.next_trials = [0.0] * (len(CONF_EDGES) - 1)
         self.last_looked = 0  # draft forwards the last step ran (drafted tokens + a look that stopped)
+        self.expected_new: float | None = None  # new tokens per request (EMA over requests; None: none seen)
+        self.request_tokens = 0  # tokens this request's steps emitted
+        self.rho_prefill = 1.0  # measured / predicted seconds of the drafter's prefill (EMA over requests)
         self.reset()
 
     def reset(self) -> None:
-        """A new request: this request's acceptance moves the prior, then the counts start afresh."""
+        """A new request: this request's acceptance moves the prior and its length the expected
+        answer length, then the counts start afresh."""
+        if self.request_tokens > 0:  # (+ 1: the prefill's token)
+            n = self.request_tokens + 1
+            e = self.expected_new
+            self.expected_new = float(n) if e is None else e + self.cfg.length_memory * (n - e)
+        self.request_tokens = 0
         if self.request_trials > 0:  # this request's whole record (plain steps relax the running counts)
             rate = (self.request_hits + self.cfg.prior_weight * self.prior) / (self.request_trials + self.cfg.prior_weight)
             self.prior += self.cfg.memory * (rate - self.prior)
@@ -359,6 +373,7 @@ class AdaptivePolicy:
         # what a chain would have passed, so an optimistic chain estimate gets the chain tried, and
         # a policy that has only seen trees does not keep the chain at its starting prior forever.
         self._count(self.tree_hits[n], self.tree_trials[n], depth, num_accepted)
+        self.request_tokens += num_accepted + 1
         self.opening = self.opening_probe = self.probed = False
         self.plain_run = 0
 
@@ -386,18 +401,22 @@ class AdaptivePolicy:
             self.hits[i], self.trials[i] = b * weight, weight
 
     def admit(self, prompt_len: int, max_new_tokens: int, batch: int = 1) -> bool:
-        """Whether this request should use the drafter at all: its prefill of the prompt must cost less
-        than the saving predicted over max_new_tokens (alone: or the learning allowance).
+        """Whether this request should use the drafter at all: its prefill of the prompt (priced by the
+        profile, scaled by the measured prefills) must cost less than the saving predicted over the
+        expected answer, min(max_new_tokens, the running mean length of earlier answers), or, alone,
+        the learning allowance. A 900-token RAG prompt whose answers run to 20 tokens cannot win
+        its draft prefill back, whatever max_new_tokens allows.
 
         In a batch of B running sequences the draft's prefill stalls all of them, so it counts B
         times, against the saving predicted at that batch size (none above the critical batch)."""
         if self.costs.prefill_cost <= 0 or self.cfg.schedule:
             return True
         batch = max(batch, 1)
-        cost = self.costs.prefill_cost * prompt_len * batch
+        horizon = max_new_tokens if self.expected_new is None else min(max_new_tokens, self.expected_new)
+        cost = self.costs.prefill_cost * self.rho_prefill * prompt_len * batch
         _, rate = self._best_k(self.beta, self.cfg.k_max, batch)
         plain = 1.0 / (self.rho_v * self.costs.v(batch))  # per-sequence plain rate at this batch
-        saving = max_new_tokens * (1.0 - plain / rate) if rate > plain else 0.0
+        saving = horizon * (1.0 - plain / rate) if rate > plain else 0.0
         if cost <= saving:
             return True
         if batch > 1 or cost > self.cfg.learn_budget * max_new_tokens:
@@ -410,6 +429,15 @@ class AdaptivePolicy:
             return False
         self.learning = True
         return True
+
+    def observe_prefill(self, prompt_len: int, seconds: float) -> None:
+        """The drafter's measured prefill of a prompt: calibrates the prefill cost admission uses."""
+        t1 = self.costs.step_seconds
+        if not self.cfg.calibrate or not t1 or self.costs.prefill_cost <= 0 or prompt_len < 1 or seconds <= 0:
+            return
+        ratio = min(max(seconds / (t1 * self.costs.prefill_cost * prompt_len), 0.25), 4.0)
+        d = self.cfg.calibration_decay
+        self.rho_prefill = (1 - d) * self.rho_prefill + d * ratio
 
     def choose(self, batch: int = 1, k_cap: int | None = None) -> int:
         k_cap = self.cfg.k_max if k_cap is None else min(k_cap, self.cfg.k_max)
@@ -489,6 +517,7 @@ class AdaptivePolicy:
         before its first token is a failed look, not a plain step. The drafted tokens' outcomes also
         calibrate the confidence bins."""
         opening_probe, self.opening, self.opening_probe = self.opening_probe, False, False
+        self.request_tokens += num_accepted + 1
         looked = num_drafted + int(self.step_stopped and num_accepted == num_drafted)
         keep = 1.0 - self.cfg.conf_decay
         for j, p in enumerate(self.step_conf[:num_drafted][:num_accepted + 1]):

@@ -568,3 +568,38 @@ def test_bad_confidence_config_is_refused():
     for kwargs in ({"conf_weight": 0.0}, {"conf_decay": 0.0}, {"conf_decay": 1.5}):
         with pytest.raises(SpecdecError):
             PolicyConfig(**kwargs)
+
+
+def _run_request(policy: AdaptivePolicy, new_tokens: int) -> None:
+    """A request of new_tokens tokens (the prefill's one and new_tokens - 1 plain steps)."""
+    policy.reset()
+    for _ in range(new_tokens - 1):
+        policy.observe(0, 0)
+
+
+def test_admission_weighs_the_draft_prefill_against_the_answers_seen_not_max_new_tokens():
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.3, prefill_cost=0.02)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.8))
+    policy.reset()
+    assert policy.admit(500, 64)  # 10 steps of prefill against a saving predicted over 64 tokens
+    for _ in range(3):  # answers of about 12 tokens (RAG, QA): a saving over 12 tokens cannot pay
+        _run_request(policy, 12)
+    policy.reset()
+    assert policy.expected_new == pytest.approx(12, abs=1.0) and not policy.admit(500, 64)
+    assert policy.admit(50, 64)  # a short prompt's prefill still pays
+    for _ in range(3):  # long answers again: admitted again
+        _run_request(policy, 64)
+    policy.reset()
+    assert policy.admit(500, 64) and policy.admit(500, 16) is False
+
+
+def test_measured_draft_prefills_calibrate_admission():
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.3, prefill_cost=0.02)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.8))
+    policy.reset()
+    assert policy.admit(500, 64)
+    for _ in range(5):  # prefills three times dearer than the profile says
+        policy.observe_prefill(500, 3 * 0.3 * 0.02 * 500)
+    assert policy.rho_prefill > 2.5 and not policy.admit(500, 64)
+    policy.observe_prefill(500, 0.0)  # a broken timing is ignored
+    assert policy.rho_prefill > 2.5

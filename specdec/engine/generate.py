@@ -164,7 +164,13 @@ class SpeculativeGenerator:
             if admit is not None and not isinstance(self.drafter, NoDrafter):
                 req.speculate = admit(req.prompt_len, req.cfg.max_new_tokens)
         if req.speculate:
+            t0 = time.perf_counter()
             self.drafter.start(req.tokens[:req.prompt_len])
+            observe_prefill = getattr(self.policy, "observe_prefill", None)
+            if observe_prefill is not None:
+                if self.cache.k.device.type == "cuda":
+                    torch.cuda.synchronize(self.cache.k.device)
+                observe_prefill(req.prompt_len, time.perf_counter() - t0)
         elif hasattr(self.drafter, "start_lookup_only"):  # a hybrid drafts without its model instead
             self.drafter.start_lookup_only(req.tokens[:req.prompt_len])
             req.speculate = True

@@ -113,6 +113,10 @@ class LoadPolicy:
         if self.inner is not None:
             self.inner.reset()
 
+    def observe_prefill(self, prompt_len: int, seconds: float) -> None:
+        if self.inner is not None and hasattr(self.inner, "observe_prefill"):
+            self.inner.observe_prefill(prompt_len, seconds)
+
     def admit(self, prompt_len: int, max_new_tokens: int) -> bool:
         """Admission at the current load: the sequences already decoding plus this one."""
         if self.inner is None or not hasattr(self.inner, "admit"):
