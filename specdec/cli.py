@@ -42,6 +42,12 @@ def add_lookahead_flags(p: argparse.ArgumentParser, with_switch: bool) -> None:
                    help="lookahead: at most G pool n-grams verified per step")
 
 
+def add_window_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-window", type=integer, default=0,
+                   help="the draft model prefills only the prompt's last N tokens (0 = all): a long prompt's draft "
+                        "prefill costs less, its drafts see less context; output stays exact")
+
+
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
@@ -66,6 +72,7 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="draft model scores only the first N token ids (0 = all); cuts its LM-head cost")
     p.add_argument("--draft-p-min", type=float, default=0.0,
                    help="stop a draft early when the draft model's top probability is below this (0 = off)")
+    add_window_flag(p)
     p.add_argument("--tree-budget", type=integer, default=0,
                    help="draft a dynamic token tree of at most N nodes (EAGLE-2 style) instead of a chain (0 = chain)")
     p.add_argument("--tree-depth", type=integer, default=4, help="dynamic tree: largest depth")
@@ -125,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "policy (k chosen per step in 0..8, and a draft model's chain lengthened or ended by "
                             "its calibrated confidence) for our drafting methods; 'auto-k': the k choice alone")
     bench.add_argument("--draft-vocab", type=integer, default=0, help="draft model scores only the first N token ids")
+    add_window_flag(bench)
     bench.add_argument("--datastore", default=None, help="suffix method: a file from `specdec datastore build`")
     bench.add_argument("--tree-depth", type=integer, default=4, help="tree methods: largest depth")
     add_lookahead_flags(bench, with_switch=False)

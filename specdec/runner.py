@@ -20,7 +20,7 @@ def log(msg: str) -> None:
 def build_drafter(method: str, target: LoadedModel, capacity: int, draft: LoadedModel | None = None,
                   ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0, p_min: float = 0.0,
                   tree: TreeConfig | None = None, suffix: SuffixConfig = SuffixConfig(),
-                  lookahead: LookaheadConfig = LookaheadConfig()) -> Drafter:
+                  lookahead: LookaheadConfig = LookaheadConfig(), draft_window: int = 0) -> Drafter:
     """method: 'none', 'ngram', 'suffix', 'lookahead', 'draft' (then `draft` is the loaded draft
     model; `tree` makes it propose token trees instead of chains) or 'hybrid' (the draft model and
     prompt lookup with the n-gram sizes of `ngram`)."""
@@ -42,7 +42,8 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
         return LookaheadDrafter(lookahead.window, lookahead.ngram, lookahead.candidates)
     if method in ("draft", "hybrid") and draft is not None:
         check_compatible(target.tokenizer, draft.tokenizer)
-        model = DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree)
+        model = DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree,
+                                  draft_window)
         if method == "draft":
             return model
         from specdec.drafters.hybrid import HybridDrafter
@@ -165,7 +166,7 @@ class Runner:
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
         drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
                                 tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore),
-                                lookahead_config(args))
+                                lookahead_config(args), args.draft_window)
         policy = (build_policy(drafter, target, args.k, args.cost_profile, confidence=args.policy == "adaptive")
                   if args.policy.startswith("adaptive") else None)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)

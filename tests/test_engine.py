@@ -30,10 +30,14 @@ def plain_outputs(tiny_target):
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
-@pytest.mark.parametrize("which", ["self", "other", "ngram", "self-truncated-head", "hybrid"])
+@pytest.mark.parametrize("which", ["self", "other", "ngram", "self-truncated-head", "hybrid", "other-window",
+                                   "hybrid-window"])
 def test_greedy_equivalence_tiny(tiny_target, tiny_draft, plain_outputs, which, k):
     drafter = {"self": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256),
                "other": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256),
+               # the draft sees only the prompt's last 3 tokens (prompts of 5, 8 and 30)
+               "other-window": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, window=3),
+               "hybrid-window": lambda: HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, window=3), copy_n=2),
                "self-truncated-head": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256, head_rows=48),
                "ngram": lambda: NgramDrafter(3, 1),
                "hybrid": lambda: HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), copy_n=2)}[which]()
@@ -139,7 +143,7 @@ def sample_first3(target, drafter, prompt, sampling, policy=None):
 
 @pytest.mark.parametrize("sampling, methods", [
     (SamplingParams(1.0), ("draft", "ngram", "plain", "draft-truncated-head", "draft-p-min", "draft-adaptive",
-                           "draft-confidence", "hybrid", "hybrid-lookup-only")),
+                           "draft-confidence", "draft-window", "hybrid", "hybrid-lookup-only")),
     (SamplingParams(0.7, top_k=2, top_p=0.9), ("draft",)),
 ])
 def test_speculative_sampling_matches_target_distribution(sampling, methods):
@@ -155,6 +159,7 @@ def test_speculative_sampling_matches_target_distribution(sampling, methods):
                 "draft-truncated-head": DraftModelDrafter(draft, SMALL_VOCAB, 64, head_rows=2),  # q(2) = 0
                 "draft-p-min": DraftModelDrafter(draft, SMALL_VOCAB, 64, p_min=0.5),  # drafts of varying length
                 "draft-adaptive": DraftModelDrafter(draft, SMALL_VOCAB, 64),
+                "draft-window": DraftModelDrafter(draft, SMALL_VOCAB, 64, window=2),  # sees [1, 0] + its own text
                 "draft-confidence": DraftModelDrafter(draft, SMALL_VOCAB, 64),
                 # steps alternate between lookup (q one-hot) and the model (q = its distribution)
                 "hybrid": HybridDrafter(DraftModelDrafter(draft, SMALL_VOCAB, 64), copy_n=2),
@@ -177,3 +182,18 @@ def test_same_seed_same_output(tiny_target, tiny_draft):
     runs = [SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 64), 64)
             .generate(PROMPTS[0], cfg).tokens for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_a_draft_window_prefills_only_the_prompts_tail_and_feeds_every_later_token(tiny_target, tiny_draft):
+    drafter = DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, window=4)
+    assert drafter.prefill_tokens(30) == 4 and drafter.prefill_tokens(3) == 2
+    prompt = PROMPTS[2]  # 30 tokens
+    drafter.start(prompt)
+    assert drafter.offset == 25 and drafter.cached == prompt[25:29] and drafter.cache.length == 4
+    result = run(tiny_target, drafter, prompt, k=3, max_new=12)
+    # after the request: the cache holds the window, then the generated text (minus what was never fed)
+    full = prompt + result.tokens
+    assert drafter.cached == full[25:25 + len(drafter.cached)] and len(drafter.cached) >= 4 + len(result.tokens) - 4
+    assert drafter.cache.length == len(drafter.cached)
+    with pytest.raises(SpecdecError, match="window"):
+        DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, window=-1)

@@ -116,7 +116,7 @@ class Comparison:
                  hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None,
                  draft_p_min: float = 0.0, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
                  datastore: str | None = None, lookahead: LookaheadConfig = LookaheadConfig(),
-                 layer_skip=None, ignore_eos: bool = False):
+                 layer_skip=None, ignore_eos: bool = False, draft_window: int = 0):
         """layer_skip: the layer spec (L or a list) for the layer-skip method; ignore_eos: our methods
         always generate max_new_tokens."""
         self.ignore_eos = ignore_eos
@@ -134,13 +134,14 @@ class Comparison:
             else:
                 drafters[kind] = build_drafter("none" if kind == "plain" else kind, target, capacity, draft,
                                                NgramConfig(), draft_vocab, draft_p_min,
-                                               suffix=SuffixConfig(datastore=datastore), lookahead=lookahead)
+                                               suffix=SuffixConfig(datastore=datastore), lookahead=lookahead,
+                                               draft_window=draft_window)
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
         for s in specs:
             if s.kind == "tree":  # each tree size its own drafter (and draft cache)
                 budget = AUTO_TREE_BUDGET if s.adaptive else s.k
                 drafter = build_drafter("draft", target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min,
-                                        TreeConfig(budget, min(tree_depth, s.k), tree_topk))
+                                        TreeConfig(budget, min(tree_depth, s.k), tree_topk), draft_window=draft_window)
             elif s.kind in OUR_KINDS:
                 drafter = drafters[s.kind]
             else:
@@ -318,7 +319,8 @@ def run_comparison(args) -> dict:
         comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
                                 args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
                                 args.tree_depth, args.tree_topk, args.datastore, lookahead_config(args),
-                                bench_layer_spec(args) if "layer-skip" in pending else None, args.ignore_eos)
+                                bench_layer_spec(args) if "layer-skip" in pending else None, args.ignore_eos,
+                                args.draft_window)
         records = comparison.run(prompts, records_path, args.repeats)
     records, complete = complete_prompts(records, prompts, specs, args.repeats)
     if not records:
@@ -326,7 +328,7 @@ def run_comparison(args) -> dict:
     config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "tree", "hybrid", "hf-assisted")
                                                                  for s in specs)
               else None, "methods": [s.label for s in specs], "k": parse_k_list(args.k),
-              "draft_vocab": args.draft_vocab, "draft_p_min": args.draft_p_min,
+              "draft_vocab": args.draft_vocab, "draft_p_min": args.draft_p_min, "draft_window": args.draft_window,
               "tree_depth": args.tree_depth, "tree_topk": args.tree_topk, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "categories": sorted({p.category for p in prompts}), "repeats": args.repeats,
               "prompts_complete": len(complete),

@@ -39,10 +39,14 @@ class DraftModelDrafter:
     knows_confidence = True  # honours DraftState.stop (the policy's confidence rule) on chains
 
     def __init__(self, model: Transformer, target_vocab: int, capacity: int, head_rows: int = 0,
-                 p_min: float = 0.0, tree: TreeConfig | None = None):
+                 p_min: float = 0.0, tree: TreeConfig | None = None, window: int = 0):
         if not 0.0 <= p_min < 1.0:
             raise SpecdecError(f"draft p_min must be in [0, 1), got {p_min}")
+        if window < 0:
+            raise SpecdecError(f"the draft window must be >= 0 prompt tokens (0 = the whole prompt), got {window}")
         self.p_min = p_min
+        self.window = window  # > 0: the draft sees only the prompt's last `window` tokens (a cheaper prefill)
+        self.offset = 0  # leading tokens of this request the draft's cache leaves out
         self.tree = tree
         self.static = None if tree is None or tree.choices is None else tuple(
             t.tolist() for t in choices_to_parents([list(c) for c in tree.choices]))  # (parents, ranks) lists
@@ -53,13 +57,20 @@ class DraftModelDrafter:
         self.cached: list[int] = []  # tokens whose keys/values the cache holds
         self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
 
+    def prefill_tokens(self, prompt_len: int) -> int:
+        """Prompt tokens start() feeds the draft model for a prompt of this length."""
+        return max(0, min(prompt_len - 1, self.window or prompt_len))
+
     def start(self, prompt: list[int]) -> None:
         """Prefill all but the prompt's last token now (part of the request's prefill), so the first
-        proposal feeds two tokens like every other one and step times stay comparable."""
+        proposal feeds two tokens like every other one and step times stay comparable. With a
+        window, only the last `window` of those (positions from 0: the draft reads the text from
+        there on, relative positions intact); drafts stay exact either way, only q changes."""
         self.cache.reset()
         self.cached = []
         self.committed = 0
-        head = prompt[:-1]
+        self.offset = max(0, len(prompt) - 1 - self.window) if self.window else 0
+        head = prompt[self.offset:-1]
         if head and len(head) < self.cache.capacity:
             self.model(torch.tensor([head], device=self.cache.k.device), self.cache, 0, last_only=True)
             self.cache.advance(len(head))
@@ -187,7 +198,9 @@ class DraftModelDrafter:
                          torch.tensor([index[parents[i]] if parents[i] >= 0 else -1 for i in keep], dtype=torch.long))
 
     def _sync(self, tokens: list[int]) -> list[int]:
-        """Roll the cache back to the prefix it shares with tokens; return the tokens to feed."""
+        """Roll the cache back to the prefix it shares with tokens (past the window's offset); return
+        the tokens to feed."""
+        tokens = tokens[self.offset:]
         n = min(common_prefix(self.cached, tokens, min(self.committed, len(self.cached))), len(tokens) - 1)
         self.committed = len(tokens)
         self.cache.truncate(n)

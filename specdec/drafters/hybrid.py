@@ -42,6 +42,9 @@ class HybridDrafter:
         self.use_model = True
         self.model.start(prompt)
 
+    def prefill_tokens(self, prompt_len: int) -> int:
+        return self.model.prefill_tokens(prompt_len)
+
     def start_lookup_only(self, prompt: list[int]) -> None:
         """This request drafts by lookup alone; the draft model is not started (no prefill)."""
         self.use_model = False

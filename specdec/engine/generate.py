@@ -158,11 +158,13 @@ class SpeculativeGenerator:
         """A new request: the policy starts afresh and decides whether the drafter's prefill of this
         prompt can pay (else the request runs plain, and the drafter never sees it; a hybrid drafter
         drafts by lookup alone instead)."""
+        prefill_tokens = getattr(self.drafter, "prefill_tokens", None)  # a draft model's share of the prompt
+        prefill_len = prefill_tokens(req.prompt_len) if prefill_tokens is not None else req.prompt_len
         if self.policy is not None:
             self.policy.reset()
             admit = getattr(self.policy, "admit", None)
             if admit is not None and not isinstance(self.drafter, NoDrafter):
-                req.speculate = admit(req.prompt_len, req.cfg.max_new_tokens)
+                req.speculate = admit(prefill_len, req.cfg.max_new_tokens)
         if req.speculate:
             t0 = time.perf_counter()
             self.drafter.start(req.tokens[:req.prompt_len])
@@ -170,7 +172,7 @@ class SpeculativeGenerator:
             if observe_prefill is not None:
                 if self.cache.k.device.type == "cuda":
                     torch.cuda.synchronize(self.cache.k.device)
-                observe_prefill(req.prompt_len, time.perf_counter() - t0)
+                observe_prefill(prefill_len, time.perf_counter() - t0)
         elif hasattr(self.drafter, "start_lookup_only"):  # a hybrid drafts without its model instead
             self.drafter.start_lookup_only(req.tokens[:req.prompt_len])
             req.speculate = True

@@ -92,7 +92,7 @@ def build_scheduler(args, progress=None):
 
     def drafter_factory():
         return build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
-                             tree, suffix, lookahead_config(args))
+                             tree, suffix, lookahead_config(args), args.draft_window)
 
     probe = drafter_factory()  # validates the drafting values before anything large is allocated
     tree_nodes = getattr(probe, "max_tree_nodes", 0)
