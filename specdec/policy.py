@@ -163,24 +163,28 @@ def expected_tokens(beta: list[float], k: int) -> float:
 
 
 def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_v: float = 1.0,
-           draft_cost: float | None = None, rho_spec: float | None = None) -> tuple[int, float]:
+           draft_cost: float | None = None, rho_spec: float | None = None, margin: float = 0.0) -> tuple[int, float]:
     """The k in 0..k_max with the highest predicted tokens per unit time, and that rate (per sequence).
     Calibration: rho_v scales a plain step's verify forward and rho_spec (default rho_v) a drafted
-    step's; draft_cost replaces c (all in plain-step units)."""
+    step's; draft_cost replaces c (all in plain-step units). margin: drafting must beat plain by this
+    fraction (a prediction at break-even is as likely a loss as a gain, and drafting pays costs the
+    model does not see); the rate returned is then the best k's own."""
     rho_spec = rho_v if rho_spec is None else rho_spec
     c = costs.draft_cost if draft_cost is None else draft_cost
-    best, rate = 0, batch / (rho_v * costs.v(batch))
+    plain = batch / (rho_v * costs.v(batch))
+    best, rate = 0, plain * (1 + margin)
     for k in range(1, k_max + 1):
         r = batch * expected_tokens(beta, k) / (rho_spec * costs.v(batch * (k + 1)) + batch * k * c)
         if r > rate * (1 + 1e-9):
             best, rate = k, r
-    return best, rate / batch
+    return best, (rate if best else plain) / batch
 
 
 @dataclass
 class PolicyConfig:
     k_max: int = 8
     prior: float = 0.6  # acceptance before anything is seen (a policy's first request)
+    margin: float = 0.05  # drafting must predict this much more than plain (no drafting at break-even)
     prior_weight: float = 2.0  # w: the pooled rate's prior weight, in observations
     position_weight: float = 6.0  # how many observations a position's prior (pooled rate / previous position) counts as
     plain_relax: float = 0.1  # per plain step, the share of weight every count loses (estimates drift back to the prior)
@@ -218,6 +222,8 @@ class PolicyConfig:
             raise SpecdecError(f"length_memory must be in (0, 1], got {self.length_memory}")
         if self.probe_every < 1 or self.probe_every_max < self.probe_every:
             raise SpecdecError("need 1 <= probe_every <= probe_every_max")
+        if not 0.0 <= self.margin < 1.0:
+            raise SpecdecError(f"margin must be in [0, 1), got {self.margin}")
         if self.conf_weight <= 0 or not 0.0 < self.conf_decay <= 1.0:
             raise SpecdecError(f"need conf_weight > 0 and conf_decay in (0, 1], got {self.conf_weight}, "
                                f"{self.conf_decay}")
@@ -309,8 +315,8 @@ class AdaptivePolicy:
         self.step_stopped = False  # this step's chain was ended by the confidence rule
 
     def _best_k(self, beta: list[float], k_max: int, batch: int = 1) -> tuple[int, float]:
-        """best_k under this policy's calibration (rho_v, rho_spec, c_eff)."""
-        return best_k(beta, self.costs, k_max, batch, self.rho_v, self.draft_cost, self.rho_spec)
+        """best_k under this policy's calibration (rho_v, rho_spec, c_eff) and margin."""
+        return best_k(beta, self.costs, k_max, batch, self.rho_v, self.draft_cost, self.rho_spec, self.cfg.margin)
 
     @property
     def pooled(self) -> float:
@@ -360,9 +366,10 @@ class AdaptivePolicy:
         sizes = [n for n in self.cfg.tree_sizes if nodes_cap is None or n <= nodes_cap]
         if batch == 1 and sizes and k_cap > 0 and not self.cfg.schedule:
             depth = min(self.cfg.tree_depth, k_cap)
-            _, chain_rate = self._best_k(self.beta, k_cap)
+            k, chain_rate = self._best_k(self.beta, k_cap)
+            bar = chain_rate if k else chain_rate * (1 + self.cfg.margin)  # a tree must clear plain's margin too
             rate, n = max((self.tree_rate(n, depth), n) for n in sizes)
-            if rate > chain_rate * (1 + 1e-9):
+            if rate > bar * (1 + 1e-9):
                 self.opening_probe = False
                 return depth, n
         return self.choose(batch, k_cap), None

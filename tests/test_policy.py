@@ -147,9 +147,9 @@ def test_a_drafted_step_dearer_than_the_curve_says_is_learned_apart_from_plain_s
     that apart (rho_spec) from the plain step's scale (rho_v), and a drafter near break-even goes plain."""
     costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
     policy = AdaptivePolicy(costs, PolicyConfig(k_max=4, probe_first=False))
-    policy.assume([0.55] * 4)
+    policy.assume([0.62] * 4)
     k = policy.choose()
-    assert k > 0  # the curve says drafting pays a little at 0.55
+    assert k > 0  # the curve says drafting pays (by more than the margin) at 0.62
     for _ in range(15):  # plain steps run at 0.9 of the curve's step, drafted ones at 1.3 of theirs
         policy.observe_time(0, None, 0.9 * 0.1)
         policy.observe_time(k, 0.1 * k * costs.draft_cost, 1.3 * 0.1 * costs.v(k + 1))
@@ -217,7 +217,7 @@ def test_the_next_request_starts_from_what_earlier_requests_showed():
 
 
 def test_an_opening_probe_that_passes_starts_drafting_at_once():
-    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.2))
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.3))
     assert best_k(policy.beta, CPU, 8)[0] == 0 and policy.choose() == policy.cfg.probe_k
     policy.observe(policy.cfg.probe_k, policy.cfg.probe_k)
     assert policy.choose() > 0  # no wait of probe_every plain steps
@@ -565,7 +565,7 @@ def test_the_rule_in_the_engine_is_greedy_exact_and_lengthens_and_ends_chains():
 
 
 def test_bad_confidence_config_is_refused():
-    for kwargs in ({"conf_weight": 0.0}, {"conf_decay": 0.0}, {"conf_decay": 1.5}):
+    for kwargs in ({"conf_weight": 0.0}, {"conf_decay": 0.0}, {"conf_decay": 1.5}, {"margin": -0.1}, {"margin": 1.0}):
         with pytest.raises(SpecdecError):
             PolicyConfig(**kwargs)
 
@@ -603,3 +603,14 @@ def test_measured_draft_prefills_calibrate_admission():
     assert policy.rho_prefill > 2.5 and not policy.admit(500, 64)
     policy.observe_prefill(500, 0.0)  # a broken timing is ignored
     assert policy.rho_prefill > 2.5
+
+
+def test_no_drafting_at_break_even():
+    """A prediction a few percent above plain is as likely a loss as a gain: the margin keeps it plain."""
+    beta = [0.56] * 8  # k = 1 predicts (1 + 0.56) / (0.26 + 1.25) = 1.03x plain on the CPU curve
+    assert best_k(beta, CPU, 8)[0] >= 1 and best_k(beta, CPU, 8, margin=0.05) == (0, pytest.approx(1.0))
+    for margin, drafts in ((0.0, True), (0.05, False)):
+        policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, margin=margin, probe_first=False))
+        policy.assume(beta)
+        assert (policy.choose() > 0) == drafts
+    assert best_k([0.9] * 8, CPU, 8, margin=0.05)[0] >= 4  # a clear gain still drafts
