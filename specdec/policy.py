@@ -23,7 +23,8 @@ loses weight at rate `plain_relax` (slower after failed probes): the estimates d
 the carried prior, and the policy looks again when a bad patch of text may have passed. A chain of
 k drafts then emits E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j tokens per step (the i.i.d. case gives
 (1 - a^(k+1)) / (1 - a)) for k c + v(k + 1) time. The policy takes the k with the best E(k) / time;
-k = 0 is plain decoding (1 token per 1 time).
+k = 0 is plain decoding (1 token per 1 time), and drafting must beat it by a margin (5%): at
+break-even a prediction is as likely a loss as a gain, and real steps pay costs the model misses.
 
 Calibration: the offline curve times bare forwards at one context length. A real step also pays a
 longer or shorter context, the draft model's catch-up on accepted tokens, sampling and host work.
