@@ -126,6 +126,21 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **tree_actions(drafter)))
 
 
+def policy_from_args(args, drafter: Drafter, target: LoadedModel):
+    """--policy fixed: None; adaptive: the policy with its confidence rule; adaptive-k: k only."""
+    if not args.policy.startswith("adaptive"):
+        return None
+    return build_policy(drafter, target, args.k, args.cost_profile, confidence=args.policy == "adaptive")
+
+
+def check_draft_flags(args) -> None:
+    """The draft model's flags, checked before anything is loaded."""
+    if not 0.0 <= args.draft_p_min < 1.0:
+        raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
+    if args.draft_window < 0:
+        raise SpecdecError(f"--draft-window must be >= 0 prompt tokens (0 = the whole prompt), got {args.draft_window}")
+
+
 def tree_actions(drafter: Drafter) -> dict:
     """The tree sizes a draft-model drafter configured for trees offers the policy besides chains:
     powers of two below its node budget and the budget itself (a static tree: its own size), at
@@ -154,8 +169,7 @@ class Runner:
         ngram = NgramConfig(args.ngram_max, args.ngram_min)
         if args.max_context < 1:
             raise SpecdecError(f"max_context must be >= 1, got {args.max_context}")
-        if not 0.0 <= args.draft_p_min < 1.0:
-            raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
+        check_draft_flags(args)
         method = drafting_method(args)
         if method == "layer-skip":
             return Runner.layer_skip(args, cfg)
@@ -167,8 +181,7 @@ class Runner:
         drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
                                 tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore),
                                 lookahead_config(args), args.draft_window)
-        policy = (build_policy(drafter, target, args.k, args.cost_profile, confidence=args.policy == "adaptive")
-                  if args.policy.startswith("adaptive") else None)
+        policy = policy_from_args(args, drafter, target)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)
         k_text = f"k<={args.k} adaptive" if policy else f"k={args.k}"
         label = f"draft {args.draft} {k_text}" if method == "draft" else (
@@ -188,8 +201,7 @@ class Runner:
         target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs)
         cache = target.module.new_cache(args.max_context)
         drafter = make_layer_skip(target.module, spec, args.max_context, cache)
-        policy = (build_policy(drafter, target, args.k, args.cost_profile, confidence=args.policy == "adaptive")
-                  if args.policy.startswith("adaptive") else None)
+        policy = policy_from_args(args, drafter, target)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy, cache=cache)
         return Runner(target, engine, cfg, f"layer-skip {drafter.spec} k={args.k}")
 

@@ -131,6 +131,7 @@ def test_check_compatible():
     (["--seed", str(2**64)], "seed"),
     (["--seed", "-1"], "seed"),
     (["--draft-p-min", "1.5"], "p_min"),
+    (["--draft-window", "-1"], "--draft-window"),
 ])
 def test_bad_flag_values_fail_before_loading(flags, field, capsys, no_model_loads):
     msg = cli_error(["generate", *flags, "hi"], capsys)
@@ -159,6 +160,20 @@ def test_ngram_with_a_draft_model_is_the_hybrid_and_matches_plain(capsys, tiny_l
     assert main(base[:1] + ["--draft", str(tiny_llama_dir), "--ngram", "--policy", "adaptive"] + base[1:]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["text"] == plain and "prompt lookup" in out["method"]
+
+
+def test_bench_and_serve_refuse_a_negative_draft_window(capsys, no_model_loads):
+    assert "--draft-window" in cli_error(["bench", "--methods", "plain,draft", "--draft-window", "-2"], capsys)
+    assert "--draft-window" in cli_error(["serve", "--draft-window", "-2"], capsys)
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "adaptive-k"])
+def test_adaptive_policies_with_a_draft_window_match_plain(capsys, tiny_llama_dir, policy):
+    base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "12", "--json", "w1 w2 w3 w1 w2 w3 w4"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
+    assert main(base[:1] + ["--draft", str(tiny_llama_dir), "--policy", policy, "--draft-window", "2"] + base[1:]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"] == plain
 
 
 def test_cuda_without_cuda_and_fp16_on_cpu(capsys, tiny_llama_dir, monkeypatch):

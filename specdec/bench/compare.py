@@ -17,7 +17,7 @@ from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, Sampl
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
-from specdec.runner import build_drafter, build_policy, lookahead_config
+from specdec.runner import build_drafter, build_policy, check_draft_flags, lookahead_config
 
 OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid")  # tree:N = the draft model's
 # dynamic tree of N nodes
@@ -291,6 +291,7 @@ def run_comparison(args) -> dict:
     from specdec.model import load_model
     from specdec.runner import log
     specs = parse_methods(args.methods, parse_k_list(args.k))
+    check_draft_flags(args)
     if args.repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1, got {args.repeats}")
     peers = sorted(s.label for s in specs if s.kind in HF_KINDS or s.kind in LLAMA_KINDS)

@@ -28,6 +28,11 @@ class DraftState:
     stop: Callable[[int, float], int] | None = None
     k_stop: int = 0
 
+    @property
+    def limit(self) -> int:
+        """The most tokens a chain may have: k, or k_stop under a confidence rule."""
+        return max(self.k, self.k_stop) if self.stop is not None else self.k
+
 
 END, LAST, GO_ON = 0, 1, 2  # a confidence rule's answers (DraftState.stop)
 

@@ -69,7 +69,7 @@ class DraftModelDrafter:
         self.cache.reset()
         self.cached = []
         self.committed = 0
-        self.offset = max(0, len(prompt) - 1 - self.window) if self.window else 0
+        self.offset = len(prompt) - 1 - self.prefill_tokens(len(prompt)) if prompt else 0
         head = prompt[self.offset:-1]
         if head and len(head) < self.cache.capacity:
             self.model(torch.tensor([head], device=self.cache.k.device), self.cache, 0, last_only=True)
@@ -85,7 +85,7 @@ class DraftModelDrafter:
         device = self.cache.k.device
         x = torch.tensor([feed], device=device)  # [1, T]
         drafted, qs, stopped = [], [], False
-        for i in range(max(state.k, state.k_stop) if state.stop is not None else state.k):
+        for i in range(state.limit):
             logits = self._logits(x)  # [vocab]
             q = None if state.sampling.greedy else probs_from_logits(logits, state.sampling)
             decision = self._decide(logits, q, state, i)
@@ -259,7 +259,7 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
             token = row.argmax() if q is None else sample(q, state.generator)
             drafted[i].append(token.view(1))
             qs[i].append(q)
-            if decision == GO_ON and len(drafted[i]) < (max(state.k, state.k_stop) if state.stop else state.k):
+            if decision == GO_ON and len(drafted[i]) < state.limit:
                 feeds[i] = [int(token)]
                 nxt.append(i)
         live = nxt

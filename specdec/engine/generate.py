@@ -16,6 +16,7 @@ from specdec.drafters.base import Drafter, DraftState, NoDrafter
 from specdec.errors import SpecdecError
 from specdec.metrics import GenerationStats
 from specdec.model.transformer import Transformer
+from specdec.policy import sync
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept
 from specdec.sampling.tree_accept import TreeAcceptance, greedy_tree_accept, tree_rejection_accept
@@ -170,8 +171,7 @@ class SpeculativeGenerator:
             self.drafter.start(req.tokens[:req.prompt_len])
             observe_prefill = getattr(self.policy, "observe_prefill", None)
             if observe_prefill is not None:
-                if self.cache.k.device.type == "cuda":
-                    torch.cuda.synchronize(self.cache.k.device)
+                sync(self.cache.k.device)
                 observe_prefill(prefill_len, time.perf_counter() - t0)
         elif hasattr(self.drafter, "start_lookup_only"):  # a hybrid drafts without its model instead
             self.drafter.start_lookup_only(req.tokens[:req.prompt_len])
@@ -204,9 +204,9 @@ class SpeculativeGenerator:
             return DraftTree.empty()
         room = self.cache.capacity - self.cache.length - 1
         cap = room if nodes is None else min(room, nodes)
-        tree = self.drafter.propose(DraftState(req.tokens, k, req.cfg.sampling, req.generator, max_nodes=cap,
-                                               tree=tree, stop=stop, k_stop=k_stop))
-        k = max(k, k_stop) if stop is not None else k
+        state = DraftState(req.tokens, k, req.cfg.sampling, req.generator, max_nodes=cap, tree=tree, stop=stop,
+                           k_stop=k_stop)
+        tree, k = self.drafter.propose(state), state.limit
         if tree.is_chain and len(tree) > k:
             tree = DraftTree.chain(tree.tokens[:k], None if tree.q is None else tree.q[:k])
         elif not tree.is_chain and len(tree) > room:

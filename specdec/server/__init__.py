@@ -55,7 +55,7 @@ def build_scheduler(args, progress=None):
     from specdec.model import load_model
     from specdec.model.loading import resolve_device
     from specdec.policy import AdaptivePolicy, PolicyConfig, parse_schedule
-    from specdec.runner import build_drafter, build_policy, log, lookahead_config, tree_config
+    from specdec.runner import build_drafter, build_policy, check_draft_flags, log, lookahead_config, tree_config
     from specdec.server.memory import GIB, available_bytes, default_budget, plan_memory
     from specdec.server.metrics import ServerMetrics
     from specdec.server.scheduler import Scheduler, k_schedule
@@ -71,8 +71,7 @@ def build_scheduler(args, progress=None):
         raise SpecdecError(f"--spec-off-batch must be >= 0, got {args.spec_off_batch}")
     if args.request_timeout < 0:
         raise SpecdecError(f"--request-timeout must be >= 0 (0 = none), got {args.request_timeout}")
-    if not 0.0 <= args.draft_p_min < 1.0:
-        raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
+    check_draft_flags(args)
     if args.memory_budget_gb is not None and args.memory_budget_gb <= 0:
         raise SpecdecError(f"--memory-budget-gb must be > 0, got {args.memory_budget_gb}")
     schedule = parse_schedule(args.k_schedule) if args.k_schedule else None
