@@ -25,8 +25,9 @@ class GenerationStats:
     k_chosen: list[int] = field(default_factory=list)  # [k] steps whose draft length was set to k (0 = plain)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
-    prefill_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # the target's prefill and the drafter's (also one started mid-answer)
     seconds: float = 0.0
+    draft_started_at: int | None = 0  # new tokens before the drafter started (None: it never did)
 
     def record_choice(self, k: int) -> None:
         if k >= len(self.k_chosen):
@@ -79,6 +80,7 @@ class GenerationStats:
                 "per_position_acceptance": [round(a, 4) for a in self.per_position_acceptance],
                 "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
                 "prefill_seconds": round(self.prefill_seconds, 4), "seconds": round(self.seconds, 4),
+                "draft_started_at": self.draft_started_at,
                 "tokens_per_second": round(self.tokens_per_second, 3),
                 "emitted_per_step": self.emitted_per_step, "k_chosen": self.k_chosen,
                 "plain_fraction": round(self.plain_fraction, 4)}

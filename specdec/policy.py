@@ -65,13 +65,20 @@ failed look, not a plain step: the position estimates then measure what looking 
 
 Admission: a draft model must prefill the prompt before its first proposal (prefill_cost per prompt
 token, in plain steps, scaled by rho_prefill, the measured over predicted seconds of earlier
-prefills). A request whose draft prefill would cost more than the predicted saving over its
-expected answer (max_new_tokens, or less: the running mean length of earlier requests' answers,
-expected_new) or, when no saving is predicted, more than a small learning allowance, runs plain,
-without the draft's prefill: on a long prompt with a short answer the drafter cannot win it back.
-The learning allowance backs off like probes: after a request admitted on it alone whose drafts did
-not pay, the next 1, 2, 4, ... (at most learn_backoff_max) requests skip it; one that pays restores it.
-In a batch of B the prefill stalls all B sequences, so it counts B times, against the saving at batch B.
+prefills). The saving it buys is the predicted saving per token times the tokens still to come, and
+how many come is unknown: after a long prompt a RAG answer runs to 20 tokens, a summary to hundreds.
+The single-sequence engine rents before it buys (start_now, a ski rental): it starts the draft
+model with the prompt only when the prefill costs at most commit_share (1/4) of the saving predicted
+over the expected answer (max_new_tokens, or less: the running mean length of earlier answers,
+expected_new); otherwise it decodes plain (a hybrid drafts by lookup) and starts the draft model,
+prefilling the prompt and the answer so far, once those plain steps have lost as much as the prefill
+costs and the tokens left under max_new_tokens could still win it back. A short answer then never
+pays the prefill, a long one pays it at most twice. The batched server decides once, at admission
+(admit): the prefill must cost less than the whole predicted saving. Where no saving is predicted, a
+small learning allowance still admits the prompt, backed off like probes: after a request admitted
+on it alone whose drafts did not pay, the next 1, 2, 4, ... (at most learn_backoff_max) requests skip
+it; one that pays restores it. In a batch of B the prefill stalls all B sequences, so it counts B
+times, against the saving at batch B.
 
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
 rows, so plain costs v(B) for B tokens and a chain costs B k c + v(B (k + 1)) for B E(k) tokens;
@@ -192,6 +199,8 @@ class PolicyConfig:
     decay: float = 0.15  # per observation, the share of weight old observations lose
     memory: float = 0.5  # per request, how far the next request's prior moves to this request's pooled rate
     learn_budget: float = 0.05  # admission: draft prefill allowed with no predicted saving, x max_new_tokens
+    commit_share: float = 0.25  # single sequence: start the draft model at once only if its prefill costs at most
+    #                            this share of the predicted saving; else when plain steps have lost as much (start_now)
     length_memory: float = 0.5  # per request, how far the expected answer length moves to that request's length
     learn_backoff_max: int = 8  # after allowance requests that did not pay, skip the allowance for up to this many
     probe_k: int = 1  # draft length of a probe while plain
@@ -219,6 +228,8 @@ class PolicyConfig:
         if not 0.0 <= self.memory <= 1.0 or self.learn_budget < 0 or self.learn_backoff_max < 0:
             raise SpecdecError(f"need memory in [0, 1], learn_budget >= 0 and learn_backoff_max >= 0, got "
                                f"{self.memory}, {self.learn_budget}, {self.learn_backoff_max}")
+        if not 0.0 <= self.commit_share <= 1.0:
+            raise SpecdecError(f"commit_share must be in [0, 1], got {self.commit_share}")
         if not 0.0 < self.length_memory <= 1.0:
             raise SpecdecError(f"length_memory must be in (0, 1], got {self.length_memory}")
         if self.probe_every < 1 or self.probe_every_max < self.probe_every:
@@ -408,27 +419,36 @@ class AdaptivePolicy:
         for i, b in enumerate(beta[: self.cfg.k_max]):
             self.hits[i], self.trials[i] = b * weight, weight
 
-    def admit(self, prompt_len: int, max_new_tokens: int, batch: int = 1) -> bool:
-        """Whether this request should use the drafter at all: its prefill of the prompt (priced by the
-        profile, scaled by the measured prefills) must cost less than the saving predicted over the
-        expected answer, min(max_new_tokens, the running mean length of earlier answers), or, alone,
-        the learning allowance. A 900-token RAG prompt whose answers run to 20 tokens cannot win
-        its draft prefill back, whatever max_new_tokens allows.
+    def _prefill_terms(self, prefill_len: int, max_new_tokens: int, batch: int) -> tuple[float, float, float]:
+        """(the drafter's prefill of prefill_len tokens, the saving predicted per new token, the expected
+        answer length), times in plain steps: the prefill priced by the profile and scaled by the
+        measured prefills (counted `batch` times: it stalls every running sequence), the saving at
+        the best k's predicted rate (none above the critical batch), the length min(max_new_tokens,
+        the running mean length of earlier answers)."""
+        batch = max(batch, 1)
+        cost = self.costs.prefill_cost * self.rho_prefill * prefill_len * batch
+        _, rate = self._best_k(self.beta, self.cfg.k_max, batch)
+        plain = 1.0 / (self.rho_v * self.costs.v(batch))  # per-sequence plain rate at this batch
+        per_token = 1.0 / plain - 1.0 / rate if rate > plain else 0.0
+        horizon = max_new_tokens if self.expected_new is None else min(max_new_tokens, self.expected_new)
+        return cost, per_token, horizon
+
+    def admit(self, prompt_len: int, max_new_tokens: int, batch: int = 1, share: float = 1.0) -> bool:
+        """Whether this request should use the drafter at all, decided once at its start (the batched
+        server; the single-sequence engine asks start_now): its prefill of the prompt must cost at
+        most `share` of the saving predicted over the expected answer, or, where no saving is
+        predicted, fit the learning allowance. A 900-token RAG prompt whose answers run to 20 tokens
+        cannot win its draft prefill back, whatever max_new_tokens allows.
 
         In a batch of B running sequences the draft's prefill stalls all of them, so it counts B
         times, against the saving predicted at that batch size (none above the critical batch)."""
         if self.costs.prefill_cost <= 0 or self.cfg.schedule:
             return True
-        batch = max(batch, 1)
-        horizon = max_new_tokens if self.expected_new is None else min(max_new_tokens, self.expected_new)
-        cost = self.costs.prefill_cost * self.rho_prefill * prompt_len * batch
-        _, rate = self._best_k(self.beta, self.cfg.k_max, batch)
-        plain = 1.0 / (self.rho_v * self.costs.v(batch))  # per-sequence plain rate at this batch
-        saving = horizon * (1.0 - plain / rate) if rate > plain else 0.0
-        if cost <= saving:
+        cost, per_token, horizon = self._prefill_terms(prompt_len, max_new_tokens, batch)
+        if cost <= share * per_token * horizon:
             return True
-        if batch > 1 or cost > self.cfg.learn_budget * max_new_tokens:
-            return False
+        if batch > 1 or (per_token > 0 and share < 1) or cost > self.cfg.learn_budget * max_new_tokens:
+            return False  # (share < 1: a saving too small to commit to; start_now may start the drafter later)
         # The learning allowance, backed off like probes: after an allowance request whose drafts did
         # not pay, the next 1, 2, 4, ... requests skip it. Each still-admitted one can bring drafting
         # back (a refused request shows nothing, so the allowance is never switched off for good).
@@ -437,6 +457,26 @@ class AdaptivePolicy:
             return False
         self.learning = True
         return True
+
+    def start_now(self, prefill_len: int, generated: int, max_new_tokens: int) -> bool:
+        """Single sequence: whether the drafter should prefill the text so far (prefill_len of its
+        tokens) and start drafting now. Asked at the request's start (generated = 0) and, until it
+        says yes, before each step, which runs plain meanwhile. A ski rental:
+        - at the start, only when the prefill costs at most commit_share of the saving predicted over
+          the expected answer (or on the learning allowance, as admit): a short answer then loses
+          little, a long one wins almost all;
+        - later, once the plain steps so far have lost as much as the prefill costs (generated times
+          the saving per token), and the tokens left under max_new_tokens could still win it back.
+        An answer that ends before that never pays for the prefill; one that runs on pays at most the
+        prefill twice. The answer length after a long prompt (RAG: 20 tokens; a summary: hundreds)
+        cannot be told from the prompt, and the running mean of earlier answers mixes the two."""
+        if self.costs.prefill_cost <= 0 or self.cfg.schedule:
+            return True
+        if generated == 0:
+            return self.admit(prefill_len, max_new_tokens, share=self.cfg.commit_share)
+        cost, per_token, _ = self._prefill_terms(prefill_len, max_new_tokens, 1)
+        left = max_new_tokens - generated
+        return per_token > 0 and cost <= per_token * min(generated, left)
 
     def observe_prefill(self, prompt_len: int, seconds: float) -> None:
         """The drafter's measured prefill of a prompt: calibrates the prefill cost admission uses."""

@@ -5,6 +5,7 @@ import pytest
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import END, GO_ON, NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
@@ -290,6 +291,60 @@ def test_an_unadmitted_request_runs_plain_without_starting_the_drafter(tiny_targ
     engine.policy.costs.prefill_cost = 0.0  # a free prefill is always admitted
     engine.generate(PROMPTS[2], cfg)
     assert Counting.starts == 1
+
+
+def test_a_dear_draft_prefill_is_rented_before_it_is_bought():
+    """Ski rental: a prefill that the predicted saving pays back, but not four times over, waits until
+    the plain steps have lost as much as it costs; it is never bought when the tokens left cannot
+    win it back. The server, which decides once, commits when the saving covers it at all."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.01)  # 1000 prompt tokens = 10 plain steps
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.8))
+    policy.reset()
+    cost, per_token, _ = policy._prefill_terms(1000, 100, 1)
+    assert cost == pytest.approx(10.0) and 0.30 < per_token < 0.33  # about 0.31 plain steps saved per token
+    assert policy.admit(1000, 64)  # 64 x 0.31 = 20 > 10: the server commits
+    assert not policy.start_now(1000, 0, 100) and not policy.start_now(1000, 0, 64)  # not 4x over: rent
+    assert policy.start_now(1000, 0, 200)  # 200 x 0.31 = 63 > 4 x 10: committed to at once
+    starts = [g for g in range(1, 100) if policy.start_now(1000 + g, g, 100)]
+    # 34 plain steps have lost 34 x 0.313 = 10.6 >= the prefill of 1034 tokens (10.34); 33 had not;
+    # from about token 67 on, the tokens left cannot win the prefill back
+    assert starts == list(range(34, starts[-1] + 1)) and 60 < starts[-1] < 70
+    assert not any(policy.start_now(1000 + g, g, 64) for g in range(1, 64))  # 64 at most: never pays
+    assert policy.start_now(50, 0, 128)  # a short prompt's prefill (0.5 steps) is committed to at once
+    weak = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.2))  # no saving predicted
+    weak.reset()
+    assert weak.start_now(100, 0, 64) and weak.learning  # the learning allowance, at the start only
+    assert not any(weak.start_now(100 + g, g, 64) for g in range(1, 64))
+    assert AdaptivePolicy(costs, PolicyConfig(commit_share=1.0, prior=0.8)).start_now(1000, 0, 64)  # no rent
+
+
+def test_a_deferred_drafter_starts_mid_answer_and_stays_exact(tiny_target, tiny_draft):
+    class Counting(DraftModelDrafter):
+        starts = []
+
+        def start(self, prompt):
+            Counting.starts.append(len(prompt))
+            super().start(prompt)
+
+    policy = AdaptivePolicy(CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=1.0), PolicyConfig(k_max=6, prior=0.9))
+    policy.reset()
+    per_token = policy._prefill_terms(29, 20, 1)[1]
+    policy.costs.prefill_cost = 6 * per_token / 29  # the prompt's prefill (29 tokens) costs 6 tokens' saving
+    engine = SpeculativeGenerator(tiny_target, Counting(tiny_draft, TINY_VOCAB, 256), 256, policy)
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    cfg = GenerationConfig(20, 6, SamplingParams())
+    result = engine.generate(PROMPTS[2], cfg)  # 30 tokens
+    assert result.tokens == plain.generate(PROMPTS[2], cfg).tokens
+    # 6 > 20 / 4: rent; 8 plain tokens lose 8 x s >= the prefill of 37 tokens, 6 x 37 / 29 x s
+    assert result.stats.draft_started_at == 8 and Counting.starts == [38]  # prompt + 8 new tokens
+    assert result.stats.k_chosen[0] >= 7 and result.stats.drafted > 0
+    assert result.stats.summary()["draft_started_at"] == 8
+    short = engine.generate(PROMPTS[2], GenerationConfig(8, 6, SamplingParams()))  # too short to pay: never
+    assert short.stats.draft_started_at is None and short.stats.drafted == 0 and len(Counting.starts) == 1
+    hybrid = SpeculativeGenerator(tiny_target, HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)), 256,
+                                  AdaptivePolicy(policy.costs, PolicyConfig(k_max=6, prior=0.9)))
+    for prompt in PROMPTS:  # lookup drafts while the model waits, then both
+        assert hybrid.generate(prompt, cfg).tokens == plain.generate(prompt, cfg).tokens
 
 
 def test_bad_policy_config_is_refused():

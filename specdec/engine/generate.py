@@ -90,7 +90,8 @@ class _Request:
     generator: torch.Generator
     stats: GenerationStats
     on_tokens: Callable[[list[int]], None] | None
-    speculate: bool = True  # False: the policy did not admit the drafter for this request (all plain)
+    speculate: bool = True  # False: no drafting (the policy has not started the drafter: plain steps)
+    pending: bool = False  # the drafter has not started: the policy is asked before each step
 
     @property
     def num_new(self) -> int:
@@ -157,25 +158,46 @@ class SpeculativeGenerator:
 
     def start_drafter(self, req: _Request) -> None:
         """A new request: the policy starts afresh and decides whether the drafter's prefill of this
-        prompt can pay (else the request runs plain, and the drafter never sees it; a hybrid drafter
-        drafts by lookup alone instead)."""
-        prefill_tokens = getattr(self.drafter, "prefill_tokens", None)  # a draft model's share of the prompt
-        prefill_len = prefill_tokens(req.prompt_len) if prefill_tokens is not None else req.prompt_len
+        prompt pays now. If not, the request runs plain (a hybrid drafts by lookup alone) and the
+        policy is asked again before each step (`_maybe_start`): the drafter starts, prefilling the
+        text so far, once the answer has run long enough to win its prefill back."""
         if self.policy is not None:
             self.policy.reset()
-            admit = getattr(self.policy, "admit", None)
-            if admit is not None and not isinstance(self.drafter, NoDrafter):
-                req.speculate = admit(prefill_len, req.cfg.max_new_tokens)
+        if self._drafter_pays(req):
+            self._start_now(req)
+            return
+        req.pending, req.stats.draft_started_at = True, None
+        req.speculate = hasattr(self.drafter, "start_lookup_only")
         if req.speculate:
-            t0 = time.perf_counter()
-            self.drafter.start(req.tokens[:req.prompt_len])
-            observe_prefill = getattr(self.policy, "observe_prefill", None)
-            if observe_prefill is not None:
-                sync(self.cache.k.device)
-                observe_prefill(prefill_len, time.perf_counter() - t0)
-        elif hasattr(self.drafter, "start_lookup_only"):  # a hybrid drafts without its model instead
             self.drafter.start_lookup_only(req.tokens[:req.prompt_len])
-            req.speculate = True
+
+    def _prefill_len(self, n: int) -> int:
+        prefill_tokens = getattr(self.drafter, "prefill_tokens", None)  # a draft model's share of the text
+        return prefill_tokens(n) if prefill_tokens is not None else n
+
+    def _drafter_pays(self, req: _Request) -> bool:
+        if self.policy is None or isinstance(self.drafter, NoDrafter):
+            return True
+        n = self._prefill_len(len(req.tokens))
+        start_now = getattr(self.policy, "start_now", None)
+        if start_now is not None:
+            return start_now(n, req.num_new, req.cfg.max_new_tokens)
+        admit = getattr(self.policy, "admit", None)
+        return req.num_new == 0 and (admit is None or admit(n, req.cfg.max_new_tokens))
+
+    def _start_now(self, req: _Request) -> None:
+        """The drafter prefills the text so far (the prompt, or the prompt and the answer so far)."""
+        t0 = time.perf_counter()
+        self.drafter.start(list(req.tokens))
+        sync(self.cache.k.device)
+        seconds = time.perf_counter() - t0
+        req.pending, req.speculate = False, True
+        req.stats.draft_started_at = req.num_new
+        if req.num_new:  # mid-answer: a prefill all the same (the request's own is over by now)
+            req.stats.prefill_seconds += seconds
+        observe_prefill = getattr(self.policy, "observe_prefill", None)
+        if observe_prefill is not None:
+            observe_prefill(self._prefill_len(len(req.tokens)), seconds)
 
     def _prefill(self, prompt: list[int], sampling: SamplingParams, generator) -> int:
         """Fill the cache with the prompt; return the first new token."""
@@ -215,6 +237,8 @@ class SpeculativeGenerator:
 
     def _step(self, req: _Request) -> str | None:
         """propose -> verify -> accept -> commit; returns a finish reason or None."""
+        if req.pending and self._drafter_pays(req):
+            self._start_now(req)
         t0 = time.perf_counter()
         k = k_cap = self._draft_length(req)
         nodes, stop = None, None
