@@ -447,8 +447,8 @@ class AdaptivePolicy:
         cost, per_token, horizon = self._prefill_terms(prompt_len, max_new_tokens, batch)
         if cost <= share * per_token * horizon:
             return True
-        if batch > 1 or (per_token > 0 and share < 1) or cost > self.cfg.learn_budget * max_new_tokens:
-            return False  # (share < 1: a saving too small to commit to; start_now may start the drafter later)
+        if batch > 1 or cost > self.cfg.learn_budget * max_new_tokens:
+            return False
         # The learning allowance, backed off like probes: after an allowance request whose drafts did
         # not pay, the next 1, 2, 4, ... requests skip it. Each still-admitted one can bring drafting
         # back (a refused request shows nothing, so the allowance is never switched off for good).
@@ -463,8 +463,9 @@ class AdaptivePolicy:
         tokens) and start drafting now. Asked at the request's start (generated = 0) and, until it
         says yes, before each step, which runs plain meanwhile. A ski rental:
         - at the start, only when the prefill costs at most commit_share of the saving predicted over
-          the expected answer (or on the learning allowance, as admit): a short answer then loses
-          little, a long one wins almost all;
+          the expected answer, or fits the learning allowance (as admit: a short prompt's prefill is
+          cheap, and only drafting shows whether this text suits the drafter): a short answer then
+          loses little, a long one wins almost all;
         - later, once the plain steps so far have lost as much as the prefill costs (generated times
           the saving per token), and the tokens left under max_new_tokens could still win it back.
         An answer that ends before that never pays for the prefill; one that runs on pays at most the
