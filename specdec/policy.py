@@ -57,7 +57,8 @@ asks the rule from confident_draft() with the top probability p of its distribut
 per bin of p, is the chance such a token passes given the chain reached it; n(p) the chance that,
 after a passing token of that confidence, the next look passes too (Beta estimates with prior mean
 p, kept across requests). With R the chance the chain got this far and r the rate choose()
-predicted: the token (its draft forward spent) is drafted if R a(p) beats r times the verify time it
+predicted (for a probe: plain decoding's, with the margin; a confident draft then probes with a
+chain, a doubtful one not at all): the token (its draft forward spent) is drafted if R a(p) beats r times the verify time it
 adds, and the drafter goes on after it if the further tokens (n(p) each; a draft forward and a
 verify position each) add more than r times their time. A chain the rule ended after all its
 tokens passed counts a failure at the next position, and one ended before its first token is a
@@ -74,8 +75,10 @@ expected_new); otherwise it decodes plain (a hybrid drafts by lookup) and starts
 prefilling the prompt and the answer so far, once those plain steps have lost as much as the prefill
 costs and the tokens left under max_new_tokens could still win it back. A short answer then never
 pays the prefill, a long one pays it at most twice. The batched server decides once, at admission
-(admit): the prefill must cost less than the whole predicted saving. Where no saving is predicted, a
-small learning allowance still admits the prompt, backed off like probes: after a request admitted
+(admit): the prefill must cost less than the whole predicted saving. Either way a prefill within a
+small learning allowance (5% of max_new_tokens plain steps: a short prompt) is admitted at the start
+whatever the prediction (only drafting shows whether this text suits the drafter; without it a low
+carried prior would never be tested again), backed off like probes: after a request admitted
 on it alone whose drafts did not pay, the next 1, 2, 4, ... (at most learn_backoff_max) requests skip
 it; one that pays restores it. In a batch of B the prefill stalls all B sequences, so it counts B
 times, against the saving at batch B.
@@ -436,8 +439,7 @@ class AdaptivePolicy:
     def admit(self, prompt_len: int, max_new_tokens: int, batch: int = 1, share: float = 1.0) -> bool:
         """Whether this request should use the drafter at all, decided once at its start (the batched
         server; the single-sequence engine asks start_now): its prefill of the prompt must cost at
-        most `share` of the saving predicted over the expected answer, or, where no saving is
-        predicted, fit the learning allowance. A 900-token RAG prompt whose answers run to 20 tokens
+        most `share` of the saving predicted over the expected answer, or fit the learning allowance. A 900-token RAG prompt whose answers run to 20 tokens
         cannot win its draft prefill back, whatever max_new_tokens allows.
 
         In a batch of B running sequences the draft's prefill stalls all of them, so it counts B
@@ -503,8 +505,12 @@ class AdaptivePolicy:
         if self._best_k([0.9] * k_cap, k_cap, batch)[0] == 0:
             return 0
         self.opening_probe = self.opening and self.cfg.probe_first
-        self.rate = 0.0  # a probe drafts its probe_k tokens, with no confidence rule
-        return min(self.cfg.probe_k, k_cap)  # a cheap look: has the text turned predictable?
+        # a cheap look: has the text turned predictable? Under the confidence rule the look drafts
+        # while each token's calibrated confidence predicts more than plain decoding's rate (with the
+        # margin): a confident draft probes with a chain (its verify shows more), a doubtful one drafts
+        # nothing (a failed look); without the rule, probe_k tokens
+        self.rate = (1 + self.cfg.margin) / (self.rho_v * self.costs.v(batch))  # per sequence
+        return min(self.cfg.probe_k, k_cap)
 
     def confidence_rate(self, p: float) -> float:
         """The chance a drafted token whose draft probability was p passes, given the chain reached it:
@@ -524,9 +530,9 @@ class AdaptivePolicy:
 
     def confident_draft(self, k: int, k_cap: int) -> tuple[int, Callable[[int, float], int] | None]:
         """After choose() returned k for a chain: (the most tokens to draft, the rule) for a drafter that
-        knows its confidence (DraftState.stop). Where the estimate chose to draft (not a probe, not
-        plain) and the rule is on, the drafter may go up to k_cap, the rule deciding each token; else
-        (k, None)."""
+        knows its confidence (DraftState.stop). Where choose() drafts (by estimate, or a probe: then
+        against plain decoding's rate) and the rule is on, the drafter may go up to k_cap, the rule
+        deciding each token; else (k, None)."""
         if not self.cfg.confidence or k == 0 or self.rate <= 0 or self.cfg.schedule:
             return k, None
         self.step_conf, self.step_stopped, reach = [], False, [1.0]

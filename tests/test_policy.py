@@ -669,3 +669,20 @@ def test_no_drafting_at_break_even():
         policy.assume(beta)
         assert (policy.choose() > 0) == drafts
     assert best_k([0.9] * 8, CPU, 8, margin=0.05)[0] >= 4  # a clear gain still drafts
+
+
+def test_a_probe_under_the_confidence_rule_drafts_while_the_draft_is_confident():
+    """While plain, a probe is a look judged against plain decoding's rate: a confident draft probes
+    with a chain, a doubtful one drafts nothing (a failed look, counted as such)."""
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.1))
+    policy.reset()
+    assert policy.choose() == 1 and policy.opening_probe  # the estimate says plain: an opening probe
+    k_cap, stop = policy.confident_draft(1, 8)
+    assert k_cap == 8 and stop(0, 0.99) == GO_ON and stop(1, 0.99) == GO_ON  # confident: a chain
+    k_cap, stop = policy.confident_draft(1, 8)
+    assert stop(0, 0.1) == END  # doubtful: nothing drafted
+    policy.observe(0, 0)
+    assert policy.plain_run == 0 and policy.trials[0] > 0  # a failed look, not a plain step
+    off = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.1, confidence=False))
+    off.reset()
+    assert off.choose() == 1 and off.confident_draft(1, 8) == (1, None)  # without the rule: probe_k tokens
