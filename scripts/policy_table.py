@@ -1,6 +1,6 @@
 """The adaptive policy against plain decoding and the best fixed k, per category, from a bench summary.
 
-    python scripts/policy_table.py runs/policy2-greedy/summary.json [--adaptive draft:auto,hybrid:auto]
+    python scripts/policy_table.py runs/policy2-greedy/summary.json [--adaptive draft:auto,hybrid:auto] [--matrix]
 
 Speedups are the bench's mean of per-prompt ratios against plain decoding in the same run. The
 fixed-k methods are those of the same kind as the adaptive one with a pinned k ('draft:1'..'draft:8').
@@ -28,13 +28,27 @@ def rows(summary: dict, adaptive: str, fixed_kind: str) -> list[list[str]]:
     return out
 
 
+def matrix(summary: dict) -> list[str]:
+    """Every method's mean speedup over plain, overall and per category (markdown lines)."""
+    labels = list(summary["methods"])
+    scopes = [("all", summary["methods"])] + sorted(summary["categories"].items())
+    out = ["| scope | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for name, methods in scopes:
+        cells = [f"{methods[m]['speedup_vs_plain_mean']:.3f}" if m in methods else "-" for m in labels]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("summary")
     ap.add_argument("--adaptive", default="draft:auto", help="comma list of adaptive method labels")
     ap.add_argument("--fixed-kind", default="draft", help="the kind whose pinned-k methods are compared")
+    ap.add_argument("--matrix", action="store_true", help="also every method's speedup per category")
     args = ap.parse_args()
     summary = json.load(open(args.summary))
+    if args.matrix:
+        print("\n".join(matrix(summary)))
     for label in args.adaptive.split(","):
         print(f"\n{label} against plain decoding and the best fixed k of {args.fixed_kind}:\n")
         print("| scope | adaptive vs plain | best fixed k | adaptive / best fixed | adaptive tau | plain steps |")
