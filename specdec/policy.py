@@ -439,8 +439,9 @@ class AdaptivePolicy:
     def admit(self, prompt_len: int, max_new_tokens: int, batch: int = 1, share: float = 1.0) -> bool:
         """Whether this request should use the drafter at all, decided once at its start (the batched
         server; the single-sequence engine asks start_now): its prefill of the prompt must cost at
-        most `share` of the saving predicted over the expected answer, or fit the learning allowance. A 900-token RAG prompt whose answers run to 20 tokens
-        cannot win its draft prefill back, whatever max_new_tokens allows.
+        most `share` of the saving predicted over the expected answer, or fit the learning allowance.
+        A 900-token RAG prompt whose answers run to 20 tokens cannot win its draft prefill back,
+        whatever max_new_tokens allows.
 
         In a batch of B running sequences the draft's prefill stalls all of them, so it counts B
         times, against the saving predicted at that batch size (none above the critical batch)."""

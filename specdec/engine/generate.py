@@ -159,8 +159,8 @@ class SpeculativeGenerator:
     def start_drafter(self, req: _Request) -> None:
         """A new request: the policy starts afresh and decides whether the drafter's prefill of this
         prompt pays now. If not, the request runs plain (a hybrid drafts by lookup alone) and the
-        policy is asked again before each step (`_maybe_start`): the drafter starts, prefilling the
-        text so far, once the answer has run long enough to win its prefill back."""
+        policy is asked again before each step (`_step`, `_drafter_pays`): the drafter starts,
+        prefilling the text so far, once the answer has run long enough to win its prefill back."""
         if self.policy is not None:
             self.policy.reset()
         if self._drafter_pays(req):
@@ -176,6 +176,8 @@ class SpeculativeGenerator:
         return prefill_tokens(n) if prefill_tokens is not None else n
 
     def _drafter_pays(self, req: _Request) -> bool:
+        """The policy's word on starting the drafter now: start_now (may say yes mid-answer), or a
+        policy that only admits (the server's LoadPolicy) at the request's start alone."""
         if self.policy is None or isinstance(self.drafter, NoDrafter):
             return True
         n = self._prefill_len(len(req.tokens))
