@@ -28,6 +28,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="CPU fp32: keep the default MKL GEMMs for verify passes instead of oneDNN prepacked "
                         "weights (saves one copy of the target's weights in memory, and in `serve` of the draft's, "
                         "whose forwards are batched across sequences; verification is slower)")
+    p.add_argument("--no-kernel", action="store_true",
+                   help="CPU fp32: use torch's GEMMs (MKL for one row, oneDNN prepacked for several) instead of "
+                        "our skinny GEMM kernel for decode steps and verify passes of up to 8 rows")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
 
@@ -199,8 +202,8 @@ def cmd_profile(args) -> int:
     from specdec.bench.profile import print_profile, profile, write_profile
     from specdec.model import load_model
     from specdec.runner import log
-    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs)
-    draft = load_model(args.draft, args.device, args.dtype, progress=log, cuda_graphs=args.cuda_graphs) if args.draft else None
+    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel)
+    draft = load_model(args.draft, args.device, args.dtype, progress=log, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel) if args.draft else None
     result = profile(target.module, draft.module if draft else None, args.context, args.repeats)
     print_profile(result)
     write_profile(result, args.out)
@@ -219,7 +222,7 @@ def cmd_tune_layer_skip(args) -> int:
         candidates = None if args.candidates is None else [int(c) for c in args.candidates.split(",")]
     except ValueError:
         raise SpecdecError(f"--candidates takes integers separated by commas, got {args.candidates!r}") from None
-    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs)
+    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel)
     prompts = [encode_prompt(target.tokenizer, p.turns[0], chat=bool(target.tokenizer.chat_template))
                for p in load_prompts(args.dataset)[:args.limit]]
     result = tune_layer_skip(target.module, prompts, candidates, args.max_new_tokens, args.k, progress=log)

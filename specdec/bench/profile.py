@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.model import cpu_kernels
 from specdec.model.transformer import Transformer
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33)
@@ -54,8 +55,9 @@ def roofline_rounds(model: Transformer, context: int, rounds: int, bandwidth_mb:
     from one second to the next; a bandwidth taken apart from the step (or the best of several
     probes against a typical step) turns that swing into a roofline gap. Each round times one
     GEMV pass over as many bytes as a step reads (a 2 GB buffer, larger than any cache, read
-    repeatedly), then one plain step; the result is the median over rounds of the per-round ratio
-    (and the medians of its two parts)."""
+    repeatedly; on CPU both with torch's GEMV and with our kernel, and the faster counts), then
+    one plain step; the result is the median over rounds of the per-round ratio (and the medians
+    of its two parts)."""
     device = model.lm_head.weight.device
     nbytes = weight_bytes(model)
     cols = 4096
@@ -63,17 +65,23 @@ def roofline_rounds(model: Transformer, context: int, rounds: int, bandwidth_mb:
     v = torch.ones(cols, 1, dtype=torch.float32, device=device)
     passes = max(1, round(nbytes / (w.numel() * 4)))
 
-    def stream():
+    readers = [lambda: w @ v]  # torch's GEMV (MKL on CPU)
+    if device.type == "cpu" and cpu_kernels.available():  # and ours: the bandwidth is the faster reader's
+        row = torch.ones(1, cols, dtype=torch.float32)
+        readers.append(lambda: cpu_kernels.skinny_linear(row, w))
+
+    def stream_with(read):
         for _ in range(passes):
-            w @ v
+            read()
     cache = model.new_cache(context + 1)
     cache.advance(context)
     x = torch.randint(0, model.config.vocab_size, (1, 1), device=device)
     model(x, cache, context)  # warm-up
-    stream()
+    for read in readers:
+        stream_with(read)
     bws, steps, fractions = [], [], []
     for _ in range(rounds):
-        bw = passes * w.numel() * 4 / best_seconds(stream, device, 1) / 1e9
+        bw = passes * w.numel() * 4 / min(best_seconds(lambda: stream_with(r), device, 1) for r in readers) / 1e9
         step = best_seconds(lambda: model(x, cache, context), device, 1)
         bws.append(bw)
         steps.append(step)

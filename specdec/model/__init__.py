@@ -24,17 +24,20 @@ class LoadedModel:
 
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
-               pack: bool = False, cuda_graphs: bool = False) -> LoadedModel:
+               pack: bool = False, cuda_graphs: bool = False, kernel: bool = True) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     pack: on CPU in fp32, route multi-row GEMMs (verify passes) through oneDNN prepacked weights
     (see cpu_linear.py). It costs a second copy of the weights in memory. Ignored elsewhere.
+    kernel: on CPU in fp32, route GEMMs of 1..8 rows (decode steps, verify passes) through our own
+    kernel (cpu_kernels.py), where it builds; it reads the model's own weights (no copy).
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
     engine/cuda_graphs.py).
     """
     from specdec.errors import SpecdecError
     from specdec.model.loading import load_hf_dir, model_directory, resolve_device, resolve_dtype
     from specdec.model.registry import resolve_model
+    from specdec.model import cpu_kernels
     from specdec.model.cpu_linear import onednn_available, pack_linears
     from specdec.model.tokenizer import eos_ids, load_tokenizer
 
@@ -45,8 +48,12 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     directory = model_directory(resolve_model(spec), progress)
     tokenizer = load_tokenizer(directory)
     module = load_hf_dir(directory, dev, torch_dtype)
-    if pack and dev.type == "cpu" and torch_dtype == torch.float32 and onednn_available():
-        pack_linears(module)
+    if dev.type == "cpu" and torch_dtype == torch.float32 and onednn_available():
+        if kernel and not cpu_kernels.available():
+            progress(f"our CPU kernel is unavailable ({cpu_kernels.unavailable_reason()}); using torch's GEMMs")
+            kernel = False
+        if pack or kernel:
+            pack_linears(module, skinny=kernel, pack=pack)
     if cuda_graphs:
         from specdec.engine.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(module)

@@ -1,0 +1,169 @@
+/* Skinny fp32 GEMM for decode and verify on the CPU: Y[n, N] = X[n, K] . W[N, K]^T (+ b), n small.
+ *
+ * Decode reads every weight once per token, so a step is bound by memory. This kernel streams each
+ * weight row from memory exactly once for all n input rows (kept in L1/L2), so small n costs
+ * about the memory time of n = 1 until the arithmetic catches up (n of about 5 to 8 on a 2-core
+ * CPU at about 80 GFLOP/s): a verify of k + 1 positions is nearly free.
+ *
+ * Numerics: every output Y[i, j] is one dot product accumulated in the same order whatever n is
+ * (lane-wise over K in steps of VL, then a fixed horizontal reduction), so a verify pass gives
+ * bit-identical projections to one-token steps.
+ *
+ * Threads: OpenMP, the same runtime torch loaded (libgomp.so.1), rows of W split in contiguous
+ * blocks so each thread streams its own region.
+ *
+ * Built by specdec/model/cpu_kernels.py with -O3 -march=native -fopenmp.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+#define VL 16
+typedef __m512 vec;
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+static inline float vsum(vec v) {
+    /* fixed order: halves, then quarters, ... (same for every call) */
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VL 8
+typedef __m256 vec;
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline float vsum(vec v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+#else
+#error "skinny_gemm.c needs AVX2+FMA or AVX-512"
+#endif
+
+#ifndef PF_DIST
+#define PF_DIST 256 /* software prefetch distance (floats) for multi-input blocks; 0 = hardware only */
+#endif
+/* One input row streams fastest on the hardware prefetcher alone; several inputs slow the
+ * consumption of each row enough that prefetching 1 KB ahead pays (skinny-gemm.json). */
+
+/* One block of R weight rows against C input rows; K % VL tail done in scalar, in a fixed order. */
+#define DEFINE_BLOCK(R, C, PF)                                                                        \
+    static inline void block_##R##_##C(const float *w, int64_t K, const float *x, int64_t ldx,     \
+                                       float *y, int64_t ldy) {                                     \
+        vec acc[R][C];                                                                              \
+        for (int r = 0; r < R; r++)                                                                 \
+            for (int c = 0; c < C; c++) acc[r][c] = VZERO();                                        \
+        int64_t k = 0;                                                                              \
+        for (; k + VL <= K; k += VL) {                                                              \
+            vec wv[R];                                                                              \
+            for (int r = 0; r < R; r++) {                                                           \
+                if (PF) _mm_prefetch((const char *)(w + r * K + k + PF), _MM_HINT_T0);                \
+                wv[r] = VLOAD(w + r * K + k);                                                       \
+            }                                                                                       \
+            for (int c = 0; c < C; c++) {                                                           \
+                vec xv = VLOAD(x + c * ldx + k);                                                    \
+                for (int r = 0; r < R; r++) acc[r][c] = VFMA(wv[r], xv, acc[r][c]);                 \
+            }                                                                                       \
+        }                                                                                           \
+        for (int r = 0; r < R; r++)                                                                 \
+            for (int c = 0; c < C; c++) {                                                           \
+                float s = vsum(acc[r][c]);                                                          \
+                for (int64_t t = k; t < K; t++) s += w[r * K + t] * x[c * ldx + t];                 \
+                y[c * ldy + r] = s;                                                                 \
+            }                                                                                       \
+    }
+
+DEFINE_BLOCK(8, 1, 0)
+DEFINE_BLOCK(4, 2, PF_DIST)
+DEFINE_BLOCK(4, 3, PF_DIST)
+DEFINE_BLOCK(4, 4, PF_DIST)
+DEFINE_BLOCK(4, 5, PF_DIST)
+DEFINE_BLOCK(4, 6, PF_DIST)
+DEFINE_BLOCK(3, 7, PF_DIST)
+DEFINE_BLOCK(3, 8, PF_DIST)
+DEFINE_BLOCK(2, 9, PF_DIST)
+DEFINE_BLOCK(2, 10, PF_DIST)
+DEFINE_BLOCK(2, 11, PF_DIST)
+DEFINE_BLOCK(2, 12, PF_DIST)
+DEFINE_BLOCK(2, 13, PF_DIST)
+DEFINE_BLOCK(2, 14, PF_DIST)
+DEFINE_BLOCK(1, 15, PF_DIST)
+DEFINE_BLOCK(1, 16, PF_DIST)
+DEFINE_BLOCK(1, 1, 0)
+DEFINE_BLOCK(1, 2, PF_DIST)
+DEFINE_BLOCK(1, 3, PF_DIST)
+DEFINE_BLOCK(1, 4, PF_DIST)
+DEFINE_BLOCK(1, 5, PF_DIST)
+DEFINE_BLOCK(1, 6, PF_DIST)
+DEFINE_BLOCK(1, 7, PF_DIST)
+DEFINE_BLOCK(1, 8, PF_DIST)
+DEFINE_BLOCK(1, 9, PF_DIST)
+DEFINE_BLOCK(1, 10, PF_DIST)
+DEFINE_BLOCK(1, 11, PF_DIST)
+DEFINE_BLOCK(1, 12, PF_DIST)
+DEFINE_BLOCK(1, 13, PF_DIST)
+DEFINE_BLOCK(1, 14, PF_DIST)
+
+typedef void (*block_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t);
+/* For C input rows (1..16) in one pass: the widest block of weight rows whose R x C accumulators,
+ * R weight vectors and one input vector fit the 32 vector registers. Every weight row is read from
+ * memory once for all C inputs: a second pass, even from L2, would cost half a memory pass. */
+#define MAX_C 16
+static const block_fn WIDE[MAX_C + 1] = {0, block_8_1, block_4_2, block_4_3, block_4_4, block_4_5, block_4_6, block_3_7, block_3_8, block_2_9, block_2_10, block_2_11, block_2_12, block_2_13, block_2_14, block_1_15, block_1_16};
+static const int WIDE_R[MAX_C + 1] = {0, 8, 4, 4, 4, 4, 4, 3, 3, 2, 2, 2, 2, 2, 2, 1, 1};
+static const block_fn NARROW[MAX_C + 1] = {0, block_1_1, block_1_2, block_1_3, block_1_4, block_1_5, block_1_6, block_1_7, block_1_8, block_1_9, block_1_10, block_1_11, block_1_12, block_1_13, block_1_14, block_1_15, block_1_16};
+
+#define PANEL 24 /* rows per panel: a multiple of every R above */
+
+/* Rows [r0, r0 + rows) of W against all n inputs, in chunks of at most MAX_C inputs (callers keep
+ * n <= MAX_C: a later chunk would find the panel's rows in L2, but re-reading them costs). */
+static void panel(const float *W, const float *X, float *Y, int64_t r0, int64_t rows, int64_t K,
+                  int64_t n, int64_t ldx, int64_t ldy) {
+    for (int64_t c = 0; c < n; c += MAX_C) {
+        int C = (int)(n - c < MAX_C ? n - c : MAX_C);
+        int R = WIDE_R[C];
+        int64_t r = r0;
+        for (; r + R <= r0 + rows; r += R) WIDE[C](W + r * K, K, X + c * ldx, ldx, Y + c * ldy + r, ldy);
+        for (; r < r0 + rows; r++) NARROW[C](W + r * K, K, X + c * ldx, ldx, Y + c * ldy + r, ldy);
+    }
+}
+
+static void rows_range(const float *W, const float *X, float *Y, int64_t r0, int64_t r1, int64_t K,
+                       int64_t n, int64_t ldx, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r += PANEL)
+        panel(W, X, Y, r, (r1 - r < PANEL ? r1 - r : PANEL), K, n, ldx, ldy);
+}
+
+/* Y[n, N] (row stride ldy) = X[n, K] (row stride ldx) . W[N, K]^T + b (b may be NULL). */
+void skinny_gemm(const float *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
+                 int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
+#pragma omp parallel num_threads(nthreads)
+    {
+#ifdef _OPENMP
+        extern int omp_get_thread_num(void);
+        extern int omp_get_num_threads(void);
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+        int t = 0, T = 1;
+#endif
+        /* contiguous blocks of rows, whole panels each */
+        int64_t per = ((N + T - 1) / T + PANEL - 1) / PANEL * PANEL;
+        int64_t r0 = t * per, r1 = r0 + per;
+        if (r1 > N) r1 = N;
+        if (r0 < r1) {
+            rows_range(W, X, Y, r0, r1, K, n, ldx, ldy);
+            if (b)
+                for (int64_t c = 0; c < n; c++)
+                    for (int64_t r = r0; r < r1; r++) Y[c * ldy + r] += b[r];
+        }
+    }
+}
