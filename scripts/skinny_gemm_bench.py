@@ -3,10 +3,10 @@ step's worth of weights: every matrix of Qwen2.5-1.5B's shape, each a distinct t
 so nothing stays in the 300 MB L3), multiplied in turn by n input rows (n = 1: a decode step; n =
 k + 1: a verify pass). Prints JSON.
 
-Usage: python scripts/skinny_gemm_bench.py [--rounds 5] [--variants 0,1024] > docs/results/skinny-gemm.json
+Usage: python scripts/skinny_gemm_bench.py [--rounds 5] [--variants default,CHUNK_PANELS=4] > docs/results/skinny-gemm.json
 
 Kernels: fp32 MKL (F.linear), fp32 oneDNN-prepacked (our verify path before), and ours (one
-build per software-prefetch distance in --variants, in floats; 0 = hardware prefetch only).
+build per --variants entry: the default, or the source built with other -D settings).
 Rounds interleave the kernels (this host's bandwidth drifts); the figure is the median of rounds.
 Also times one 2 GB matrix (the profile's bandwidth probe) with MKL and with ours.
 """
@@ -30,7 +30,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", default="1,2,3,5,9,17")
-    ap.add_argument("--variants", default="0", help="software prefetch distances (floats) to build")
+    ap.add_argument("--variants", default="default",
+                    help="builds to compare: 'default', or -D defines joined by '+' (e.g. PF_DIST=0+CHUNK_PANELS=4)")
     ap.add_argument("--no-packed", action="store_true", help="skip oneDNN (halves the memory)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -42,9 +43,10 @@ def main() -> None:
     if not args.no_packed:
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, 5) for w in weights]
         kernels["onednn_packed"] = lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+    libs = {}
     for d in args.variants.split(","):
-        lib = cpu_kernels.load([f"-DPF_DIST={int(d)}"])
-        kernels[f"ours_pf{d}"] = (lambda lib: lambda x, w, p: cpu_kernels.skinny_linear(x, w, None, lib=lib))(lib)
+        libs[d] = cpu_kernels.load([] if d == "default" else [f"-D{x}" for x in d.split("+")])
+        kernels[f"ours[{d}]"] = (lambda lib: lambda x, w, p: cpu_kernels.skinny_linear(x, w, None, lib=lib))(libs[d])
     xs = {n: {k: torch.randn(1, n, k) for k in (1536, 8960)} for n in rows}
 
     def one_pass(fn, n):
@@ -74,10 +76,8 @@ def main() -> None:
     big = torch.ones(2048 * (1 << 20) // 4 // 4096, 4096)  # the profile's probe: 2 GB, one matrix
     v = torch.ones(1, 4096)
     probe = {"mkl": lambda: F.linear(v, big)}
-    for name in kernels:
-        if name.startswith("ours"):
-            lib = cpu_kernels.load([f"-DPF_DIST={int(name[7:])}"])
-            probe[name] = (lambda lib: lambda: cpu_kernels.skinny_linear(v, big, None, lib=lib))(lib)
+    for d, lib in libs.items():
+        probe[f"ours[{d}]"] = (lambda lib: lambda: cpu_kernels.skinny_linear(v, big, None, lib=lib))(lib)
     bw = {name: [] for name in probe}
     for _ in range(2 * args.rounds + 1):
         for name, fn in probe.items():

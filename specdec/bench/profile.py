@@ -108,11 +108,44 @@ def forward_seconds(model: Transformer, n: int, context: int, repeats: int) -> f
     return statistics.median(times[1:])  # the first call warms up
 
 
+def forward_fn(model: Transformer, n: int, context: int):
+    """A callable running one forward over n new positions after `context` cached positions."""
+    device = model.lm_head.weight.device
+    cache = model.new_cache(context + n)
+    cache.advance(context)
+    x = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+    return lambda: model(x, cache, context)
+
+
+def interleaved_seconds(fns: dict, device: torch.device, repeats: int) -> dict:
+    """Each callable timed once per round, the rounds interleaving all of them (after one warm-up
+    round), so that the host's drift hits every one alike: {key: [seconds per round]}."""
+    times = {key: [] for key in fns}
+    for r in range(repeats + 1):
+        for key, fn in fns.items():
+            synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            if r:
+                times[key].append(time.perf_counter() - t0)
+    return times
+
+
 def profile(target: Transformer, draft: Transformer | None, context: int = 512, repeats: int = 7,
             bandwidth_mb: int = 2048) -> dict:
+    """v(n) and c are medians of per-round ratios to the target's one-token step timed in the same
+    round (sizes interleaved), so a drift of the host's bandwidth between sizes does not bend the curve."""
     device = target.lm_head.weight.device
     paired = roofline_rounds(target, context, 2 * repeats + 1, bandwidth_mb)
-    t = {n: forward_seconds(target, n, context, repeats) for n in VERIFY_SIZES}
+    fns = {n: forward_fn(target, n, context) for n in VERIFY_SIZES}
+    if draft is not None:
+        fns["draft"] = forward_fn(draft, 1, context)
+    times = interleaved_seconds(fns, device, repeats)
+    t = {key: statistics.median(ts) for key, ts in times.items()}
+
+    def ratio(key) -> float:
+        return statistics.median(a / b for a, b in zip(times[key], times[1]))
     roofline = paired["bandwidth_gbs"] * 1e9 / weight_bytes(target)
     result = {"device": str(device), "dtype": str(target.lm_head.weight.dtype), "context": context,
               "bandwidth_gbs": round(paired["bandwidth_gbs"], 2), "weight_bytes": weight_bytes(target),
@@ -121,12 +154,11 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
               "roofline_tokens_per_second": round(roofline, 3),
               "roofline_fraction": round(paired["roofline_fraction"], 3),
               "roofline_rounds": paired["rounds"],
-              "forward_seconds": {str(n): round(s, 5) for n, s in t.items()},
-              "verify_cost": {str(n): round(s / t[1], 3) for n, s in t.items()}}
+              "forward_seconds": {str(n): round(t[n], 5) for n in VERIFY_SIZES},
+              "verify_cost": {str(n): round(ratio(n), 3) for n in VERIFY_SIZES}}
     if draft is not None:
-        d1 = forward_seconds(draft, 1, context, repeats)
         prefill = forward_seconds(draft, context, 0, 1)  # the draft's prefill of a context-long prompt
-        result.update({"draft_step_seconds": round(d1, 5), "draft_cost_ratio": round(d1 / t[1], 3),
+        result.update({"draft_step_seconds": round(t["draft"], 5), "draft_cost_ratio": round(ratio("draft"), 3),
                        "draft_prefill_cost": round(prefill / context / t[1], 5)})
     return result
 

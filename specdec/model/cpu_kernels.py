@@ -1,7 +1,7 @@
 """Our own CPU kernel for decode and verify GEMMs (`skinny_gemm.c`), built on first use.
 
 The C source ships in the package; the first call compiles it with the system C compiler
-(`-O3 -march=native -fopenmp`) into `~/.cache/specdec/kernels/` (or `$SPECDEC_KERNEL_DIR`), keyed by
+(`-O3 -march=native -fopenmp`) into `SPECDEC_HOME/kernels/` (or `$SPECDEC_KERNEL_DIR`), keyed by
 a hash of the source, the flags, the compiler and this CPU's flags, and loads it with ctypes. It
 links the OpenMP runtime by its soname, so in a process that imported torch it shares torch's
 thread pool instead of starting a second one.
@@ -42,7 +42,7 @@ def _cpu_flags() -> str:
 
 def _cache_dir() -> Path:
     d = os.environ.get("SPECDEC_KERNEL_DIR")
-    return Path(d) if d else Path.home() / ".cache" / "specdec" / "kernels"
+    return Path(d) if d else Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "kernels"
 
 
 def _build(extra_flags: list[str] | None = None) -> Path:

@@ -143,6 +143,12 @@ static void rows_range(const float *W, const float *X, float *Y, int64_t r0, int
         panel(W, X, Y, r, (r1 - r < PANEL ? r1 - r : PANEL), K, n, ldx, ldy);
 }
 
+static void finish(const float *b, float *Y, int64_t r0, int64_t r1, int64_t n, int64_t ldy) {
+    if (b)
+        for (int64_t c = 0; c < n; c++)
+            for (int64_t r = r0; r < r1; r++) Y[c * ldy + r] += b[r];
+}
+
 /* Y[n, N] (row stride ldy) = X[n, K] (row stride ldx) . W[N, K]^T + b (b may be NULL). */
 void skinny_gemm(const float *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
                  int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
@@ -155,15 +161,14 @@ void skinny_gemm(const float *W, const float *X, const float *b, float *Y, int64
 #else
         int t = 0, T = 1;
 #endif
-        /* contiguous blocks of rows, whole panels each */
+        /* contiguous blocks of rows, whole panels each (threads taking chunks dynamically
+         * instead was no faster: perf.md, session 9) */
         int64_t per = ((N + T - 1) / T + PANEL - 1) / PANEL * PANEL;
         int64_t r0 = t * per, r1 = r0 + per;
         if (r1 > N) r1 = N;
         if (r0 < r1) {
             rows_range(W, X, Y, r0, r1, K, n, ldx, ldy);
-            if (b)
-                for (int64_t c = 0; c < n; c++)
-                    for (int64_t r = r0; r < r1; r++) Y[c * ldy + r] += b[r];
+            finish(b, Y, r0, r1, n, ldy);
         }
     }
 }
