@@ -68,14 +68,14 @@ Admission: a draft model must prefill the prompt before its first proposal (pref
 token, in plain steps, scaled by rho_prefill, the measured over predicted seconds of earlier
 prefills). The saving it buys is the predicted saving per token times the tokens still to come, and
 how many come is unknown: after a long prompt a RAG answer runs to 20 tokens, a summary to hundreds.
-The single-sequence engine rents before it buys (start_now, a ski rental): it starts the draft
+The engine and the server rent before they buy (start_now, a ski rental): it starts the draft
 model with the prompt only when the prefill costs at most commit_share (1/4) of the saving predicted
 over the expected answer (max_new_tokens, or less: the running mean length of earlier answers,
 expected_new); otherwise it decodes plain (a hybrid drafts by lookup) and starts the draft model,
 prefilling the prompt and the answer so far, once those plain steps have lost as much as the prefill
 costs and the tokens left under max_new_tokens could still win it back. A short answer then never
-pays the prefill, a long one pays it at most twice. The batched server decides once, at admission
-(admit): the prefill must cost less than the whole predicted saving. Either way a prefill within a
+pays the prefill, a long one pays it at most twice. In the server a draft prefill stalls the whole
+batch, so there both terms are taken at the round's batch size. A prefill within a
 small learning allowance (5% of max_new_tokens plain steps: a short prompt) is admitted at the start
 whatever the prediction (only drafting shows whether this text suits the drafter; without it a low
 carried prior would never be tested again), backed off like probes: after a request admitted
@@ -437,8 +437,8 @@ class AdaptivePolicy:
         return cost, per_token, horizon
 
     def admit(self, prompt_len: int, max_new_tokens: int, batch: int = 1, share: float = 1.0) -> bool:
-        """Whether this request should use the drafter at all, decided once at its start (the batched
-        server; the single-sequence engine asks start_now): its prefill of the prompt must cost at
+        """Whether this request should use the drafter at all, decided once at its start (callers
+        that cannot start it later; the engine and the server ask start_now): its prefill of the prompt must cost at
         most `share` of the saving predicted over the expected answer, or fit the learning allowance.
         A 900-token RAG prompt whose answers run to 20 tokens cannot win its draft prefill back,
         whatever max_new_tokens allows.
@@ -461,10 +461,12 @@ class AdaptivePolicy:
         self.learning = True
         return True
 
-    def start_now(self, prefill_len: int, generated: int, max_new_tokens: int) -> bool:
-        """Single sequence: whether the drafter should prefill the text so far (prefill_len of its
-        tokens) and start drafting now. Asked at the request's start (generated = 0) and, until it
-        says yes, before each step, which runs plain meanwhile. A ski rental:
+    def start_now(self, prefill_len: int, generated: int, max_new_tokens: int, batch: int = 1) -> bool:
+        """Whether the drafter should prefill the text so far (prefill_len of its tokens) and start
+        drafting now. Asked at the request's start (generated = 0) and, until it says yes, before
+        each step, which runs plain meanwhile. In a batch of B decoding sequences (the server) the
+        prefill stalls all of them and the saving is the one predicted at that batch size, as in
+        admit. A ski rental:
         - at the start, only when the prefill costs at most commit_share of the saving predicted over
           the expected answer, or fits the learning allowance (as admit: a short prompt's prefill is
           cheap, and only drafting shows whether this text suits the drafter): a short answer then
@@ -477,8 +479,8 @@ class AdaptivePolicy:
         if self.costs.prefill_cost <= 0 or self.cfg.schedule:
             return True
         if generated == 0:
-            return self.admit(prefill_len, max_new_tokens, share=self.cfg.commit_share)
-        cost, per_token, _ = self._prefill_terms(prefill_len, max_new_tokens, 1)
+            return self.admit(prefill_len, max_new_tokens, batch, share=self.cfg.commit_share)
+        cost, per_token, _ = self._prefill_terms(prefill_len, max_new_tokens, batch)
         left = max_new_tokens - generated
         return per_token > 0 and cost <= per_token * min(generated, left)
 

@@ -296,7 +296,7 @@ def test_an_unadmitted_request_runs_plain_without_starting_the_drafter(tiny_targ
 def test_a_dear_draft_prefill_is_rented_before_it_is_bought():
     """Ski rental: a prefill that the predicted saving pays back, but not four times over, waits until
     the plain steps have lost as much as it costs; it is never bought when the tokens left cannot
-    win it back. The server, which decides once, commits when the saving covers it at all."""
+    win it back. admit (for callers that decide once) commits when the saving covers it at all."""
     costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.01)  # 1000 prompt tokens = 10 plain steps
     policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.8))
     policy.reset()

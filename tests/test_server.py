@@ -615,6 +615,40 @@ def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):
         assert seq.req.stats.k_chosen[0] >= 1  # the shared round was plain for everyone
 
 
+def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_loaded, tiny_qwen_dir):
+    """The server rents as the engine does: a draft prefill that would pay back, but not four times
+    over, waits; the sequence decodes plain, the policy is asked each round, and the draft model
+    starts mid-answer (prefilling prompt and answer so far). Greedy output stays the engine's."""
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
+    target = tiny_target_loaded
+    draft = load_model(str(tiny_qwen_dir), device="cpu")
+    prompt, cfg = list(range(30, 59)), GenerationConfig(20, 6)  # 29 prompt tokens
+    starts = []
+
+    class Counting(DraftModelDrafter):
+        def start(self, tokens):
+            starts.append(len(tokens))
+            super().start(tokens)
+
+    def policy():
+        p = AdaptivePolicy(CostModel({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.3}, 0.1, prefill_cost=1.0),
+                           PolicyConfig(k_max=6, prior=0.9))
+        p.reset()
+        p.costs.prefill_cost = 6 * p._prefill_terms(29, 20, 1)[1] / 29  # the prompt's prefill: 6 tokens' saving
+        return p
+
+    factory = lambda: Counting(draft.module, target.module.config.vocab_size, CONTEXT)  # noqa: E731
+    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=2, prefill_chunk=64, policy_factory=policy)
+    seq = stepper.add(prompt, cfg, set())
+    while seq.finish_reason is None:
+        stepper.run_round()
+    plain = SpeculativeGenerator(target.module, build_drafter("none", target, CONTEXT), CONTEXT).generate(prompt, cfg)
+    assert seq.new_tokens == plain.tokens
+    started = seq.req.stats.draft_started_at
+    assert started is not None and 0 < started < 20 and starts == [29 + started]  # prompt + answer so far
+    assert seq.req.stats.drafted > 0
+
+
 def test_round_width_is_chosen_for_the_whole_batch():
     """Every row pads to the widest draft: a lone probe must not make all rows pay for its width."""
     from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig

@@ -8,7 +8,9 @@ unit of work for it:
 - while its prompt is not yet in the cache: one prefill chunk (`prefill_chunk` tokens), so a long
   prompt holds the other sequences up for one chunk at a time, not for the whole prompt;
 - after the last chunk: the first token, from the chunk's last logits (exactly as the engine's
-  `_prefill`), then `engine.start_drafter` (the policy's reset and admission, the drafter's start);
+  `_prefill`), then `engine.start_drafter` (the policy's reset and admission, the drafter's start;
+  a draft prefill that does not pay yet is rented: the sequence decodes plain and the policy is
+  asked again each round, at the round's load, whether to start the drafter mid-answer);
 - afterwards: one speculative step through the engine's own `_step` (propose -> verify -> accept ->
   commit), so a sequence served here emits exactly the tokens `SpeculativeGenerator.generate` emits.
 
@@ -121,8 +123,22 @@ class LoadPolicy:
         """Admission at the current load: the sequences already decoding plus this one."""
         if self.inner is None or not hasattr(self.inner, "admit"):
             return True
-        batch = sum(1 for s in self.owner.active if not s.prefilling) + 1 if self.owner.batched else 1
-        return self.inner.admit(prompt_len, max_new_tokens, batch)
+        return self.inner.admit(prompt_len, max_new_tokens, self._load(starting=True))
+
+    def start_now(self, prefill_len: int, generated: int, max_new_tokens: int) -> bool:
+        """The inner policy's rental rule (start now, or run plain and ask again each round) at the
+        current load; an inner policy without one decides once, at the start (admit)."""
+        if self.inner is None:
+            return True
+        if not hasattr(self.inner, "start_now"):
+            return generated == 0 and self.admit(prefill_len, max_new_tokens)
+        return self.inner.start_now(prefill_len, generated, max_new_tokens, self._load(starting=generated == 0))
+
+    def _load(self, starting: bool) -> int:
+        """The batch a draft prefill would stall: the decoding sequences (plus this one at its start)."""
+        if not self.owner.batched:
+            return 1
+        return sum(1 for s in self.owner.active if not s.prefilling) + (1 if starting else 0)
 
 
 @dataclass(eq=False)
@@ -259,6 +275,8 @@ class StepwiseGenerator:
                 continue
             try:
                 t0 = time.perf_counter()
+                if seq.req.pending and engine._drafter_pays(seq.req):  # rented plain steps: buy now
+                    engine._start_now(seq.req)
                 k = self._choose_for(seq)
             except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
                 self._fail(seq, e, on_error, done)
