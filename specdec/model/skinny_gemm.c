@@ -55,10 +55,12 @@ static inline float vsum(vec v) {
 /* One input row streams fastest on the hardware prefetcher alone; several inputs slow the
  * consumption of each row enough that prefetching 1 KB ahead pays (skinny-gemm.json). */
 
-/* One block of R weight rows against C input rows; K % VL tail done in scalar, in a fixed order. */
-#define DEFINE_BLOCK(R, C, PF)                                                                        \
+/* One block of R weight rows against C input rows; K % VL tail done in scalar, in a fixed order.
+ * One input row prefetches nothing (PF 0), several prefetch PF_DIST floats ahead. */
+#define DEFINE_BLOCK(R, C)                                                                            \
     static inline void block_##R##_##C(const float *w, int64_t K, const float *x, int64_t ldx,     \
                                        float *y, int64_t ldy) {                                     \
+        const int PF = (C) == 1 ? 0 : PF_DIST;                                                      \
         vec acc[R][C];                                                                              \
         for (int r = 0; r < R; r++)                                                                 \
             for (int c = 0; c < C; c++) acc[r][c] = VZERO();                                        \
@@ -82,45 +84,26 @@ static inline float vsum(vec v) {
             }                                                                                       \
     }
 
-DEFINE_BLOCK(8, 1, 0)
-DEFINE_BLOCK(4, 2, PF_DIST)
-DEFINE_BLOCK(4, 3, PF_DIST)
-DEFINE_BLOCK(4, 4, PF_DIST)
-DEFINE_BLOCK(4, 5, PF_DIST)
-DEFINE_BLOCK(4, 6, PF_DIST)
-DEFINE_BLOCK(3, 7, PF_DIST)
-DEFINE_BLOCK(3, 8, PF_DIST)
-DEFINE_BLOCK(2, 9, PF_DIST)
-DEFINE_BLOCK(2, 10, PF_DIST)
-DEFINE_BLOCK(2, 11, PF_DIST)
-DEFINE_BLOCK(2, 12, PF_DIST)
-DEFINE_BLOCK(2, 13, PF_DIST)
-DEFINE_BLOCK(2, 14, PF_DIST)
-DEFINE_BLOCK(1, 15, PF_DIST)
-DEFINE_BLOCK(1, 16, PF_DIST)
-DEFINE_BLOCK(1, 1, 0)
-DEFINE_BLOCK(1, 2, PF_DIST)
-DEFINE_BLOCK(1, 3, PF_DIST)
-DEFINE_BLOCK(1, 4, PF_DIST)
-DEFINE_BLOCK(1, 5, PF_DIST)
-DEFINE_BLOCK(1, 6, PF_DIST)
-DEFINE_BLOCK(1, 7, PF_DIST)
-DEFINE_BLOCK(1, 8, PF_DIST)
-DEFINE_BLOCK(1, 9, PF_DIST)
-DEFINE_BLOCK(1, 10, PF_DIST)
-DEFINE_BLOCK(1, 11, PF_DIST)
-DEFINE_BLOCK(1, 12, PF_DIST)
-DEFINE_BLOCK(1, 13, PF_DIST)
-DEFINE_BLOCK(1, 14, PF_DIST)
+/* For C input rows (1..16) in one pass, (R, C): the widest block of weight rows whose R x C
+ * accumulators, R weight vectors and one input vector fit the 32 vector registers. Every weight row
+ * is read from memory once for all C inputs: a second pass, even from L2, would cost half a memory
+ * pass. NARROW: one row against C inputs, for the rows a panel has left over (R = 1 blocks of WIDE
+ * serve C = 15, 16). */
+#define WIDE_BLOCKS(X) X(8, 1) X(4, 2) X(4, 3) X(4, 4) X(4, 5) X(4, 6) X(3, 7) X(3, 8) \
+    X(2, 9) X(2, 10) X(2, 11) X(2, 12) X(2, 13) X(2, 14) X(1, 15) X(1, 16)
+#define NARROW_BLOCKS(X) X(1, 1) X(1, 2) X(1, 3) X(1, 4) X(1, 5) X(1, 6) X(1, 7) X(1, 8) \
+    X(1, 9) X(1, 10) X(1, 11) X(1, 12) X(1, 13) X(1, 14)
+#define MAX_C 16
+
+WIDE_BLOCKS(DEFINE_BLOCK)
+NARROW_BLOCKS(DEFINE_BLOCK)
 
 typedef void (*block_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t);
-/* For C input rows (1..16) in one pass: the widest block of weight rows whose R x C accumulators,
- * R weight vectors and one input vector fit the 32 vector registers. Every weight row is read from
- * memory once for all C inputs: a second pass, even from L2, would cost half a memory pass. */
-#define MAX_C 16
-static const block_fn WIDE[MAX_C + 1] = {0, block_8_1, block_4_2, block_4_3, block_4_4, block_4_5, block_4_6, block_3_7, block_3_8, block_2_9, block_2_10, block_2_11, block_2_12, block_2_13, block_2_14, block_1_15, block_1_16};
-static const int WIDE_R[MAX_C + 1] = {0, 8, 4, 4, 4, 4, 4, 3, 3, 2, 2, 2, 2, 2, 2, 1, 1};
-static const block_fn NARROW[MAX_C + 1] = {0, block_1_1, block_1_2, block_1_3, block_1_4, block_1_5, block_1_6, block_1_7, block_1_8, block_1_9, block_1_10, block_1_11, block_1_12, block_1_13, block_1_14, block_1_15, block_1_16};
+#define BLOCK_FN(R, C) block_##R##_##C,
+#define BLOCK_ROWS(R, C) R,
+static const block_fn WIDE[MAX_C + 1] = {0, WIDE_BLOCKS(BLOCK_FN)};
+static const int WIDE_R[MAX_C + 1] = {0, WIDE_BLOCKS(BLOCK_ROWS)};
+static const block_fn NARROW[MAX_C + 1] = {0, NARROW_BLOCKS(BLOCK_FN) block_1_15, block_1_16};
 
 #define PANEL 24 /* rows per panel: a multiple of every R above */
 
