@@ -48,6 +48,10 @@ def test_bad_shapes_are_clear_errors():
         cpu_kernels.skinny_linear(torch.randn(1, 1, 8), torch.randn(4, 9))
     with pytest.raises(ValueError, match="contiguous"):
         cpu_kernels.skinny_linear(torch.randn(1, 1, 8), torch.randn(8, 4).t())
+    with pytest.raises(ValueError, match="float32 CPU"):
+        cpu_kernels.skinny_linear(torch.randn(1, 1, 8, dtype=torch.bfloat16), torch.randn(4, 8))
+    with pytest.raises(ValueError, match="bias is torch.float64"):
+        cpu_kernels.skinny_linear(torch.randn(1, 1, 8), torch.randn(4, 8), torch.randn(4, dtype=torch.float64))
 
 
 @pytest.mark.skipif(not onednn_available(), reason="needs oneDNN (mkldnn) on CPU")

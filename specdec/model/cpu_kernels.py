@@ -100,6 +100,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     lib = lib or _lib
     if lib is None:
         raise RuntimeError(f"skinny_gemm kernel unavailable: {unavailable_reason()}")
+    for name, t in (("x", x), ("weight", weight)) + ((("bias", bias),) if bias is not None else ()):
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ValueError(f"skinny_linear takes float32 CPU tensors; {name} is {t.dtype} on {t.device}")
     K = x.shape[-1]
     N = weight.shape[0]
     if weight.shape[1] != K:
