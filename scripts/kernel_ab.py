@@ -1,7 +1,9 @@
 """Our kernel against torch's GEMMs inside the model, A/B in one process: one forward over n new
 positions at context 512, with every PackedLinear switched to our kernel (on) and back to torch's
 (off: MKL for one row, oneDNN-prepacked for several on the target, MKL on the unpacked draft),
-alternated over rounds so that both see the same machine. Prints JSON.
+alternated over rounds so that both see the same machine. Since session 10 "on" also means our
+fused RMSNorm, RoPE and attention, and both arms run q/k/v and gate/up as one GEMM each
+(scripts/fused_ab.py measures the fusion alone). Prints JSON.
 
 Usage: python scripts/kernel_ab.py [--models qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct]
                                    [--rows 1,2,3,5,8,9] [--rounds 3] > docs/results/kernel-ab.json
@@ -17,12 +19,15 @@ import statistics
 from specdec.bench.profile import forward_seconds
 from specdec.model import load_model
 from specdec.model.cpu_linear import PackedLinear
+from specdec.model.transformer import Attention, RMSNorm
 
 
 def switch(model, on: bool) -> None:
     for mod in model.modules():
         if isinstance(mod, PackedLinear):
             mod.skinny = on
+        elif isinstance(mod, (Attention, RMSNorm)):
+            mod.cpu_ops = on  # our fused ops go with the kernel; off: torch's RMSNorm, RoPE and attention
 
 
 def main() -> None:

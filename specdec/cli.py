@@ -29,8 +29,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "batches; with --no-kernel, every verify pass); saves one copy of the target's weights in "
                         "memory, and in `serve` of the draft's; those GEMMs go through MKL, slower")
     p.add_argument("--no-kernel", action="store_true",
-                   help="CPU fp32: use torch's GEMMs (MKL for one row, oneDNN prepacked for several) instead of "
-                        "our skinny GEMM kernel for decode steps and verify passes of up to 8 rows")
+                   help="CPU fp32: use torch's GEMMs (MKL for one row, oneDNN prepacked for several) and ops instead "
+                        "of our kernels for decode steps and verify passes of up to 8 rows (our skinny GEMM; "
+                        "q/k/v and gate/up fused into one GEMM each; our RMSNorm, RoPE and attention)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
 

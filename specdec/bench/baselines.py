@@ -24,7 +24,8 @@ class HFBaseline:
         from transformers import AutoModelForCausalLM
         self.model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
         if share is not None:
-            self.model.load_state_dict(share.state_dict(), strict=False, assign=True)
+            from specdec.model.cpu_linear import unfused_state_dict
+            self.model.load_state_dict(unfused_state_dict(share), strict=False, assign=True)
             self.model.tie_weights()
         self.assistant = None
         if assistant_directory is not None:

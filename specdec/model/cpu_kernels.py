@@ -1,6 +1,7 @@
-"""Our own CPU kernel for decode and verify GEMMs (`skinny_gemm.c`), built on first use.
+"""Our own CPU kernels for decode and verify steps, built on first use: the GEMM of 1..8 rows
+(`skinny_gemm.c`), and RMSNorm, RoPE and attention of a few queries (`fused_ops.c`).
 
-The C source ships in the package; the first call compiles it with the system C compiler
+The C sources ship in the package; the first call compiles them with the system C compiler
 (`-O3 -march=native -fopenmp`) into `SPECDEC_HOME/kernels/` (or `$SPECDEC_KERNEL_DIR`), keyed by
 a hash of the source, the flags, the compiler and this CPU's flags, and loads it with ctypes. It
 links the OpenMP runtime by its soname, so in a process that imported torch it shares torch's
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("skinny_gemm.c")
+SOURCES = [Path(__file__).with_name(n) for n in ("skinny_gemm.c", "fused_ops.c")]
+HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 MAX_ROWS = 8  # above this, oneDNN-packed GEMMs were as fast or faster in the model (perf.md): callers use those
 
@@ -51,16 +53,19 @@ def _build(extra_flags: list[str] | None = None) -> Path:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
     flags = FLAGS + (extra_flags or [])
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(flags), *version, _cpu_flags()]).encode())
-    out = _cache_dir() / f"skinny_gemm-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256("\n".join([*(s.read_text() for s in SOURCES + HEADERS), " ".join(flags), *version,
+                                    _cpu_flags()]).encode())
+    out = _cache_dir() / f"specdec_kernels-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, then rename: no half files
         tmp_so = Path(tmp) / out.name
-        proc = subprocess.run([cc, *flags, str(SOURCE), "-o", str(tmp_so)], capture_output=True, text=True)
+        proc = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", str(tmp_so), "-lm"], capture_output=True,
+                              text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {proc.stderr.strip()[-400:]}")
+            names = ", ".join(s.name for s in SOURCES)
+            raise RuntimeError(f"compiling {names} failed: {proc.stderr.strip()[-400:]}")
         os.replace(tmp_so, out)
     return out
 
@@ -73,6 +78,12 @@ def load(extra_flags: list[str] | None = None):
     i64, p = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int]
     fn.restype = None
+    f32 = ctypes.c_float
+    lib.rms_norm.argtypes = [p, p, p, i64, i64, i64, f32]
+    lib.rope.argtypes = [p, p, p] + [i64] * 8
+    lib.attend.argtypes = [p] * 6 + [i64] * 14 + [ctypes.c_int]
+    for f in (lib.rms_norm, lib.rope, lib.attend):
+        f.restype = None
     return lib
 
 
@@ -94,27 +105,106 @@ def unavailable_reason() -> str | None:
     return _error
 
 
+def _plain(t: torch.Tensor) -> bool:
+    """float32, on the CPU, contiguous: what the kernels take without a copy (cheap: checked per call)."""
+    return t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
+
+
+def _lib_or_raise(lib):
+    lib = lib or _lib
+    if lib is None:
+        raise RuntimeError(f"specdec CPU kernels unavailable: {unavailable_reason()}")
+    return lib
+
+
+def _check(what: str, **tensors) -> None:
+    """A clear error for a tensor the kernels cannot take (dtype or device); the slow path of the checks."""
+    for name, t in tensors.items():
+        if t is not None and (t.dtype != torch.float32 or t.device.type != "cpu"):
+            raise ValueError(f"{what} takes float32 CPU tensors; {name} is {t.dtype} on {t.device}")
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   lib=None) -> torch.Tensor:
     """F.linear(x, weight, bias) for fp32 CPU tensors with at most MAX_ROWS rows in x (any leading shape)."""
-    lib = lib or _lib
-    if lib is None:
-        raise RuntimeError(f"skinny_gemm kernel unavailable: {unavailable_reason()}")
-    for name, t in (("x", x), ("weight", weight)) + ((("bias", bias),) if bias is not None else ()):
-        if t.dtype != torch.float32 or t.device.type != "cpu":
-            raise ValueError(f"skinny_linear takes float32 CPU tensors; {name} is {t.dtype} on {t.device}")
-    K = x.shape[-1]
-    N = weight.shape[0]
-    if weight.shape[1] != K:
-        raise ValueError(f"shape mismatch: x [..., {K}] and weight {tuple(weight.shape)}")
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    n = x2.shape[0]
-    if not weight.is_contiguous():
-        raise ValueError("weight must be contiguous")
-    y = torch.empty(n, N, dtype=torch.float32)
-    b = bias.data_ptr() if bias is not None else None
-    lib.skinny_gemm(weight.data_ptr(), x2.data_ptr(), b, y.data_ptr(), N, K, n, x2.stride(0), N,
-                    torch.get_num_threads())
-    return y.view(*x.shape[:-1], N)
+    lib = _lib_or_raise(lib)
+    K, N = x.shape[-1], weight.shape[0]
+    if not (_plain(x) and _plain(weight) and (bias is None or _plain(bias)) and weight.shape[1] == K):
+        _check("skinny_linear", x=x, weight=weight, bias=bias)
+        if weight.shape[1] != K:
+            raise ValueError(f"shape mismatch: x [..., {K}] and weight {tuple(weight.shape)}")
+        if not weight.is_contiguous():
+            raise ValueError("weight must be contiguous")
+        x, bias = x.contiguous(), bias.contiguous() if bias is not None else None
+    y = x.new_empty((*x.shape[:-1], N))
+    lib.skinny_gemm(weight.data_ptr(), x.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
+                    N, K, x.numel() // K, K, N, torch.get_num_threads())
+    return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> torch.Tensor:
+    """weight * x / sqrt(mean(x^2, -1) + eps) for x [..., dim] (a new contiguous tensor)."""
+    lib = _lib_or_raise(lib)
+    dim = x.shape[-1]
+    if not (_plain(x) and _plain(weight) and weight.numel() == dim):
+        _check("rms_norm", x=x, weight=weight)
+        if weight.numel() != dim:
+            raise ValueError(f"rms_norm: weight of {weight.numel()} for x [..., {dim}]")
+        x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    lib.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, dim, eps)
+    return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int, lib=None) -> None:
+    """In place: HF's rotate-half RoPE on the first `heads` heads of x [B, T, >= heads * head_dim]
+    (contiguous); cos, sin [B, T, head_dim], contiguous (any view of that shape, e.g. [B, 1, T, head_dim])."""
+    lib = _lib_or_raise(lib)
+    B, T = x.shape[0], x.shape[1]
+    if not (_plain(x) and _plain(cos) and _plain(sin) and cos.numel() == sin.numel() == B * T * head_dim
+            and x.dim() == 3 and x.shape[2] >= heads * head_dim):
+        _check("rope_", x=x, cos=cos, sin=sin)
+        raise ValueError(f"rope_: x {tuple(x.shape)} must be contiguous [B, T, >= {heads} x {head_dim}], with cos "
+                         f"{tuple(cos.shape)} and sin {tuple(sin.shape)} contiguous [B, T, {head_dim}]")
+    lib.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), B, T, heads, head_dim, x.stride(0), x.stride(1),
+             T * head_dim, head_dim)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: int, heads: int,
+           rows: torch.Tensor | None = None, mask: torch.Tensor | None = None, lib=None) -> torch.Tensor:
+    """Attention of q [B, T, >= heads * head_dim] (contiguous) over the first `slots` slots of one
+    layer's cache k_cache, v_cache [batch, kv_heads, capacity, head_dim] (contiguous; batch row b
+    reads cache row rows[b], default b). mask: bool [T, >= slots] or [B, 1, T, >= slots], True where
+    a query sees a slot; None: all slots. Returns [B, T, heads * head_dim]; a query that sees no
+    slot gets zeros."""
+    lib = _lib_or_raise(lib)
+    B, T = q.shape[0], q.shape[1]
+    _, kv, cap, D = k_cache.shape
+    if not (_plain(q) and _plain(k_cache) and _plain(v_cache) and q.dim() == 3):
+        _check("attend", q=q, k_cache=k_cache, v_cache=v_cache)
+        raise ValueError(f"attend: q {tuple(q.shape)} must be [B, T, n], and q and the caches contiguous")
+    if slots > cap or heads % kv or q.shape[2] < heads * D or k_cache.shape != v_cache.shape:
+        raise ValueError(f"attend: {slots} slots, {heads} heads against caches {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}, q {tuple(q.shape)}")
+    smb = smt = 0
+    if mask is not None:
+        if mask.dtype is not torch.bool or mask.shape[-1] < slots or mask.shape[-2] != T or mask.stride(-1) != 1 \
+                or mask.dim() not in (2, 4):
+            raise ValueError(f"attend: mask must be bool [T, S] or [B, 1, T, S] with S >= {slots} and contiguous "
+                             f"slots, not {mask.dtype} {tuple(mask.shape)}")
+        if mask.dim() == 4:
+            smb, smt = mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2)
+        else:
+            smt = mask.stride(0)
+    if rows is not None:
+        rows = rows.to(torch.int64).contiguous()
+        if rows.numel() != B:
+            raise ValueError(f"attend: {rows.numel()} cache rows for a batch of {B}")
+    elif B > k_cache.shape[0]:
+        raise ValueError(f"attend: a batch of {B} against a cache of {k_cache.shape[0]} rows")
+    out = q.new_empty((B, T, heads * D))
+    lib.attend(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.data_ptr() if rows is not None else None,
+               mask.data_ptr() if mask is not None else None, out.data_ptr(), B, T, heads, kv, D, slots,
+               q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), smb, smt, heads * D * T, heads * D,
+               torch.get_num_threads())
+    return out

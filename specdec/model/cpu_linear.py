@@ -43,14 +43,76 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+def concat_linears(linears: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the outputs of `linears` side by side (a bias of zeros where one has none)."""
+    w = torch.cat([lin.weight.detach() for lin in linears])
+    out = nn.Linear(w.shape[1], w.shape[0], bias=any(lin.bias is not None for lin in linears),
+                    device=w.device, dtype=w.dtype)
+    out.weight = nn.Parameter(w, requires_grad=False)
+    if out.bias is not None:
+        out.bias = nn.Parameter(torch.cat([lin.bias.detach() if lin.bias is not None else w.new_zeros(lin.out_features)
+                                           for lin in linears]), requires_grad=False)
+    return out
+
+
+def fuse_for_cpu(model: nn.Module) -> nn.Module:
+    """In place: q/k/v and gate/up as one GEMM each (qkv_proj, gate_up_proj; the separate modules
+    become None), and RMSNorm, RoPE and attention of up to cpu_kernels.MAX_ROWS positions on our
+    fused ops. Fewer, longer weight streams and about a dozen fewer small ops per layer (perf.md,
+    session 10). Needs cpu_kernels.available()."""
+    from specdec.model.transformer import MLP, Attention, RMSNorm
+
+    for module in model.modules():
+        if isinstance(module, Attention) and module.qkv_proj is None:
+            module.qkv_proj = concat_linears([module.q_proj, module.k_proj, module.v_proj])
+            module.q_proj = module.k_proj = module.v_proj = None
+            module.cpu_ops = True
+        elif isinstance(module, MLP) and module.gate_up_proj is None:
+            module.gate_up_proj = concat_linears([module.gate_proj, module.up_proj])
+            module.gate_proj = module.up_proj = None
+        elif isinstance(module, RMSNorm):
+            module.cpu_ops = True
+    return model
+
+
+def unfused_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """model.state_dict() under the checkpoint's names: a fused qkv_proj / gate_up_proj is given back
+    as q/k/v_proj and gate/up_proj (views of the fused tensors, no copies)."""
+    from specdec.model.transformer import MLP, Attention
+
+    state = model.state_dict()
+    for name, m in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(m, Attention) and m.qkv_proj is not None:
+            fused, parts = "qkv_proj", {"q_proj": m.n_heads * m.hd, "k_proj": m.n_kv * m.hd, "v_proj": m.n_kv * m.hd}
+        elif isinstance(m, MLP) and m.gate_up_proj is not None:
+            half = m.gate_up_proj.weight.shape[0] // 2
+            fused, parts = "gate_up_proj", {"gate_proj": half, "up_proj": half}
+        else:
+            continue
+        for kind in ("weight", "bias"):
+            t = state.pop(f"{prefix}{fused}.{kind}", None)
+            if t is not None:
+                for part, piece in zip(parts, t.split(list(parts.values()))):
+                    state[f"{prefix}{part}.{kind}"] = piece
+    return state
+
+
 def pack_linears(model: nn.Module, skinny: bool = True, pack: bool = True) -> nn.Module:
     """Swap every nn.Linear of an fp32 CPU model for a PackedLinear, in place. skinny: route 1..8
-    rows through our kernel, if it builds on this machine (cpu_kernels.available()). pack: keep a
-    oneDNN-prepacked copy of each weight for multi-row GEMMs our kernel does not take."""
+    rows through our kernel, if it builds on this machine (cpu_kernels.available()), after fusing
+    projections and switching to our fused ops (fuse_for_cpu). pack: keep a oneDNN-prepacked copy of
+    each weight for multi-row GEMMs our kernel does not take."""
     skinny = skinny and cpu_kernels.available()
+    if skinny:
+        fuse_for_cpu(model)
+    _swap_linears(model, skinny, pack)
+    return model
+
+
+def _swap_linears(model: nn.Module, skinny: bool, pack: bool) -> None:
     for name, child in model.named_children():
         if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32:
             setattr(model, name, PackedLinear(child, skinny=skinny, pack=pack))
         else:
-            pack_linears(child, skinny, pack)
-    return model
+            _swap_linears(child, skinny, pack)

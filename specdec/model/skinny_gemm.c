@@ -14,40 +14,9 @@
  *
  * Built by specdec/model/cpu_kernels.py with -O3 -march=native -fopenmp.
  */
-#include <immintrin.h>
 #include <stdint.h>
 
-#if defined(__AVX512F__)
-#define VL 16
-typedef __m512 vec;
-#define VZERO() _mm512_setzero_ps()
-#define VLOAD(p) _mm512_loadu_ps(p)
-#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-static inline float vsum(vec v) {
-    /* fixed order: halves, then quarters, ... (same for every call) */
-    __m256 lo = _mm512_castps512_ps256(v);
-    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    __m256 s8 = _mm256_add_ps(lo, hi);
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    return _mm_cvtss_f32(s1);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VL 8
-typedef __m256 vec;
-#define VZERO() _mm256_setzero_ps()
-#define VLOAD(p) _mm256_loadu_ps(p)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-static inline float vsum(vec v) {
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    return _mm_cvtss_f32(s1);
-}
-#else
-#error "skinny_gemm.c needs AVX2+FMA or AVX-512"
-#endif
+#include "simd.h"
 
 #ifndef PF_DIST
 #define PF_DIST 256 /* software prefetch distance (floats) for multi-input blocks; 0 = hardware only */

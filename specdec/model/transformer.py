@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.model import cpu_kernels
 from specdec.model.kv_cache import KVCache
 
 
@@ -52,8 +53,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.cpu_ops = False  # fp32 CPU: our fused op (cpu_kernels.rms_norm); set by cpu_linear.pack_linears
 
     def forward(self, x):  # [batch, T, dim]
+        if self.cpu_ops:
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -83,32 +87,66 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=False)
+        # fp32 CPU (cpu_linear.pack_linears): q/k/v as one GEMM, in place of the three above (set to None),
+        # and for up to cpu_kernels.MAX_ROWS positions our fused RoPE and attention
+        self.qkv_proj: nn.Linear | None = None
+        self.cpu_ops = False
 
     def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
         # x [batch, T, dim]; k_cache, v_cache [batch, kv_heads, capacity, head_dim].
         # start: int (all rows write slots start..start+T-1; mask [T, start + T] or None), or
         # slots # [batch, T] int64 (row b writes its tokens at slots[b]; mask [batch, 1, T, S] attends to slots < S)
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        hq, hkv = self.n_heads * self.hd, self.n_kv * self.hd
+        if self.qkv_proj is not None:
+            y = self.qkv_proj(x)  # [batch, T, (heads + 2 kv_heads) * head_dim]
+            if self.cpu_ops and t <= cpu_kernels.MAX_ROWS and (mask is None or mask.dtype == torch.bool):
+                return self._cpu_forward(y, cos, sin, k_cache, v_cache, start, mask)
+            q, k, v = y.split([hq, hkv, hkv], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
+        k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        store(k, v, k_cache, v_cache, start)
         if isinstance(start, int):
-            end = start + t
-            k_cache[:, :, start:end] = k
-            v_cache[:, :, start:end] = v
-            keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
-        elif isinstance(start, Static):  # fixed shapes: write at slots, attend over the whole cache under the mask
-            k_cache.index_copy_(2, start.slots, k)
-            v_cache.index_copy_(2, start.slots, v)
+            keys, values = k_cache[:, :, :start + t], v_cache[:, :, :start + t]
+        elif isinstance(start, Static):  # fixed shapes: attend over the whole cache under the mask
             keys, values = k_cache, v_cache
-        else:  # Ragged: row i of the batch is cache row start.rows[i] and writes at start.slots[i]
-            rows, end = start.rows, mask.shape[-1]
-            k_cache[rows[:, None], :, start.slots] = k.transpose(1, 2)  # [batch, T, kv_heads, head_dim]
-            v_cache[rows[:, None], :, start.slots] = v.transpose(1, 2)
-            keys, values = k_cache[rows, :, :end], v_cache[rows, :, :end]  # a gather: only the live rows
+        else:  # Ragged: a gather of the live rows
+            keys, values = k_cache[start.rows, :, :mask.shape[-1]], v_cache[start.rows, :, :mask.shape[-1]]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, hq))
+
+    def _cpu_forward(self, y, cos, sin, k_cache, v_cache, start, mask):
+        """The rest of forward() on our fused CPU ops, from y = qkv_proj(x) # [batch, T, (heads + 2 kv_heads) * head_dim]."""
+        b, t, _ = y.shape
+        hq, hkv = self.n_heads * self.hd, self.n_kv * self.hd
+        cpu_kernels.rope_(y, cos, sin, self.n_heads + self.n_kv, self.hd)  # q and k, in place
+        k = y[..., hq:hq + hkv].view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        v = y[..., hq + hkv:].view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        store(k, v, k_cache, v_cache, start)
+        rows, slots = None, (start + t if isinstance(start, int) else mask.shape[-1])
+        if isinstance(start, Ragged):
+            rows = start.rows
+        if mask is not None and mask.stride(-1) != 1:
+            mask = mask.contiguous()
+        return self.o_proj(cpu_kernels.attend(y, k_cache, v_cache, slots, self.n_heads, rows, mask))
+
+
+def store(k, v, k_cache, v_cache, start) -> None:
+    """Write k, v # [batch, kv_heads, T, head_dim] into one layer's cache where `start` says
+    (an int slot for every row, Static slots, or Ragged rows and slots)."""
+    if isinstance(start, int):
+        k_cache[:, :, start:start + k.shape[2]] = k
+        v_cache[:, :, start:start + k.shape[2]] = v
+    elif isinstance(start, Static):  # fixed shapes: write at slots
+        k_cache.index_copy_(2, start.slots, k)
+        v_cache.index_copy_(2, start.slots, v)
+    else:  # Ragged: row i of the batch is cache row start.rows[i] and writes at start.slots[i]
+        k_cache[start.rows[:, None], :, start.slots] = k.transpose(1, 2)  # [batch, T, kv_heads, head_dim]
+        v_cache[start.rows[:, None], :, start.slots] = v.transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -117,8 +155,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # fp32 CPU: gate and up as one GEMM (cpu_linear.pack_linears)
 
     def forward(self, x):  # [batch, T, dim]
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

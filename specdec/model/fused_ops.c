@@ -1,0 +1,213 @@
+/* Fused fp32 CPU ops for decode and verify steps: RMSNorm, RoPE, and attention of a few queries.
+ *
+ * A decode step of the 1.5B model is about 93% GEMMs; most of the rest was torch's small ops: a
+ * dozen per layer for RMSNorm and RoPE, and scaled_dot_product_attention at about 0.2 ms a call
+ * for one query (perf.md, session 10). Each op here replaces those with one call.
+ *
+ * Numerics: each output row is computed by the same code whatever the number of rows, so a verify
+ * pass gives the same bits as one-token steps for the same query and visible keys.
+ *
+ * Built with skinny_gemm.c into one library by specdec/model/cpu_kernels.py.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "simd.h"
+
+/* out[i, :] = w * (x[i, :] / sqrt(mean(x[i, :]^2) + eps)), rows of x at stride ldx, out contiguous. */
+void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t dim, int64_t ldx, float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * ldx;
+        float *oi = out + i * dim;
+        float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < dim; j++) ss += xi[j] * xi[j];
+        float r = 1.f / sqrtf(ss / (float)dim + eps);
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) oi[j] = w[j] * (xi[j] * r);
+    }
+}
+
+/* In place, HF's rotate-half RoPE on `heads` heads of D floats for each of B x T positions:
+ * head h of position (b, t) is at x + b * sxb + t * sxt + h * D; its cos, sin rows at
+ * cs + b * scb + t * sct (D floats each). */
+void rope(float *x, const float *cos, const float *sin, int64_t B, int64_t T, int64_t heads, int64_t D,
+          int64_t sxb, int64_t sxt, int64_t scb, int64_t sct) {
+    int64_t half = D / 2;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            const float *c = cos + b * scb + t * sct, *s = sin + b * scb + t * sct;
+            for (int64_t h = 0; h < heads; h++) {
+                float *p = x + b * sxb + t * sxt + h * D;
+#pragma omp simd
+                for (int64_t j = 0; j < half; j++) {
+                    float lo = p[j], hi = p[j + half];
+                    p[j] = lo * c[j] - hi * s[j];
+                    p[j + half] = hi * c[j + half] + lo * s[j + half];
+                }
+            }
+        }
+}
+
+/* exp(x) for x <= 0 (a softmax numerator), 0 below -87 (and for -inf). Cephes' expf: Cody-Waite
+ * range reduction and a degree-6 polynomial, about 1 ulp; plain C so that the compiler vectorizes
+ * the loop that calls it (libm's expf is scalar, and was half of attention's time at 5 queries). */
+static inline float exp_nonpos(float x) {
+    float xc = x < -87.f ? -87.f : x;
+    float n = (xc * 1.44269504088896341f + 12582912.f) - 12582912.f; /* round to nearest */
+    float r = xc - n * 0.693359375f - n * -2.12194440e-4f;
+    float z = r * r;
+    float y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+               1.6666665459e-1f) * r + 5.0000001201e-1f;
+    y = y * z + r + 1.f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return x < -87.f ? 0.f : y * scale.f;
+}
+
+/* One task of attend(): the G = H / KV query heads q [G, D] of one position that share one kv head
+ * (keys kg, values vg [S, D]), over the slots the mask row m shows (NULL: all). Writes o [G, D].
+ * Scratch: p [G, S], mx [G], sum [G]. Needs D % (4 VL) == 0.
+ *
+ * The work is a pair of tiny GEMMs; blocks of queries keep independent FMA chains in flight (one
+ * query at a time waits on one chain's latency, about 5x slower). */
+#define SCORES_BLOCK(NB)                                                                            \
+    static inline void scores_##NB(const float *q, const float *ks, int64_t D, float scale, float *p, \
+                                   int64_t S, int64_t s) {                                           \
+        vec acc[NB];                                                                                \
+        for (int i = 0; i < NB; i++) acc[i] = VZERO();                                              \
+        for (int64_t j = 0; j < D; j += VL) {                                                       \
+            vec kv = VLOAD(ks + j);                                                                 \
+            for (int i = 0; i < NB; i++) acc[i] = VFMA(VLOAD(q + i * D + j), kv, acc[i]);          \
+        }                                                                                           \
+        for (int i = 0; i < NB; i++) p[i * S + s] = vsum(acc[i]) * scale;                           \
+    }
+SCORES_BLOCK(4)
+SCORES_BLOCK(2)
+SCORES_BLOCK(1)
+
+/* o[i, j0 : j0 + 4 VL] = sum over shown slots s of p[i, s] v[s, j0 : j0 + 4 VL], for NB queries. */
+#define VALUES_BLOCK(NB)                                                                            \
+    static inline void values_##NB(const float *p, int64_t S, const float *vg, int64_t D, int64_t j0, \
+                                   const uint8_t *m, const float *inv, float *o) {                   \
+        vec acc[NB][4];                                                                             \
+        for (int i = 0; i < NB; i++)                                                                \
+            for (int c = 0; c < 4; c++) acc[i][c] = VZERO();                                        \
+        for (int64_t s = 0; s < S; s++) {                                                           \
+            if (m && !m[s]) continue;                                                               \
+            const float *vs = vg + s * D + j0;                                                      \
+            vec v0 = VLOAD(vs), v1 = VLOAD(vs + VL), v2 = VLOAD(vs + 2 * VL), v3 = VLOAD(vs + 3 * VL); \
+            for (int i = 0; i < NB; i++) {                                                          \
+                vec e = VSET1(p[i * S + s]);                                                        \
+                acc[i][0] = VFMA(e, v0, acc[i][0]);                                                 \
+                acc[i][1] = VFMA(e, v1, acc[i][1]);                                                 \
+                acc[i][2] = VFMA(e, v2, acc[i][2]);                                                 \
+                acc[i][3] = VFMA(e, v3, acc[i][3]);                                                 \
+            }                                                                                       \
+        }                                                                                           \
+        for (int i = 0; i < NB; i++) {                                                              \
+            vec w = VSET1(inv[i]);                                                                  \
+            for (int c = 0; c < 4; c++) VSTORE(o + i * D + j0 + c * VL, VMUL(acc[i][c], w));        \
+        }                                                                                           \
+    }
+VALUES_BLOCK(4)
+VALUES_BLOCK(2)
+VALUES_BLOCK(1)
+
+static void attend_task(const float *q, const float *kg, const float *vg, const uint8_t *m, float *o,
+                        int64_t G, int64_t D, int64_t S, float scale, float *p, float *mx, float *sum) {
+    for (int64_t s = 0; s < S; s++) {
+        if (m && !m[s]) {
+            for (int64_t i = 0; i < G; i++) p[i * S + s] = -INFINITY;
+            continue;
+        }
+        const float *ks = kg + s * D;
+        int64_t i = 0;
+        for (; i + 4 <= G; i += 4) scores_4(q + i * D, ks, D, scale, p + i * S, S, s);
+        for (; i + 2 <= G; i += 2) scores_2(q + i * D, ks, D, scale, p + i * S, S, s);
+        for (; i < G; i++) scores_1(q + i * D, ks, D, scale, p + i * S, S, s);
+    }
+    for (int64_t i = 0; i < G; i++) { /* softmax numerators in place; masked slots give exp(-inf) = 0 */
+        float *pi = p + i * S, x = -INFINITY, total = 0.f;
+        for (int64_t s = 0; s < S; s++) x = pi[s] > x ? pi[s] : x;
+        mx[i] = x;
+        if (x == -INFINITY) continue;
+#pragma omp simd reduction(+ : total)
+        for (int64_t s = 0; s < S; s++) {
+            pi[s] = exp_nonpos(pi[s] - x);
+            total += pi[s];
+        }
+        sum[i] = 1.f / total;
+    }
+    for (int64_t j0 = 0; j0 < D; j0 += 4 * VL) {
+        int64_t i = 0;
+        for (; i + 4 <= G; i += 4) values_4(p + i * S, S, vg, D, j0, m, sum + i, o + i * D);
+        for (; i + 2 <= G; i += 2) values_2(p + i * S, S, vg, D, j0, m, sum + i, o + i * D);
+        for (; i < G; i++) values_1(p + i * S, S, vg, D, j0, m, sum + i, o + i * D);
+    }
+    for (int64_t i = 0; i < G; i++) /* saw no slot: zeros */
+        if (mx[i] == -INFINITY)
+            for (int64_t j = 0; j < D; j++) o[i * D + j] = 0.f;
+}
+
+/* The same for any D, one query at a time, plainly. */
+static void attend_task_any(const float *q, const float *kg, const float *vg, const uint8_t *m, float *o,
+                            int64_t G, int64_t D, int64_t S, float scale, float *p, float *mx, float *sum) {
+    for (int64_t i = 0; i < G; i++) {
+        const float *qi = q + i * D;
+        float *pi = p + i * S, *oi = o + i * D, x = -INFINITY, total = 0.f;
+        for (int64_t s = 0; s < S; s++) {
+            float dot = -INFINITY;
+            if (!m || m[s]) {
+                dot = 0.f;
+                for (int64_t j = 0; j < D; j++) dot += qi[j] * kg[s * D + j];
+                dot *= scale;
+            }
+            pi[s] = dot;
+            x = dot > x ? dot : x;
+        }
+        for (int64_t j = 0; j < D; j++) oi[j] = 0.f;
+        mx[i] = x;
+        if (x == -INFINITY) continue;
+        for (int64_t s = 0; s < S; s++) {
+            if (m && !m[s]) continue;
+            float e = exp_nonpos(pi[s] - x);
+            total += e;
+            for (int64_t j = 0; j < D; j++) oi[j] += e * vg[s * D + j];
+        }
+        sum[i] = 1.f / total;
+        for (int64_t j = 0; j < D; j++) oi[j] *= sum[i];
+    }
+}
+
+/* Attention of B x T queries over S cached slots, grouped-query (H query heads share KV heads).
+ *   q:    head h of query (b, t) at q + b * sqb + t * sqt + h * D
+ *   k, v: the cache of one layer; slot s of kv head g of cache row r at k + r * skr + g * skh + s * D
+ *   rows: cache row of batch row b (NULL: row b)
+ *   mask: bool, query (b, t) sees slot s iff mask[b * smb + t * smt + s] (NULL: all S slots)
+ *   out:  head h of query (b, t) at out + b * sob + t * sot + h * D
+ * A query that sees no slot gets zeros. Softmax in fp32 with scale 1/sqrt(D). Each query's result
+ * is computed by the same code whatever B and T are. */
+void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
+            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
+            int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, int nthreads) {
+    const int64_t G = H / KV, tasks = B * KV * T;
+    const float scale = 1.f / sqrtf((float)D);
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *p = malloc(sizeof(float) * (size_t)(G * (S > 0 ? S : 1) + 2 * G));
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; task++) {
+            int64_t b = task / (KV * T), g = (task / T) % KV, t = task % T;
+            int64_t r = rows ? rows[b] : b;
+            const float *qg = q + b * sqb + t * sqt + g * G * D;
+            const float *kg = k + r * skr + g * skh, *vg = v + r * skr + g * skh;
+            const uint8_t *m = mask ? mask + b * smb + t * smt : NULL;
+            float *o = out + b * sob + t * sot + g * G * D;
+            float *mx = p + G * S, *sum = mx + G;
+            if (D % (4 * VL) == 0) attend_task(qg, kg, vg, m, o, G, D, S, scale, p, mx, sum);
+            else attend_task_any(qg, kg, vg, m, o, G, D, S, scale, p, mx, sum);
+        }
+        free(p);
+    }
+}

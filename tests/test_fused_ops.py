@@ -1,0 +1,132 @@
+"""Our fused CPU ops (specdec/model/fused_ops.c): RMSNorm, RoPE and attention against torch's, the
+same bits for a position whatever the number of positions, and the fused model against the plain one."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.model import cpu_kernels
+from specdec.model.cpu_linear import pack_linears, unfused_state_dict
+from specdec.model.transformer import Attention, MLP, RMSNorm, apply_rope, causal_mask
+from tests.conftest import TINY_VOCAB, tiny_model
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
+                                reason=f"kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def test_rms_norm_matches_torch():
+    torch.manual_seed(0)
+    norm = RMSNorm(200, 1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 5, 200) * 4
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, norm.weight, 1e-5), norm(x), atol=1e-5, rtol=1e-5)
+    strided = torch.randn(3, 400)[:, :200]  # a non-contiguous input is copied, not misread
+    torch.testing.assert_close(cpu_kernels.rms_norm(strided, norm.weight, 1e-5), norm(strided), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+def test_rope_matches_torch(head_dim):
+    torch.manual_seed(0)
+    B, T, heads = 2, 3, 5
+    y = torch.randn(B, T, (heads + 2) * head_dim)
+    cos, sin = torch.randn(B, 1, T, head_dim), torch.randn(B, 1, T, head_dim)
+    ref = apply_rope(y[..., :heads * head_dim].view(B, T, heads, head_dim).transpose(1, 2), cos, sin)
+    rest = y[..., heads * head_dim:].clone()
+    cpu_kernels.rope_(y, cos, sin, heads, head_dim)
+    torch.testing.assert_close(y[..., :heads * head_dim].view(B, T, heads, head_dim).transpose(1, 2), ref,
+                               atol=1e-5, rtol=1e-5)
+    assert torch.equal(y[..., heads * head_dim:], rest)  # heads past `heads` untouched
+
+
+def sdpa_reference(q, k_cache, v_cache, slots, heads, rows=None, mask=None):
+    B, T = q.shape[:2]
+    D = k_cache.shape[-1]
+    rows = torch.arange(B) if rows is None else rows
+    qh = q[..., :heads * D].view(B, T, heads, D).transpose(1, 2).double()
+    keys, values = k_cache[rows, :, :slots].double(), v_cache[rows, :, :slots].double()
+    if mask is not None:
+        mask = mask[..., :slots]
+    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2).reshape(B, T, heads * D).float()
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])  # 32: the plain path (not a multiple of 4 vectors)
+@pytest.mark.parametrize("heads,kv", [(12, 2), (14, 2), (9, 3), (4, 4)])
+def test_attend_matches_sdpa(head_dim, heads, kv):
+    torch.manual_seed(0)
+    cache_rows, cap, slots = 3, 40, 29
+    k_cache, v_cache = torch.randn(cache_rows, kv, cap, head_dim), torch.randn(cache_rows, kv, cap, head_dim)
+    for T in (1, 2, 5, 8):
+        q = torch.randn(2, T, (heads + 2 * kv) * head_dim)  # a qkv projection's output
+        got = cpu_kernels.attend(q, k_cache, v_cache, slots, heads)
+        torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads), atol=2e-5, rtol=1e-4)
+        causal = causal_mask(slots - T, T, "cpu")  # [T, slots]
+        got = cpu_kernels.attend(q, k_cache, v_cache, slots, heads, mask=causal)
+        torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads, mask=causal),
+                                   atol=2e-5, rtol=1e-4)
+        # ragged: per-row masks over a wider mask, and cache rows out of order
+        rows = torch.tensor([2, 0])
+        mask = torch.rand(2, 1, T, slots + 3) < 0.6
+        mask[..., 0] = True
+        got = cpu_kernels.attend(q, k_cache, v_cache, slots, heads, rows=rows, mask=mask)
+        torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads, rows, mask),
+                                   atol=2e-5, rtol=1e-4)
+
+
+def test_attend_same_bits_whatever_the_query_count_and_zeros_for_no_slot():
+    torch.manual_seed(2)
+    k_cache, v_cache = torch.randn(1, 2, 64, 128), torch.randn(1, 2, 64, 128)
+    q = torch.randn(1, 8, 16 * 128)
+    mask = causal_mask(50, 8, "cpu")
+    full = cpu_kernels.attend(q, k_cache, v_cache, 58, 12, mask=mask)
+    for t in range(8):
+        one = cpu_kernels.attend(q[:, t:t + 1].contiguous(), k_cache, v_cache, 51 + t, 12)
+        assert torch.equal(one[:, 0], full[:, t])
+    blind = torch.zeros(1, 1, 8, 58, dtype=torch.bool)
+    assert torch.equal(cpu_kernels.attend(q, k_cache, v_cache, 58, 12, mask=blind), torch.zeros(1, 8, 12 * 128))
+
+
+def test_bad_input_is_a_clear_error():
+    k_cache = torch.randn(1, 2, 16, 64)
+    with pytest.raises(ValueError, match="float32 CPU"):
+        cpu_kernels.rms_norm(torch.randn(2, 8, dtype=torch.float64), torch.ones(8), 1e-5)
+    with pytest.raises(ValueError, match="weight of 7"):
+        cpu_kernels.rms_norm(torch.randn(2, 8), torch.ones(7), 1e-5)
+    with pytest.raises(ValueError, match="mask must be bool"):
+        cpu_kernels.attend(torch.randn(1, 2, 4 * 64), k_cache, k_cache, 8, 4, mask=torch.zeros(2, 8))
+    with pytest.raises(ValueError, match="slots"):
+        cpu_kernels.attend(torch.randn(1, 1, 4 * 64), k_cache, k_cache, 17, 4)
+    with pytest.raises(ValueError, match="cache rows"):
+        cpu_kernels.attend(torch.randn(2, 1, 4 * 64), k_cache, k_cache, 8, 4, rows=torch.tensor([0]))
+    with pytest.raises(ValueError, match="rope_"):
+        cpu_kernels.rope_(torch.randn(1, 2, 64), torch.randn(1, 2, 64), torch.randn(1, 2, 64), 2, 64)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_fused_model_matches_plain_and_verify_equals_steps(head_dim):
+    plain = tiny_model(0, head_dim=head_dim, attention_bias=True)
+    fused = pack_linears(tiny_model(0, head_dim=head_dim, attention_bias=True), skinny=True, pack=False)
+    attn = fused.model.layers[0].self_attn
+    assert attn.q_proj is None and attn.qkv_proj is not None and attn.cpu_ops
+    assert fused.model.layers[0].mlp.gate_up_proj is not None and fused.model.norm.cpu_ops
+    torch.manual_seed(0)
+    prompt = torch.randint(0, TINY_VOCAB, (1, 20))
+    cp, cf = plain.new_cache(64), fused.new_cache(64)
+    torch.testing.assert_close(fused(prompt, cf, 0), plain(prompt, cp, 0), atol=1e-4, rtol=1e-4)  # prefill: torch's path
+    new = torch.randint(0, TINY_VOCAB, (1, 6))
+    verify = fused(new, cf, 20)  # 6 positions: our ops
+    torch.testing.assert_close(verify, plain(new, cp, 20), atol=1e-4, rtol=1e-4)
+    steps = torch.cat([fused(new[:, i:i + 1], cf, 20 + i) for i in range(6)], dim=1)
+    assert torch.equal(steps, verify)  # the same bits as one-token steps
+    state = unfused_state_dict(fused)  # the checkpoint's tensors under the checkpoint's names
+    for name, t in plain.state_dict().items():
+        assert torch.equal(state[name], t), name
+
+
+def test_pack_linears_fuses_only_with_the_kernel():
+    model = pack_linears(tiny_model(1), skinny=False, pack=False)
+    assert all(m.qkv_proj is None and not m.cpu_ops for m in model.modules() if isinstance(m, Attention))
+    model = pack_linears(tiny_model(1), skinny=True, pack=False)
+    assert all(m.qkv_proj is not None for m in model.modules() if isinstance(m, Attention))
+    assert all(m.gate_up_proj is not None for m in model.modules() if isinstance(m, MLP))
