@@ -4,19 +4,21 @@
 GEMM each, RMSNorm, RoPE and attention on our fused ops (cpu_linear.fuse_for_cpu). "separate" is
 session 9's engine: q, k, v, gate and up as separate GEMMs (row views of the fused weights, on
 the same kernel) and torch's ops for RMSNorm, RoPE and attention. One forward over n new positions
-at context 512, the two arms alternated over rounds so that both see the same machine. Prints JSON.
+at context 512 (--context), the two arms alternated forward by forward, and the ratio taken per
+pair, so that both see the same machine. Prints JSON.
 
 Usage: python scripts/fused_ab.py [--models qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct]
-                                  [--rows 1,2,3,5,8] [--rounds 5] > docs/results/fused-ab.json
+                                  [--rows 1,2,3,5,8] [--pairs 40] [--context 512] > docs/results/fused-ab.json
 """
 
 import argparse
 import json
 import statistics
+import time
 
+import torch
 from torch import nn
 
-from specdec.bench.profile import forward_seconds
 from specdec.model import load_model
 from specdec.model.cpu_linear import PackedLinear
 from specdec.model.transformer import MLP, Attention, RMSNorm
@@ -60,12 +62,37 @@ def switch(arms, fused: bool) -> None:
             setattr(m, key, value)
 
 
+def paired(model, arms, n: int, context: int, pairs: int) -> dict:
+    """One forward per arm in turn (the order flipped every pair), `pairs` times: the median time of
+    each arm and the median of the per-pair ratios fused / separate. Pairs a fraction of a second
+    apart see the same host; rounds of several forwards each did not (this host's bandwidth drifts
+    by 10-30% within minutes)."""
+    device = model.lm_head.weight.device
+    cache = model.new_cache(context + n)
+    cache.advance(context)
+    x = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+    times = {True: [], False: []}
+    for fused in (True, False):  # warm both
+        switch(arms, fused)
+        model(x, cache, context)
+    for i in range(pairs):
+        for fused in ((True, False) if i % 2 == 0 else (False, True)):
+            switch(arms, fused)
+            t0 = time.perf_counter()
+            model(x, cache, context)
+            times[fused].append(time.perf_counter() - t0)
+    switch(arms, True)
+    return {"fused_ms": round(1e3 * statistics.median(times[True]), 1),
+            "separate_ms": round(1e3 * statistics.median(times[False]), 1),
+            "ratio": round(statistics.median(f / s for f, s in zip(times[True], times[False])), 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--rows", default="1,2,3,5,8")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=5, help="forwards per timing (median)")
+    ap.add_argument("--pairs", type=int, default=40, help="forward pairs per row count")
+    ap.add_argument("--context", type=int, default=512, help="cached positions before the forward")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     out = {}
@@ -74,18 +101,9 @@ def main() -> None:
         if not any(isinstance(m, Attention) and m.qkv_proj is not None for m in model.modules()):
             raise SystemExit(f"{name} loaded without our CPU kernels; nothing to compare")
         arms = prepare(model)
-        times = {}
-        for _ in range(args.rounds):
-            for fused in (True, False):
-                switch(arms, fused)
-                for n in rows:
-                    times.setdefault((fused, n), []).append(forward_seconds(model, n, 512, args.repeats))
-        out[name] = {str(n): {"fused_ms": round(1e3 * statistics.median(times[(True, n)]), 1),
-                              "separate_ms": round(1e3 * statistics.median(times[(False, n)]), 1),
-                              "ratio": round(statistics.median(times[(True, n)]) / statistics.median(times[(False, n)]), 3)}
-                     for n in rows}
+        out[name] = {str(n): paired(model, arms, n, args.context, args.pairs) for n in rows}
         del model, arms
-    print(json.dumps({"context": 512, "rounds": args.rounds, "results": out}, indent=1))
+    print(json.dumps({"context": args.context, "pairs": args.pairs, "results": out}, indent=1))
 
 
 if __name__ == "__main__":
