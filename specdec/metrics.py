@@ -28,6 +28,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0  # the target's prefill and the drafter's (also one started mid-answer)
     seconds: float = 0.0
     draft_started_at: int | None = 0  # new tokens before the drafter started (None: it never did)
+    draft_admission: dict | None = None  # the policy's terms when it decided at the start (AdaptivePolicy.last_admission)
 
     def record_choice(self, k: int) -> None:
         if k >= len(self.k_chosen):
@@ -80,7 +81,7 @@ class GenerationStats:
                 "per_position_acceptance": [round(a, 4) for a in self.per_position_acceptance],
                 "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
                 "prefill_seconds": round(self.prefill_seconds, 4), "seconds": round(self.seconds, 4),
-                "draft_started_at": self.draft_started_at,
+                "draft_started_at": self.draft_started_at, "draft_admission": self.draft_admission,
                 "tokens_per_second": round(self.tokens_per_second, 3),
                 "emitted_per_step": self.emitted_per_step, "k_chosen": self.k_chosen,
                 "plain_fraction": round(self.plain_fraction, 4)}

@@ -328,6 +328,7 @@ class AdaptivePolicy:
         self.rate = 0.0  # the predicted tokens per unit time of the last choice that drafted by estimate
         self.step_conf: list[float] = []  # this step's drafted tokens' confidences (under the rule)
         self.step_stopped = False  # this step's chain was ended by the confidence rule
+        self.last_admission: dict | None = None  # admit()'s terms and word for this request (for the stats)
 
     def _best_k(self, beta: list[float], k_max: int, batch: int = 1) -> tuple[int, float]:
         """best_k under this policy's calibration (rho_v, rho_spec, c_eff) and margin."""
@@ -448,6 +449,18 @@ class AdaptivePolicy:
         if self.costs.prefill_cost <= 0 or self.cfg.schedule:
             return True
         cost, per_token, horizon = self._prefill_terms(prompt_len, max_new_tokens, batch)
+        # what the decision rests on, for the request's stats (a refusal can then be checked)
+        self.last_admission = {"prefill_cost": round(cost, 3), "saving_per_token": round(per_token, 4),
+                               "horizon": round(horizon, 1), "share": share, "prior": round(self.prior, 3),
+                               "rho_prefill": round(self.rho_prefill, 3), "rho_v": round(self.rho_v, 3),
+                               "rho_spec": round(self.rho_spec, 3), "draft_cost": round(self.draft_cost, 3),
+                               "learn_skip": self.learn_skip}
+        word = self._admit(cost, per_token, horizon, max_new_tokens, batch, share)
+        self.last_admission["admitted"] = word
+        return word
+
+    def _admit(self, cost: float, per_token: float, horizon: float, max_new_tokens: int, batch: int,
+               share: float) -> bool:
         if cost <= share * per_token * horizon:
             return True
         if batch > 1 or cost > self.cfg.learn_budget * max_new_tokens:

@@ -339,6 +339,9 @@ def test_a_deferred_drafter_starts_mid_answer_and_stays_exact(tiny_target, tiny_
     assert result.stats.draft_started_at == 8 and Counting.starts == [38]  # prompt + 8 new tokens
     assert result.stats.k_chosen[0] >= 7 and result.stats.drafted > 0
     assert result.stats.summary()["draft_started_at"] == 8
+    adm = result.stats.summary()["draft_admission"]  # what the refusal at the start rested on
+    assert adm["admitted"] is False and adm["prefill_cost"] == pytest.approx(6 * per_token, rel=1e-2)
+    assert adm["horizon"] == 20 and adm["share"] == policy.cfg.commit_share
     short = engine.generate(PROMPTS[2], GenerationConfig(8, 6, SamplingParams()))  # too short to pay: never
     assert short.stats.draft_started_at is None and short.stats.drafted == 0 and len(Counting.starts) == 1
     hybrid = SpeculativeGenerator(tiny_target, HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)), 256,

@@ -163,7 +163,10 @@ class SpeculativeGenerator:
         prefilling the text so far, once the answer has run long enough to win its prefill back."""
         if self.policy is not None:
             self.policy.reset()
-        if self._drafter_pays(req):
+        pays = self._drafter_pays(req)
+        admission = getattr(self.policy, "last_admission", None)
+        req.stats.draft_admission = dict(admission) if admission else None
+        if pays:
             self._start_now(req)
             return
         req.pending, req.stats.draft_started_at = True, None
