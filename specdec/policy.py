@@ -633,6 +633,11 @@ class AdaptivePolicy:
             self.rho_spec = (1 - d) * self.rho_spec + d * ratio
         else:
             self.rho_v = (1 - d) * self.rho_v + d * ratio
+            if self.plain_run >= self.cfg.probe_every:
+                # rho_spec is measured only while drafting. Once drafting has stopped, let it drift back toward
+                # the curve's verify/plain ratio: a slow spell of the host that inflated it must not lock drafting
+                # out for good (no probe runs while even a 0.9 drafter is predicted to lose; session 10, code-05)
+                self.rho_spec += self.cfg.plain_relax * (self.rho_v - self.rho_spec)
         if nodes and k > 0 and draft_seconds is not None:
             c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
             self.tree_cost[nodes] = (1 - d) * self.tree_cost[nodes] + d * c

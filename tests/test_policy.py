@@ -142,6 +142,28 @@ def test_calibration_turns_a_drafter_dearer_than_the_curve_to_plain():
     assert uncalibrated.rho_v == 1.0 and uncalibrated.draft_cost == CPU.draft_cost
 
 
+def test_an_inflated_verify_calibration_drifts_back_while_plain_and_probes_resume():
+    """rho_spec is measured only on drafted steps. After a slow spell made verifies look twice as dear
+    as the curve says, no k pays and no probe runs (even a 0.9 drafter is predicted to lose); plain
+    steps then let rho_spec drift back toward rho_v, and the policy probes again."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=4, probe_first=False))
+    policy.assume([0.8] * 4)
+    policy.rho_v, policy.rho_spec = 0.65, 1.25  # verify/plain at about twice the curve's
+    assert policy._best_k([0.9] * 4, 4)[0] == 0  # locked out: no probe can be justified
+    chosen = []
+    for _ in range(60):
+        k = policy.choose()
+        chosen.append(k)
+        policy.observe(k, 0)
+        policy.observe_time(k, None if k == 0 else 0.1 * k * costs.draft_cost,
+                            0.065 if k == 0 else 0.1 * 0.65 * costs.v(k + 1))
+        if k > 0:
+            break
+    assert chosen[-1] > 0 and len(chosen) < 60  # drafting (a probe) came back
+    assert policy.rho_spec < 1.0
+
+
 def test_a_drafted_step_dearer_than_the_curve_says_is_learned_apart_from_plain_steps():
     """Sampled verification (a softmax over the vocabulary per position) or a short context can make a
     drafted step cost more, relative to a plain one, than the offline curve says: the policy learns
