@@ -37,7 +37,9 @@ draft seconds per draft token (drafting steps that follow a drafting step; a pro
 catch-up on the plain steps' tokens). A step of k then costs rho_spec v(k + 1) + k c_eff against
 rho_v for plain, so a drafter dearer than the curve says loses its steps to plain decoding, and a
 longer context alone (which slows both alike) does not. The calibration carries over to the next
-request. While plain, it probes now and then with a one-token draft so it can come back when the
+request. rho_spec is measured only on drafted steps, so once drafting has stopped (probe_every plain
+steps in a row) each plain step moves it a plain_relax share back toward rho_v, the curve's own
+ratio: a slow spell that made verifies look dear cannot lock drafting (and its probes) out for good. While plain, it probes now and then with a one-token draft so it can come back when the
 text turns predictable; the probe interval doubles after each failed probe (bounded). A request
 whose carried estimate says plain probes at its first step: the carried prior is only a guess
 about this request's text, and a passing probe costs nothing.
