@@ -42,8 +42,7 @@ def prepare(model) -> list:
     arms = []
     for m in model.modules():
         if isinstance(m, Attention):
-            hq, hkv = m.n_heads * m.hd, m.n_kv * m.hd
-            q, k, v = split_views(m.qkv_proj, [hq, hkv, hkv])
+            q, k, v = split_views(m.qkv_proj, m.qkv_sizes)
             arms.append((m, dict(qkv_proj=m.qkv_proj, q_proj=None, k_proj=None, v_proj=None, cpu_ops=True),
                          dict(qkv_proj=None, q_proj=q, k_proj=k, v_proj=v, cpu_ops=False)))
         elif isinstance(m, MLP):

@@ -84,7 +84,7 @@ def unfused_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     for name, m in model.named_modules():
         prefix = f"{name}." if name else ""
         if isinstance(m, Attention) and m.qkv_proj is not None:
-            fused, parts = "qkv_proj", {"q_proj": m.n_heads * m.hd, "k_proj": m.n_kv * m.hd, "v_proj": m.n_kv * m.hd}
+            fused, parts = "qkv_proj", dict(zip(("q_proj", "k_proj", "v_proj"), m.qkv_sizes))
         elif isinstance(m, MLP) and m.gate_up_proj is not None:
             half = m.gate_up_proj.weight.shape[0] // 2
             fused, parts = "gate_up_proj", {"gate_proj": half, "up_proj": half}

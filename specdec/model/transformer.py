@@ -90,6 +90,7 @@ class Attention(nn.Module):
         # fp32 CPU (cpu_linear.pack_linears): q/k/v as one GEMM, in place of the three above (set to None),
         # and for up to cpu_kernels.MAX_ROWS positions our fused RoPE and attention
         self.qkv_proj: nn.Linear | None = None
+        self.qkv_sizes = [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd]  # q, k, v in qkv_proj's output
         self.cpu_ops = False
 
     def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
@@ -97,12 +98,11 @@ class Attention(nn.Module):
         # start: int (all rows write slots start..start+T-1; mask [T, start + T] or None), or
         # slots # [batch, T] int64 (row b writes its tokens at slots[b]; mask [batch, 1, T, S] attends to slots < S)
         b, t, _ = x.shape
-        hq, hkv = self.n_heads * self.hd, self.n_kv * self.hd
         if self.qkv_proj is not None:
             y = self.qkv_proj(x)  # [batch, T, (heads + 2 kv_heads) * head_dim]
             if self.cpu_ops and t <= cpu_kernels.MAX_ROWS and (mask is None or mask.dtype == torch.bool):
                 return self._cpu_forward(y, cos, sin, k_cache, v_cache, start, mask)
-            q, k, v = y.split([hq, hkv, hkv], dim=-1)
+            q, k, v = y.split(self.qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
@@ -117,15 +117,15 @@ class Attention(nn.Module):
         else:  # Ragged: a gather of the live rows
             keys, values = k_cache[start.rows, :, :mask.shape[-1]], v_cache[start.rows, :, :mask.shape[-1]]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, hq))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
     def _cpu_forward(self, y, cos, sin, k_cache, v_cache, start, mask):
         """The rest of forward() on our fused CPU ops, from y = qkv_proj(x) # [batch, T, (heads + 2 kv_heads) * head_dim]."""
         b, t, _ = y.shape
-        hq, hkv = self.n_heads * self.hd, self.n_kv * self.hd
         cpu_kernels.rope_(y, cos, sin, self.n_heads + self.n_kv, self.hd)  # q and k, in place
-        k = y[..., hq:hq + hkv].view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        v = y[..., hq + hkv:].view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        _, k, v = y.split(self.qkv_sizes, dim=-1)
+        k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         store(k, v, k_cache, v_cache, start)
         rows, slots = None, (start + t if isinstance(start, int) else mask.shape[-1])
         if isinstance(start, Ragged):
