@@ -66,9 +66,11 @@ verify position each) add more than r times their time. A chain the rule ended a
 tokens passed counts a failure at the next position, and one ended before its first token is a
 failed look, not a plain step: the position estimates then measure what looking yields.
 
-Admission: a draft model must prefill the prompt before its first proposal (prefill_cost per prompt
-token, in plain steps, scaled by rho_prefill, the measured over predicted seconds of earlier
-prefills). The saving it buys is the predicted saving per token times the tokens still to come, and
+Admission: a draft model must prefill the prompt before its first proposal (prefill_fixed +
+prefill_cost per prompt token, in plain steps: a fixed part, since any prefill reads the draft's
+weights and a few rows run the slow small-M GEMMs, and a part per token; scaled by rho_prefill,
+the measured over predicted seconds of earlier prefills, which an affine price keeps the same for
+short and long prompts). The saving it buys is the predicted saving per token times the tokens still to come, and
 how many come is unknown: after a long prompt a RAG answer runs to 20 tokens, a summary to hundreds.
 The engine and the server rent before they buy (start_now, a ski rental): it starts the draft
 model with the prompt only when the prefill costs at most commit_share (1/4) of the saving predicted
@@ -131,16 +133,25 @@ class CostModel:
     draft_cost: float = 0.0  # c: one draft token relative to one plain target step
     step_seconds: float | None = None  # one plain step in seconds, where measured (enables calibration)
     prefill_cost: float = 0.0  # the drafter's prefill per prompt token, relative to one plain step
+    prefill_fixed: float = 0.0  # and per prefill forward, whatever its length (reading the weights, small-M GEMMs)
 
     def __post_init__(self):
         if not self.verify_cost or 1 not in self.verify_cost:
             raise SpecdecError("a cost model needs v(1) among its verify costs")
-        if any(n < 1 or v <= 0 for n, v in self.verify_cost.items()) or self.draft_cost < 0 or self.prefill_cost < 0:
+        if (any(n < 1 or v <= 0 for n, v in self.verify_cost.items()) or self.draft_cost < 0
+                or self.prefill_cost < 0 or self.prefill_fixed < 0):
             raise SpecdecError(f"costs must be positive: v={self.verify_cost}, c={self.draft_cost}, "
-                               f"prefill {self.prefill_cost}")
+                               f"prefill {self.prefill_fixed} + {self.prefill_cost} per token")
 
     def v(self, n: int) -> float:
         return interpolate(self.verify_cost, n)
+
+    def prefill(self, n: int) -> float:
+        """The drafter's prefill of n tokens in plain steps: a fixed part per forward plus a part per
+        token. A short prompt's prefill is mostly the fixed part (the weights are read once however
+        few the rows), so pricing by the token alone makes it look cheap, and a calibration
+        measured on short prompts then overprices long ones, and the reverse."""
+        return self.prefill_fixed + self.prefill_cost * n if n > 0 else 0.0
 
     def step_time(self, k: int, batch: int = 1) -> float:
         return batch * k * self.draft_cost + self.v(batch * (k + 1))
@@ -151,7 +162,23 @@ class CostModel:
         draft = drafter_kind == "draft"
         c = float(data.get("draft_cost_ratio") or 0.0) if draft else 0.0
         prefill = float(data.get("draft_prefill_cost") or 0.0) if draft else 0.0
-        return CostModel(curve, c, data.get("step_seconds"), prefill)
+        fixed = float(data.get("draft_prefill_fixed") or 0.0) if draft else 0.0
+        if draft and prefill > 0 and "draft_prefill_fixed" not in data:
+            # a profile from before the fixed part was measured: its per-token price is one
+            # context-long prefill over its length. Any prefill reads the draft's weights at least
+            # once (c), so that much is fixed and the rest per token.
+            context = float(data.get("context") or 512)
+            fixed, prefill = c, max(prefill - c / context, 0.0)
+        return CostModel(curve, c, data.get("step_seconds"), prefill, fixed)
+
+
+def fit_prefill(short: tuple[int, float], long: tuple[int, float]) -> tuple[float, float]:
+    """(fixed, per token) of an affine prefill cost through two measured (length, cost) points."""
+    (n0, t0), (n1, t1) = short, long
+    if not 0 < n0 < n1:
+        raise SpecdecError(f"a prefill fit needs two lengths 0 < short < long, got {n0} and {n1}")
+    per_token = max((t1 - t0) / (n1 - n0), 0.0)
+    return max(t0 - per_token * n0, 0.0), per_token
 
 
 def load_profile(path: str) -> dict:
@@ -432,7 +459,7 @@ class AdaptivePolicy:
         the best k's predicted rate (none above the critical batch), the length min(max_new_tokens,
         the running mean length of earlier answers)."""
         batch = max(batch, 1)
-        cost = self.costs.prefill_cost * self.rho_prefill * prefill_len * batch
+        cost = self.costs.prefill(prefill_len) * self.rho_prefill * batch
         _, rate = self._best_k(self.beta, self.cfg.k_max, batch)
         plain = 1.0 / (self.rho_v * self.costs.v(batch))  # per-sequence plain rate at this batch
         per_token = 1.0 / plain - 1.0 / rate if rate > plain else 0.0
@@ -448,7 +475,7 @@ class AdaptivePolicy:
 
         In a batch of B running sequences the draft's prefill stalls all of them, so it counts B
         times, against the saving predicted at that batch size (none above the critical batch)."""
-        if self.costs.prefill_cost <= 0 or self.cfg.schedule:
+        if self.costs.prefill(1) <= 0 or self.cfg.schedule:
             return True
         cost, per_token, horizon = self._prefill_terms(prompt_len, max_new_tokens, batch)
         # what the decision rests on, for the request's stats (a refusal can then be checked)
@@ -491,7 +518,7 @@ class AdaptivePolicy:
         An answer that ends before that never pays for the prefill; one that runs on pays at most the
         prefill twice. The answer length after a long prompt (RAG: 20 tokens; a summary: hundreds)
         cannot be told from the prompt, and the running mean of earlier answers mixes the two."""
-        if self.costs.prefill_cost <= 0 or self.cfg.schedule:
+        if self.costs.prefill(1) <= 0 or self.cfg.schedule:
             return True
         if generated == 0:
             return self.admit(prefill_len, max_new_tokens, batch, share=self.cfg.commit_share)
@@ -502,9 +529,9 @@ class AdaptivePolicy:
     def observe_prefill(self, prompt_len: int, seconds: float) -> None:
         """The drafter's measured prefill of a prompt: calibrates the prefill cost admission uses."""
         t1 = self.costs.step_seconds
-        if not self.cfg.calibrate or not t1 or self.costs.prefill_cost <= 0 or prompt_len < 1 or seconds <= 0:
+        if not self.cfg.calibrate or not t1 or self.costs.prefill(prompt_len) <= 0 or seconds <= 0:
             return
-        ratio = min(max(seconds / (t1 * self.costs.prefill_cost * prompt_len), 0.25), 4.0)
+        ratio = min(max(seconds / (t1 * self.costs.prefill(prompt_len)), 0.25), 4.0)
         d = self.cfg.calibration_decay
         self.rho_prefill = (1 - d) * self.rho_prefill + d * ratio
 
@@ -678,12 +705,17 @@ def measure_costs(target, draft=None, sizes=(1, 2, 3, 5, 9), context: int = 256,
         return CostModel(curve, 0.0, t1)
     c = step_seconds(draft, 1) / t1  # (also warms the draft up for the prefill timing)
     cache = draft.new_cache(context)
-    prompt = torch.randint(0, draft.config.vocab_size, (1, context), device=cache.k.device)
-    sync(cache.k.device)
-    t0 = time.perf_counter()
-    draft(prompt, cache, 0, last_only=True)
-    sync(cache.k.device)
-    return CostModel(curve, c, t1, (time.perf_counter() - t0) / context / t1)
+
+    def prefill_steps(n: int) -> float:  # one prefill of n tokens, in plain steps
+        prompt = torch.randint(0, draft.config.vocab_size, (1, n), device=cache.k.device)
+        sync(cache.k.device)
+        t0 = time.perf_counter()
+        draft(prompt, cache, 0, last_only=True)
+        sync(cache.k.device)
+        return (time.perf_counter() - t0) / t1
+    short = max(context // 8, 1)
+    fixed, per_token = fit_prefill((short, prefill_steps(short)), (context, prefill_steps(context)))
+    return CostModel(curve, c, t1, per_token, fixed)
 
 
 def sync(device: torch.device) -> None:

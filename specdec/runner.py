@@ -122,7 +122,7 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     if isinstance(drafter, LayerSkipDrafter):  # a draft token is a pass through L of the target's layers
         costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
-        f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_cost:.4f} per prompt token")
+        f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_fixed:.3f} + {costs.prefill_cost:.4f} per prompt token")
     return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **tree_actions(drafter)))
 
 

@@ -9,8 +9,8 @@ from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
-from specdec.policy import (AdaptivePolicy, CostModel, PolicyConfig, best_k, expected_tokens, interpolate,
-                            measure_costs, parse_schedule)
+from specdec.policy import (AdaptivePolicy, CostModel, PolicyConfig, best_k, expected_tokens, fit_prefill,
+                            interpolate, measure_costs, parse_schedule)
 from tests.conftest import TINY_VOCAB, tiny_model
 
 FLAT = CostModel({1: 1.0, 33: 1.0})  # verification free: a GPU at batch 1
@@ -385,7 +385,9 @@ def test_bad_policy_config_is_refused():
 def test_measured_costs_are_positive(tiny_target, tiny_draft):
     costs = measure_costs(tiny_target, tiny_draft, sizes=(1, 2, 5), context=16, repeats=2)
     assert costs.verify_cost[1] == 1.0 and all(v > 0 for v in costs.verify_cost.values()) and costs.draft_cost > 0
-    assert costs.prefill_cost > 0 and measure_costs(tiny_target, None, sizes=(1, 2), context=16).prefill_cost == 0
+    assert costs.prefill(16) > 0 and costs.prefill_fixed >= 0
+    lookup = measure_costs(tiny_target, None, sizes=(1, 2), context=16)
+    assert lookup.prefill(16) == 0 and lookup.prefill_fixed == 0
 
 
 PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]
@@ -684,6 +686,44 @@ def test_measured_draft_prefills_calibrate_admission():
     assert policy.rho_prefill > 2.5 and not policy.admit(500, 64)
     policy.observe_prefill(500, 0.0)  # a broken timing is ignored
     assert policy.rho_prefill > 2.5
+
+
+def test_the_prefill_price_is_a_fixed_part_plus_a_part_per_token():
+    assert fit_prefill((64, 2.2), (512, 11.2)) == (pytest.approx(0.914, abs=1e-3), pytest.approx(0.02009, abs=1e-5))
+    assert fit_prefill((64, 3.0), (512, 2.0)) == (3.0, 0.0)  # noise that says "shorter is dearer": flat
+    with pytest.raises(SpecdecError):
+        fit_prefill((512, 1.0), (64, 2.0))
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.02, prefill_fixed=0.9)
+    assert costs.prefill(0) == 0.0 and costs.prefill(100) == pytest.approx(2.9)
+    with pytest.raises(SpecdecError):
+        CostModel(CPU.verify_cost, prefill_fixed=-1.0)
+
+
+def test_an_old_profile_s_prefill_price_is_split_into_the_draft_s_weight_read_and_the_rest():
+    old = {"verify_cost": {"1": 1.0, "5": 1.3}, "draft_cost_ratio": 0.4, "draft_prefill_cost": 0.0156,
+           "context": 512, "step_seconds": 0.2}
+    costs = CostModel.from_profile(old)
+    assert costs.prefill_fixed == pytest.approx(0.4) and costs.prefill(512) == pytest.approx(0.0156 * 512)
+    new = dict(old, draft_prefill_fixed=0.9, draft_prefill_cost=0.02)
+    assert CostModel.from_profile(new).prefill(100) == pytest.approx(2.9)
+    assert CostModel.from_profile(old, "lookup").prefill(100) == 0.0
+
+
+def test_prefills_priced_affinely_calibrate_alike_at_every_prompt_length():
+    """Short prompts' prefills are mostly the fixed part. Priced by the token alone they read as
+    dear (rho_prefill well above 1), and a long prompt after them is then priced at twice its cost:
+    code-05's refusal in session 10. Priced affinely, both lengths agree."""
+    t1 = 0.3
+    real = lambda n: t1 * (0.9 + 0.02 * n)  # seconds of a prefill on this "machine"
+    for fixed, drift in ((0.0, True), (0.9, False)):
+        per_token = 0.02 if fixed else (0.9 + 0.02 * 512) / 512  # the linear price: right at 512 tokens
+        policy = AdaptivePolicy(CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=t1, prefill_cost=per_token,
+                                          prefill_fixed=fixed), PolicyConfig(k_max=8))
+        for _ in range(20):
+            policy.observe_prefill(40, real(40))
+        assert (policy.rho_prefill > 1.8) == drift  # 1.0 when priced right
+        priced = policy._prefill_terms(512, 64, 1)[0]
+        assert (priced > 1.5 * (0.9 + 0.02 * 512)) == drift
 
 
 def test_no_drafting_at_break_even():

@@ -15,6 +15,7 @@ import torch
 
 from specdec.model import cpu_kernels
 from specdec.model.transformer import Transformer
+from specdec.policy import fit_prefill
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33)
 
@@ -158,11 +159,14 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
               "forward_seconds": {str(n): round(t[n], 5) for n in VERIFY_SIZES},
               "verify_cost": {str(n): round(ratio(n), 3) for n in VERIFY_SIZES}}
     if draft is not None:
-        # the draft's prefill of a context-long prompt, as the drafter runs it: the LM head scores the
-        # last position only (scoring all 512 would add a 512-row full-vocabulary GEMM)
-        prefill = forward_seconds(draft, context, 0, 3, last_only=True)
+        # the draft's prefill as the drafter runs it (the LM head scores the last position only:
+        # scoring all 512 would add a 512-row full-vocabulary GEMM), at a short and a context-long
+        # prompt: a fixed part per forward and a part per token (policy.CostModel.prefill)
+        short = max(context // 8, 1)
+        fixed, per_token = fit_prefill((short, forward_seconds(draft, short, 0, 3, last_only=True) / t[1]),
+                                       (context, forward_seconds(draft, context, 0, 3, last_only=True) / t[1]))
         result.update({"draft_step_seconds": round(t["draft"], 5), "draft_cost_ratio": round(ratio("draft"), 3),
-                       "draft_prefill_cost": round(prefill / context / t[1], 5)})
+                       "draft_prefill_cost": round(per_token, 5), "draft_prefill_fixed": round(fixed, 4)})
     return result
 
 
@@ -173,7 +177,8 @@ def print_profile(r: dict) -> None:
     print("v(n): " + "  ".join(f"v({n})={v}" for n, v in r["verify_cost"].items()))
     if "draft_cost_ratio" in r:
         print(f"draft step {r['draft_step_seconds'] * 1000:.1f} ms, c = {r['draft_cost_ratio']}, "
-              f"draft prefill {r.get('draft_prefill_cost', 0)} plain steps per prompt token")
+              f"draft prefill {r.get('draft_prefill_fixed', 0)} + {r.get('draft_prefill_cost', 0)} plain steps "
+              "per prompt token")
 
 
 def write_profile(r: dict, out: str) -> None:
