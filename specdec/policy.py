@@ -80,7 +80,8 @@ prefilling the prompt and the answer so far, once those plain steps have lost as
 costs and the tokens left under max_new_tokens could still win it back. A short answer then never
 pays the prefill, a long one pays it at most twice. In the server a draft prefill stalls the whole
 batch, so there both terms are taken at the round's batch size. A prefill within a
-small learning allowance (5% of max_new_tokens plain steps: a short prompt) is admitted at the start
+small learning allowance (the fixed part of a prefill plus 5% of max_new_tokens plain steps: a short
+prompt) is admitted at the start
 whatever the prediction (only drafting shows whether this text suits the drafter; without it a low
 carried prior would never be tested again), backed off like probes: after a request admitted
 on it alone whose drafts did not pay, the next 1, 2, 4, ... (at most learn_backoff_max) requests skip
@@ -230,7 +231,7 @@ class PolicyConfig:
     plain_relax: float = 0.1  # per plain step, the share of weight every count loses (estimates drift back to the prior)
     decay: float = 0.15  # per observation, the share of weight old observations lose
     memory: float = 0.5  # per request, how far the next request's prior moves to this request's pooled rate
-    learn_budget: float = 0.05  # admission: draft prefill allowed with no predicted saving, x max_new_tokens
+    learn_budget: float = 0.05  # admission: draft prefill allowed with no predicted saving (besides its fixed part), x max_new_tokens
     commit_share: float = 0.25  # single sequence: start the draft model at once only if its prefill costs at most
     #                            this share of the predicted saving; else when plain steps have lost as much (start_now)
     length_memory: float = 0.5  # per request, how far the expected answer length moves to that request's length
@@ -492,7 +493,10 @@ class AdaptivePolicy:
                share: float) -> bool:
         if cost <= share * per_token * horizon:
             return True
-        if batch > 1 or cost > self.cfg.learn_budget * max_new_tokens:
+        # the allowance bounds the prefill's part per token; its fixed part is the price of any look
+        # (priced as the calibration says), however short the prompt
+        allowance = self.costs.prefill_fixed * self.rho_prefill + self.cfg.learn_budget * max_new_tokens
+        if batch > 1 or cost > allowance:
             return False
         # The learning allowance, backed off like probes: after an allowance request whose drafts did
         # not pay, the next 1, 2, 4, ... requests skip it. Each still-admitted one can bring drafting

@@ -709,6 +709,20 @@ def test_an_old_profile_s_prefill_price_is_split_into_the_draft_s_weight_read_an
     assert CostModel.from_profile(old, "lookup").prefill(100) == 0.0
 
 
+def test_the_learning_allowance_pays_a_prefill_s_fixed_part_and_bounds_the_rest():
+    """On a host where any draft prefill costs 1.4 plain steps before its first token (session 11),
+    a 5% allowance of a 64-token answer (3.2 steps) admitted no prompt over 60 tokens, so a low
+    carried prior was never tested again. The allowance now bounds the part per token."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.03, prefill_fixed=1.4)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.3))  # a prior under which nothing pays
+    policy.reset()
+    assert policy._prefill_terms(100, 64, 1)[1] == 0.0  # no saving predicted: the allowance alone
+    assert policy.admit(100, 64) and policy.learning  # 1.4 + 3.0 steps: the fixed part + 3.0 <= 3.2
+    policy.reset()
+    assert not policy.admit(120, 64)  # 1.4 + 3.6: the part per token is over the allowance
+    assert not policy.admit(10, 64, batch=2)  # no allowance in a batch
+
+
 def test_prefills_priced_affinely_calibrate_alike_at_every_prompt_length():
     """Short prompts' prefills are mostly the fixed part. Priced by the token alone they read as
     dear (rho_prefill well above 1), and a long prompt after them is then priced at twice its cost:
