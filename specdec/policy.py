@@ -39,8 +39,9 @@ rho_v for plain, so a drafter dearer than the curve says loses its steps to plai
 longer context alone (which slows both alike) does not. The calibration carries over to the next
 request. rho_spec is measured only on drafted steps, so once drafting has stopped (probe_every plain
 steps in a row) each plain step moves it a plain_relax share back toward rho_v, the curve's own
-ratio: a slow spell that made verifies look dear cannot lock drafting (and its probes) out for good. While plain, it probes now and then with a one-token draft so it can come back when the
-text turns predictable; the probe interval doubles after each failed probe (bounded). A request
+ratio: a slow spell that made verifies look dear cannot lock drafting (and its probes) out for good.
+While plain, it probes now and then with a one-token draft so it can come back when the text turns
+predictable; the probe interval doubles after each failed probe (bounded). A request
 whose carried estimate says plain probes at its first step: the carried prior is only a guess
 about this request's text, and a passing probe costs nothing.
 
@@ -231,7 +232,7 @@ class PolicyConfig:
     plain_relax: float = 0.1  # per plain step, the share of weight every count loses (estimates drift back to the prior)
     decay: float = 0.15  # per observation, the share of weight old observations lose
     memory: float = 0.5  # per request, how far the next request's prior moves to this request's pooled rate
-    learn_budget: float = 0.05  # admission: draft prefill allowed with no predicted saving (besides its fixed part), x max_new_tokens
+    learn_budget: float = 0.05  # admission: a prefill's part per token allowed with no predicted saving, x max_new_tokens
     commit_share: float = 0.25  # single sequence: start the draft model at once only if its prefill costs at most
     #                            this share of the predicted saving; else when plain steps have lost as much (start_now)
     length_memory: float = 0.5  # per request, how far the expected answer length moves to that request's length
