@@ -90,7 +90,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                         "by its own confidence (single-sequence generation; the server picks k only); "
                         "adaptive-k: pick k only")
     p.add_argument("--cost-profile", default=None,
-                   help="`specdec profile` JSON with v(n) and c for the adaptive policy (default: measure at start)")
+                   help="`specdec profile` JSON with v(n), c and the draft prefill's price (a fixed part + a part "
+                        "per prompt token) for the adaptive policy (default: measure at start)")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -190,9 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(load)
     from specdec.bench.loadtest import add_loadtest_flags
     add_loadtest_flags(load)
-    prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c")
+    prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c, "
+                                              "draft prefill price")
     add_model_flags(prof)
-    prof.add_argument("--draft", default=None, help="draft model, to measure c (draft/target step ratio)")
+    prof.add_argument("--draft", default=None, help="draft model, to measure c (draft/target step ratio) and its prefill's price "
+                           "(fixed + per token, fitted at context/8 and context tokens)")
     prof.add_argument("--context", type=integer, default=512, help="cached positions before the timed forward")
     prof.add_argument("--repeats", type=integer, default=7)
     prof.add_argument("--out", default="runs/profile.json", help="where to write the JSON")

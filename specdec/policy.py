@@ -190,6 +190,9 @@ def load_profile(path: str) -> dict:
         with open(path) as f:
             data = json.load(f)
         data["verify_cost"] = {int(n): float(v) for n, v in data["verify_cost"].items()}
+        for key in ("step_seconds", "context", "draft_cost_ratio", "draft_prefill_cost", "draft_prefill_fixed"):
+            if data.get(key) is not None:
+                data[key] = float(data[key])
         return data
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise SpecdecError(f"cannot read a `specdec profile` JSON from {path}: {e}") from None

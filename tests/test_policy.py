@@ -1,5 +1,6 @@
 """The speculation policy: cost model on synthetic curves, adaptation, probes, batch awareness."""
 
+import json
 import pytest
 
 from specdec.config import GenerationConfig, SamplingParams
@@ -721,6 +722,21 @@ def test_the_learning_allowance_pays_a_prefill_s_fixed_part_and_bounds_the_rest(
     policy.reset()
     assert not policy.admit(120, 64)  # 1.4 + 3.6: the part per token is over the allowance
     assert not policy.admit(10, 64, batch=2)  # no allowance in a batch
+
+
+def test_a_profile_with_bad_prefill_prices_is_refused_clearly(tmp_path):
+    from specdec.policy import load_profile
+    good = {"verify_cost": {"1": 1.0, "5": 1.3}, "draft_cost_ratio": 0.4, "draft_prefill_cost": 0.02,
+            "draft_prefill_fixed": 0.6, "context": 512, "step_seconds": 0.2}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(good))
+    assert CostModel.from_profile(load_profile(str(path))).prefill(100) == pytest.approx(2.6)
+    path.write_text(json.dumps(dict(good, draft_prefill_fixed="fast")))
+    with pytest.raises(SpecdecError, match="profile"):
+        load_profile(str(path))
+    path.write_text(json.dumps(dict(good, draft_prefill_fixed=-1.0)))
+    with pytest.raises(SpecdecError, match="positive"):
+        CostModel.from_profile(load_profile(str(path)))
 
 
 def test_prefills_priced_affinely_calibrate_alike_at_every_prompt_length():
