@@ -148,6 +148,11 @@ class CostModel:
     def v(self, n: int) -> float:
         return interpolate(self.verify_cost, n)
 
+    @property
+    def charges_prefill(self) -> bool:
+        """Whether the drafter prefills at a cost (a draft model; lookup drafters do not)."""
+        return self.prefill_fixed > 0 or self.prefill_cost > 0
+
     def prefill(self, n: int) -> float:
         """The drafter's prefill of n tokens in plain steps: a fixed part per forward plus a part per
         token. A short prompt's prefill is mostly the fixed part (the weights are read once however
@@ -480,7 +485,7 @@ class AdaptivePolicy:
 
         In a batch of B running sequences the draft's prefill stalls all of them, so it counts B
         times, against the saving predicted at that batch size (none above the critical batch)."""
-        if self.costs.prefill(1) <= 0 or self.cfg.schedule:
+        if not self.costs.charges_prefill or self.cfg.schedule:
             return True
         cost, per_token, horizon = self._prefill_terms(prompt_len, max_new_tokens, batch)
         # what the decision rests on, for the request's stats (a refusal can then be checked)
@@ -526,7 +531,7 @@ class AdaptivePolicy:
         An answer that ends before that never pays for the prefill; one that runs on pays at most the
         prefill twice. The answer length after a long prompt (RAG: 20 tokens; a summary: hundreds)
         cannot be told from the prompt, and the running mean of earlier answers mixes the two."""
-        if self.costs.prefill(1) <= 0 or self.cfg.schedule:
+        if not self.costs.charges_prefill or self.cfg.schedule:
             return True
         if generated == 0:
             return self.admit(prefill_len, max_new_tokens, batch, share=self.cfg.commit_share)
@@ -537,7 +542,7 @@ class AdaptivePolicy:
     def observe_prefill(self, prompt_len: int, seconds: float) -> None:
         """The drafter's measured prefill of a prompt: calibrates the prefill cost admission uses."""
         t1 = self.costs.step_seconds
-        if not self.cfg.calibrate or not t1 or self.costs.prefill(prompt_len) <= 0 or seconds <= 0:
+        if not self.cfg.calibrate or not t1 or not self.costs.charges_prefill or prompt_len < 1 or seconds <= 0:
             return
         ratio = min(max(seconds / (t1 * self.costs.prefill(prompt_len)), 0.25), 4.0)
         d = self.cfg.calibration_decay
@@ -711,18 +716,11 @@ def measure_costs(target, draft=None, sizes=(1, 2, 3, 5, 9), context: int = 256,
         floor = curve[n] = 1.0 if n == 1 else max(floor, step_seconds(target, n) / t1)
     if draft is None:
         return CostModel(curve, 0.0, t1)
-    c = step_seconds(draft, 1) / t1  # (also warms the draft up for the prefill timing)
-    cache = draft.new_cache(context)
-
-    def prefill_steps(n: int) -> float:  # one prefill of n tokens, in plain steps
-        prompt = torch.randint(0, draft.config.vocab_size, (1, n), device=cache.k.device)
-        sync(cache.k.device)
-        t0 = time.perf_counter()
-        draft(prompt, cache, 0, last_only=True)
-        sync(cache.k.device)
-        return (time.perf_counter() - t0) / t1
-    short = max(context // 8, 1)
-    fixed, per_token = fit_prefill((short, prefill_steps(short)), (context, prefill_steps(context)))
+    from specdec.bench.profile import forward_seconds
+    c = step_seconds(draft, 1) / t1
+    short = max(context // 8, 1)  # the prefill's price: fixed + per token, through two prompt lengths
+    fixed, per_token = fit_prefill(*((n, forward_seconds(draft, n, 0, repeats, last_only=True) / t1)
+                                     for n in (short, context)))
     return CostModel(curve, c, t1, per_token, fixed)
 
 
