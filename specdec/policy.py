@@ -258,6 +258,9 @@ class PolicyConfig:
     confidence: bool = True  # a drafter that knows its confidence drafts while it predicts a gain (confident_draft)
     conf_weight: float = 4.0  # a confidence bin's prior weight, in observations (prior mean: the bin's confidence)
     conf_decay: float = 0.01  # per observation, the share of weight a bin's old observations lose
+    target_signal: bool = True  # plain steps predict acceptance from the target's confidence (observe_target)
+    shadow_weight: float = 0.5  # a plain token's predicted acceptance counts as this many observations
+    shadow_decay: float = 0.05  # per plain step, the share of weight older predicted acceptances lose
 
     def __post_init__(self):
         if self.k_max < 1:
@@ -278,6 +281,9 @@ class PolicyConfig:
             raise SpecdecError("need 1 <= probe_every <= probe_every_max")
         if not 0.0 <= self.margin < 1.0:
             raise SpecdecError(f"margin must be in [0, 1), got {self.margin}")
+        if self.shadow_weight < 0 or not 0.0 < self.shadow_decay <= 1.0:
+            raise SpecdecError(f"need shadow_weight >= 0 and shadow_decay in (0, 1], got {self.shadow_weight}, "
+                               f"{self.shadow_decay}")
         if self.conf_weight <= 0 or not 0.0 < self.conf_decay <= 1.0:
             raise SpecdecError(f"need conf_weight > 0 and conf_decay in (0, 1], got {self.conf_weight}, "
                                f"{self.conf_decay}")
@@ -316,6 +322,7 @@ class AdaptivePolicy:
         self.trials = [0.0] * self.cfg.k_max  # discounted observations per position
         self.pool_hits = self.pool_trials = 0.0  # the same over all positions
         self.request_hits = self.request_trials = 0.0  # this request's undiscounted totals (for the next prior)
+        self.request_shadow_hits = self.request_shadow_trials = 0.0
         self.learning = False  # this request was admitted on the learning allowance alone
         self.learn_backoff = self.learn_skip = 0  # requests the allowance skips after one that did not pay
         # trees: measured draft seconds per tree depth / t1 (EMA), per tree size
@@ -329,6 +336,10 @@ class AdaptivePolicy:
         # is sure of tends to go on being easy: a streak)
         self.next_hits = [0.0] * (len(CONF_EDGES) - 1)
         self.next_trials = [0.0] * (len(CONF_EDGES) - 1)
+        # per bin of the target's top probability at a looked-at position, whether the look passed
+        # (kept across requests): what a plain step's confidence predicts (observe_target)
+        self.target_hits = [0.0] * (len(CONF_EDGES) - 1)
+        self.target_trials = [0.0] * (len(CONF_EDGES) - 1)
         self.last_looked = 0  # draft forwards the last step ran (drafted tokens + a look that stopped)
         self.expected_new: float | None = None  # new tokens per request (EMA over requests; None: none seen)
         self.request_tokens = 0  # tokens this request's steps emitted
@@ -343,8 +354,13 @@ class AdaptivePolicy:
             e = self.expected_new
             self.expected_new = float(n) if e is None else e + self.cfg.length_memory * (n - e)
         self.request_tokens = 0
-        if self.request_trials > 0:  # this request's whole record (plain steps relax the running counts)
-            rate = (self.request_hits + self.cfg.prior_weight * self.prior) / (self.request_trials + self.cfg.prior_weight)
+        ws = self.cfg.shadow_weight
+        if self.request_trials > 0 or self.request_shadow_trials > 0:
+            # this request's whole record (plain steps relax the running counts), its plain steps'
+            # predicted acceptance included: a request that ran plain still tells the next one
+            w = self.cfg.prior_weight
+            rate = ((self.request_hits + ws * self.request_shadow_hits + w * self.prior)
+                    / (self.request_trials + ws * self.request_shadow_trials + w))
             self.prior += self.cfg.memory * (rate - self.prior)
         if self.learning:  # a request admitted only to learn: did its drafts turn out to pay?
             seen = self.request_hits / self.request_trials if self.request_trials else 0.0
@@ -353,6 +369,8 @@ class AdaptivePolicy:
             self.learn_skip = self.learn_backoff
         self.learning = False
         self.request_hits = self.request_trials = 0.0
+        self.shadow_hits = self.shadow_trials = 0.0  # plain steps' predicted acceptance (discounted)
+        self.request_shadow_hits = self.request_shadow_trials = 0.0  # this request's, undiscounted
         self.hits = [0.0] * self.cfg.k_max
         self.trials = [0.0] * self.cfg.k_max
         self.pool_hits = self.pool_trials = 0.0
@@ -374,9 +392,17 @@ class AdaptivePolicy:
         return best_k(beta, self.costs, k_max, batch, self.rho_v, self.draft_cost, self.rho_spec, self.cfg.margin)
 
     @property
+    def wants_target_confidence(self) -> bool:
+        """Whether the engine should report the target's top probability per verified row."""
+        return self.cfg.target_signal and not self.cfg.schedule
+
+    @property
     def pooled(self) -> float:
-        w = self.cfg.prior_weight
-        return (self.pool_hits + w * self.prior) / (self.pool_trials + w)
+        """This request's rate: its drafted steps' outcomes, its plain steps' predicted acceptance
+        (shadow_weight each) and the carried prior."""
+        w, ws = self.cfg.prior_weight, self.cfg.shadow_weight
+        return ((self.pool_hits + ws * self.shadow_hits + w * self.prior)
+                / (self.pool_trials + ws * self.shadow_trials + w))
 
     @property
     def beta(self) -> list[float]:
@@ -579,6 +605,41 @@ class AdaptivePolicy:
         """The chance that, after a passing token of draft probability p, looking at the next position
         yields a passing token (a Beta estimate per bin; prior mean: the bin's confidence)."""
         return self._bin_rate(self.next_hits, self.next_trials, p)
+
+    def target_rate(self, p: float) -> float:
+        """The chance a look at a position where the target's top probability is p passes (a Beta
+        estimate per bin, prior mean the bin's confidence), learned from drafted steps."""
+        return self._bin_rate(self.target_hits, self.target_trials, p)
+
+    def observe_target(self, confidence, num_drafted: int, num_accepted: int) -> None:
+        """The target's top probability at each verified row of a step (rows 0..num_drafted); call
+        before observe(). A step that looked: its looked-at rows calibrate target_rate (a row passed
+        if its token was accepted), and the plain steps' predictions fade as real outcomes come. A
+        plain step: its row's calibrated rate counts as a predicted acceptance in the pooled rate.
+
+        This is the per-request signal a plain request lacks: the carried prior says how the last
+        requests drafted, the target's confidence on this one's own tokens how this one would (code
+        the target is sure of: high; open prose: low). A request that runs plain (not admitted, or
+        after failed probes) can so start or resume drafting from what its text shows, and a
+        few poor requests cannot lock drafting out of the next, different ones."""
+        if not self.cfg.target_signal or not confidence:
+            return
+        looked = num_drafted + int(self.step_stopped and num_accepted == num_drafted)
+        if looked == 0:
+            a, keep = self.target_rate(confidence[0]), 1.0 - self.cfg.shadow_decay
+            self.shadow_hits = keep * self.shadow_hits + a
+            self.shadow_trials = keep * self.shadow_trials + 1.0
+            self.request_shadow_hits += a
+            self.request_shadow_trials += 1.0
+            return
+        keep = 1.0 - self.cfg.conf_decay
+        for j, p in enumerate(confidence[:min(looked, num_accepted + 1)]):
+            b = conf_bin(p)
+            self.target_hits[b] = keep * self.target_hits[b] + (1.0 if j < num_accepted else 0.0)
+            self.target_trials[b] = keep * self.target_trials[b] + 1.0
+        keep = 1.0 - self.cfg.decay
+        self.shadow_hits *= keep
+        self.shadow_trials *= keep
 
     def _bin_rate(self, hits: list[float], trials: list[float], p: float) -> float:
         b = conf_bin(p)

@@ -311,6 +311,8 @@ def test_an_unadmitted_request_runs_plain_without_starting_the_drafter(tiny_targ
     result = engine.generate(PROMPTS[2], cfg)
     assert result.tokens == plain.generate(PROMPTS[2], cfg).tokens
     assert Counting.starts == 0 and result.stats.drafted == 0 and result.stats.plain_fraction == 1.0
+    # each plain step reported the target's confidence: a predicted acceptance per step
+    assert engine.policy.request_shadow_trials == result.stats.steps > 0
     engine.policy.costs.prefill_cost = 0.0  # a free prefill is always admitted
     engine.generate(PROMPTS[2], cfg)
     assert Counting.starts == 1
@@ -349,7 +351,9 @@ def test_a_deferred_drafter_starts_mid_answer_and_stays_exact(tiny_target, tiny_
             Counting.starts.append(len(prompt))
             super().start(prompt)
 
-    policy = AdaptivePolicy(CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=1.0), PolicyConfig(k_max=6, prior=0.9))
+    # the rule alone: the tiny target's low confidence on its plain tokens would lower the estimate
+    policy = AdaptivePolicy(CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=1.0),
+                            PolicyConfig(k_max=6, prior=0.9, target_signal=False))
     policy.reset()
     per_token = policy._prefill_terms(29, 20, 1)[1]
     policy.costs.prefill_cost = 6 * per_token / 29  # the prompt's prefill (29 tokens) costs 6 tokens' saving
@@ -782,3 +786,71 @@ def test_a_probe_under_the_confidence_rule_drafts_while_the_draft_is_confident()
     off = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.1, confidence=False))
     off.reset()
     assert off.choose() == 1 and off.confident_draft(1, 8) == (1, None)  # without the rule: probe_k tokens
+
+
+def _plain_steps(policy, confidence, n):
+    """n plain steps whose token the target chose with top probability `confidence`."""
+    for _ in range(n):
+        policy.observe_target((confidence,), 0, 0)
+        policy.observe(0, 0)
+
+
+def test_the_target_s_confidence_calibrates_from_drafted_steps():
+    """Looked-at rows calibrate target_rate per bin of the target's top probability: a row whose token
+    passed is a hit, the first failed row a miss; rows past it were not reached. The prior is the
+    bin's confidence."""
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=4))
+    assert policy.target_rate(0.99) == pytest.approx(0.99) and policy.target_rate(0.55) == pytest.approx(0.55)
+    for _ in range(200):
+        policy.observe_target((0.99, 0.55, 0.99, 0.99, 0.3), 4, 1)  # row 0 passed, row 1 failed
+        policy.observe(4, 1)
+    assert policy.target_rate(0.99) > 0.97 and policy.target_rate(0.55) < 0.05
+    assert policy.target_rate(0.3) == pytest.approx(0.3)  # never reached: the prior
+
+
+def test_a_plain_request_the_target_is_sure_of_starts_drafting_mid_answer():
+    """Session 11's lockout: a carried prior under which nothing pays, and the learning allowance
+    backed off, so a code prompt ran plain from end to end. The target's confidence on its own
+    plain tokens (calibrated: sure rows pass) lifts this request's estimate until the draft
+    prefill pays (start_now); on unsure text it stays plain. Without the signal it never starts."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.03, prefill_fixed=1.0)
+    for signal, confidence, starts in ((True, 0.99, True), (True, 0.5, False), (False, 0.99, False)):
+        policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.3, target_signal=signal))
+        for _ in range(100):  # calibration from earlier drafted steps: sure rows pass, unsure ones fail
+            policy.observe_target((0.99, 0.99, 0.5), 2, 2)
+            policy.observe(2, 2)
+            policy.observe_target((0.5,), 1, 0)
+            policy.observe(1, 0)
+        policy.prior = 0.3
+        policy.reset()
+        policy.learn_skip = 4  # backed off
+        assert not policy.start_now(100, 0, 128)
+        started = None
+        for g in range(1, 100):
+            _plain_steps(policy, confidence, 1)
+            if policy.start_now(100 + g, g, 128):
+                started = g
+                break
+        assert (started is not None) == starts, (signal, confidence, started)
+        if starts:
+            assert started <= 16 and policy.pooled > 0.75
+    # a request that ran plain on sure text moves the next request's prior (not only drafted ones)
+    before = policy.prior
+    _plain_steps(policy, 0.99, 30)
+    policy.reset()
+    assert policy.prior == before  # (target_signal off: the last loop's policy learns nothing from them)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.3))
+    _plain_steps(policy, 0.99, 30)
+    policy.reset()
+    assert policy.prior > 0.6
+
+
+def test_predicted_acceptance_fades_once_drafted_steps_show_the_real_one():
+    """The plain steps' predictions are a stand-in: drafted steps' outcomes replace them."""
+    policy = AdaptivePolicy(CPU, PolicyConfig(k_max=4, prior=0.5))
+    _plain_steps(policy, 0.99, 40)  # predicted 0.99 per token (the prior of the bin)
+    assert policy.pooled > 0.85
+    for _ in range(30):
+        policy.observe_target((0.99, 0.99), 1, 0)  # the target was sure, the draft wrong
+        policy.observe(1, 0)
+    assert policy.pooled < 0.2 and policy.shadow_trials < 0.2  # from about 17

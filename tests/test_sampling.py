@@ -294,3 +294,23 @@ def test_cuda_matches_cpu_processing_and_runs():
     num, token = rejection_accept(draft, p, p[:K], gen)
     assert num == K and 0 <= token < VOCAB
     assert greedy_accept(draft, logits.cuda()) == greedy_accept(draft.cpu(), logits)
+
+
+def test_verifiers_report_the_target_s_top_probability_per_row_without_changing_the_outcome():
+    """Asked for, both verifiers also return the target's top probability at each of the k + 1 rows
+    (greedy: of the logits' softmax; sampled: of the processed p), for the policy; the outcome and
+    the random draws are the same as without, and the result still compares and unpacks as
+    (num_accepted, next_token)."""
+    logits = logits_with_argmax([3, 1, 4, 6])  # [4, vocab]
+    draft = torch.tensor([3, 1, 0])
+    scored = greedy_accept(draft, logits, confidence=True)
+    assert scored == greedy_accept(draft, logits) == (2, 4)
+    num, token = scored
+    assert scored.confidence == pytest.approx(torch.softmax(logits, -1).amax(-1).tolist(), rel=1e-5)
+    assert greedy_accept(draft, logits).confidence == ()
+    draft = torch.tensor([1, 2, 0])  # k = 3: P_TABLE's 4 rows
+    for seed in range(20):
+        plain = rejection_accept(draft, P_TABLE, Q_TABLE, torch.Generator().manual_seed(seed))
+        scored = rejection_accept(draft, P_TABLE, Q_TABLE, torch.Generator().manual_seed(seed), confidence=True)
+        assert scored == plain
+        assert scored.confidence == pytest.approx(P_TABLE.amax(-1).tolist())

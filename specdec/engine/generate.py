@@ -40,15 +40,16 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 
 
 def verify(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
-           generator: torch.Generator) -> Acceptance:
-    """One target forward over [last committed token] + draft chain; accept a prefix + one token."""
+           generator: torch.Generator, confidence: bool = False) -> Acceptance:
+    """One target forward over [last committed token] + draft chain; accept a prefix + one token
+    (confidence: and report the target's top probability per row, for the policy)."""
     device = cache.k.device
     draft = tree.tokens.to(device)  # [k]
     x = torch.cat([torch.tensor([last_token], device=device), draft]).unsqueeze(0)  # [1, k + 1]
     logits = target(x, cache, cache.length)[0]  # [k + 1, vocab]
     if sampling.greedy:
-        return greedy_accept(draft, logits)
-    return rejection_accept(draft, probs_from_logits(logits, sampling), tree.q, generator)
+        return greedy_accept(draft, logits, confidence)
+    return rejection_accept(draft, probs_from_logits(logits, sampling), tree.q, generator, confidence)
 
 
 def tree_attention_mask(tree: DraftTree, start: int, device) -> torch.Tensor:
@@ -265,8 +266,12 @@ class SpeculativeGenerator:
         # chosen by the policy (k = 0) is always a plain forward
         tree_hook = getattr(self.drafter, "verify_tree", None) if k > 0 else None
         if tree.is_chain and tree_hook is None:
-            verify_chain = getattr(self.drafter, "verify_chain", None) or verify
-            acc = verify_chain(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
+            verify_chain = getattr(self.drafter, "verify_chain", None)
+            if verify_chain is None:  # ours: it can also report the target's confidence per row
+                acc = verify(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator,
+                             getattr(self.policy, "wants_target_confidence", False))
+            else:
+                acc = verify_chain(self.target, self.cache, req.tokens[-1], tree, req.cfg.sampling, req.generator)
             self.cache.advance(1 + acc.num_accepted)
             path, depth = list(range(acc.num_accepted)), len(tree)
         else:
@@ -282,6 +287,8 @@ class SpeculativeGenerator:
             self.policy.observe_tree(nodes, depth, acc.num_accepted)
             self.policy.observe_time(k, t1 - t0, time.perf_counter() - t1, nodes=nodes)
         elif self.policy is not None:
+            if acc.confidence:  # before observe: it reads this step's confidence rule
+                self.policy.observe_target(acc.confidence, depth, acc.num_accepted)
             self.policy.observe(depth, acc.num_accepted)
             observe_time = getattr(self.policy, "observe_time", None)
             if observe_time is not None:

@@ -5,8 +5,8 @@ probability min(1, p_i[x_i] / q_i[x_i]); at the first rejection n emit a recover
 norm(max(0, p_n - q_n)); if all k drafts are accepted emit a bonus token from p_k. The emitted
 tokens are then distributed exactly as sampling from p one token at a time.
 
-Both verifiers return an `Acceptance` (a plain tuple: num_accepted, next_token) and synchronise
-with the host once.
+Both verifiers return an `Acceptance` (a plain tuple: num_accepted, next_token and, when asked,
+the target's top probability per row) and synchronise with the host once.
 """
 
 from __future__ import annotations
@@ -21,22 +21,41 @@ class Acceptance(NamedTuple):
 
     num_accepted: int  # 0..k leading draft tokens the target kept
     next_token: int  # recovered token (after a rejection) or bonus token (all k accepted)
+    confidence = ()  # not asked for (see ScoredAcceptance)
 
 
-def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Acceptance:
+class ScoredAcceptance(Acceptance):
+    """An Acceptance that also carries the target's top probability at each of the k + 1 rows, for
+    the policy. It is not part of the tuple: it compares and unpacks as (num_accepted, next_token)."""
+
+    def __new__(cls, num_accepted: int, next_token: int, confidence: tuple[float, ...]):
+        self = super().__new__(cls, num_accepted, next_token)
+        self.confidence = confidence
+        return self
+
+
+def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor, confidence: bool = False) -> Acceptance:
     """Accept the longest draft prefix that matches the target's argmax.
 
     draft_tokens:  # [k] int64, k may be 0
     target_logits: # [k + 1, vocab]; row i predicts draft token i, row k is the bonus position
+    confidence: also return the target's top probability per row (softmax of the logits)
     """
     _check_shapes(draft_tokens, target_logits, None)
     best = target_logits.argmax(dim=-1)  # [k + 1]
     num = _leading_true(best[:-1] == draft_tokens.to(best.device))  # []
-    return _to_host(num, best.index_select(0, num.view(1)))
+    top = top_probability(target_logits) if confidence else None
+    return _to_host(num, best.index_select(0, num.view(1)), top)
+
+
+def top_probability(logits: torch.Tensor) -> torch.Tensor:
+    """The softmax's largest probability per row: logits # [rows, vocab] -> # [rows] fp32."""
+    logits = logits.float()
+    return (logits.amax(dim=-1) - torch.logsumexp(logits, dim=-1)).exp()
 
 
 def rejection_accept(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
-                     generator: torch.Generator) -> Acceptance:
+                     generator: torch.Generator, confidence: bool = False) -> Acceptance:
     """Modified rejection sampling over a chain of k draft tokens.
 
     draft_tokens: # [k] int64, k may be 0
@@ -44,6 +63,7 @@ def rejection_accept(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tenso
     q:            # [k, vocab] processed draft probabilities; None = deterministic drafter
                   # (q one-hot at the draft token, as for n-gram lookup)
     generator:    on p's device; draws k uniforms, then one token. One host sync.
+    confidence:   also return p's top probability per row
     """
     _check_shapes(draft_tokens, p, q)
     draft_tokens = draft_tokens.to(p.device)
@@ -52,7 +72,7 @@ def rejection_accept(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tenso
     q_n = _draft_row(draft_tokens, q, num, p.shape[-1])  # [1, vocab]
     p_n = p.index_select(0, num.view(1))  # [1, vocab]
     token = _draw(residual_probs(p_n, q_n), generator)  # [1]
-    return _to_host(num, token)
+    return _to_host(num, token, p.amax(dim=-1) if confidence else None)
 
 
 def residual_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -109,10 +129,15 @@ def _leading_true(flags: torch.Tensor) -> torch.Tensor:
     return flags.long().cumprod(dim=0).sum()
 
 
-def _to_host(num: torch.Tensor, token: torch.Tensor) -> Acceptance:
-    """The single host sync: num # [] and token # [1] -> Acceptance of Python ints."""
-    num_accepted, next_token = torch.stack([num.view(()), token.view(())]).tolist()
-    return Acceptance(num_accepted, next_token)
+def _to_host(num: torch.Tensor, token: torch.Tensor, top: torch.Tensor | None = None) -> Acceptance:
+    """The single host sync: num # [], token # [1] (and top # [k + 1] probabilities) -> Acceptance
+    of Python ints (and floats)."""
+    if top is None:
+        num_accepted, next_token = torch.stack([num.view(()), token.view(())]).tolist()
+        return Acceptance(num_accepted, next_token)
+    # float64 holds any token id exactly
+    both = torch.cat([num.view(1).double(), token.view(1).double(), top.double()]).tolist()
+    return ScoredAcceptance(int(both[0]), int(both[1]), tuple(both[2:]))
 
 
 def _check_shapes(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None) -> None:
