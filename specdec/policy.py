@@ -89,6 +89,16 @@ on it alone whose drafts did not pay, the next 1, 2, 4, ... (at most learn_backo
 it; one that pays restores it. In a batch of B the prefill stalls all B sequences, so it counts B
 times, against the saving at batch B.
 
+The target's confidence (observe_target): a plain step still shows something, the target's top
+probability at the token it chose, and where the target is sure a same-family draft tends to
+match it. Drafted steps calibrate target_rate(p) per bin of that probability (a looked-at row
+passed or not); a plain step's calibrated rate counts as shadow_weight of an observation in the
+pooled rate (it fades by decay per drafted step, as real outcomes come) and in the request's
+record that moves the carried prior. So a request running plain (unadmitted, backed off, or
+after failed probes) starts the drafter or resumes drafting on its own text's evidence, and the
+carried prior learns from requests that never drafted (session 11: a few failed allowance
+requests left code prompts plain from end to end).
+
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
 rows, so plain costs v(B) for B tokens and a chain costs B k c + v(B (k + 1)) for B E(k) tokens;
 above a measured critical batch no k pays. A fixed schedule {batch size: k} (vLLM's
@@ -318,6 +328,9 @@ class AdaptivePolicy:
         self.rho_v = 1.0  # measured / predicted seconds of plain steps' forwards (EMA; kept across requests)
         self.rho_spec = 1.0  # the same for drafted steps' verify forwards (EMA; kept across requests)
         self.draft_cost = self.costs.draft_cost  # c_eff: measured draft seconds per draft token / t1 (EMA)
+        # the last 3 measurements of each (seeded with the starting values): the EMAs take their median,
+        # so one stalled step (a 4x verify on this host, session 12) does not turn drafting off
+        self.recent = {"rho_v": [1.0, 1.0], "rho_spec": [1.0, 1.0], "draft_cost": [self.draft_cost] * 2}
         self.hits = [0.0] * self.cfg.k_max  # discounted accepted observations per position
         self.trials = [0.0] * self.cfg.k_max  # discounted observations per position
         self.pool_hits = self.pool_trials = 0.0  # the same over all positions
@@ -720,6 +733,14 @@ class AdaptivePolicy:
             pays = self._best_k(self.beta, self.cfg.k_max)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 
+    def _median3(self, name: str, x: float) -> float:
+        """The median of this and the last two measurements of `name`: one outlier is dropped, a
+        lasting change passes from its second measurement on."""
+        window = self.recent[name]
+        window.append(x)
+        del window[:-3]
+        return sorted(window)[1]
+
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1,
                      width: int | None = None, nodes: int | None = None) -> None:
         """A step's measured draft and verify seconds (this sequence's share of a batched verify, whose
@@ -733,9 +754,9 @@ class AdaptivePolicy:
         predicted = t1 * self.costs.v(nodes + 1 if nodes else batch * (width or k + 1)) / (1 if nodes else batch)
         ratio = min(max(verify_seconds / predicted, 0.25), 4.0)  # one outlier (a GC pause) must not flip it
         if nodes or (width or k + 1) > 1:  # a multi-position verify (a padded batch row's too)
-            self.rho_spec = (1 - d) * self.rho_spec + d * ratio
+            self.rho_spec = (1 - d) * self.rho_spec + d * self._median3("rho_spec", ratio)
         else:
-            self.rho_v = (1 - d) * self.rho_v + d * ratio
+            self.rho_v = (1 - d) * self.rho_v + d * self._median3("rho_v", ratio)
             if self.plain_run >= self.cfg.probe_every:
                 # rho_spec is measured only while drafting. Once drafting has stopped, let it drift back toward
                 # the curve's verify/plain ratio: a slow spell of the host that inflated it must not lock drafting
@@ -746,7 +767,7 @@ class AdaptivePolicy:
             self.tree_cost[nodes] = (1 - d) * self.tree_cost[nodes] + d * c
         elif max(k, self.last_looked) > 0 and draft_seconds is not None and not self.probed:
             c = min(max(draft_seconds / (t1 * max(k, self.last_looked)), 0.0), 4.0)  # per draft forward
-            self.draft_cost = (1 - d) * self.draft_cost + d * c
+            self.draft_cost = (1 - d) * self.draft_cost + d * self._median3("draft_cost", c)
 
 
 @torch.inference_mode()

@@ -151,17 +151,21 @@ def test_an_inflated_verify_calibration_drifts_back_while_plain_and_probes_resum
     policy = AdaptivePolicy(costs, PolicyConfig(k_max=4, probe_first=False))
     policy.assume([0.8] * 4)
     policy.rho_v, policy.rho_spec = 0.65, 1.25  # verify/plain at about twice the curve's
+    policy.recent.update(rho_v=[0.65, 0.65], rho_spec=[1.25, 1.25])  # as measured in that spell
     assert policy._best_k([0.9] * 4, 4)[0] == 0  # locked out: no probe can be justified
     chosen = []
     for _ in range(60):
         k = policy.choose()
         chosen.append(k)
-        policy.observe(k, 0)
-        policy.observe_time(k, None if k == 0 else 0.1 * k * costs.draft_cost,
-                            0.065 if k == 0 else 0.1 * 0.65 * costs.v(k + 1))
         if k > 0:
             break
+        policy.observe(k, 0)
+        policy.observe_time(k, None, 0.065)
     assert chosen[-1] > 0 and len(chosen) < 60  # drafting (a probe) came back
+    assert policy.rho_spec < 1.15  # drifted back toward rho_v while plain (no drafted step measured)
+    for _ in range(3):  # drafted steps at the curve's cost: the median passes them from the second on
+        policy.observe(1, 1)
+        policy.observe_time(1, 0.1 * costs.draft_cost, 0.1 * 0.65 * costs.v(2))
     assert policy.rho_spec < 1.0
 
 
@@ -854,3 +858,22 @@ def test_predicted_acceptance_fades_once_drafted_steps_show_the_real_one():
         policy.observe_target((0.99, 0.99), 1, 0)  # the target was sure, the draft wrong
         policy.observe(1, 0)
     assert policy.pooled < 0.2 and policy.shadow_trials < 0.2  # from about 17
+
+
+def test_one_stalled_step_does_not_move_the_calibration_but_a_lasting_change_does():
+    """Session 12: one 9-row verify took 0.98 s instead of 0.25 (the host stalled); the EMA took it
+    at the clamp and rho_spec jumped from 0.84 to 1.49, which turned a math prompt drafting at tau
+    3+ plain for 28 steps. The EMAs now take the median of the last 3 measurements."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8))
+    curve = 0.1 * costs.v(9)
+    for _ in range(5):
+        policy.observe_time(8, 0.1 * 8 * costs.draft_cost, curve)
+    assert policy.rho_spec == pytest.approx(1.0)
+    policy.observe_time(8, 0.1 * 8 * costs.draft_cost, 4 * curve)  # one stall
+    assert policy.rho_spec == pytest.approx(1.0)
+    policy.observe_time(8, 0.1 * 8 * 10 * costs.draft_cost, curve)  # one stalled draft
+    assert policy.draft_cost == pytest.approx(costs.draft_cost)
+    for _ in range(2):  # a lasting change: twice as dear from now on
+        policy.observe_time(8, 0.1 * 8 * costs.draft_cost, 2 * curve)
+    assert policy.rho_spec > 1.2

@@ -613,6 +613,8 @@ def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):
     assert stepper.decode_batch == 3
     for seq in [alone] + others:
         assert seq.req.stats.k_chosen[0] >= 1  # the shared round was plain for everyone
+        # and its plain row reported the target's confidence to the sequence's policy (observe_target)
+        assert seq.engine.policy.inner.request_shadow_trials >= 1
 
 
 def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_loaded, tiny_qwen_dir):
@@ -632,7 +634,7 @@ def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_l
 
     def policy():
         p = AdaptivePolicy(CostModel({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.3}, 0.1, prefill_cost=1.0),
-                           PolicyConfig(k_max=6, prior=0.9))
+                           PolicyConfig(k_max=6, prior=0.9, target_signal=False))  # the rule alone
         p.reset()
         p.costs.prefill_cost = 6 * p._prefill_terms(29, 20, 1)[1] / 29  # the prompt's prefill: 6 tokens' saving
         return p

@@ -46,9 +46,10 @@ def ragged_inputs(lengths: list[int], rows: list[list[int]], device) -> tuple[to
 
 def verify_batch(target: Transformer, cache, lengths: list[int], last_tokens: list[int], drafts: list[DraftTree],
                  samplings: list[SamplingParams], generators: list[torch.Generator],
-                 rows: list[int] | None = None) -> list[Acceptance]:
+                 rows: list[int] | None = None, confidence: list[bool] | None = None) -> list[Acceptance]:
     """One target forward over every row's [last token] + draft chain; each row accepts its own prefix.
-    rows: the cache rows of the sequences (default 0..B-1)."""
+    rows: the cache rows of the sequences (default 0..B-1); confidence: per row, also report the
+    target's top probability per verified position (for that sequence's policy)."""
     device = cache.k.device
     inputs = [[t] + d.tokens.tolist() for t, d in zip(last_tokens, drafts)]
     width = max(len(r) for r in inputs)
@@ -57,13 +58,13 @@ def verify_batch(target: Transformer, cache, lengths: list[int], last_tokens: li
     tokens, slots, positions, mask = ragged_inputs(lengths, inputs, device)
     cache_rows = None if rows is None else torch.tensor(rows, device=device)
     logits = target(tokens, cache, 0, positions=positions, mask=mask, slots=slots, rows=cache_rows)  # [B, T, vocab]
-    out = []
+    out, confidence = [], confidence or [False] * len(drafts)
     for b, (draft, sampling, gen) in enumerate(zip(drafts, samplings, generators)):
         row = logits[b, :len(draft) + 1]  # [k_b + 1, vocab]
         if sampling.greedy:
-            out.append(greedy_accept(draft.tokens, row))
+            out.append(greedy_accept(draft.tokens, row, confidence[b]))
         else:
-            out.append(rejection_accept(draft.tokens, probs_from_logits(row, sampling), draft.q, gen))
+            out.append(rejection_accept(draft.tokens, probs_from_logits(row, sampling), draft.q, gen, confidence[b]))
     return out
 
 

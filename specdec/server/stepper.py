@@ -105,6 +105,14 @@ class LoadPolicy:
         if self.inner is not None:
             self.inner.observe(num_drafted, num_accepted)
 
+    @property
+    def wants_target_confidence(self) -> bool:
+        return getattr(self.inner, "wants_target_confidence", False)
+
+    def observe_target(self, confidence, num_drafted: int, num_accepted: int) -> None:
+        if self.inner is not None and hasattr(self.inner, "observe_target"):
+            self.inner.observe_target(confidence, num_drafted, num_accepted)
+
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float) -> None:
         if self.inner is not None and hasattr(self.inner, "observe_time"):
             batch = self.owner.decode_batch
@@ -301,7 +309,8 @@ class StepwiseGenerator:
             accs = verify_batch(self.target, self.cache, [s.engine.cache.length for s, *_ in batch],
                                 [s.req.tokens[-1] for s, *_ in batch], [d for _, _, d, _ in batch],
                                 [s.req.cfg.sampling for s, *_ in batch], [s.req.generator for s, *_ in batch],
-                                [s.slot for s, *_ in batch])
+                                [s.slot for s, *_ in batch],
+                                [getattr(s.engine.policy, "wants_target_confidence", False) for s, *_ in batch])
         except Exception as e:  # noqa: BLE001 - the batch failed as a whole: each sequence reports it
             for seq, *_ in batch:
                 self._fail(seq, e, on_error, done)
@@ -381,16 +390,20 @@ class StepwiseGenerator:
         seq.req.stats.draft_seconds += draft_seconds
         seq.req.stats.verify_seconds += verify_seconds
         return self._finish_step(seq, k, draft, list(range(acc.num_accepted)), acc.next_token, len(draft),
-                                 draft_seconds, verify_seconds)
+                                 draft_seconds, verify_seconds, acc.confidence)
 
     @staticmethod
     def _finish_step(seq: Sequence, k: int, draft: DraftTree, path: list[int], next_token: int,
-                     depth: int, draft_seconds: float | None, verify_seconds: float) -> str | None:
-        """What the engine's _step does after verifying: stats, drafter and policy feedback, emit."""
+                     depth: int, draft_seconds: float | None, verify_seconds: float,
+                     confidence: tuple[float, ...] = ()) -> str | None:
+        """What the engine's _step does after verifying: stats, drafter and policy feedback (the
+        target's confidence per verified row, where reported), emit."""
         stats = seq.req.stats
         stats.record_choice(k)
         stats.record_step(depth, len(path), nodes=len(draft))
         seq.engine.drafter.observe(len(path))
+        if confidence:  # before observe: it reads this step's confidence rule
+            seq.engine.policy.observe_target(confidence, depth, len(path))
         seq.engine.policy.observe(depth, len(path))
         seq.engine.policy.observe_time(depth, draft_seconds, verify_seconds)  # what was drafted
         reason = seq.req.emit(draft.tokens[path].tolist() + [next_token])
