@@ -637,7 +637,7 @@ class AdaptivePolicy:
         few poor requests cannot lock drafting out of the next, different ones."""
         if not self.cfg.target_signal or not confidence:
             return
-        looked = num_drafted + int(self.step_stopped and num_accepted == num_drafted)
+        looked = self._looked(num_drafted, num_accepted)
         if looked == 0:
             a, keep = self.target_rate(confidence[0]), 1.0 - self.cfg.shadow_decay
             self.shadow_hits = keep * self.shadow_hits + a
@@ -645,14 +645,22 @@ class AdaptivePolicy:
             self.request_shadow_hits += a
             self.request_shadow_trials += 1.0
             return
-        keep = 1.0 - self.cfg.conf_decay
         for j, p in enumerate(confidence[:min(looked, num_accepted + 1)]):
-            b = conf_bin(p)
-            self.target_hits[b] = keep * self.target_hits[b] + (1.0 if j < num_accepted else 0.0)
-            self.target_trials[b] = keep * self.target_trials[b] + 1.0
+            self._count_bin(self.target_hits, self.target_trials, p, j < num_accepted)
         keep = 1.0 - self.cfg.decay
         self.shadow_hits *= keep
         self.shadow_trials *= keep
+
+    def _looked(self, num_drafted: int, num_accepted: int) -> int:
+        """Positions this step looked at: its drafted tokens, and one more where the confidence rule
+        ended a chain whose tokens all passed (a failed look)."""
+        return num_drafted + int(self.step_stopped and num_accepted == num_drafted)
+
+    def _count_bin(self, hits: list[float], trials: list[float], p: float, passed: bool) -> None:
+        """One outcome into the confidence bin of p (discounted by conf_decay)."""
+        b, keep = conf_bin(p), 1.0 - self.cfg.conf_decay
+        hits[b] = keep * hits[b] + (1.0 if passed else 0.0)
+        trials[b] = keep * trials[b] + 1.0
 
     def _bin_rate(self, hits: list[float], trials: list[float], p: float) -> float:
         b = conf_bin(p)
@@ -705,15 +713,11 @@ class AdaptivePolicy:
         calibrate the confidence bins."""
         opening_probe, self.opening, self.opening_probe = self.opening_probe, False, False
         self.request_tokens += num_accepted + 1
-        looked = num_drafted + int(self.step_stopped and num_accepted == num_drafted)
-        keep = 1.0 - self.cfg.conf_decay
+        looked = self._looked(num_drafted, num_accepted)
         for j, p in enumerate(self.step_conf[:num_drafted][:num_accepted + 1]):
-            b = conf_bin(p)
-            self.conf_hits[b] = keep * self.conf_hits[b] + (1.0 if j < num_accepted else 0.0)
-            self.conf_trials[b] = keep * self.conf_trials[b] + 1.0
+            self._count_bin(self.conf_hits, self.conf_trials, p, j < num_accepted)
             if j < num_accepted and j + 1 < looked:  # it passed, and the next position was looked at
-                self.next_hits[b] = keep * self.next_hits[b] + (1.0 if j + 1 < num_accepted else 0.0)
-                self.next_trials[b] = keep * self.next_trials[b] + 1.0
+                self._count_bin(self.next_hits, self.next_trials, p, j + 1 < num_accepted)
         self.step_conf, self.step_stopped, self.last_looked = [], False, looked
         num_drafted = looked  # a failed look at position num_drafted + 1 (count it as drafted, not passed)
         if num_drafted == 0:

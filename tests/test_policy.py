@@ -384,7 +384,8 @@ def test_a_deferred_drafter_starts_mid_answer_and_stays_exact(tiny_target, tiny_
 def test_bad_policy_config_is_refused():
     for kwargs in ({"k_max": 0}, {"prior": 1.5}, {"decay": 0.0}, {"probe_every": 10, "probe_every_max": 5},
                    {"prior_weight": 0.0}, {"memory": 1.5}, {"learn_budget": -1.0}, {"learn_backoff_max": -1},
-                   {"commit_share": -0.1}, {"commit_share": 1.5}):
+                   {"commit_share": -0.1}, {"commit_share": 1.5}, {"shadow_weight": -0.5},
+                   {"shadow_decay": 0.0}, {"shadow_decay": 1.5}):
         with pytest.raises(SpecdecError):
             PolicyConfig(**kwargs)
     with pytest.raises(SpecdecError):
