@@ -15,11 +15,12 @@ PROMPTS = ["Write a Python function that returns the factorial of n.",
            "List three facts about the moon, then repeat the list in reverse order."]
 
 
-@pytest.fixture(scope="module", params=["default", "packed"])
+@pytest.fixture(scope="module", params=["default", "packed", "bf16-weights"])
 def smollm2_variant(request, smollm2_path):
-    """The real model with the default GEMMs and with oneDNN-packed verify GEMMs."""
+    """The real model with the default GEMMs, with oneDNN-packed verify GEMMs, and with bf16 linear weights."""
     from specdec.model import load_model
-    return load_model(str(smollm2_path), device="cpu", pack=request.param == "packed")
+    return load_model(str(smollm2_path), device="cpu", pack=request.param == "packed",
+                      weight_dtype="bfloat16" if request.param == "bf16-weights" else None)
 
 
 @pytest.fixture(scope="module")

@@ -313,9 +313,9 @@ def run_comparison(args) -> dict:
     if args.report_only:  # summarize what the run directory holds; load and run nothing
         records = read_records(records_path)
     else:
-        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel)
+        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
         needs_draft = bool(pending & {"draft", "tree", "hybrid", "hf-assisted"})
-        draft = load_model(args.draft, args.device, args.dtype, progress=log, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel) if needs_draft else None
+        draft = load_model(args.draft, args.device, args.dtype, progress=log, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype) if needs_draft else None
         peers = make_peers(args, target, draft, pending)
         comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
                                 args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,

@@ -110,7 +110,7 @@ def parse_layer_spec(text: str) -> LayerSpec | str:
 
 def _rope(target: Transformer, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin # [batch, 1, T, head_dim] for positions # [batch, T], as Transformer.forward makes them."""
-    dtype = target.lm_head.weight.dtype
+    dtype = target.dtype
     return (target.rope_cos[positions].unsqueeze(1).to(dtype), target.rope_sin[positions].unsqueeze(1).to(dtype))
 
 
@@ -194,7 +194,7 @@ class LayerSkipDrafter:
         else:
             w = target.lm_head.weight
             self.cache = KVCache(len(self.layers), cfg.num_kv_heads, cfg.head_dim,
-                                 min(capacity, cfg.max_position_embeddings), 1, w.dtype, w.device)
+                                 min(capacity, cfg.max_position_embeddings), 1, target.dtype, w.device)
 
     @property
     def spec(self) -> LayerSpec:

@@ -24,7 +24,8 @@ class LoadedModel:
 
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
-               pack: bool = False, cuda_graphs: bool = False, kernel: bool = True) -> LoadedModel:
+               pack: bool = False, cuda_graphs: bool = False, kernel: bool = True,
+               weight_dtype: str | None = None) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     pack: on CPU in fp32, route multi-row GEMMs (verify passes) through oneDNN prepacked weights
@@ -33,9 +34,13 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     kernel (cpu_kernels.py), where it builds; it reads the model's own weights (no copy).
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
     engine/cuda_graphs.py).
+    weight_dtype: on CPU in fp32, "bfloat16" keeps the linear layers' weights in bf16 (half the bytes
+    a decode step reads; activations, the KV cache and accumulation stay fp32; no oneDNN copy is
+    kept, so `pack` is moot). None or "float32": as loaded.
     """
     from specdec.errors import SpecdecError
-    from specdec.model.loading import load_hf_dir, model_directory, resolve_device, resolve_dtype
+    from specdec.model.loading import (load_hf_dir, model_directory, resolve_device, resolve_dtype,
+                                       resolve_weight_dtype)
     from specdec.model.registry import resolve_model
     from specdec.model import cpu_kernels
     from specdec.model.cpu_linear import onednn_available, pack_linears
@@ -43,6 +48,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
 
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dev, dtype)
+    low = resolve_weight_dtype(dev, torch_dtype, weight_dtype)
     if cuda_graphs and dev.type != "cuda":
         raise SpecdecError(f"--cuda-graphs needs a CUDA device, not {dev}; use --device cuda or drop --cuda-graphs")
     directory = model_directory(resolve_model(spec), progress)
@@ -52,8 +58,10 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         if kernel and not cpu_kernels.available():
             progress(f"our CPU kernel is unavailable ({cpu_kernels.unavailable_reason()}); using torch's GEMMs")
             kernel = False
-        if pack or kernel:
-            pack_linears(module, skinny=kernel, pack=pack)
+        if pack or kernel or low is not None:
+            pack_linears(module, skinny=kernel, pack=pack, weight_dtype=low)
+    elif low is not None:
+        raise SpecdecError("--weight-dtype bfloat16 needs oneDNN in this torch build (torch.backends.mkldnn)")
     if cuda_graphs:
         from specdec.engine.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(module)

@@ -78,6 +78,8 @@ def load(extra_flags: list[str] | None = None):
     i64, p = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int]
     fn.restype = None
+    lib.skinny_gemm_bf16.argtypes = fn.argtypes
+    lib.skinny_gemm_bf16.restype = None
     f32 = ctypes.c_float
     lib.rms_norm.argtypes = [p, p, p, i64, i64, i64, f32]
     lib.rope.argtypes = [p, p, p] + [i64] * 8
@@ -126,19 +128,26 @@ def _check(what: str, **tensors) -> None:
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   lib=None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for fp32 CPU tensors with at most MAX_ROWS rows in x (any leading shape)."""
+    """F.linear(x, weight, bias) for fp32 CPU tensors with at most MAX_ROWS rows in x (any leading shape).
+    weight may also be bfloat16 (x, bias and the result stay fp32): the same arithmetic as fp32
+    weights holding the bf16 values, reading half the bytes."""
     lib = _lib_or_raise(lib)
     K, N = x.shape[-1], weight.shape[0]
-    if not (_plain(x) and _plain(weight) and (bias is None or _plain(bias)) and weight.shape[1] == K):
-        _check("skinny_linear", x=x, weight=weight, bias=bias)
+    bf16 = weight.dtype is torch.bfloat16
+    if not (_plain(x) and (bf16 or _plain(weight)) and (bias is None or _plain(bias)) and weight.shape[1] == K
+            and weight.is_cpu and weight.is_contiguous()):
+        _check("skinny_linear", x=x, weight=None if bf16 else weight, bias=bias)
+        if not weight.is_cpu:
+            raise ValueError(f"skinny_linear takes CPU tensors; weight is on {weight.device}")
         if weight.shape[1] != K:
             raise ValueError(f"shape mismatch: x [..., {K}] and weight {tuple(weight.shape)}")
         if not weight.is_contiguous():
             raise ValueError("weight must be contiguous")
         x, bias = x.contiguous(), bias.contiguous() if bias is not None else None
     y = x.new_empty((*x.shape[:-1], N))
-    lib.skinny_gemm(weight.data_ptr(), x.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
-                    N, K, x.numel() // K, K, N, torch.get_num_threads())
+    gemm = lib.skinny_gemm_bf16 if bf16 else lib.skinny_gemm
+    gemm(weight.data_ptr(), x.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
+         N, K, x.numel() // K, K, N, torch.get_num_threads())
     return y
 
 

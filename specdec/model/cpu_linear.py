@@ -7,6 +7,11 @@ once for up to 8 input rows, and gives the same bits for a row whatever the row 
 `PackedLinear` routes 1..8 rows through our kernel where it builds, more rows (prefill, large
 batches) through the oneDNN-packed copy, and a single row through MKL's GEMV where our kernel is
 off. Measured in docs/results/perf.md.
+
+bf16 weights (`--weight-dtype bfloat16`): each weight is stored once, in bf16, and no oneDNN copy
+is kept. Up to 16 rows go through our kernel with fp32 inputs and accumulation (the arithmetic of
+fp32 weights holding the bf16 values, at half the bytes a step streams); more rows (prefill, big
+batches) through torch's bf16 GEMM (oneDNN), whose inputs are rounded to bf16.
 """
 
 from __future__ import annotations
@@ -22,22 +27,37 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-class PackedLinear(nn.Module):
-    """Same math as nn.Linear. 1..8 rows (MAX_ROWS): our skinny kernel (when `skinny`); otherwise one row
-    through MKL's GEMV and several through oneDNN with a prepacked weight."""
+BF16_MAX_ROWS = 16  # bf16 weights: our kernel up to this many rows (a k = 8 verify's GEMMs keep fp32 inputs)
 
-    def __init__(self, linear: nn.Linear, pack_rows: int = 5, skinny: bool = False, pack: bool = True):
+
+class PackedLinear(nn.Module):
+    """Same math as nn.Linear (fp32 in, fp32 out). 1..8 rows (MAX_ROWS): our skinny kernel (when `skinny`);
+    otherwise one row through MKL's GEMV and several through oneDNN with a prepacked weight.
+    weight_dtype=torch.bfloat16 (or a bf16 weight): the weight is kept in bf16 only; our kernel takes
+    up to BF16_MAX_ROWS rows, torch's bf16 GEMM the rest."""
+
+    def __init__(self, linear: nn.Linear, pack_rows: int = 5, skinny: bool = False, pack: bool = True,
+                 weight_dtype: torch.dtype | None = None):
         super().__init__()
-        self.weight = linear.weight  # [out, in], shared (tied embeddings stay tied)
-        self.bias = linear.bias  # [out] or None
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), pack_rows) if pack else None
+        weight = linear.weight  # [out, in], shared (tied embeddings stay tied, in fp32)
+        if weight_dtype is not None and weight.dtype != weight_dtype:
+            weight = nn.Parameter(weight.detach().to(weight_dtype), requires_grad=False)
+        self.weight = weight
+        self.bias = linear.bias  # [out] or None (fp32)
+        self.bf16 = weight.dtype is torch.bfloat16
+        self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), pack_rows)
+                       if pack and not self.bf16 else None)
         self.skinny = skinny and self.weight.is_contiguous()
+        self.max_rows = BF16_MAX_ROWS if self.bf16 else cpu_kernels.MAX_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [batch, T, in]
         rows = x.numel() // x.shape[-1]
-        if (self.skinny and rows <= cpu_kernels.MAX_ROWS
+        if (self.skinny and rows <= self.max_rows
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return cpu_kernels.skinny_linear(x, self.weight, self.bias)
+        if self.bf16:
+            y = F.linear(x.to(torch.bfloat16), self.weight).float()
+            return y if self.bias is None else y + self.bias
         if rows == 1 or self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -77,7 +97,8 @@ def fuse_for_cpu(model: nn.Module) -> nn.Module:
 
 def unfused_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """model.state_dict() under the checkpoint's names: a fused qkv_proj / gate_up_proj is given back
-    as q/k/v_proj and gate/up_proj (views of the fused tensors, no copies)."""
+    as q/k/v_proj and gate/up_proj (views of the fused tensors, no copies; bf16 weights are given
+    back in fp32, copies)."""
     from specdec.model.transformer import MLP, Attention
 
     state = model.state_dict()
@@ -95,24 +116,26 @@ def unfused_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             if t is not None:
                 for part, piece in zip(parts, t.split(list(parts.values()))):
                     state[f"{prefix}{part}.{kind}"] = piece
-    return state
+    return {name: t.float() if t.dtype is torch.bfloat16 else t for name, t in state.items()}
 
 
-def pack_linears(model: nn.Module, skinny: bool = True, pack: bool = True) -> nn.Module:
+def pack_linears(model: nn.Module, skinny: bool = True, pack: bool = True,
+                 weight_dtype: torch.dtype | None = None) -> nn.Module:
     """Swap every nn.Linear of an fp32 CPU model for a PackedLinear, in place. skinny: route 1..8
     rows through our kernel, if it builds on this machine (cpu_kernels.available()), after fusing
     projections and switching to our fused ops (fuse_for_cpu). pack: keep a oneDNN-prepacked copy of
-    each weight for multi-row GEMMs our kernel does not take."""
+    each weight for multi-row GEMMs our kernel does not take. weight_dtype=torch.bfloat16: keep the
+    linear weights in bf16 instead (activations, norms, embeddings and the KV cache stay fp32)."""
     skinny = skinny and cpu_kernels.available()
     if skinny:
         fuse_for_cpu(model)
-    _swap_linears(model, skinny, pack)
+    _swap_linears(model, skinny, pack, weight_dtype)
     return model
 
 
-def _swap_linears(model: nn.Module, skinny: bool, pack: bool) -> None:
+def _swap_linears(model: nn.Module, skinny: bool, pack: bool, weight_dtype: torch.dtype | None) -> None:
     for name, child in model.named_children():
         if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32:
-            setattr(model, name, PackedLinear(child, skinny=skinny, pack=pack))
+            setattr(model, name, PackedLinear(child, skinny=skinny, pack=pack, weight_dtype=weight_dtype))
         else:
-            _swap_linears(child, skinny, pack)
+            _swap_linears(child, skinny, pack, weight_dtype)

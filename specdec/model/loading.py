@@ -147,6 +147,18 @@ def resolve_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
     return names[dtype]
 
 
+def resolve_weight_dtype(device: torch.device, dtype: torch.dtype, weight_dtype: str | None) -> torch.dtype | None:
+    """--weight-dtype: None (weights as loaded) or torch.bfloat16 (CPU fp32 only: bf16 linear weights)."""
+    if weight_dtype is None or weight_dtype in ("float32", "fp32"):
+        return None
+    if weight_dtype not in ("bfloat16", "bf16"):
+        raise SpecdecError(f"unknown --weight-dtype {weight_dtype!r}; choose float32 or bfloat16")
+    if device.type != "cpu" or dtype != torch.float32:
+        raise SpecdecError(f"--weight-dtype bfloat16 is for the CPU fp32 path (bf16 weights under fp32 activations); "
+                           f"on {device} in {dtype} use --dtype instead")
+    return torch.bfloat16
+
+
 def resolve_device(device: str | None) -> torch.device:
     name = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

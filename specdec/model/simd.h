@@ -10,6 +10,9 @@ typedef __m512 vec;
 #define VZERO() _mm512_setzero_ps()
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+/* 16 bf16 values (raw uint16 bits) as fp32 lanes: widened and shifted into the top half, exactly */
+#define VLOAD_BF16(p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 static inline float vsum(vec v) {
     /* fixed order: halves, then quarters, ... (same for every call) */
     __m256 lo = _mm512_castps512_ps256(v);
@@ -26,6 +29,8 @@ typedef __m256 vec;
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VLOAD_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 static inline float vsum(vec v) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
@@ -45,5 +50,14 @@ static inline float vsum(vec v) {
 #define VSTORE(p, v) _mm256_storeu_ps(p, v)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #endif
+
+#include <stdint.h>
+#include <string.h>
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 #endif

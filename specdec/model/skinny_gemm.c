@@ -19,17 +19,20 @@
 #include "simd.h"
 
 #ifndef PF_DIST
-#define PF_DIST 256 /* software prefetch distance (floats) for multi-input blocks; 0 = hardware only */
+#define PF_DIST 256 /* software prefetch distance (weights) for multi-input blocks; 0 = hardware only */
 #endif
 /* One input row streams fastest on the hardware prefetcher alone; several inputs slow the
  * consumption of each row enough that prefetching 1 KB ahead pays (skinny-gemm.json). */
 
 /* One block of R weight rows against C input rows; K % VL tail done in scalar, in a fixed order.
- * One input row prefetches nothing (PF 0), several prefetch PF_DIST floats ahead. */
-#define DEFINE_BLOCK(R, C)                                                                            \
-    static inline void block_##R##_##C(const float *w, int64_t K, const float *x, int64_t ldx,     \
-                                       float *y, int64_t ldy) {                                     \
+ * One input row prefetches nothing (PF 0), several prefetch PF_DIST elements ahead (one prefetch
+ * per 64-byte line). T: the weights' type, LOADW: VL of them as fp32 lanes, W1: one as a float. */
+#define DEFINE_BLOCK_T(NAME, T, LOADW, W1, R, C)                                                     \
+    static inline void NAME##_##R##_##C(const void *wp, int64_t K, const float *x, int64_t ldx,     \
+                                        float *y, int64_t ldy) {                                    \
+        const T *w = (const T *)wp;                                                                 \
         const int PF = (C) == 1 ? 0 : PF_DIST;                                                      \
+        const int64_t LINE = 64 / sizeof(T);                                                        \
         vec acc[R][C];                                                                              \
         for (int r = 0; r < R; r++)                                                                 \
             for (int c = 0; c < C; c++) acc[r][c] = VZERO();                                        \
@@ -37,8 +40,8 @@
         for (; k + VL <= K; k += VL) {                                                              \
             vec wv[R];                                                                              \
             for (int r = 0; r < R; r++) {                                                           \
-                if (PF) _mm_prefetch((const char *)(w + r * K + k + PF), _MM_HINT_T0);                \
-                wv[r] = VLOAD(w + r * K + k);                                                       \
+                if (PF && k % LINE == 0) _mm_prefetch((const char *)(w + r * K + k + PF), _MM_HINT_T0); \
+                wv[r] = LOADW(w + r * K + k);                                                       \
             }                                                                                       \
             for (int c = 0; c < C; c++) {                                                           \
                 vec xv = VLOAD(x + c * ldx + k);                                                    \
@@ -48,10 +51,16 @@
         for (int r = 0; r < R; r++)                                                                 \
             for (int c = 0; c < C; c++) {                                                           \
                 float s = vsum(acc[r][c]);                                                          \
-                for (int64_t t = k; t < K; t++) s += w[r * K + t] * x[c * ldx + t];                 \
+                for (int64_t t = k; t < K; t++) s += W1(w[r * K + t]) * x[c * ldx + t];             \
                 y[c * ldy + r] = s;                                                                 \
             }                                                                                       \
     }
+#define F32_1(v) (v)
+#define DEFINE_BLOCK(R, C) DEFINE_BLOCK_T(f32, float, VLOAD, F32_1, R, C)
+/* bf16 weights (the top half of an fp32: widened by a 16-bit shift, exactly), fp32 inputs and
+ * accumulation: half the bytes a step streams, and the same arithmetic as fp32 weights holding
+ * those values. */
+#define DEFINE_BLOCK_BF16(R, C) DEFINE_BLOCK_T(bf16, uint16_t, VLOAD_BF16, bf16_to_f32, R, C)
 
 /* For C input rows (1..16) in one pass, (R, C): the widest block of weight rows whose R x C
  * accumulators, R weight vectors and one input vector fit the 32 vector registers. Every weight row
@@ -66,33 +75,38 @@
 
 WIDE_BLOCKS(DEFINE_BLOCK)
 NARROW_BLOCKS(DEFINE_BLOCK)
+WIDE_BLOCKS(DEFINE_BLOCK_BF16)
+NARROW_BLOCKS(DEFINE_BLOCK_BF16)
 
-typedef void (*block_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t);
-#define BLOCK_FN(R, C) block_##R##_##C,
+typedef void (*block_fn)(const void *, int64_t, const float *, int64_t, float *, int64_t);
+typedef struct {
+    block_fn wide[MAX_C + 1], narrow[MAX_C + 1];
+    int wide_r[MAX_C + 1];
+    int64_t esz; /* bytes per weight */
+} kernel_set;
+#define BLOCK_FN_F32(R, C) f32_##R##_##C,
+#define BLOCK_FN_BF16(R, C) bf16_##R##_##C,
 #define BLOCK_ROWS(R, C) R,
-static const block_fn WIDE[MAX_C + 1] = {0, WIDE_BLOCKS(BLOCK_FN)};
-static const int WIDE_R[MAX_C + 1] = {0, WIDE_BLOCKS(BLOCK_ROWS)};
-static const block_fn NARROW[MAX_C + 1] = {0, NARROW_BLOCKS(BLOCK_FN) block_1_15, block_1_16};
+static const kernel_set F32 = {{0, WIDE_BLOCKS(BLOCK_FN_F32)}, {0, NARROW_BLOCKS(BLOCK_FN_F32) f32_1_15, f32_1_16},
+                               {0, WIDE_BLOCKS(BLOCK_ROWS)}, sizeof(float)};
+static const kernel_set BF16 = {{0, WIDE_BLOCKS(BLOCK_FN_BF16)},
+                                {0, NARROW_BLOCKS(BLOCK_FN_BF16) bf16_1_15, bf16_1_16},
+                                {0, WIDE_BLOCKS(BLOCK_ROWS)}, sizeof(uint16_t)};
 
 #define PANEL 24 /* rows per panel: a multiple of every R above */
 
 /* Rows [r0, r0 + rows) of W against all n inputs, in chunks of at most MAX_C inputs (callers keep
  * n <= MAX_C: a later chunk would find the panel's rows in L2, but re-reading them costs). */
-static void panel(const float *W, const float *X, float *Y, int64_t r0, int64_t rows, int64_t K,
-                  int64_t n, int64_t ldx, int64_t ldy) {
+static void panel(const kernel_set *ks, const char *W, const float *X, float *Y, int64_t r0, int64_t rows,
+                  int64_t K, int64_t n, int64_t ldx, int64_t ldy) {
+    const int64_t row_bytes = K * ks->esz;
     for (int64_t c = 0; c < n; c += MAX_C) {
         int C = (int)(n - c < MAX_C ? n - c : MAX_C);
-        int R = WIDE_R[C];
+        int R = ks->wide_r[C];
         int64_t r = r0;
-        for (; r + R <= r0 + rows; r += R) WIDE[C](W + r * K, K, X + c * ldx, ldx, Y + c * ldy + r, ldy);
-        for (; r < r0 + rows; r++) NARROW[C](W + r * K, K, X + c * ldx, ldx, Y + c * ldy + r, ldy);
+        for (; r + R <= r0 + rows; r += R) ks->wide[C](W + r * row_bytes, K, X + c * ldx, ldx, Y + c * ldy + r, ldy);
+        for (; r < r0 + rows; r++) ks->narrow[C](W + r * row_bytes, K, X + c * ldx, ldx, Y + c * ldy + r, ldy);
     }
-}
-
-static void rows_range(const float *W, const float *X, float *Y, int64_t r0, int64_t r1, int64_t K,
-                       int64_t n, int64_t ldx, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r += PANEL)
-        panel(W, X, Y, r, (r1 - r < PANEL ? r1 - r : PANEL), K, n, ldx, ldy);
 }
 
 static void finish(const float *b, float *Y, int64_t r0, int64_t r1, int64_t n, int64_t ldy) {
@@ -101,9 +115,8 @@ static void finish(const float *b, float *Y, int64_t r0, int64_t r1, int64_t n, 
             for (int64_t r = r0; r < r1; r++) Y[c * ldy + r] += b[r];
 }
 
-/* Y[n, N] (row stride ldy) = X[n, K] (row stride ldx) . W[N, K]^T + b (b may be NULL). */
-void skinny_gemm(const float *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
-                 int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
+static void gemm(const kernel_set *ks, const void *W, const float *X, const float *b, float *Y, int64_t N,
+                 int64_t K, int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
     {
 #ifdef _OPENMP
@@ -119,8 +132,21 @@ void skinny_gemm(const float *W, const float *X, const float *b, float *Y, int64
         int64_t r0 = t * per, r1 = r0 + per;
         if (r1 > N) r1 = N;
         if (r0 < r1) {
-            rows_range(W, X, Y, r0, r1, K, n, ldx, ldy);
+            for (int64_t r = r0; r < r1; r += PANEL)
+                panel(ks, (const char *)W, X, Y, r, (r1 - r < PANEL ? r1 - r : PANEL), K, n, ldx, ldy);
             finish(b, Y, r0, r1, n, ldy);
         }
     }
+}
+
+/* Y[n, N] (row stride ldy) = X[n, K] (row stride ldx) . W[N, K]^T + b (b may be NULL). */
+void skinny_gemm(const float *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
+                 int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
+    gemm(&F32, W, X, b, Y, N, K, n, ldx, ldy, nthreads);
+}
+
+/* The same with bf16 weights W[N, K] (raw uint16 bits); X, b and Y fp32. */
+void skinny_gemm_bf16(const uint16_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
+                      int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
+    gemm(&BF16, W, X, b, Y, N, K, n, ldx, ldy, nthreads);
 }

@@ -217,6 +217,12 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim]
         self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.engine.cuda_graphs), or None
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' and the KV cache's dtype (the embedding's; CPU linear weights may be bf16
+        while this is fp32: cpu_linear.PackedLinear)."""
+        return self.model.embed_tokens.weight.dtype
+
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -224,7 +230,7 @@ class Transformer(nn.Module):
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         cfg, w = self.config, self.lm_head.weight
         capacity = min(capacity, cfg.max_position_embeddings)
-        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, batch, w.dtype, w.device)
+        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, batch, self.dtype, w.device)
 
     @torch.inference_mode()
     def forward(self, tokens, cache: KVCache, start: int, positions=None, mask=None, last_only=False, slots=None,
@@ -263,7 +269,7 @@ class Transformer(nn.Module):
         return self.layers_forward(tokens, cache, Static(slots), positions, mask, last_only)
 
     def layers_forward(self, tokens, cache: KVCache, start, positions, mask, last_only):
-        dtype = self.lm_head.weight.dtype
+        dtype = self.dtype
         cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [batch, 1, T, head_dim]
         sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
         x = self.model.embed_tokens(tokens)

@@ -82,10 +82,10 @@ def build_scheduler(args, progress=None):
 
     available = available_bytes(resolve_device(args.device))  # before the models take their share
     target = load_model(args.model, args.device, args.dtype, progress=progress, pack=not args.no_pack,
-                        cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel)
+                        cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
     # the server drafts for many sequences in one draft forward (multi-row GEMMs), so the draft packs too
     draft = load_model(args.draft, args.device, args.dtype, progress=progress, pack=not args.no_pack,
-                       cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel) if method in ("draft", "hybrid") else None
+                       cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype) if method in ("draft", "hybrid") else None
     ngram = NgramConfig(args.ngram_max, args.ngram_min)
     suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
 

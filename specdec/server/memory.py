@@ -79,7 +79,7 @@ def kv_bytes(model, context: int) -> int:
     """One slot's KV cache for `model` (a Transformer) at `context` tokens."""
     cfg = model.config
     n = min(context, cfg.max_position_embeddings)
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * n * model.lm_head.weight.element_size()
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * n * model.model.embed_tokens.weight.element_size()
 
 
 def activation_bytes(model, tokens: int, context: int) -> int:
