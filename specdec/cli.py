@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(prof)
     prof.add_argument("--draft", default=None, help="draft model, to measure c (draft/target step ratio) and its prefill's price "
                            "(fixed + per token, fitted at context/8 and context tokens)")
+    prof.add_argument("--draft-vocab", type=integer, default=0,
+                      help="time the draft as `bench`/`generate` run it with this --draft-vocab (0 = all ids): its "
+                           "LM head is a large part of a small draft's step")
     prof.add_argument("--context", type=integer, default=512, help="cached positions before the timed forward")
     prof.add_argument("--repeats", type=integer, default=7)
     prof.add_argument("--out", default="runs/profile.json", help="where to write the JSON")
@@ -211,9 +214,17 @@ def cmd_profile(args) -> int:
     from specdec.bench.profile import print_profile, profile, write_profile
     from specdec.model import load_model
     from specdec.runner import log
+    if args.draft_vocab < 0:
+        raise SpecdecError(f"--draft-vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
     target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
     draft = load_model(args.draft, args.device, args.dtype, progress=log, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype) if args.draft else None
-    result = profile(target.module, draft.module if draft else None, args.context, args.repeats)
+    draft_module = draft.module if draft else None
+    if draft_module is not None and 0 < args.draft_vocab < draft_module.config.vocab_size:
+        from specdec.drafters.draft_model import truncated_head
+        draft_module = truncated_head(draft_module, args.draft_vocab)
+    result = profile(target.module, draft_module, args.context, args.repeats)
+    if draft_module is not None:
+        result["draft_vocab"] = args.draft_vocab
     print_profile(result)
     write_profile(result, args.out)
     return 0

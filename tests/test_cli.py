@@ -269,3 +269,14 @@ def test_generate_with_lookahead_matches_plain(capsys, tiny_llama_dir):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"] == plain
     assert "lookahead" in cli_error(base[:1] + ["--lookahead", "--lookahead-ngram", "1"] + base[1:], capsys)
     assert "one drafting method" in cli_error(base[:1] + ["--lookahead", "--suffix"] + base[1:], capsys)
+
+
+def test_weight_dtype_errors_are_clear(capsys, tmp_home):
+    msg = cli_error(["generate", "--dtype", "bfloat16", "--weight-dtype", "bfloat16", "hi"], capsys)
+    assert "--weight-dtype bfloat16 is for the CPU fp32 path" in msg
+    assert "invalid choice" in argparse_error(["generate", "--weight-dtype", "int4", "hi"], capsys)
+
+
+def test_profile_rejects_a_negative_draft_vocab(capsys, monkeypatch):
+    monkeypatch.setattr("specdec.model.load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    assert "--draft-vocab must be >= 0" in cli_error(["profile", "--draft-vocab", "-1"], capsys)
