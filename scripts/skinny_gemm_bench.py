@@ -33,6 +33,9 @@ def main() -> None:
     ap.add_argument("--variants", default="default",
                     help="builds to compare: 'default', or -D defines joined by '+' (e.g. PF_DIST=0+CHUNK_PANELS=4)")
     ap.add_argument("--no-packed", action="store_true", help="skip oneDNN (halves the memory)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also our kernel on bf16 copies of the weights (--weight-dtype bfloat16; half the bytes), "
+                         "and torch's bf16 GEMM (F.linear on bf16 inputs)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     torch.manual_seed(0)
@@ -47,30 +50,35 @@ def main() -> None:
     for d in args.variants.split(","):
         libs[d] = cpu_kernels.load([] if d == "default" else [f"-D{x}" for x in d.split("+")])
         kernels[f"ours[{d}]"] = (lambda lib: lambda x, w, p: cpu_kernels.skinny_linear(x, w, None, lib=lib))(libs[d])
+    half = [w.bfloat16() for w in weights] if args.bf16 else None
+    if half:
+        kernels["ours_bf16"] = lambda x, w, p: cpu_kernels.skinny_linear(x, w, None, lib=next(iter(libs.values())))
+        kernels["torch_bf16"] = lambda x, w, p: F.linear(x.bfloat16(), w).float()
     xs = {n: {k: torch.randn(1, n, k) for k in (1536, 8960)} for n in rows}
 
-    def one_pass(fn, n):
-        x = xs[n]
+    def one_pass(fn, n, name=""):
+        x, ws = xs[n], half if name.endswith("bf16") else weights
         t0 = time.perf_counter()
-        for i, w in enumerate(weights):
+        for i, w in enumerate(ws):
             fn(x[w.shape[1]], w, packed[i] if packed else None)
         return time.perf_counter() - t0
 
     times = {name: {n: [] for n in rows} for name in kernels}
     for name, fn in kernels.items():  # warm-up
-        one_pass(fn, 1)
+        one_pass(fn, 1, name)
     for _ in range(args.rounds):
         for n in rows:
             for name, fn in kernels.items():
                 if name == "mkl" and n > 3 and not args.no_packed:
                     continue  # MKL's multi-row path is known slow (gemm-microbench.json); save time
-                times[name][n].append(one_pass(fn, n))
+                times[name][n].append(one_pass(fn, n, name))
     table = {name: {str(n): {"seconds": round(statistics.median(t), 4),
-                             "gb_per_s": round(nbytes / statistics.median(t) / 1e9, 2),
+                             "gb_per_s": round(nbytes / (2 if name.endswith("bf16") else 1)
+                                               / statistics.median(t) / 1e9, 2),
                              "vs_1_row": round(statistics.median(t) / statistics.median(times[name][1]), 3)}
                     for n, t in per.items() if t}
              for name, per in times.items()}
-    del packed, weights
+    del packed, weights, half
     gc.collect()
 
     big = torch.ones(2048 * (1 << 20) // 4 // 4096, 4096)  # the profile's probe: 2 GB, one matrix
