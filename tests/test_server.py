@@ -496,6 +496,25 @@ def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, me
     assert sorted(stepper.free) == [0, 1, 2]
 
 
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-sequence"])
+def test_stepper_equals_engine_with_bf16_weights(tiny_llama_dir, batched):
+    """--weight-dtype bfloat16: a pool of 3 with drafts of K keeps its forwards within the kernel's
+    16 rows, so each sequence gets exactly the engine's greedy tokens in that mode too."""
+    target = load_model(str(tiny_llama_dir), device="cpu", weight_dtype="bfloat16")
+    assert target.module.lm_head.weight.dtype == torch.bfloat16 and target.module.dtype == torch.float32
+
+    def factory():
+        return build_drafter("ngram", target, CONTEXT)
+
+    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], [7], [9, 9, 9, 9, 9, 9, 9]]
+    cfg = GenerationConfig(24, K)
+    expected = [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg, target.eos_ids).tokens
+                for p in prompts]
+    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4, batched=batched)
+    got = run_stepper(stepper, prompts, cfg, target.eos_ids)
+    assert [got[i] for i in range(len(prompts))] == expected
+
+
 def test_sigterm_drains_and_exits_cleanly(tiny_llama_dir):
     """The real signal path: serve() in a child process, SIGTERM, exit status 0 and no traceback."""
     with socket.socket() as s:
