@@ -334,7 +334,9 @@ def run_comparison(args) -> dict:
               "categories": sorted({p.category for p in prompts}), "repeats": args.repeats,
               "prompts_complete": len(complete),
               "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "temperature": args.temperature,
-              "seed": args.seed, "greedy": args.temperature == 0, "ignore_eos": args.ignore_eos, "wall_seconds_this_session": round(time.time() - t0, 1)}
+              "seed": args.seed, "greedy": args.temperature == 0, "ignore_eos": args.ignore_eos,
+              "weight_dtype": args.weight_dtype or "float32", "cost_profile": args.cost_profile,
+              "wall_seconds_this_session": round(time.time() - t0, 1)}
     cost_profile = report.read_cost_profile(args.cost_profile) if args.cost_profile else None
     summary = report.build_summary(records, config, cost_profile)
     report.write_outputs(summary, records, out, plots=not args.no_plots)

@@ -9,6 +9,10 @@
  * (lane-wise over K in steps of VL, then a fixed horizontal reduction), so a verify pass gives
  * bit-identical projections to one-token steps.
  *
+ * bf16 weights (skinny_gemm_bf16, --weight-dtype bfloat16): each weight is widened to fp32 in a
+ * register (exact), then the same FMAs run in the same order, so the result is the fp32 path's
+ * on the bf16 values, and a step streams half the bytes.
+ *
  * Threads: OpenMP, the same runtime torch loaded (libgomp.so.1), rows of W split in contiguous
  * blocks so each thread streams its own region.
  *
