@@ -37,6 +37,7 @@ def main() -> None:
         def step():
             model(token, cache, args.context)
 
+        @torch.inference_mode()  # as in the forward: with grad on, a PackedLinear takes torch's path
         def gemms():
             for m in linears:
                 m(xs[m.weight.shape[1]])
