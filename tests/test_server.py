@@ -487,13 +487,19 @@ def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, me
         return build_drafter("draft" if method == "tree" else method, target, CONTEXT, draft, tree=tree)
 
     prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50)), [7], [9, 9, 9, 9, 9, 9, 9]]
+    stepper = assert_stepper_matches_engine(target, factory, prompts, batched)
+    assert sorted(stepper.free) == [0, 1, 2]
+
+
+def assert_stepper_matches_engine(target, factory, prompts, batched):
+    """A 3-slot pool prefilling 4 tokens per step gives each prompt the engine's greedy tokens."""
     cfg = GenerationConfig(24, K)
     expected = [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg, target.eos_ids).tokens
                 for p in prompts]
     stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4, batched=batched)
     got = run_stepper(stepper, prompts, cfg, target.eos_ids)
     assert [got[i] for i in range(len(prompts))] == expected
-    assert sorted(stepper.free) == [0, 1, 2]
+    return stepper
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-sequence"])
@@ -506,13 +512,8 @@ def test_stepper_equals_engine_with_bf16_weights(tiny_llama_dir, batched):
     def factory():
         return build_drafter("ngram", target, CONTEXT)
 
-    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], [7], [9, 9, 9, 9, 9, 9, 9]]
-    cfg = GenerationConfig(24, K)
-    expected = [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg, target.eos_ids).tokens
-                for p in prompts]
-    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4, batched=batched)
-    got = run_stepper(stepper, prompts, cfg, target.eos_ids)
-    assert [got[i] for i in range(len(prompts))] == expected
+    assert_stepper_matches_engine(target, factory, [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], [7], [9] * 7],
+                                  batched)
 
 
 def test_sigterm_drains_and_exits_cleanly(tiny_llama_dir):
