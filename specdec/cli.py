@@ -212,12 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_profile(args) -> int:
     from specdec.bench.profile import print_profile, profile, write_profile
-    from specdec.model import load_model
+    from specdec.model import load_model, model_flags
     from specdec.runner import log
     if args.draft_vocab < 0:
         raise SpecdecError(f"--draft-vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
-    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
-    draft = load_model(args.draft, args.device, args.dtype, progress=log, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype) if args.draft else None
+    target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
+    draft = load_model(args.draft, progress=log, **model_flags(args)) if args.draft else None
     draft_module = draft.module if draft else None
     if draft_module is not None and 0 < args.draft_vocab < draft_module.config.vocab_size:
         from specdec.drafters.draft_model import truncated_head
@@ -233,7 +233,7 @@ def cmd_profile(args) -> int:
 def cmd_tune_layer_skip(args) -> int:
     from specdec.bench.datasets import load_prompts
     from specdec.drafters.layer_skip import save_choice, tune_layer_skip
-    from specdec.model import load_model
+    from specdec.model import load_model, model_flags
     from specdec.model.tokenizer import encode_prompt
     from specdec.runner import log
     if args.limit < 1:
@@ -242,7 +242,7 @@ def cmd_tune_layer_skip(args) -> int:
         candidates = None if args.candidates is None else [int(c) for c in args.candidates.split(",")]
     except ValueError:
         raise SpecdecError(f"--candidates takes integers separated by commas, got {args.candidates!r}") from None
-    target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
+    target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
     prompts = [encode_prompt(target.tokenizer, p.turns[0], chat=bool(target.tokenizer.chat_template))
                for p in load_prompts(args.dataset)[:args.limit]]
     result = tune_layer_skip(target.module, prompts, candidates, args.max_new_tokens, args.k, progress=log)

@@ -9,7 +9,7 @@ from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, Sampl
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.engine.generate import GenerationResult, SpeculativeGenerator
 from specdec.errors import SpecdecError
-from specdec.model import LoadedModel, load_model
+from specdec.model import LoadedModel, load_model, model_flags
 from specdec.model.tokenizer import check_compatible, encode_prompt
 
 
@@ -173,8 +173,8 @@ class Runner:
         method = drafting_method(args)
         if method == "layer-skip":
             return Runner.layer_skip(args, cfg)
-        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
-        draft = load_model(args.draft, args.device, args.dtype, progress=log, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype) if method in ("draft", "hybrid") else None
+        target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
+        draft = load_model(args.draft, progress=log, **model_flags(args)) if method in ("draft", "hybrid") else None
         tree = tree_config(args)
         if tree is not None and method != "draft":
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
@@ -198,7 +198,7 @@ class Runner:
         spec = parse_layer_spec(args.layer_skip)
         if spec == "auto":
             spec = load_choice(args.layer_skip_file, args.model)
-        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
+        target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
         cache = target.module.new_cache(args.max_context)
         drafter = make_layer_skip(target.module, spec, args.max_context, cache)
         policy = policy_from_args(args, drafter, target)

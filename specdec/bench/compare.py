@@ -288,7 +288,7 @@ def run_comparison(args) -> dict:
     """`specdec bench`: load models once, run every method on every prompt, write the results."""
     from specdec.bench import report
     from specdec.bench.datasets import load_prompts
-    from specdec.model import load_model
+    from specdec.model import load_model, model_flags
     from specdec.runner import log
     specs = parse_methods(args.methods, parse_k_list(args.k))
     check_draft_flags(args)
@@ -313,9 +313,9 @@ def run_comparison(args) -> dict:
     if args.report_only:  # summarize what the run directory holds; load and run nothing
         records = read_records(records_path)
     else:
-        target = load_model(args.model, args.device, args.dtype, progress=log, pack=not args.no_pack, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
+        target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
         needs_draft = bool(pending & {"draft", "tree", "hybrid", "hf-assisted"})
-        draft = load_model(args.draft, args.device, args.dtype, progress=log, cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype) if needs_draft else None
+        draft = load_model(args.draft, progress=log, **model_flags(args)) if needs_draft else None
         peers = make_peers(args, target, draft, pending)
         comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
                                 args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,

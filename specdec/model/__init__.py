@@ -23,6 +23,13 @@ class LoadedModel:
         return self.module.lm_head.weight.device
 
 
+def model_flags(args) -> dict:
+    """load_model's keyword arguments from the shared model flags (cli.add_model_flags); `pack` is
+    each caller's (a draft model skips the oneDNN copy except in the server)."""
+    return {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "kernel": not args.no_kernel,
+            "weight_dtype": args.weight_dtype}
+
+
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
                pack: bool = False, cuda_graphs: bool = False, kernel: bool = True,
                weight_dtype: str | None = None) -> LoadedModel:

@@ -52,7 +52,7 @@ def drafting_method(args) -> str:
 def build_scheduler(args, progress=None):
     """Models, drafters (one per slot), policy, memory check, stepper and scheduler from CLI values."""
     from specdec.config import NgramConfig, SuffixConfig
-    from specdec.model import load_model
+    from specdec.model import load_model, model_flags
     from specdec.model.loading import resolve_device
     from specdec.policy import AdaptivePolicy, PolicyConfig, parse_schedule
     from specdec.runner import build_drafter, build_policy, check_draft_flags, log, lookahead_config, tree_config
@@ -81,11 +81,10 @@ def build_scheduler(args, progress=None):
         raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
 
     available = available_bytes(resolve_device(args.device))  # before the models take their share
-    target = load_model(args.model, args.device, args.dtype, progress=progress, pack=not args.no_pack,
-                        cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype)
+    target = load_model(args.model, progress=progress, pack=not args.no_pack, **model_flags(args))
     # the server drafts for many sequences in one draft forward (multi-row GEMMs), so the draft packs too
-    draft = load_model(args.draft, args.device, args.dtype, progress=progress, pack=not args.no_pack,
-                       cuda_graphs=args.cuda_graphs, kernel=not args.no_kernel, weight_dtype=args.weight_dtype) if method in ("draft", "hybrid") else None
+    draft = load_model(args.draft, progress=progress, pack=not args.no_pack,
+                       **model_flags(args)) if method in ("draft", "hybrid") else None
     ngram = NgramConfig(args.ngram_max, args.ngram_min)
     suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
 
