@@ -32,11 +32,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="CPU fp32: use torch's GEMMs (MKL for one row, oneDNN prepacked for several) and ops instead "
                         "of our kernels for decode steps and verify passes of up to 8 rows (our skinny GEMM; "
                         "q/k/v and gate/up fused into one GEMM each; our RMSNorm, RoPE and attention)")
-    p.add_argument("--weight-dtype", default=None, choices=("float32", "bfloat16"),
-                   help="CPU fp32: keep the linear layers' weights in this dtype (default float32). bfloat16 halves "
-                        "the bytes a decode step reads (about 2x plain decoding on a memory-bound CPU); activations, "
-                        "the KV cache and accumulation stay fp32, and GEMMs of up to 16 rows run on our kernel; "
-                        "prefill's GEMMs run in bf16 (oneDNN). Output can differ from float32 where logits nearly tie")
+    p.add_argument("--weight-dtype", default=None, choices=("auto", "float32", "bfloat16", "gguf"),
+                   help="CPU fp32: the form in which decode steps and verify passes read the linear layers' weights. "
+                        "gguf: the GGUF file's own quantized blocks (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1), "
+                        "dequantized in registers to exactly the fp32 values, so the output is float32's, from "
+                        "4-7x fewer bytes a step (up to 16 rows; prefill stays fp32). float32: fp32 weights. "
+                        "bfloat16: bf16 weights (half of fp32's bytes; the output can differ from float32 where "
+                        "logits nearly tie; prefill in bf16). auto (default): gguf for a .gguf model, else float32")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
 

@@ -310,10 +310,12 @@ def run_comparison(args) -> dict:
     pending = {s.kind for s in specs if any((p.id, s.label, rep) not in done
                                              for p in prompts for rep in range(args.repeats))}
     t0 = time.time()
+    weight_format = None  # what the target's weights were read as (load_model's weight_format), when loaded
     if args.report_only:  # summarize what the run directory holds; load and run nothing
         records = read_records(records_path)
     else:
         target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
+        weight_format = target.module.weight_format
         needs_draft = bool(pending & {"draft", "tree", "hybrid", "hf-assisted"})
         draft = load_model(args.draft, progress=log, **model_flags(args)) if needs_draft else None
         peers = make_peers(args, target, draft, pending)
@@ -335,7 +337,8 @@ def run_comparison(args) -> dict:
               "prompts_complete": len(complete),
               "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "temperature": args.temperature,
               "seed": args.seed, "greedy": args.temperature == 0, "ignore_eos": args.ignore_eos,
-              "weight_dtype": args.weight_dtype or "float32", "cost_profile": args.cost_profile,
+              "weight_dtype": args.weight_dtype or "auto", "weight_format": weight_format,
+              "cost_profile": args.cost_profile,
               "wall_seconds_this_session": round(time.time() - t0, 1)}
     cost_profile = report.read_cost_profile(args.cost_profile) if args.cost_profile else None
     summary = report.build_summary(records, config, cost_profile)

@@ -38,11 +38,17 @@ def best_seconds(fn, device: torch.device, repeats: int) -> float:
 
 def weight_bytes(model: Transformer) -> int:
     """Bytes of weights read per decode step: every parameter once, except an untied input
-    embedding (a step gathers one row of it). A tied embedding is read once, as the head."""
+    embedding (a step gathers one row of it). A tied embedding is read once, as the head. A layer
+    with GGUF blocks (--weight-dtype gguf) counts those instead of its fp32 weight."""
+    from specdec.model.cpu_linear import PackedLinear
     embed = model.model.embed_tokens.weight
     seen, total = {id(embed)}, 0
     if embed is model.lm_head.weight:
         seen = set()
+    for m in model.modules():
+        if isinstance(m, PackedLinear) and m.quant is not None and id(m.weight) not in seen:
+            seen.add(id(m.weight))
+            total += sum(data.numel() for _, data in m.quant)
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
@@ -149,7 +155,7 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
     def ratio(key) -> float:
         return statistics.median(a / b for a, b in zip(times[key], times[1]))
     roofline = paired["bandwidth_gbs"] * 1e9 / weight_bytes(target)
-    result = {"device": str(device), "dtype": str(target.dtype), "weight_dtype": str(target.lm_head.weight.dtype),
+    result = {"device": str(device), "dtype": str(target.dtype), "weight_dtype": getattr(target, "weight_format", str(target.lm_head.weight.dtype)),
               "context": context,
               "bandwidth_gbs": round(paired["bandwidth_gbs"], 2), "weight_bytes": weight_bytes(target),
               "step_seconds": round(paired["step_seconds"], 5),

@@ -9,7 +9,7 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, DraftState
-from specdec.model.cpu_linear import PackedLinear
+from specdec.model.cpu_linear import PackedLinear, truncated_quant
 from specdec.model.kv_cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
@@ -318,6 +318,7 @@ def truncated_head(model: Transformer, rows: int) -> Transformer:
     head.weight = nn.Parameter(model.lm_head.weight[:rows], requires_grad=False)  # [rows, hidden], a view
     if isinstance(model.lm_head, PackedLinear):  # keep the CPU fast path (our kernel / oneDNN) for the cut head
         head = PackedLinear(head, skinny=model.lm_head.skinny, pack=model.lm_head.packed is not None)
+        head.quant = truncated_quant(model.lm_head.quant, rows)
     view.lm_head = head
     if getattr(model, "graphs", None) is not None:  # the view's graphs must replay the view's own head
         from specdec.engine.cuda_graphs import enable_cuda_graphs

@@ -43,14 +43,18 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     engine/cuda_graphs.py).
     weight_dtype: on CPU in fp32, "bfloat16" keeps the linear layers' weights in bf16 (half the bytes
     a decode step reads; activations, the KV cache and accumulation stay fp32; no oneDNN copy is
-    kept, so `pack` is moot). None or "float32": as loaded.
+    kept, so `pack` is moot). "gguf": decode and verify GEMMs (1..16 rows) read the GGUF file's own
+    quantized blocks, dequantized in registers to exactly the fp32 weights (same output as
+    "float32", 4-7x fewer bytes a step; cpu_linear.attach_gguf_weights). None or "auto": "gguf"
+    where it can be had (a .gguf model on the CPU in fp32 with our kernel), else "float32".
+    The module's `weight_format` says which one it got.
     """
     from specdec.errors import SpecdecError
-    from specdec.model.loading import (load_hf_dir, model_directory, resolve_device, resolve_dtype,
-                                       resolve_weight_dtype)
+    from specdec.model.loading import (gguf_blocks, load_hf_dir, model_directory, resolve_device, resolve_dtype,
+                                       resolve_weight_dtype, use_gguf_blocks)
     from specdec.model.registry import resolve_model
     from specdec.model import cpu_kernels
-    from specdec.model.cpu_linear import onednn_available, pack_linears
+    from specdec.model.cpu_linear import attach_gguf_weights, onednn_available, pack_linears
     from specdec.model.tokenizer import eos_ids, load_tokenizer
 
     dev = resolve_device(device)
@@ -58,15 +62,21 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     low = resolve_weight_dtype(dev, torch_dtype, weight_dtype)
     if cuda_graphs and dev.type != "cuda":
         raise SpecdecError(f"--cuda-graphs needs a CUDA device, not {dev}; use --device cuda or drop --cuda-graphs")
-    directory = model_directory(resolve_model(spec), progress)
+    source = resolve_model(spec)
+    directory = model_directory(source, progress)
     tokenizer = load_tokenizer(directory)
     module = load_hf_dir(directory, dev, torch_dtype)
-    if dev.type == "cpu" and torch_dtype == torch.float32 and onednn_available():
-        if kernel and not cpu_kernels.available():
-            progress(f"our CPU kernel is unavailable ({cpu_kernels.unavailable_reason()}); using torch's GEMMs")
-            kernel = False
+    module.weight_format = "bfloat16" if low is not None else str(torch_dtype).removeprefix("torch.")
+    cpu_fp32 = dev.type == "cpu" and torch_dtype == torch.float32 and onednn_available()
+    if cpu_fp32 and kernel and not cpu_kernels.available():
+        progress(f"our CPU kernel is unavailable ({cpu_kernels.unavailable_reason()}); using torch's GEMMs")
+        kernel = False
+    quant = use_gguf_blocks(dev, torch_dtype, weight_dtype, source, kernel and cpu_fp32)
+    if cpu_fp32:
         if pack or kernel or low is not None:
             pack_linears(module, skinny=kernel, pack=pack, weight_dtype=low)
+        if quant and attach_gguf_weights(module, gguf_blocks(source, directory)):
+            module.weight_format = "gguf"
     elif low is not None:
         raise SpecdecError("--weight-dtype bfloat16 needs oneDNN in this torch build (torch.backends.mkldnn)")
     if cuda_graphs:

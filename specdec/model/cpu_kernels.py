@@ -1,5 +1,6 @@
 """Our own CPU kernels for decode and verify steps, built on first use: the GEMM of 1..8 rows
-(`skinny_gemm.c`), and RMSNorm, RoPE and attention of a few queries (`fused_ops.c`).
+(`skinny_gemm.c`), the same GEMM on GGUF-quantized weights (`quant_gemm.c`, 1..16 rows), and
+RMSNorm, RoPE and attention of a few queries (`fused_ops.c`).
 
 The C sources ship in the package; the first call compiles them with the system C compiler
 (`-O3 -march=native -fopenmp`) into `SPECDEC_HOME/kernels/` (or `$SPECDEC_KERNEL_DIR`), keyed by
@@ -23,10 +24,13 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(n) for n in ("skinny_gemm.c", "fused_ops.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("skinny_gemm.c", "quant_gemm.c", "fused_ops.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 MAX_ROWS = 8  # above this, oneDNN-packed GEMMs were as fast or faster in the model (perf.md): callers use those
+QUANT_MAX_ROWS = 16  # quant_gemm takes up to this many rows
+# GGUF block formats quant_gemm reads (ggml type ids: gguf.GGMLQuantizationType)
+QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 
 _lib = None
 _error: str | None = None
@@ -80,6 +84,12 @@ def load(extra_flags: list[str] | None = None):
     fn.restype = None
     lib.skinny_gemm_bf16.argtypes = fn.argtypes
     lib.skinny_gemm_bf16.restype = None
+    lib.quant_gemm.argtypes = [ctypes.c_int, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int]
+    lib.quant_gemm.restype = ctypes.c_int
+    lib.quant_row_bytes.argtypes = [ctypes.c_int, i64]
+    lib.quant_row_bytes.restype = i64
+    lib.quant_dequantize.argtypes = [ctypes.c_int, p, p, i64, i64]
+    lib.quant_dequantize.restype = None
     f32 = ctypes.c_float
     lib.rms_norm.argtypes = [p, p, p, i64, i64, i64, f32]
     lib.rope.argtypes = [p, p, p] + [i64] * 8
@@ -148,6 +158,58 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     gemm = lib.skinny_gemm_bf16 if bf16 else lib.skinny_gemm
     gemm(weight.data_ptr(), x.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
          N, K, x.numel() // K, K, N, torch.get_num_threads())
+    return y
+
+
+def quant_row_bytes(qtype: int, K: int, lib=None) -> int:
+    """Bytes of one row of K weights in GGUF block format `qtype`; 0 where quant_gemm cannot take it."""
+    return int(_lib_or_raise(lib).quant_row_bytes(qtype, K))
+
+
+def quant_dequantize(qtype: int, data: torch.Tensor, K: int, lib=None) -> torch.Tensor:
+    """The fp32 weights [rows, K] of quantized rows data # uint8 [rows, quant_row_bytes(qtype, K)]."""
+    lib = _lib_or_raise(lib)
+    _check_quant(qtype, data, K, lib)
+    out = torch.empty(data.shape[0], K)
+    lib.quant_dequantize(qtype, data.data_ptr(), out.data_ptr(), data.shape[0], K)
+    return out
+
+
+def _check_quant(qtype: int, data: torch.Tensor, K: int, lib) -> None:
+    rb = lib.quant_row_bytes(qtype, K)
+    if not rb:
+        raise ValueError(f"quantized weights: type {qtype} with rows of {K} weights is not supported")
+    if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] != rb or not data.is_contiguous() \
+            or not data.is_cpu:
+        raise ValueError(f"quantized weights of type {qtype}, K = {K}: need contiguous uint8 CPU rows of {rb} bytes, "
+                         f"not {data.dtype} {tuple(data.shape)} on {data.device}")
+
+
+def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: torch.Tensor | None = None,
+                 lib=None) -> torch.Tensor:
+    """x @ W.T + bias for fp32 CPU x with at most QUANT_MAX_ROWS rows (any leading shape), where W is
+    given as GGUF blocks: parts = [(qtype, uint8 [rows_i, row_bytes]), ...], stacked in order along
+    W's output rows. The result is bit for bit skinny_linear's on the dequantized W."""
+    lib = _lib_or_raise(lib)
+    K = x.shape[-1]
+    n = x.numel() // K
+    N = sum(d.shape[0] for _, d in parts)
+    if not (_plain(x) and (bias is None or (_plain(bias) and bias.numel() == N))) or not 1 <= n <= QUANT_MAX_ROWS:
+        _check("quant_linear", x=x, bias=bias)
+        if bias is not None and bias.numel() != N:
+            raise ValueError(f"quant_linear: a bias of {bias.numel()} for {N} outputs")
+        if not 1 <= n <= QUANT_MAX_ROWS:
+            raise ValueError(f"quant_linear takes 1 to {QUANT_MAX_ROWS} rows, not {n}")
+        x = x.contiguous()
+    y = x.new_empty((*x.shape[:-1], N))
+    threads, off = torch.get_num_threads(), 0
+    for qtype, data in parts:
+        rows = data.shape[0]
+        if lib.quant_gemm(qtype, data.data_ptr(), x.data_ptr(), bias.data_ptr() + 4 * off if bias is not None else None,
+                          y.data_ptr() + 4 * off, rows, K, n, K, N, threads):
+            _check_quant(qtype, data, K, lib)
+            raise ValueError(f"quant_linear: type {qtype} with rows of {K} weights is not supported")
+        off += rows
     return y
 
 

@@ -12,6 +12,12 @@ bf16 weights (`--weight-dtype bfloat16`): each weight is stored once, in bf16, a
 is kept. Up to 16 rows go through our kernel with fp32 inputs and accumulation (the arithmetic of
 fp32 weights holding the bf16 values, at half the bytes a step streams); more rows (prefill, big
 batches) through torch's bf16 GEMM (oneDNN), whose inputs are rounded to bf16.
+
+GGUF blocks (`--weight-dtype gguf`, the default for a .gguf model): each linear layer also keeps
+the checkpoint's own quantized rows (Q4_K, Q6_K, Q8_0, ...; `attach_gguf_weights`), and 1..16 rows
+go through quant_gemm.c, which streams those (4-7x fewer bytes than fp32) and dequantizes them in
+registers to exactly the fp32 weights: the same bits as our fp32 kernel, for every row count.
+Prefill keeps the fp32 path.
 """
 
 from __future__ import annotations
@@ -49,9 +55,15 @@ class PackedLinear(nn.Module):
                        if pack and not self.bf16 else None)
         self.skinny = skinny and self.weight.is_contiguous()
         self.max_rows = BF16_MAX_ROWS if self.bf16 else cpu_kernels.MAX_ROWS
+        # GGUF blocks of the weight (attach_gguf_weights): [(ggml type id, uint8 [rows, row bytes]), ...]
+        # stacked along the output rows; 1..QUANT_MAX_ROWS rows then go through quant_gemm
+        self.quant: list[tuple[int, torch.Tensor]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [batch, T, in]
         rows = x.numel() // x.shape[-1]
+        if (self.quant is not None and rows <= cpu_kernels.QUANT_MAX_ROWS
+                and not (torch.is_grad_enabled() and x.requires_grad)):
+            return cpu_kernels.quant_linear(x, self.quant, self.bias)
         if (self.skinny and rows <= self.max_rows
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return cpu_kernels.skinny_linear(x, self.weight, self.bias)
@@ -139,3 +151,78 @@ def _swap_linears(model: nn.Module, skinny: bool, pack: bool, weight_dtype: torc
             setattr(model, name, PackedLinear(child, skinny=skinny, pack=pack, weight_dtype=weight_dtype))
         else:
             _swap_linears(child, skinny, pack, weight_dtype)
+
+
+def _gguf_linear_sources(model: nn.Module) -> dict[str, list[str]]:
+    """Each PackedLinear's module name -> the checkpoint weights (HF names, without ".weight") stacked
+    in it, in order."""
+    from specdec.model.transformer import MLP, Attention
+
+    out = {}
+    for name, m in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(m, Attention) and m.qkv_proj is not None:
+            out[f"{prefix}qkv_proj"] = [f"{prefix}{p}" for p in ("q_proj", "k_proj", "v_proj")]
+        elif isinstance(m, MLP) and m.gate_up_proj is not None:
+            out[f"{prefix}gate_up_proj"] = [f"{prefix}gate_proj", f"{prefix}up_proj"]
+        elif isinstance(m, PackedLinear) and name not in out:
+            out.setdefault(name, [name])
+    tie = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if tie and "lm_head" in out:
+        out["lm_head"] = ["model.embed_tokens"]
+    return out
+
+
+def attach_gguf_weights(model: nn.Module, blocks: dict[str, tuple[int, torch.Tensor]]) -> int:
+    """Give each PackedLinear of a packed fp32 CPU model (pack_linears with skinny) the checkpoint's
+    quantized rows, from blocks: HF weight name (without ".weight") -> (ggml type id, uint8 [rows,
+    row bytes]). A layer any of whose parts is missing or in a format quant_gemm does not read keeps
+    the fp32 path. Each part's first rows are dequantized and checked bit for bit against the layer's
+    fp32 weight (a wrong mapping fails loudly, not silently). Returns the number of layers given blocks."""
+    from specdec.errors import SpecdecError
+    from specdec.model.transformer import Attention
+
+    modules = dict(model.named_modules())
+    done = 0
+    for name, sources in _gguf_linear_sources(model).items():
+        layer = modules.get(name)
+        if not isinstance(layer, PackedLinear) or layer.bf16 or any(s not in blocks for s in sources):
+            continue
+        K = layer.weight.shape[1]
+        if any(cpu_kernels.quant_row_bytes(blocks[s][0], K) != blocks[s][1].shape[1] or blocks[s][1].shape[1] == 0
+               for s in sources):
+            continue
+        parts, row = [], 0
+        for s in sources:
+            qtype, data = blocks[s]
+            check = min(8, data.shape[0])
+            if not torch.equal(cpu_kernels.quant_dequantize(qtype, data[:check], K), layer.weight[row:row + check]):
+                raise SpecdecError(f"the GGUF blocks of {s} do not dequantize to the model's weights; "
+                                   "the converted cache may be stale: delete SPECDEC_HOME/converted and load again")
+            row += data.shape[0]
+            if parts and parts[-1][0] == qtype:  # one call for neighbours in the same format
+                parts[-1] = (qtype, torch.cat([parts[-1][1], data]))
+            else:
+                parts.append((qtype, data))
+        if row != layer.weight.shape[0]:
+            raise SpecdecError(f"the GGUF blocks of {name} hold {row} rows, the layer {layer.weight.shape[0]}")
+        layer.quant = parts
+        done += 1
+    if done:  # verify passes of 9..16 positions then stay on our ops too: a row's bits match a one-token step
+        for m in model.modules():
+            if isinstance(m, Attention) and m.cpu_ops:
+                m.cpu_rows = cpu_kernels.QUANT_MAX_ROWS
+    return done
+
+
+def truncated_quant(parts: list[tuple[int, torch.Tensor]] | None, rows: int) -> list[tuple[int, torch.Tensor]] | None:
+    """The first `rows` output rows of a layer's quantized parts (views)."""
+    if parts is None:
+        return None
+    out, left = [], rows
+    for qtype, data in parts:
+        if left <= 0:
+            break
+        out.append((qtype, data[:left]))
+        left -= data.shape[0]
+    return out

@@ -127,6 +127,7 @@ def convert_gguf(path: Path, progress=print) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(gguf_state_dict(reader, cfg), str(tmp / "model.safetensors"))
+    _save_blocks(_blocks_of(reader), tmp / BLOCKS_FILE)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
     save_gguf_tokenizer(path, tmp)
     shutil.rmtree(out, ignore_errors=True)
@@ -147,16 +148,88 @@ def resolve_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
     return names[dtype]
 
 
+WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "gguf")
+
+
 def resolve_weight_dtype(device: torch.device, dtype: torch.dtype, weight_dtype: str | None) -> torch.dtype | None:
-    """--weight-dtype: None (weights as loaded) or torch.bfloat16 (CPU fp32 only: bf16 linear weights)."""
-    if weight_dtype is None or weight_dtype in ("float32", "fp32"):
+    """--weight-dtype: torch.bfloat16 for "bfloat16" (CPU fp32 only: bf16 linear weights), else None
+    (weights as loaded; "gguf" and "auto" are settled by use_gguf_blocks)."""
+    if weight_dtype is None or weight_dtype in ("float32", "fp32", "auto", "gguf"):
         return None
     if weight_dtype not in ("bfloat16", "bf16"):
-        raise SpecdecError(f"unknown --weight-dtype {weight_dtype!r}; choose float32 or bfloat16")
+        raise SpecdecError(f"unknown --weight-dtype {weight_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
     if device.type != "cpu" or dtype != torch.float32:
         raise SpecdecError(f"--weight-dtype bfloat16 is for the CPU fp32 path (bf16 weights under fp32 activations); "
                            f"on {device} in {dtype} use --dtype instead")
     return torch.bfloat16
+
+
+def use_gguf_blocks(device: torch.device, dtype: torch.dtype, weight_dtype: str | None, source: Path,
+                    kernel: bool) -> bool:
+    """Whether decode and verify GEMMs read the checkpoint's own quantized blocks (quant_gemm.c):
+    "gguf" asks for it (an error where it cannot be had); None or "auto" takes it wherever it can
+    (a .gguf model on the CPU in fp32 with our kernel); "float32" and "bfloat16" do not."""
+    if weight_dtype not in (None, "auto", "gguf"):
+        return False
+    possible = device.type == "cpu" and dtype == torch.float32 and source.suffix == ".gguf" and kernel
+    if weight_dtype == "gguf" and not possible:
+        if source.suffix != ".gguf":
+            raise SpecdecError(f"--weight-dtype gguf reads a GGUF file's quantized blocks; {source} is not a .gguf file")
+        if device.type != "cpu" or dtype != torch.float32:
+            raise SpecdecError(f"--weight-dtype gguf is for the CPU fp32 path, not {device} in {dtype}")
+        raise SpecdecError("--weight-dtype gguf needs our CPU kernel, which is off or unavailable here "
+                           "(--no-kernel, or see the message above); use --weight-dtype float32")
+    return possible
+
+
+# in the converted directory (a subfolder: load_hf_dir reads every *.safetensors at its top): the GGUF's
+# quantized rows, their types in the metadata
+BLOCKS_FILE = "quant/gguf_blocks.safetensors"
+
+
+def gguf_blocks(path: Path, directory: Path | None = None) -> dict[str, tuple[int, torch.Tensor]]:
+    """The quantized linear weights of a GGUF file in formats our kernel reads: HF weight name (without
+    ".weight") -> (ggml type id, uint8 [rows, row bytes]), in the HF row order (llama's q/k rows
+    un-permuted as in the conversion). Cached in `directory` (the converted one) on first use, since
+    parsing a GGUF file's metadata takes seconds."""
+    from safetensors import safe_open
+    cached = directory / BLOCKS_FILE if directory is not None else None
+    if cached is not None and cached.is_file():
+        try:
+            with safe_open(str(cached), framework="pt") as f:
+                types = f.metadata() or {}
+                return {name: (int(types[name]), f.get_tensor(name)) for name in f.keys() if name in types}
+        except Exception:  # an unreadable cache file: built again below from the GGUF file
+            cached.unlink(missing_ok=True)
+    out = _blocks_of(_open_gguf(path))
+    if cached is not None:
+        _save_blocks(out, cached)
+    return out
+
+
+def _blocks_of(reader) -> dict[str, tuple[int, torch.Tensor]]:
+    from specdec.model.cpu_kernels import QUANT_TYPES
+    cfg = gguf_hf_config(reader)
+    out = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None or not name.endswith(".weight") or t.tensor_type.name not in QUANT_TYPES \
+                or len(t.data.shape) != 2:
+            continue
+        data = np.array(t.data, dtype=np.uint8, copy=True)  # [rows, row bytes]
+        if cfg["model_type"] != "qwen2" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
+            data = np.ascontiguousarray(unpermute_qk(data, heads))
+        out[name[:-len(".weight")]] = (int(t.tensor_type), torch.from_numpy(data))
+    return out
+
+
+def _save_blocks(blocks: dict[str, tuple[int, torch.Tensor]], file: Path) -> None:
+    from safetensors.torch import save_file
+    file.parent.mkdir(exist_ok=True)
+    tmp = file.with_name(file.name + ".tmp")
+    save_file({k: v for k, (_, v) in blocks.items()}, str(tmp), metadata={k: str(q) for k, (q, _) in blocks.items()})
+    tmp.rename(file)
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -92,6 +92,7 @@ class Attention(nn.Module):
         self.qkv_proj: nn.Linear | None = None
         self.qkv_sizes = [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd]  # q, k, v in qkv_proj's output
         self.cpu_ops = False
+        self.cpu_rows = cpu_kernels.MAX_ROWS  # our RoPE and attention up to this many positions (16 with GGUF blocks)
 
     def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
         # x [batch, T, dim]; k_cache, v_cache [batch, kv_heads, capacity, head_dim].
@@ -100,7 +101,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         if self.qkv_proj is not None:
             y = self.qkv_proj(x)  # [batch, T, (heads + 2 kv_heads) * head_dim]
-            if self.cpu_ops and t <= cpu_kernels.MAX_ROWS and (mask is None or mask.dtype == torch.bool):
+            if self.cpu_ops and t <= self.cpu_rows and (mask is None or mask.dtype == torch.bool):
                 return self._cpu_forward(y, cos, sin, k_cache, v_cache, start, mask)
             q, k, v = y.split(self.qkv_sizes, dim=-1)
         else:
