@@ -114,6 +114,21 @@ VALUES_BLOCK(4)
 VALUES_BLOCK(2)
 VALUES_BLOCK(1)
 
+/* sum of p[0 .. S) lane-wise in steps of VL (the tail padded with zeros), then vsum: the same bits
+ * for S and for S plus trailing zeros, so a query's softmax does not depend on how many masked
+ * slots follow the ones it sees (a verify pass's row 0 against a one-token step). */
+static inline float lane_sum(const float *p, int64_t S) {
+    vec acc = VZERO();
+    int64_t s = 0;
+    for (; s + VL <= S; s += VL) acc = VADD(acc, VLOAD(p + s));
+    if (s < S) {
+        float tail[VL] = {0};
+        for (int64_t j = 0; s + j < S; j++) tail[j] = p[s + j];
+        acc = VADD(acc, VLOAD(tail));
+    }
+    return vsum(acc);
+}
+
 static void attend_task(const float *q, const float *kg, const float *vg, const uint8_t *m, float *o,
                         int64_t G, int64_t D, int64_t S, float scale, float *p, float *mx, float *sum) {
     for (int64_t s = 0; s < S; s++) {
@@ -128,16 +143,13 @@ static void attend_task(const float *q, const float *kg, const float *vg, const 
         for (; i < G; i++) scores_1(q + i * D, ks, D, scale, p + i * S, S, s);
     }
     for (int64_t i = 0; i < G; i++) { /* softmax numerators in place; masked slots give exp(-inf) = 0 */
-        float *pi = p + i * S, x = -INFINITY, total = 0.f;
+        float *pi = p + i * S, x = -INFINITY;
         for (int64_t s = 0; s < S; s++) x = pi[s] > x ? pi[s] : x;
         mx[i] = x;
         if (x == -INFINITY) continue;
-#pragma omp simd reduction(+ : total)
-        for (int64_t s = 0; s < S; s++) {
-            pi[s] = exp_nonpos(pi[s] - x);
-            total += pi[s];
-        }
-        sum[i] = 1.f / total;
+#pragma omp simd
+        for (int64_t s = 0; s < S; s++) pi[s] = exp_nonpos(pi[s] - x);
+        sum[i] = 1.f / lane_sum(pi, S);
     }
     for (int64_t j0 = 0; j0 < D; j0 += 4 * VL) {
         int64_t i = 0;

@@ -45,10 +45,12 @@ static inline float vsum(vec v) {
 #define VSET1(x) _mm512_set1_ps(x)
 #define VSTORE(p, v) _mm512_storeu_ps(p, v)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VADD(a, b) _mm512_add_ps(a, b)
 #else
 #define VSET1(x) _mm256_set1_ps(x)
 #define VSTORE(p, v) _mm256_storeu_ps(p, v)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VADD(a, b) _mm256_add_ps(a, b)
 #endif
 
 #include <stdint.h>
