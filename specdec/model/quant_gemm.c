@@ -278,6 +278,13 @@ static inline void g32_q6_k(const uint8_t *b, int s, const float *pre, vec *w) {
     for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 8 * h + 2 * t + (VL * v) / 16), piece_f(q, v, 1));
 }
 
+/* The 32-weight formats keep weights 0..15 in the low nibbles of 16 bytes, 16..31 in the high ones:
+ * weights k0 .. k0 + VL as int32 lanes. */
+static inline veci nib16(const uint8_t *qs, int k0) {
+    const veci q = ZX8(qs + (k0 & 15));
+    return k0 >= 16 ? ISRL(q, 4) : IAND(q, 0x0F);
+}
+
 /* Q8_0: 32 int8 weights times d. pre: d. */
 #define Q8_0_QK 32
 #define Q8_0_BYTES 34
@@ -304,8 +311,7 @@ static inline void g32_q5_0(const uint8_t *b, int s, const float *pre, vec *w) {
     memcpy(&qh, pre + 1, 4);
     for (int v = 0; v < NV; v++) {
         const int k0 = VL * v; /* weights k0 .. k0 + VL */
-        veci q = ZX8(b + 6 + (k0 & 15));
-        q = (k0 >= 16) ? ISRL(q, 4) : IAND(q, 0x0F);
+        veci q = nib16(b + 6, k0);
 #if VL == 16
         const veci bits = _mm512_srlv_epi32(_mm512_set1_epi32((int)(qh >> k0)),
                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -324,12 +330,7 @@ static inline void g32_q5_0(const uint8_t *b, int s, const float *pre, vec *w) {
 static inline void prep_q4_0(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); }
 static inline void g32_q4_0(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
-    for (int v = 0; v < NV; v++) {
-        const int k0 = VL * v;
-        veci q = ZX8(b + 2 + (k0 & 15));
-        q = (k0 >= 16) ? ISRL(q, 4) : IAND(q, 0x0F);
-        w[v] = VMUL(VBCAST(pre), I2F(ISUB(q, 8)));
-    }
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre), I2F(ISUB(nib16(b + 2, VL * v), 8)));
 }
 
 /* Q4_1: 32 weights, d * nibble + m. */
@@ -339,12 +340,7 @@ static inline void g32_q4_0(const uint8_t *b, int s, const float *pre, vec *w) {
 static inline void prep_q4_1(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); pre[1] = f16_to_f32(b + 2); }
 static inline void g32_q4_1(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
-    for (int v = 0; v < NV; v++) {
-        const int k0 = VL * v;
-        veci q = ZX8(b + 4 + (k0 & 15));
-        q = (k0 >= 16) ? ISRL(q, 4) : IAND(q, 0x0F);
-        w[v] = VFMA(VBCAST(pre), I2F(q), VBCAST(pre + 1));
-    }
+    for (int v = 0; v < NV; v++) w[v] = VFMA(VBCAST(pre), I2F(nib16(b + 4, VL * v)), VBCAST(pre + 1));
 }
 
 #ifndef QPF_BLOCKS
@@ -446,16 +442,8 @@ int quant_gemm(int type, const uint8_t *W, const float *X, const float *b, float
     const int C = (int)n, R = ks->wide_r[C];
 #pragma omp parallel num_threads(nthreads)
     {
-#ifdef _OPENMP
-        extern int omp_get_thread_num(void);
-        extern int omp_get_num_threads(void);
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        int t = 0, T = 1;
-#endif
-        int64_t per = ((N + T - 1) / T + QPANEL - 1) / QPANEL * QPANEL;
-        int64_t r0 = t * per, r1 = r0 + per;
-        if (r1 > N) r1 = N;
+        int64_t r0, r1;
+        thread_rows(N, QPANEL, &r0, &r1);
         int64_t r = r0;
         for (; r + R <= r1; r += R) ks->wide[C](W + r * rb, rb, K, X, ldx, Y + r, ldy);
         for (; r < r1; r++) ks->narrow[C](W + r * rb, rb, K, X, ldx, Y + r, ldy);

@@ -123,18 +123,10 @@ static void gemm(const kernel_set *ks, const void *W, const float *X, const floa
                  int64_t K, int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
     {
-#ifdef _OPENMP
-        extern int omp_get_thread_num(void);
-        extern int omp_get_num_threads(void);
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        int t = 0, T = 1;
-#endif
         /* contiguous blocks of rows, whole panels each (threads taking chunks dynamically
          * instead was no faster: perf.md, session 9) */
-        int64_t per = ((N + T - 1) / T + PANEL - 1) / PANEL * PANEL;
-        int64_t r0 = t * per, r1 = r0 + per;
-        if (r1 > N) r1 = N;
+        int64_t r0, r1;
+        thread_rows(N, PANEL, &r0, &r1);
         if (r0 < r1) {
             for (int64_t r = r0; r < r1; r += PANEL)
                 panel(ks, (const char *)W, X, Y, r, (r1 - r < PANEL ? r1 - r : PANEL), K, n, ldx, ldy);
