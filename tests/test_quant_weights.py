@@ -98,6 +98,10 @@ def test_bad_quant_inputs_give_clear_errors():
         cpu_kernels.quant_linear(torch.randn(1, K), [(99, data)])
     with pytest.raises(ValueError, match="rows of 144 bytes"):
         cpu_kernels.quant_dequantize(q4k, data[:, :100].contiguous(), K)
+    with pytest.raises(ValueError, match="rows of 144 bytes"):  # checked before the kernel could read past them
+        cpu_kernels.quant_linear(torch.randn(1, K), [(q4k, data[:, :100].contiguous())])
+    with pytest.raises(ValueError, match="rows of 288 bytes"):  # rows of 512 weights need 288 bytes
+        cpu_kernels.quant_linear(torch.randn(1, 2 * K), [(q4k, data)])
     with pytest.raises(ValueError, match="a bias of 3"):
         cpu_kernels.quant_linear(torch.randn(1, K), [(q4k, data)], torch.randn(3))
 
@@ -181,3 +185,29 @@ def test_weight_bytes_counts_the_blocks(smollm2_pair):
     from specdec.bench.profile import weight_bytes
     quant, fp32 = smollm2_pair
     assert weight_bytes(quant.module) < weight_bytes(fp32.module) / 3.5  # Q4_1 and Q8_0 against fp32
+
+
+@pytest.mark.real
+def test_an_unreadable_block_cache_is_built_again(smollm2_path, tmp_path):
+    from specdec.model.loading import BLOCKS_FILE, gguf_blocks
+    fresh = gguf_blocks(smollm2_path, tmp_path)  # parsed from the GGUF file, then cached
+    assert (tmp_path / BLOCKS_FILE).is_file()
+    (tmp_path / BLOCKS_FILE).write_bytes(b"not a safetensors file")
+    again = gguf_blocks(smollm2_path, tmp_path)
+    assert again.keys() == fresh.keys()
+    assert all(again[k][0] == fresh[k][0] and torch.equal(again[k][1], fresh[k][1]) for k in fresh)
+
+
+@pytest.mark.real
+def test_blocks_that_do_not_match_the_weights_fail_loudly(smollm2_path):
+    if not cpu_kernels.available():
+        pytest.skip(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+    from specdec.model import load_model
+    from specdec.model.cpu_linear import attach_gguf_weights
+    from specdec.model.loading import gguf_blocks
+    model = load_model(str(smollm2_path), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
+    blocks = gguf_blocks(smollm2_path)
+    q, o = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj"  # both 576 x 576, Q4_1
+    blocks[q], blocks[o] = blocks[o], blocks[q]
+    with pytest.raises(SpecdecError, match="do not dequantize to the model's weights"):
+        attach_gguf_weights(model, blocks)

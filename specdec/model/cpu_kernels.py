@@ -15,6 +15,7 @@ Where it cannot be built (no compiler, no AVX2/FMA), `available()` is False with
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -163,7 +164,12 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def quant_row_bytes(qtype: int, K: int, lib=None) -> int:
     """Bytes of one row of K weights in GGUF block format `qtype`; 0 where quant_gemm cannot take it."""
-    return int(_lib_or_raise(lib).quant_row_bytes(qtype, K))
+    return _row_bytes(_lib_or_raise(lib), qtype, K)
+
+
+@functools.lru_cache(maxsize=None)
+def _row_bytes(lib, qtype: int, K: int) -> int:  # cached: quant_linear checks every part on every call
+    return int(lib.quant_row_bytes(qtype, K))
 
 
 def quant_dequantize(qtype: int, data: torch.Tensor, K: int, lib=None) -> torch.Tensor:
@@ -176,7 +182,7 @@ def quant_dequantize(qtype: int, data: torch.Tensor, K: int, lib=None) -> torch.
 
 
 def _check_quant(qtype: int, data: torch.Tensor, K: int, lib) -> None:
-    rb = lib.quant_row_bytes(qtype, K)
+    rb = _row_bytes(lib, qtype, K)
     if not rb:
         raise ValueError(f"quantized weights: type {qtype} with rows of {K} weights is not supported")
     if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] != rb or not data.is_contiguous() \
@@ -205,10 +211,10 @@ def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: t
     threads, off = torch.get_num_threads(), 0
     for qtype, data in parts:
         rows = data.shape[0]
-        if lib.quant_gemm(qtype, data.data_ptr(), x.data_ptr(), bias.data_ptr() + 4 * off if bias is not None else None,
-                          y.data_ptr() + 4 * off, rows, K, n, K, N, threads):
-            _check_quant(qtype, data, K, lib)
-            raise ValueError(f"quant_linear: type {qtype} with rows of {K} weights is not supported")
+        if data.dtype is not torch.uint8 or data.shape[-1] != _row_bytes(lib, qtype, K) or not data.is_contiguous():
+            _check_quant(qtype, data, K, lib)  # raises: the kernel would read past the rows
+        lib.quant_gemm(qtype, data.data_ptr(), x.data_ptr(), bias.data_ptr() + 4 * off if bias is not None else None,
+                       y.data_ptr() + 4 * off, rows, K, n, K, N, threads)  # cannot fail once the rows are checked
         off += rows
     return y
 

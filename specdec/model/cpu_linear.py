@@ -189,8 +189,7 @@ def attach_gguf_weights(model: nn.Module, blocks: dict[str, tuple[int, torch.Ten
         if not isinstance(layer, PackedLinear) or layer.bf16 or any(s not in blocks for s in sources):
             continue
         K = layer.weight.shape[1]
-        if any(cpu_kernels.quant_row_bytes(blocks[s][0], K) != blocks[s][1].shape[1] or blocks[s][1].shape[1] == 0
-               for s in sources):
+        if any(not 0 < cpu_kernels.quant_row_bytes(blocks[s][0], K) == blocks[s][1].shape[1] for s in sources):
             continue
         parts, row = [], 0
         for s in sources:

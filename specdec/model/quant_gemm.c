@@ -1,10 +1,10 @@
 /* Skinny GEMM on GGUF-quantized weights, exact to the fp32 path: Y[n, N] = X[n, K] . deq(W)[N, K]^T (+ b).
  *
  * The checkpoints are GGUF files whose linear weights are stored in llama.cpp's block formats
- * (Q4_K, Q6_K, Q8_0, Q5_0, Q4_1: 4.5 to 8.5 bits a weight). The fp32 path dequantizes them once
- * at conversion (gguf-py, in fp32) and streams 32 bits a weight every step. This kernel streams
- * the blocks themselves and dequantizes each one into an L1-resident buffer just before use:
- * 4-7x fewer bytes per step.
+ * (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1: 4.5 to 8.5 bits a weight). The fp32 path dequantizes
+ * them once at conversion (gguf-py, in fp32) and streams 32 bits a weight every step. This kernel
+ * streams the blocks themselves and widens each group of 32 weights to fp32 lanes in registers just
+ * before its FMAs: 4-7x fewer bytes per step. quant_dequantize writes out the same values.
  *
  * Exact: every dequantized weight is the same fp32 value gguf-py computes (the same operations in
  * the same order: the block scale d (fp16, widened exactly) times the sub-block scale is exact in
@@ -45,143 +45,6 @@ static inline float f16_to_f32(const uint8_t *p) {
     memcpy(&f, &u, 4);
     return f;
 #endif
-}
-
-/* 32 bytes q (uint8, or int8 where SIGNED) -> 32 floats at out: a0 * q for the first 16, a1 * q for
- * the next 16, plus c where ADD (one rounding: the products are exact in fp32, as gguf-py's are). */
-static inline vec q_to_f(__m128i b, int sgn) { /* the low VL bytes of b -> VL float lanes */
-#if VL == 16
-    return _mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
-#else
-    return _mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
-#endif
-}
-static inline void expand32(__m256i q, int sgn, int add, float a0, float a1, float c, float *out) {
-    const __m128i h[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
-    const vec cv = VSET1(c);
-    for (int i = 0; i < 2; i++) {
-        const vec av = VSET1(i ? a1 : a0);
-#if VL == 16
-        vec f = q_to_f(h[i], sgn);
-        VSTORE(out + 16 * i, add ? VFMA(av, f, cv) : VMUL(av, f));
-#else
-        vec f0 = q_to_f(h[i], sgn), f1 = q_to_f(_mm_srli_si128(h[i], 8), sgn);
-        VSTORE(out + 16 * i, add ? VFMA(av, f0, cv) : VMUL(av, f0));
-        VSTORE(out + 16 * i + 8, add ? VFMA(av, f1, cv) : VMUL(av, f1));
-#endif
-    }
-}
-#define NIB _mm256_set1_epi8(0x0F)
-static inline __m256i lo_hi_16(const uint8_t *qs) { /* 16 bytes -> their 16 low nibbles, then 16 high */
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
-}
-
-/* One block -> its QK fp32 weights, as gguf-py's dequantize_blocks computes them. */
-static void dq_q4_k(const uint8_t *b, float *restrict y) { /* 144 bytes, 256 weights */
-    const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
-    const uint8_t *s = b + 4, *qs = b + 16;
-    for (int j = 0; j < 4; j++) {
-        int i0 = 2 * j, i1 = 2 * j + 1, sc0, m0, sc1, m1;
-        /* 6-bit scale and min of sub-blocks i0 and i1 */
-        if (i0 < 4) { sc0 = s[i0] & 63; m0 = s[i0 + 4] & 63; }
-        else { sc0 = (s[i0 + 4] & 0xF) | ((s[i0 - 4] >> 6) << 4); m0 = (s[i0 + 4] >> 4) | ((s[i0] >> 6) << 4); }
-        if (i1 < 4) { sc1 = s[i1] & 63; m1 = s[i1 + 4] & 63; }
-        else { sc1 = (s[i1 + 4] & 0xF) | ((s[i1 - 4] >> 6) << 4); m1 = (s[i1 + 4] >> 4) | ((s[i1] >> 6) << 4); }
-        const float d0 = d * (float)sc0, dm0 = dmin * (float)m0, d1 = d * (float)sc1, dm1 = dmin * (float)m1;
-        /* d * q - dm, as d * q + (-dm): the product is exact, so one rounding either way */
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-        expand32(_mm256_and_si256(q, NIB), 0, 1, d0, d0, -dm0, y + 64 * j);
-        expand32(_mm256_and_si256(_mm256_srli_epi16(q, 4), NIB), 0, 1, d1, d1, -dm1, y + 64 * j + 32);
-    }
-}
-
-static void dq_q6_k(const uint8_t *b, float *restrict y) { /* 210 bytes, 256 weights */
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    const float d = f16_to_f32(b + 208);
-    const __m256i m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
-    for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
-        float ds[8];
-        for (int i = 0; i < 8; i++) ds[i] = d * (float)sc[i];
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-        const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4);
-        const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4);
-        const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4);
-        const __m256i h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4);
-        const __m256i n0 = _mm256_and_si256(l0, NIB), n1 = _mm256_and_si256(l1, NIB);
-        const __m256i n2 = _mm256_and_si256(_mm256_srli_epi16(l0, 4), NIB);
-        const __m256i n3 = _mm256_and_si256(_mm256_srli_epi16(l1, 4), NIB);
-        expand32(_mm256_sub_epi8(_mm256_or_si256(n0, h0), k32), 1, 0, ds[0], ds[1], 0.f, y);
-        expand32(_mm256_sub_epi8(_mm256_or_si256(n1, h1), k32), 1, 0, ds[2], ds[3], 0.f, y + 32);
-        expand32(_mm256_sub_epi8(_mm256_or_si256(n2, h2), k32), 1, 0, ds[4], ds[5], 0.f, y + 64);
-        expand32(_mm256_sub_epi8(_mm256_or_si256(n3, h3), k32), 1, 0, ds[6], ds[7], 0.f, y + 96);
-    }
-}
-
-static void dq_q8_0(const uint8_t *b, float *restrict y) { /* 34 bytes, 32 weights */
-    const float d = f16_to_f32(b);
-    expand32(_mm256_loadu_si256((const __m256i *)(b + 2)), 1, 0, d, d, 0.f, y);
-}
-
-static void dq_q5_0(const uint8_t *b, float *restrict y) { /* 22 bytes, 32 weights */
-    const float d = f16_to_f32(b);
-    uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    /* bit l of qh -> 0x10 in byte l: each byte gets qh's byte l / 8, then tests its own bit */
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-    const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo_hi_16(b + 6), hi), _mm256_set1_epi8(16));
-    expand32(q, 1, 0, d, d, 0.f, y);
-}
-
-static void dq_q4_0(const uint8_t *b, float *restrict y) { /* 18 bytes, 32 weights */
-    const float d = f16_to_f32(b);
-    expand32(_mm256_sub_epi8(lo_hi_16(b + 2), _mm256_set1_epi8(8)), 1, 0, d, d, 0.f, y);
-}
-
-static void dq_q4_1(const uint8_t *b, float *restrict y) { /* 20 bytes, 32 weights */
-    const float d = f16_to_f32(b), m = f16_to_f32(b + 2);
-    expand32(lo_hi_16(b + 4), 0, 1, d, d, m, y);
-}
-
-typedef void (*dq_fn)(const uint8_t *, float *);
-
-typedef struct {
-    dq_fn dq;
-    int qk;        /* weights per block */
-    int bytes;     /* bytes per block */
-} qformat;
-
-static int format_of(int type, qformat *f) {
-    switch (type) {
-    case T_Q4_K: *f = (qformat){dq_q4_k, 256, 144}; return 1;
-    case T_Q6_K: *f = (qformat){dq_q6_k, 256, 210}; return 1;
-    case T_Q8_0: *f = (qformat){dq_q8_0, 32, 34}; return 1;
-    case T_Q5_0: *f = (qformat){dq_q5_0, 32, 22}; return 1;
-    case T_Q4_0: *f = (qformat){dq_q4_0, 32, 18}; return 1;
-    case T_Q4_1: *f = (qformat){dq_q4_1, 32, 20}; return 1;
-    default: return 0;
-    }
-}
-
-/* Bytes of one row of K weights in `type`, or 0 if the type is not supported or K does not fit it. */
-int64_t quant_row_bytes(int type, int64_t K) {
-    qformat f;
-    if (!format_of(type, &f) || K % f.qk) return 0;
-    return K / f.qk * f.bytes;
-}
-
-/* Dequantize `rows` rows of K weights (for tests and for the rows a big GEMM needs in fp32). */
-void quant_dequantize(int type, const uint8_t *W, float *out, int64_t rows, int64_t K) {
-    qformat f;
-    if (!format_of(type, &f)) return;
-    const int64_t nb = K / f.qk, rb = nb * f.bytes;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < nb; i++) f.dq(W + r * rb + i * f.bytes, out + r * K + i * f.qk);
 }
 
 #define QMAX_C 16
@@ -236,6 +99,13 @@ static inline void prep_q4_k(const uint8_t *b, float *pre) {
     /* d*q - dm as d*q + (-dm): the product is exact, so one rounding either way (a true negation) */
     _mm256_storeu_ps(pre + 8, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), mn), _mm256_set1_ps(-0.0f)));
 }
+static inline vec q_to_f(__m128i b, int sgn) { /* the low VL bytes of b -> VL float lanes */
+#if VL == 16
+    return _mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#else
+    return _mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+#endif
+}
 /* piece v (VL bytes, v < NV) of 32 bytes q, as VL float lanes (bytes signed where sgn) */
 static inline vec piece_f(__m256i q, int v, int sgn) {
 #if VL == 16
@@ -245,6 +115,7 @@ static inline vec piece_f(__m256i q, int v, int sgn) {
     return q_to_f((v & 1) ? _mm_srli_si128(h, 8) : h, sgn);
 #endif
 }
+#define NIB _mm256_set1_epi8(0x0F)
 static inline void g32_q4_k(const uint8_t *b, int s, const float *pre, vec *w) {
     const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
     const __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, NIB);
@@ -404,13 +275,27 @@ typedef struct {
     qblock_fn wide[QMAX_C + 1], narrow[QMAX_C + 1];
     int wide_r[QMAX_C + 1];
     int qk, bytes;
+    void (*deq)(const uint8_t *, float *); /* one block -> its qk fp32 weights */
 } qkernels;
+
+/* One block -> its QK fp32 weights: the values the GEMM multiplies (prep, then g32 per group). */
+#define DEFINE_DEQ(F, f)                                                                             \
+    static void f##_deq(const uint8_t *b, float *y) {                                                \
+        float pre[F##_PRE];                                                                          \
+        prep_##f(b, pre);                                                                            \
+        for (int s = 0; s < F##_QK / 32; s++) {                                                      \
+            vec w[NV];                                                                               \
+            g32_##f(b, s, pre, w);                                                                   \
+            for (int v = 0; v < NV; v++) VSTORE(y + 32 * s + VL * v, w[v]);                          \
+        }                                                                                            \
+    }
 
 #define Q_FORMAT(F, f)                                                                               \
     Q_WIDE(DEFINE_WIDE, F, f)                                                                        \
     Q_WIDE(DEFINE_NARROW, F, f)                                                                      \
+    DEFINE_DEQ(F, f)                                                                                 \
     static const qkernels K_##F = {{0, Q_WIDE(Q_FN_W, F, f)}, {0, Q_WIDE(Q_FN_N, F, f)},             \
-                                   {0, Q_WIDE(Q_ROWS, F, f)}, F##_QK, F##_BYTES};
+                                   {0, Q_WIDE(Q_ROWS, F, f)}, F##_QK, F##_BYTES, f##_deq};
 Q_FORMAT(Q4_K, q4_k)
 Q_FORMAT(Q6_K, q6_k)
 Q_FORMAT(Q8_0, q8_0)
@@ -428,6 +313,21 @@ static const qkernels *kernels_of(int type) {
     case T_Q4_1: return &K_Q4_1;
     default: return 0;
     }
+}
+
+/* Bytes of one row of K weights in `type`, or 0 if the type is not supported or K does not fit it. */
+int64_t quant_row_bytes(int type, int64_t K) {
+    const qkernels *ks = kernels_of(type);
+    return ks && K % ks->qk == 0 ? K / ks->qk * ks->bytes : 0;
+}
+
+/* Dequantize `rows` rows of K weights into out [rows, K] (tests; the load-time check of a mapping). */
+void quant_dequantize(int type, const uint8_t *W, float *out, int64_t rows, int64_t K) {
+    const qkernels *ks = kernels_of(type);
+    if (!ks || K % ks->qk) return;
+    const int64_t nb = K / ks->qk, rb = nb * ks->bytes;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < nb; i++) ks->deq(W + r * rb + i * ks->bytes, out + r * K + i * ks->qk);
 }
 
 #define QPANEL 24 /* rows per thread range: a multiple of every R above */
