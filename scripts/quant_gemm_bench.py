@@ -1,6 +1,7 @@
-"""Our GEMM on GGUF blocks (quant_gemm.c) alone, over every linear weight of a model's decode step
-(the GGUF file's matrices, unfused), per format and per row count, against our fp32 kernel
-(skinny_gemm.c) on the same weights dequantized. Prints JSON.
+"""Our GEMMs on GGUF blocks alone, over every linear weight of a model's decode step (the GGUF file's
+matrices, unfused), per format and per row count: quant_gemm.c (exact, fp32 arithmetic), quant_q8.c
+(8-bit activations, integer dot products) and our fp32 kernel (skinny_gemm.c) on the same weights
+dequantized. Prints JSON.
 
 Usage: python scripts/quant_gemm_bench.py [--model qwen2.5-coder-1.5b-instruct] [--rows 1,2,3,5,9,16] \
     [--rounds 5] > docs/results/quant-gemm-s14.json
@@ -42,14 +43,14 @@ def main() -> None:
         mats.setdefault(t.tensor_type.name, []).append((qtype, data, w, N, K))
     threads = torch.get_num_threads()
 
-    def seconds(ms, n, quant):
+    def seconds(ms, n, kind):
         xs = {K: torch.randn(n, K) for *_, K in ms}
         ys = {N: torch.empty(n, N) for *_, N, _ in ms}
 
         def once():
             for qtype, data, w, N, K in ms:
-                if quant:
-                    lib.quant_gemm(qtype, data.data_ptr(), xs[K].data_ptr(), None, ys[N].data_ptr(), N, K, n, K, N,
+                if kind != "fp32":
+                    (lib.quant_gemm_q8 if kind == "q8" else lib.quant_gemm)(qtype, data.data_ptr(), xs[K].data_ptr(), None, ys[N].data_ptr(), N, K, n, K, N,
                                    threads)
                 else:
                     lib.skinny_gemm(w.data_ptr(), xs[K].data_ptr(), None, ys[N].data_ptr(), N, K, n, K, N, threads)
@@ -68,9 +69,11 @@ def main() -> None:
         nbytes = sum(d.numel() for _, d, *_ in ms)
         entry = {"weights": weights, "block_bytes": nbytes, "rows": {}}
         for n in (int(r) for r in args.rows.split(",")):
-            q = seconds(ms, n, True)
-            f = None if args.no_fp32 or n > cpu_kernels.MAX_ROWS * 2 else seconds(ms, n, False)
+            q = seconds(ms, n, "quant")
+            q8 = seconds(ms, n, "q8")
+            f = None if args.no_fp32 or n > cpu_kernels.MAX_ROWS * 2 else seconds(ms, n, "fp32")
             entry["rows"][str(n)] = {"quant_seconds": round(q, 4), "quant_block_gb_per_s": round(nbytes / q / 1e9, 2),
+                                     "q8_seconds": round(q8, 4), "q8_block_gb_per_s": round(nbytes / q8 / 1e9, 2),
                                      "fp32_seconds": None if f is None else round(f, 4)}
         if name == "all":
             out["all"] = entry

@@ -32,11 +32,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="CPU fp32: use torch's GEMMs (MKL for one row, oneDNN prepacked for several) and ops instead "
                         "of our kernels for decode steps and verify passes of up to 8 rows (our skinny GEMM; "
                         "q/k/v and gate/up fused into one GEMM each; our RMSNorm, RoPE and attention)")
-    p.add_argument("--weight-dtype", default=None, choices=("auto", "float32", "bfloat16", "gguf"),
+    p.add_argument("--weight-dtype", default=None, choices=("auto", "float32", "bfloat16", "gguf", "gguf-q8"),
                    help="CPU fp32: the form in which decode steps and verify passes read the linear layers' weights. "
                         "gguf: the GGUF file's own quantized blocks (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1), "
                         "dequantized in registers to exactly the fp32 values, so the output is float32's, from "
-                        "4-7x fewer bytes a step (up to 16 rows; prefill stays fp32). float32: fp32 weights. "
+                        "4-7x fewer bytes a step (up to 16 rows; prefill stays fp32). gguf-q8: the same blocks against "
+                        "activations quantized to 8 bits per block, in integer dot products (llama.cpp's arithmetic): "
+                        "about twice as fast again; the output is close to float32's, not equal (speculative output "
+                        "still equals plain decoding's in the same mode). float32: fp32 weights. "
                         "bfloat16: bf16 weights (half of fp32's bytes; the output can differ from float32 where "
                         "logits nearly tie; prefill in bf16). auto (default): gguf for a .gguf model, else float32")
     p.add_argument("--cuda-graphs", action="store_true",

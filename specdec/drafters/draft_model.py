@@ -319,6 +319,7 @@ def truncated_head(model: Transformer, rows: int) -> Transformer:
     if isinstance(model.lm_head, PackedLinear):  # keep the CPU fast path (our kernel / oneDNN) for the cut head
         head = PackedLinear(head, skinny=model.lm_head.skinny, pack=model.lm_head.packed is not None)
         head.quant = truncated_quant(model.lm_head.quant, rows)
+        head.quant_act8 = model.lm_head.quant_act8
     view.lm_head = head
     if getattr(model, "graphs", None) is not None:  # the view's graphs must replay the view's own head
         from specdec.engine.cuda_graphs import enable_cuda_graphs

@@ -45,7 +45,9 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     a decode step reads; activations, the KV cache and accumulation stay fp32; no oneDNN copy is
     kept, so `pack` is moot). "gguf": decode and verify GEMMs (1..16 rows) read the GGUF file's own
     quantized blocks, dequantized in registers to exactly the fp32 weights (same output as
-    "float32", 4-7x fewer bytes a step; cpu_linear.attach_gguf_weights). None or "auto": "gguf"
+    "float32", 4-7x fewer bytes a step; cpu_linear.attach_gguf_weights). "gguf-q8": the same blocks
+    against activations quantized to 8 bits per block, in integer dot products (llama.cpp's arithmetic;
+    quant_q8.c): about twice as fast again, close to but not the fp32 output. None or "auto": "gguf"
     where it can be had (a .gguf model on the CPU in fp32 with our kernel), else "float32".
     The module's `weight_format` says which one it got.
     """
@@ -75,8 +77,9 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     if cpu_fp32:
         if pack or kernel or low is not None:
             pack_linears(module, skinny=kernel, pack=pack, weight_dtype=low)
-        if quant and attach_gguf_weights(module, gguf_blocks(source, directory)):
-            module.weight_format = "gguf"
+        act8 = weight_dtype == "gguf-q8"
+        if quant and attach_gguf_weights(module, gguf_blocks(source, directory), act8=act8):
+            module.weight_format = "gguf-q8" if act8 else "gguf"
     elif low is not None:
         raise SpecdecError("--weight-dtype bfloat16 needs oneDNN in this torch build (torch.backends.mkldnn)")
     if cuda_graphs:

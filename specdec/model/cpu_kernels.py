@@ -1,6 +1,7 @@
 """Our own CPU kernels for decode and verify steps, built on first use: the GEMM of 1..8 rows
 (`skinny_gemm.c`), the same GEMM on GGUF-quantized weights (`quant_gemm.c`, 1..16 rows), and
-RMSNorm, RoPE and attention of a few queries (`fused_ops.c`).
+RMSNorm, RoPE and attention of a few queries (`fused_ops.c`), and the GGUF-block GEMM with 8-bit
+activations (`quant_q8.c`, `--weight-dtype gguf-q8`).
 
 The C sources ship in the package; the first call compiles them with the system C compiler
 (`-O3 -march=native -fopenmp`) into `SPECDEC_HOME/kernels/` (or `$SPECDEC_KERNEL_DIR`), keyed by
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(n) for n in ("skinny_gemm.c", "quant_gemm.c", "fused_ops.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("skinny_gemm.c", "quant_gemm.c", "quant_q8.c", "fused_ops.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 MAX_ROWS = 8  # above this, oneDNN-packed GEMMs were as fast or faster in the model (perf.md): callers use those
@@ -91,6 +92,12 @@ def load(extra_flags: list[str] | None = None):
     lib.quant_row_bytes.restype = i64
     lib.quant_dequantize.argtypes = [ctypes.c_int, p, p, i64, i64]
     lib.quant_dequantize.restype = None
+    lib.quant_gemm_q8.argtypes = lib.quant_gemm.argtypes
+    lib.quant_gemm_q8.restype = ctypes.c_int
+    lib.quant_q8_supported.argtypes = [ctypes.c_int, i64]
+    lib.quant_q8_supported.restype = ctypes.c_int
+    lib.quant_q8_activations.argtypes = [p, i64, i64, p, p, p, p]
+    lib.quant_q8_activations.restype = None
     f32 = ctypes.c_float
     lib.rms_norm.argtypes = [p, p, p, i64, i64, i64, f32]
     lib.rope.argtypes = [p, p, p] + [i64] * 8
@@ -172,6 +179,11 @@ def _row_bytes(lib, qtype: int, K: int) -> int:  # cached: quant_linear checks e
     return int(lib.quant_row_bytes(qtype, K))
 
 
+def quant_q8_supported(qtype: int, K: int, lib=None) -> bool:
+    """Whether quant_linear(..., act8=True) takes format `qtype` with rows of K weights."""
+    return bool(_lib_or_raise(lib).quant_q8_supported(qtype, K))
+
+
 def quant_dequantize(qtype: int, data: torch.Tensor, K: int, lib=None) -> torch.Tensor:
     """The fp32 weights [rows, K] of quantized rows data # uint8 [rows, quant_row_bytes(qtype, K)]."""
     lib = _lib_or_raise(lib)
@@ -192,10 +204,13 @@ def _check_quant(qtype: int, data: torch.Tensor, K: int, lib) -> None:
 
 
 def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: torch.Tensor | None = None,
-                 lib=None) -> torch.Tensor:
+                 lib=None, act8: bool = False) -> torch.Tensor:
     """x @ W.T + bias for fp32 CPU x with at most QUANT_MAX_ROWS rows (any leading shape), where W is
     given as GGUF blocks: parts = [(qtype, uint8 [rows_i, row_bytes]), ...], stacked in order along
-    W's output rows. The result is bit for bit skinny_linear's on the dequantized W."""
+    W's output rows. The result is bit for bit skinny_linear's on the dequantized W (quant_gemm.c).
+    act8: x is quantized to 8 bits per block first and meets the blocks in integer dot products
+    (quant_q8.c, llama.cpp's arithmetic): close to, not equal to, the fp32 result, and a row's bits
+    still do not depend on the row count."""
     lib = _lib_or_raise(lib)
     K = x.shape[-1]
     n = x.numel() // K
@@ -213,8 +228,11 @@ def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: t
         rows = data.shape[0]
         if data.dtype is not torch.uint8 or data.shape[-1] != _row_bytes(lib, qtype, K) or not data.is_contiguous():
             _check_quant(qtype, data, K, lib)  # raises: the kernel would read past the rows
-        lib.quant_gemm(qtype, data.data_ptr(), x.data_ptr(), bias.data_ptr() + 4 * off if bias is not None else None,
-                       y.data_ptr() + 4 * off, rows, K, n, K, N, threads)  # cannot fail once the rows are checked
+        gemm = lib.quant_gemm_q8 if act8 else lib.quant_gemm
+        if gemm(qtype, data.data_ptr(), x.data_ptr(), bias.data_ptr() + 4 * off if bias is not None else None,
+                y.data_ptr() + 4 * off, rows, K, n, K, N, threads):
+            raise ValueError(f"quant_linear{' (8-bit activations)' if act8 else ''}: type {qtype} with rows of "
+                             f"{K} weights is not supported")
         off += rows
     return y
 

@@ -18,6 +18,10 @@ the checkpoint's own quantized rows (Q4_K, Q6_K, Q8_0, ...; `attach_gguf_weights
 go through quant_gemm.c, which streams those (4-7x fewer bytes than fp32) and dequantizes them in
 registers to exactly the fp32 weights: the same bits as our fp32 kernel, for every row count.
 Prefill keeps the fp32 path.
+
+`--weight-dtype gguf-q8`: the same blocks, but each input row is first quantized to 8 bits per block
+and meets them in integer dot products (quant_q8.c, llama.cpp's arithmetic): about twice as fast
+again, not the fp32 bits, and still the same bits for a row whatever the row count.
 """
 
 from __future__ import annotations
@@ -58,12 +62,13 @@ class PackedLinear(nn.Module):
         # GGUF blocks of the weight (attach_gguf_weights): [(ggml type id, uint8 [rows, row bytes]), ...]
         # stacked along the output rows; 1..QUANT_MAX_ROWS rows then go through quant_gemm
         self.quant: list[tuple[int, torch.Tensor]] | None = None
+        self.quant_act8 = False  # those GEMMs quantize their inputs to 8 bits (quant_q8.c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [batch, T, in]
         rows = x.numel() // x.shape[-1]
         if (self.quant is not None and rows <= cpu_kernels.QUANT_MAX_ROWS
                 and not (torch.is_grad_enabled() and x.requires_grad)):
-            return cpu_kernels.quant_linear(x, self.quant, self.bias)
+            return cpu_kernels.quant_linear(x, self.quant, self.bias, act8=self.quant_act8)
         if (self.skinny and rows <= self.max_rows
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return cpu_kernels.skinny_linear(x, self.weight, self.bias)
@@ -173,12 +178,13 @@ def _gguf_linear_sources(model: nn.Module) -> dict[str, list[str]]:
     return out
 
 
-def attach_gguf_weights(model: nn.Module, blocks: dict[str, tuple[int, torch.Tensor]]) -> int:
+def attach_gguf_weights(model: nn.Module, blocks: dict[str, tuple[int, torch.Tensor]], act8: bool = False) -> int:
     """Give each PackedLinear of a packed fp32 CPU model (pack_linears with skinny) the checkpoint's
     quantized rows, from blocks: HF weight name (without ".weight") -> (ggml type id, uint8 [rows,
     row bytes]). A layer any of whose parts is missing or in a format quant_gemm does not read keeps
     the fp32 path. Each part's first rows are dequantized and checked bit for bit against the layer's
-    fp32 weight (a wrong mapping fails loudly, not silently). Returns the number of layers given blocks."""
+    fp32 weight (a wrong mapping fails loudly, not silently). act8: those layers' GEMMs quantize their
+    inputs to 8 bits (quant_q8.c). Returns the number of layers given blocks."""
     from specdec.errors import SpecdecError
     from specdec.model.transformer import Attention
 
@@ -190,6 +196,8 @@ def attach_gguf_weights(model: nn.Module, blocks: dict[str, tuple[int, torch.Ten
             continue
         K = layer.weight.shape[1]
         if any(not 0 < cpu_kernels.quant_row_bytes(blocks[s][0], K) == blocks[s][1].shape[1] for s in sources):
+            continue
+        if act8 and not all(cpu_kernels.quant_q8_supported(blocks[s][0], K) for s in sources):
             continue
         parts, row = [], 0
         for s in sources:
@@ -206,6 +214,7 @@ def attach_gguf_weights(model: nn.Module, blocks: dict[str, tuple[int, torch.Ten
         if row != layer.weight.shape[0]:
             raise SpecdecError(f"the GGUF blocks of {name} hold {row} rows, the layer {layer.weight.shape[0]}")
         layer.quant = parts
+        layer.quant_act8 = act8
         done += 1
     if done:  # verify passes of 9..16 positions then stay on our ops too: a row's bits match a one-token step
         for m in model.modules():

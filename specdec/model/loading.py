@@ -148,13 +148,14 @@ def resolve_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
     return names[dtype]
 
 
-WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "gguf")
+WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "gguf", "gguf-q8")
+GGUF_MODES = ("gguf", "gguf-q8")  # read the GGUF file's blocks: exact fp32 arithmetic, or 8-bit activations
 
 
 def resolve_weight_dtype(device: torch.device, dtype: torch.dtype, weight_dtype: str | None) -> torch.dtype | None:
     """--weight-dtype: torch.bfloat16 for "bfloat16" (CPU fp32 only: bf16 linear weights), else None
-    (weights as loaded; "gguf" and "auto" are settled by use_gguf_blocks)."""
-    if weight_dtype is None or weight_dtype in ("float32", "fp32", "auto", "gguf"):
+    (weights as loaded; "gguf", "gguf-q8" and "auto" are settled by use_gguf_blocks)."""
+    if weight_dtype is None or weight_dtype in ("float32", "fp32", "auto", *GGUF_MODES):
         return None
     if weight_dtype not in ("bfloat16", "bf16"):
         raise SpecdecError(f"unknown --weight-dtype {weight_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
@@ -167,17 +168,18 @@ def resolve_weight_dtype(device: torch.device, dtype: torch.dtype, weight_dtype:
 def use_gguf_blocks(device: torch.device, dtype: torch.dtype, weight_dtype: str | None, source: Path,
                     kernel: bool) -> bool:
     """Whether decode and verify GEMMs read the checkpoint's own quantized blocks (quant_gemm.c):
-    "gguf" asks for it (an error where it cannot be had); None or "auto" takes it wherever it can
-    (a .gguf model on the CPU in fp32 with our kernel); "float32" and "bfloat16" do not."""
-    if weight_dtype not in (None, "auto", "gguf"):
+    "gguf" and "gguf-q8" ask for it (an error where it cannot be had); None or "auto" takes it wherever it
+    can (a .gguf model on the CPU in fp32 with our kernel); "float32" and "bfloat16" do not."""
+    if weight_dtype not in (None, "auto", *GGUF_MODES):
         return False
     possible = device.type == "cpu" and dtype == torch.float32 and source.suffix == ".gguf" and kernel
-    if weight_dtype == "gguf" and not possible:
+    if weight_dtype in GGUF_MODES and not possible:
+        flag = f"--weight-dtype {weight_dtype}"
         if source.suffix != ".gguf":
-            raise SpecdecError(f"--weight-dtype gguf reads a GGUF file's quantized blocks; {source} is not a .gguf file")
+            raise SpecdecError(f"{flag} reads a GGUF file's quantized blocks; {source} is not a .gguf file")
         if device.type != "cpu" or dtype != torch.float32:
-            raise SpecdecError(f"--weight-dtype gguf is for the CPU fp32 path, not {device} in {dtype}")
-        raise SpecdecError("--weight-dtype gguf needs our CPU kernel, which is off or unavailable here "
+            raise SpecdecError(f"{flag} is for the CPU fp32 path, not {device} in {dtype}")
+        raise SpecdecError(f"{flag} needs our CPU kernel, which is off or unavailable here "
                            "(--no-kernel, or see the message above); use --weight-dtype float32")
     return possible
 

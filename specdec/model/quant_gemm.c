@@ -23,30 +23,6 @@
 /* ggml's type ids (GGMLQuantizationType) */
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 
-static inline float f16_to_f32(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0x1f) {
-        u = sign | 0x7f800000 | (man << 13);
-    } else if (exp) {
-        u = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man) { /* subnormal: normalize */
-        int e = -1;
-        do { e++; man <<= 1; } while (!(man & 0x400));
-        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    } else {
-        u = sign;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
 #define QMAX_C 16
 
 /* The GEMM's inner loop works on 32 weights of a row at a time (one "group"): per format, `prep`

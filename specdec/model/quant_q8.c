@@ -1,0 +1,349 @@
+/* Skinny GEMM on GGUF-quantized weights with 8-bit activations (llama.cpp's arithmetic):
+ * Y[n, N] ~= X[n, K] . deq(W)[N, K]^T (+ b), n <= 16.
+ *
+ * quant_gemm.c widens every weight to fp32 and runs fp32 FMAs, which makes its output exactly the
+ * fp32 model's, but at one row the widening binds (not the bytes) and every extra row costs a full
+ * set of fp32 FMAs. Here each input row is first quantized to int8 in blocks (one fp32 scale per
+ * block: 256 values for the K-quants, as llama.cpp's Q8_K; 32 for the 32-weight formats, as Q8_0/Q8_1),
+ * and the weights' integers meet the activations' in integer dot products (VNNI vpdpbusd/vpdpwssd
+ * where the CPU has them, else AVX2's maddubs/madd, which give the same integers here: no sum can
+ * saturate). The block scales are applied in fp32 once per block.
+ *
+ * Not the fp32 model's bits (the activations are rounded to 8 bits), but deterministic per row: a
+ * row's integers are exact, its float operations run in a fixed order that does not depend on the
+ * row count or the thread count, so a verify pass of k + 1 rows gives each row exactly what a
+ * one-row step gives it, and greedy speculative decoding stays token for token plain decoding.
+ *
+ * Layout of a quantized activation row (act): q int8 [K]; d float [K / B] (the block scales);
+ * s int16 [K / 16] (sums of each 16 q's: the K-quants' offsets); sa float [K / 32] (32-weight
+ * formats: d * the block's q sum, their offsets).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
+#define QMAX_C 16
+#define QMAX_K 65536
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#define DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#elif defined(__AVXVNNI__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#else /* exact too: every pair of u8 * s8 products below fits int16 (u <= 128, |s| <= 127) */
+#define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#endif
+#define NIB8 _mm256_set1_epi8(0x0F)
+
+static inline float hsum8(__m256 v) { /* fixed order */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+static inline int hsum8i(__m256i v) {
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+}
+
+typedef struct {
+    int8_t *q;
+    float *d, *sa;
+    int16_t *s;
+    int64_t K, B; /* row length, block size */
+} act;
+
+/* One row of K floats in blocks of B (32 or 256): d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|). */
+static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float *d, int16_t *s, float *sa) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b0 = 0; b0 < K; b0 += B) {
+        __m256 m = _mm256_setzero_ps();
+        for (int64_t i = 0; i < B; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(absmask, _mm256_loadu_ps(x + b0 + i)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+        const float db = amax / 127.0f;
+        d[b0 / B] = db;
+        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        for (int64_t i = 0; i < B; i += 32) {
+            const float *xp = x + b0 + i;
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xp), id));
+            __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xp + 8), id));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xp + 16), id));
+            __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xp + 24), id));
+            const int s0 = hsum8i(_mm256_add_epi32(i0, i1)), s1 = hsum8i(_mm256_add_epi32(i2, i3));
+            s[(b0 + i) / 16] = (int16_t)s0;
+            s[(b0 + i) / 16 + 1] = (int16_t)s1;
+            if (B == 32) sa[b0 / 32] = db * (float)(s0 + s1);
+            /* int32 -> int8 in order: the packs interleave 128-bit lanes, the permute undoes it */
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            _mm256_storeu_si256((__m256i *)(q + b0 + i),
+                                _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        }
+    }
+}
+
+/* Q4_K (256 weights: 8 sub-blocks of 32, weight = d * sc[j] * q - dmin * m[j], q in 0..15):
+ * per activation block, sum_j sc[j] * (q . a)_j and sum_j m[j] * (sum a)_j are integers. */
+static inline void scales_q4_k(const uint8_t *b, int16_t *sc, __m256i *mn) {
+    uint32_t u[4];
+    memcpy(u, b + 4, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t mins03 = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = mins03;
+    u[0] &= k1; /* bytes of u[0..1]: the 8 scales; of u[2..3]: the 8 mins */
+    const uint8_t *sb = (const uint8_t *)u;
+    for (int j = 0; j < 8; j++) sc[j] = sb[j];
+    const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
+    *mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* each min twice: against the two 16-sums of its 32 */
+}
+
+#define Q4_K_BYTES 144
+#define Q6_K_BYTES 210
+#ifndef QPF_BYTES
+#define QPF_BYTES 1024 /* software prefetch distance within a row */
+#endif
+
+#define DEFINE_Q4_K(C)                                                                               \
+    static void q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
+        __m256 f[C];                                                                                 \
+        for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();                                      \
+        const int64_t nb = a->K / 256;                                                               \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            const uint8_t *blk = w + ib * Q4_K_BYTES;                                                \
+            _mm_prefetch((const char *)blk + QPF_BYTES, _MM_HINT_T0);                                \
+            _mm_prefetch((const char *)blk + QPF_BYTES + 64, _MM_HINT_T0);                           \
+            _mm_prefetch((const char *)blk + QPF_BYTES + 128, _MM_HINT_T0);                          \
+            const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);                             \
+            int16_t sc[8];                                                                           \
+            __m256i mn, q[8], sv[8];                                                                 \
+            scales_q4_k(blk, sc, &mn);                                                               \
+            for (int j = 0; j < 4; j++) {                                                            \
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));        \
+                q[2 * j] = _mm256_and_si256(raw, NIB8);                                              \
+                q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), NIB8);                    \
+            }                                                                                        \
+            for (int s = 0; s < 8; s++) sv[s] = _mm256_set1_epi16(sc[s]);                            \
+            for (int c = 0; c < C; c++) {                                                            \
+                const int8_t *xq = a->q + c * a->K + ib * 256;                                       \
+                __m256i acc = _mm256_setzero_si256();                                                \
+                for (int s = 0; s < 8; s++)                                                          \
+                    acc = DPWSSD(acc, _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(xq + 32 * s))), sv[s]); \
+                const __m256i mt = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(a->s + c * (a->K / 16) + ib * 16))); \
+                const float da = a->d[c * nb + ib];                                                  \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * da), f[c]);        \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_set1_ps(-(dmin * da)), f[c]);  \
+            }                                                                                        \
+        }                                                                                            \
+        for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
+    }
+
+/* Q6_K (256 weights, weight = d * sc[i] * (q - 32) per 16, q in 0..63): sum_i sc[i] * ((q . a)_i -
+ * 32 (sum a)_i), all integer per activation block. */
+#define DEFINE_Q6_K(C)                                                                               \
+    static void q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
+        __m256 f[C];                                                                                 \
+        for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();                                      \
+        const int64_t nb = a->K / 256;                                                               \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            const uint8_t *blk = w + ib * Q6_K_BYTES;                                                \
+            for (int p = 0; p < Q6_K_BYTES; p += 64)                                                 \
+                _mm_prefetch((const char *)blk + QPF_BYTES + p, _MM_HINT_T0);                        \
+            const float d = f16_to_f32(blk + 208);                                                   \
+            const int8_t *scb = (const int8_t *)(blk + 192);                                         \
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scb));       \
+            __m256i q[8], sv[8];                                                                     \
+            for (int s = 0; s < 8; s++) {                                                            \
+                const int h = s >> 2, t = s & 3;                                                     \
+                const __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (t & 1))); \
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));         \
+                const __m256i lo = _mm256_and_si256((t >> 1) ? _mm256_srli_epi16(ql, 4) : ql, NIB8); \
+                const __m256i hm = _mm256_and_si256(qh, _mm256_set1_epi8((char)(3 << (2 * t))));     \
+                const __m256i hi = t == 0 ? _mm256_slli_epi16(hm, 4) : t == 1 ? _mm256_slli_epi16(hm, 2) \
+                                 : t == 2 ? hm : _mm256_srli_epi16(hm, 2);                            \
+                q[s] = _mm256_or_si256(lo, hi);                                                      \
+                sv[s] = _mm256_set_m128i(_mm_set1_epi16(scb[2 * s + 1]), _mm_set1_epi16(scb[2 * s])); \
+            }                                                                                        \
+            for (int c = 0; c < C; c++) {                                                            \
+                const int8_t *xq = a->q + c * a->K + ib * 256;                                       \
+                __m256i acc = _mm256_setzero_si256();                                                \
+                for (int s = 0; s < 8; s++)                                                          \
+                    acc = DPWSSD(acc, _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(xq + 32 * s))), sv[s]); \
+                const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(a->s + c * (a->K / 16) + ib * 16))); \
+                acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));                              \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * a->d[c * nb + ib]), f[c]); \
+            }                                                                                        \
+        }                                                                                            \
+        for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
+    }
+
+/* The 32-weight formats: weight = d * (u - o) (Q8_0: o = 0, u signed; Q4_0: o = 8; Q5_0: o = 16) or
+ * d * u + m (Q4_1), u unsigned. Per block: d * da * (u . a) in fp32 lanes; the offsets (-o * d or m,
+ * times da * sum a = sa) as one dot product over the row's blocks at the end. */
+static inline __m256i nib32(const uint8_t *qs) { /* weights 0..15 the low nibbles of 16 bytes, 16..31 the high */
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), NIB8);
+}
+static inline __m256i bits32(uint32_t qh) { /* bit i of qh -> byte i: 0x10 or 0 */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
+#else
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+        _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(0x10));
+#endif
+}
+
+/* block -> (u as 32 bytes, d, offset coefficient) */
+#define Q8_0_BYTES 34
+#define Q4_0_BYTES 18
+#define Q5_0_BYTES 22
+#define Q4_1_BYTES 20
+static inline __m256i u_q8_0(const uint8_t *b, float *d, float *o) { *d = f16_to_f32(b); *o = 0.0f; return _mm256_loadu_si256((const __m256i *)(b + 2)); }
+static inline __m256i u_q4_0(const uint8_t *b, float *d, float *o) { *d = f16_to_f32(b); *o = -8.0f * *d; return nib32(b + 2); }
+static inline __m256i u_q5_0(const uint8_t *b, float *d, float *o) {
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    *d = f16_to_f32(b);
+    *o = -16.0f * *d;
+    return _mm256_or_si256(nib32(b + 6), bits32(qh));
+}
+static inline __m256i u_q4_1(const uint8_t *b, float *d, float *o) { *d = f16_to_f32(b); *o = f16_to_f32(b + 2); return nib32(b + 4); }
+
+#define DEFINE_B32(F, f, SIGNED, C)                                                                  \
+    static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                   \
+        __m256 acc[C];                                                                               \
+        for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();                                    \
+        const int64_t nb = a->K / 32;                                                                \
+        float ow[QMAX_K / 32];                                                                       \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            const uint8_t *blk = w + ib * F##_BYTES;                                                 \
+            _mm_prefetch((const char *)blk + QPF_BYTES, _MM_HINT_T0);                                \
+            float d;                                                                                 \
+            const __m256i u = u_##f(blk, &d, &ow[ib]);                                               \
+            const __m256i ua = SIGNED ? _mm256_abs_epi8(u) : u;                                      \
+            const __m256 dv = _mm256_set1_ps(d);                                                     \
+            for (int c = 0; c < C; c++) {                                                            \
+                const __m256i xa = _mm256_loadu_si256((const __m256i *)(a->q + c * a->K + 32 * ib)); \
+                const __m256i dot = DPBUSD(_mm256_setzero_si256(), ua, SIGNED ? _mm256_sign_epi8(xa, u) : xa); \
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), dv),                 \
+                                         _mm256_broadcast_ss(a->d + c * nb + ib), acc[c]);           \
+            }                                                                                        \
+        }                                                                                            \
+        for (int c = 0; c < C; c++) {                                                                \
+            float r = hsum8(acc[c]);                                                                 \
+            if (!SIGNED) {                                                                           \
+                __m256 o = _mm256_setzero_ps();                                                      \
+                const float *sa = a->sa + c * nb;                                                    \
+                int64_t ib = 0;                                                                      \
+                for (; ib + 8 <= nb; ib += 8) o = _mm256_fmadd_ps(_mm256_loadu_ps(ow + ib), _mm256_loadu_ps(sa + ib), o); \
+                r += hsum8(o);                                                                       \
+                for (; ib < nb; ib++) r += ow[ib] * sa[ib];                                          \
+            }                                                                                        \
+            y[c * ldy] = r;                                                                          \
+        }                                                                                            \
+    }
+
+typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
+#define Q_ALL_C(X, a, b, c) X(a, b, c, 1) X(a, b, c, 2) X(a, b, c, 3) X(a, b, c, 4) X(a, b, c, 5) X(a, b, c, 6) \
+    X(a, b, c, 7) X(a, b, c, 8) X(a, b, c, 9) X(a, b, c, 10) X(a, b, c, 11) X(a, b, c, 12) X(a, b, c, 13)          \
+    X(a, b, c, 14) X(a, b, c, 15) X(a, b, c, 16)
+#define DK_Q4_K(a, b, c, C) DEFINE_Q4_K(C)
+#define DK_Q6_K(a, b, c, C) DEFINE_Q6_K(C)
+#define DK_B32(F, f, S, C) DEFINE_B32(F, f, S, C)
+#define FN_OF(a, f, c, C) f##_c##C,
+Q_ALL_C(DK_Q4_K, 0, 0, 0)
+Q_ALL_C(DK_Q6_K, 0, 0, 0)
+Q_ALL_C(DK_B32, Q8_0, q8_0, 1)
+Q_ALL_C(DK_B32, Q4_0, q4_0, 0)
+Q_ALL_C(DK_B32, Q5_0, q5_0, 0)
+Q_ALL_C(DK_B32, Q4_1, q4_1, 0)
+
+typedef struct {
+    q8_fn fn[QMAX_C + 1];
+    int64_t qk, bytes, act_block;
+} q8_kernels;
+static const q8_kernels K8_Q4_K = {{0, Q_ALL_C(FN_OF, 0, q4_k, 0)}, 256, Q4_K_BYTES, 256};
+static const q8_kernels K8_Q6_K = {{0, Q_ALL_C(FN_OF, 0, q6_k, 0)}, 256, Q6_K_BYTES, 256};
+static const q8_kernels K8_Q8_0 = {{0, Q_ALL_C(FN_OF, 0, q8_0, 0)}, 32, Q8_0_BYTES, 32};
+static const q8_kernels K8_Q4_0 = {{0, Q_ALL_C(FN_OF, 0, q4_0, 0)}, 32, Q4_0_BYTES, 32};
+static const q8_kernels K8_Q5_0 = {{0, Q_ALL_C(FN_OF, 0, q5_0, 0)}, 32, Q5_0_BYTES, 32};
+static const q8_kernels K8_Q4_1 = {{0, Q_ALL_C(FN_OF, 0, q4_1, 0)}, 32, Q4_1_BYTES, 32};
+
+static const q8_kernels *q8_kernels_of(int type) {
+    switch (type) {
+    case T_Q4_K: return &K8_Q4_K;
+    case T_Q6_K: return &K8_Q6_K;
+    case T_Q8_0: return &K8_Q8_0;
+    case T_Q4_0: return &K8_Q4_0;
+    case T_Q5_0: return &K8_Q5_0;
+    case T_Q4_1: return &K8_Q4_1;
+    default: return 0;
+    }
+}
+
+/* The activations of n rows (stride ldx) quantized as `type`'s kernels read them, into a buffer of
+ * the calling thread (kept between calls: no allocation per step). NULL if it cannot be had. */
+static act *quantized(int type, const float *X, int64_t n, int64_t K, int64_t ldx) {
+    static __thread act a;
+    static __thread void *buf;
+    static __thread size_t cap;
+    const int64_t B = q8_kernels_of(type)->act_block;
+    const size_t need = (size_t)(n * K + 64) + sizeof(float) * (size_t)(n * K / 32 * 2 + 16) + sizeof(int16_t) * (size_t)(n * K / 16 + 16);
+    if (need > cap) {
+        void *p = realloc(buf, need);
+        if (!p) return 0;
+        buf = p;
+        cap = need;
+    }
+    a.K = K;
+    a.B = B;
+    a.d = (float *)buf;
+    a.sa = a.d + n * K / 32 + 8;
+    a.s = (int16_t *)(a.sa + n * K / 32 + 8);
+    a.q = (int8_t *)(a.s + n * K / 16 + 16);
+    for (int64_t c = 0; c < n; c++)
+        quantize_row(X + c * ldx, K, B, a.q + c * K, a.d + c * (K / B), a.s + c * (K / 16), a.sa + c * (K / 32));
+    return &a;
+}
+
+/* 1 if quant_gemm_q8 takes `type` with rows of K weights. */
+int quant_q8_supported(int type, int64_t K) {
+    const q8_kernels *ks = q8_kernels_of(type);
+    return ks && K > 0 && K % ks->qk == 0 && K <= QMAX_K;
+}
+
+/* Tests: the quantized activations of one row: q [K], d [K / B], s [K / 16], sa [K / 32] (B = 32). */
+void quant_q8_activations(const float *x, int64_t K, int64_t B, int8_t *q, float *d, int16_t *s, float *sa) {
+    quantize_row(x, K, B, q, d, s, sa);
+}
+
+/* Y[n, N] (row stride ldy) ~= X[n, K] (row stride ldx) . deq(W)[N, K]^T + b (b may be NULL), n <= 16,
+ * W: N rows of quant_row_bytes(type, K) bytes. Returns 0, or -1 for what it cannot take. */
+int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
+                  int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
+    const q8_kernels *ks = q8_kernels_of(type);
+    if (!ks || !quant_q8_supported(type, K) || n < 1 || n > QMAX_C) return -1;
+    const act *a = quantized(type, X, n, K, ldx);
+    if (!a) return -1;
+    const int64_t rb = K / ks->qk * ks->bytes;
+    const q8_fn fn = ks->fn[n];
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t r0, r1;
+        thread_rows(N, 8, &r0, &r1);
+        for (int64_t r = r0; r < r1; r++) fn(W + r * rb, a, Y + r, ldy);
+        if (b && r0 < r1)
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t i = r0; i < r1; i++) Y[c * ldy + i] += b[i];
+    }
+    return 0;
+}

@@ -1,0 +1,188 @@
+"""GGUF blocks against 8-bit activations (--weight-dtype gguf-q8, quant_q8.c): the activations are
+quantized exactly as the reference below says, the GEMM is that arithmetic (integer dot products,
+scales in fp32), a row's bits do not depend on the row count, the VNNI and AVX2 builds agree bit for
+bit, and on the real model speculative decoding still gives plain decoding's tokens."""
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.model import cpu_kernels
+from specdec.model.loading import use_gguf_blocks
+from test_quant_weights import FORMATS, gguf_py_dequantize, random_blocks
+
+kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def act_block(fmt: str) -> int:
+    return 256 if fmt.endswith("_K") else 32
+
+
+def reference_activations(x: np.ndarray, B: int):
+    """One row in blocks of B: d = max|x| / 127 and q = round-half-even(x * (127 / max|x|)), in fp32."""
+    x = x.astype(np.float32).reshape(-1, B)
+    amax = np.abs(x).max(1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(x * inv[:, None]).astype(np.int8)
+    return q.reshape(-1), d.astype(np.float32)
+
+
+def kernel_activations(x: np.ndarray, B: int):
+    K = x.size
+    q, d = np.zeros(K, np.int8), np.zeros(K // B, np.float32)
+    s, sa = np.zeros(K // 16, np.int16), np.zeros(K // 32, np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    cpu_kernels._lib.quant_q8_activations(x.ctypes.data, K, B, q.ctypes.data, d.ctypes.data, s.ctypes.data,
+                                          sa.ctypes.data)
+    return q, d, s, sa
+
+
+@kernel
+@pytest.mark.parametrize("B", [32, 256])
+def test_activations_are_quantized_as_the_reference(B):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(1024) * np.repeat(rng.uniform(0.01, 30, 1024 // 32), 32)).astype(np.float32)
+    x[:B] = 0.0  # an all-zero block: scale 0, q 0
+    x[B + 5] = np.float32(2.5) * np.abs(x[B:2 * B]).max() / 127  # ties round to even somewhere
+    q, d, s, sa = kernel_activations(x, B)
+    rq, rd = reference_activations(x, B)
+    assert np.array_equal(q, rq) and np.array_equal(d, rd)
+    assert np.array_equal(s, rq.reshape(-1, 16).astype(np.int64).sum(1))  # the sums of each 16
+    if B == 32:
+        assert np.array_equal(sa, rd * rq.reshape(-1, 32).astype(np.int64).sum(1).astype(np.float32))
+
+
+@kernel
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_q8_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt):
+    torch.manual_seed(0)
+    N, K = 203, 768
+    qtype = cpu_kernels.QUANT_TYPES[fmt]
+    assert cpu_kernels.quant_q8_supported(qtype, K)
+    data = torch.from_numpy(random_blocks(fmt, N, K, seed=1))
+    w = gguf_py_dequantize(fmt, data.numpy(), K).double()
+    bias = torch.randn(N)
+    x = torch.randn(1, cpu_kernels.QUANT_MAX_ROWS, K)
+    full = cpu_kernels.quant_linear(x, [(qtype, data)], bias, act8=True)
+    # the exact value of the arithmetic: dequantized weights times dequantized 8-bit activations
+    xq = torch.from_numpy(np.stack([(lambda q, d: q.reshape(-1, act_block(fmt)).astype(np.float64) * d[:, None])(
+        *reference_activations(r, act_block(fmt))).reshape(-1) for r in x[0].numpy()]))
+    ref = xq @ w.T + bias.double()
+    scale = (xq.abs() @ w.abs().T).max().item()
+    assert (full[0].double() - ref).abs().max().item() < 1e-6 * scale  # only fp32 rounding of the scales and sums
+    exact = x[0].double() @ w.T + bias.double()
+    assert (full[0].double() - exact).abs().max().item() < 0.03 * exact.abs().max().item()  # 8-bit activations: close
+    for n in range(1, cpu_kernels.QUANT_MAX_ROWS + 1):
+        assert torch.equal(cpu_kernels.quant_linear(x[:, :n], [(qtype, data)], bias, act8=True), full[:, :n])
+        assert torch.equal(cpu_kernels.quant_linear(x[:, n - 1:n], [(qtype, data)], bias, act8=True), full[:, n - 1:n])
+
+
+@kernel
+def test_q8_parts_in_several_formats_stack_along_the_outputs():
+    torch.manual_seed(0)
+    K = 512
+    parts = [(cpu_kernels.QUANT_TYPES[f], torch.from_numpy(random_blocks(f, rows, K, seed=i)))
+             for i, (f, rows) in enumerate([("Q4_K", 40), ("Q5_0", 8), ("Q6_K", 16), ("Q8_0", 8)])]
+    x = torch.randn(2, 3, K)
+    y = cpu_kernels.quant_linear(x, parts, None, act8=True)
+    assert y.shape == (2, 3, 72)
+    off = 0
+    for qtype, data in parts:
+        rows = data.shape[0]
+        assert torch.equal(y[..., off:off + rows], cpu_kernels.quant_linear(x, [(qtype, data)], act8=True))
+        off += rows
+
+
+@kernel
+def test_q8_bad_inputs_give_clear_errors():
+    q4k, q8_0 = cpu_kernels.QUANT_TYPES["Q4_K"], cpu_kernels.QUANT_TYPES["Q8_0"]
+    assert not cpu_kernels.quant_q8_supported(99, 256)
+    assert not cpu_kernels.quant_q8_supported(q4k, 100)
+    assert not cpu_kernels.quant_q8_supported(q8_0, 32 * 4096)  # longer rows than its buffers take
+    data = torch.from_numpy(random_blocks("Q4_K", 4, 256))
+    with pytest.raises(ValueError, match="1 to 16 rows"):
+        cpu_kernels.quant_linear(torch.randn(17, 256), [(q4k, data)], act8=True)
+    with pytest.raises(ValueError, match="rows of 144 bytes"):
+        cpu_kernels.quant_linear(torch.randn(1, 256), [(q4k, data[:, :100].contiguous())], act8=True)
+    big = torch.zeros(2, cpu_kernels.quant_row_bytes(q8_0, 32 * 4096), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="8-bit activations"):
+        cpu_kernels.quant_linear(torch.randn(1, 32 * 4096), [(q8_0, big)], act8=True)
+
+
+@kernel
+def test_the_avx2_build_gives_the_same_bits():
+    """Without VNNI the integer dot products go through maddubs/madd; no pair can saturate, so the
+    integers, and with them every output bit, are the VNNI build's."""
+    try:
+        avx2 = cpu_kernels.load(["-mno-avx512f", "-mno-avxvnni"])
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"no AVX2 build here: {e}")
+    torch.manual_seed(0)
+    for fmt in sorted(FORMATS):
+        qtype, K = cpu_kernels.QUANT_TYPES[fmt], 512
+        data = torch.from_numpy(random_blocks(fmt, 64, K, seed=3))
+        data.view(-1)[2::7] = 0x80  # extreme bytes (Q8_0: -128, the largest |w|); an fp16 scale stays finite
+        x = torch.randn(5, K) * 10
+        assert torch.equal(cpu_kernels.quant_linear(x, [(qtype, data)], act8=True),
+                           cpu_kernels.quant_linear(x, [(qtype, data)], act8=True, lib=avx2)), fmt
+
+
+def test_gguf_q8_choice(tmp_path):
+    cpu, gguf, hf = torch.device("cpu"), tmp_path / "m.gguf", tmp_path / "hf"
+    assert use_gguf_blocks(cpu, torch.float32, "gguf-q8", gguf, kernel=True)
+    with pytest.raises(SpecdecError, match="--weight-dtype gguf-q8 reads a GGUF file"):
+        use_gguf_blocks(cpu, torch.float32, "gguf-q8", hf, kernel=True)
+    with pytest.raises(SpecdecError, match="needs our CPU kernel"):
+        use_gguf_blocks(cpu, torch.float32, "gguf-q8", gguf, kernel=False)
+
+
+@pytest.fixture(scope="module")
+def smollm2_q8(smollm2_path):
+    if not cpu_kernels.available():
+        pytest.skip(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+    from specdec.model import load_model
+    return (load_model(str(smollm2_path), device="cpu", weight_dtype="gguf-q8", progress=lambda *a: None),
+            load_model(str(smollm2_path), device="cpu", weight_dtype="float32", progress=lambda *a: None))
+
+
+@pytest.mark.real
+def test_real_model_q8_verify_rows_are_one_token_steps(smollm2_q8):
+    from specdec.model.cpu_linear import PackedLinear
+    q8, fp32 = smollm2_q8
+    assert q8.module.weight_format == "gguf-q8"
+    linears = [m for m in q8.module.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m.quant is not None and m.quant_act8 for m in linears)
+    torch.manual_seed(0)
+    prompt, steps = torch.randint(0, 1000, (1, 30)), torch.randint(0, 1000, (1, 16))
+    with torch.inference_mode():
+        caches = [m.module.new_cache(64) for m in (q8, fp32)]
+        for m, c in zip((q8, fp32), caches):
+            m.module(prompt, c, 0)
+            c.advance(30)
+        one = [q8.module(steps[:, i:i + 1], caches[0], 30 + i) for i in range(16)]
+        ref = [fp32.module(steps[:, i:i + 1], caches[1], 30 + i) for i in range(16)]
+        for n in (2, 5, 8, 9, 16):  # a verify pass of n positions: the one-token steps' bits
+            assert torch.equal(q8.module(steps[:, :n], caches[0], 30), torch.cat(one[:n], dim=1))
+    # close to the fp32 model: the same top token on most steps, probabilities near
+    a, b = torch.cat(one, 1).softmax(-1), torch.cat(ref, 1).softmax(-1)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
+    assert 0.5 * (a - b).abs().sum(-1).max() < 0.2  # total variation distance per step
+
+
+@pytest.mark.real
+def test_real_model_q8_speculation_gives_plain_tokens(smollm2_q8):
+    from specdec.config import GenerationConfig
+    from specdec.drafters.base import NoDrafter
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.engine.generate import SpeculativeGenerator
+    from specdec.model.tokenizer import encode_prompt
+    q8, _ = smollm2_q8
+    ids = encode_prompt(q8.tokenizer, "Write a Python function that checks whether a number is prime.", chat=True)
+    plain = SpeculativeGenerator(q8.module, NoDrafter(), 512).generate(ids, GenerationConfig(40, 1), q8.eos_ids)
+    drafter = DraftModelDrafter(q8.module, q8.module.config.vocab_size, 512, head_rows=8192)
+    for k in (3, 8):
+        out = SpeculativeGenerator(q8.module, drafter, 512).generate(ids, GenerationConfig(40, k), q8.eos_ids)
+        assert out.tokens == plain.tokens
