@@ -78,6 +78,12 @@ def test_q8_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt):
     for n in range(1, cpu_kernels.QUANT_MAX_ROWS + 1):
         assert torch.equal(cpu_kernels.quant_linear(x[:, :n], [(qtype, data)], bias, act8=True), full[:, :n])
         assert torch.equal(cpu_kernels.quant_linear(x[:, n - 1:n], [(qtype, data)], bias, act8=True), full[:, n - 1:n])
+    # a prefill of any length: 16 rows at a time, each row the same bits
+    long = torch.cat([x, x[:, :7] * 2, x[:, :14] - 1], dim=1)  # 37 rows
+    y = cpu_kernels.quant_linear(long, [(qtype, data)], bias, act8=True)
+    assert torch.equal(y[:, :16], full)
+    assert torch.equal(y[:, 16:23], cpu_kernels.quant_linear(x[:, :7] * 2, [(qtype, data)], bias, act8=True))
+    assert torch.equal(y[:, 23:], cpu_kernels.quant_linear(x[:, :14] - 1, [(qtype, data)], bias, act8=True))
 
 
 @kernel
@@ -103,8 +109,8 @@ def test_q8_bad_inputs_give_clear_errors():
     assert not cpu_kernels.quant_q8_supported(q4k, 100)
     assert not cpu_kernels.quant_q8_supported(q8_0, 32 * 4096)  # longer rows than its buffers take
     data = torch.from_numpy(random_blocks("Q4_K", 4, 256))
-    with pytest.raises(ValueError, match="1 to 16 rows"):
-        cpu_kernels.quant_linear(torch.randn(17, 256), [(q4k, data)], act8=True)
+    with pytest.raises(ValueError, match="at least 1 row"):
+        cpu_kernels.quant_linear(torch.randn(0, 256), [(q4k, data)], act8=True)
     with pytest.raises(ValueError, match="rows of 144 bytes"):
         cpu_kernels.quant_linear(torch.randn(1, 256), [(q4k, data[:, :100].contiguous())], act8=True)
     big = torch.zeros(2, cpu_kernels.quant_row_bytes(q8_0, 32 * 4096), dtype=torch.uint8)

@@ -75,9 +75,11 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         kernel = False
     quant = use_gguf_blocks(dev, torch_dtype, weight_dtype, source, kernel and cpu_fp32)
     if cpu_fp32:
+        act8 = quant and weight_dtype == "gguf-q8"
+        if act8:  # its kernel takes every row count: a oneDNN copy would never be read
+            pack = False
         if pack or kernel or low is not None:
             pack_linears(module, skinny=kernel, pack=pack, weight_dtype=low)
-        act8 = weight_dtype == "gguf-q8"
         if quant and attach_gguf_weights(module, gguf_blocks(source, directory), act8=act8):
             module.weight_format = "gguf-q8" if act8 else "gguf"
     elif low is not None:

@@ -205,7 +205,8 @@ def _check_quant(qtype: int, data: torch.Tensor, K: int, lib) -> None:
 
 def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: torch.Tensor | None = None,
                  lib=None, act8: bool = False) -> torch.Tensor:
-    """x @ W.T + bias for fp32 CPU x with at most QUANT_MAX_ROWS rows (any leading shape), where W is
+    """x @ W.T + bias for fp32 CPU x with at most QUANT_MAX_ROWS rows (any number with act8; any leading
+    shape), where W is
     given as GGUF blocks: parts = [(qtype, uint8 [rows_i, row_bytes]), ...], stacked in order along
     W's output rows. The result is bit for bit skinny_linear's on the dequantized W (quant_gemm.c).
     act8: x is quantized to 8 bits per block first and meets the blocks in integer dot products
@@ -215,12 +216,13 @@ def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: t
     K = x.shape[-1]
     n = x.numel() // K
     N = sum(d.shape[0] for _, d in parts)
-    if not (_plain(x) and (bias is None or (_plain(bias) and bias.numel() == N))) or not 1 <= n <= QUANT_MAX_ROWS:
+    rows_ok = 1 <= n and (act8 or n <= QUANT_MAX_ROWS)
+    if not (_plain(x) and (bias is None or (_plain(bias) and bias.numel() == N))) or not rows_ok:
         _check("quant_linear", x=x, bias=bias)
         if bias is not None and bias.numel() != N:
             raise ValueError(f"quant_linear: a bias of {bias.numel()} for {N} outputs")
-        if not 1 <= n <= QUANT_MAX_ROWS:
-            raise ValueError(f"quant_linear takes 1 to {QUANT_MAX_ROWS} rows, not {n}")
+        if not rows_ok:
+            raise ValueError(f"quant_linear takes {'at least 1 row' if act8 else f'1 to {QUANT_MAX_ROWS} rows'}, not {n}")
         x = x.contiguous()
     y = x.new_empty((*x.shape[:-1], N))
     threads, off = torch.get_num_threads(), 0

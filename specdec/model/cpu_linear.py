@@ -21,7 +21,8 @@ Prefill keeps the fp32 path.
 
 `--weight-dtype gguf-q8`: the same blocks, but each input row is first quantized to 8 bits per block
 and meets them in integer dot products (quant_q8.c, llama.cpp's arithmetic): about twice as fast
-again, not the fp32 bits, and still the same bits for a row whatever the row count.
+again, not the fp32 bits, and still the same bits for a row whatever the row count. It takes every
+row count (prefill too), so no oneDNN copy is kept.
 """
 
 from __future__ import annotations
@@ -62,11 +63,11 @@ class PackedLinear(nn.Module):
         # GGUF blocks of the weight (attach_gguf_weights): [(ggml type id, uint8 [rows, row bytes]), ...]
         # stacked along the output rows; 1..QUANT_MAX_ROWS rows then go through quant_gemm
         self.quant: list[tuple[int, torch.Tensor]] | None = None
-        self.quant_act8 = False  # those GEMMs quantize their inputs to 8 bits (quant_q8.c)
+        self.quant_act8 = False  # all GEMMs (any row count) quantize their inputs to 8 bits (quant_q8.c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [batch, T, in]
         rows = x.numel() // x.shape[-1]
-        if (self.quant is not None and rows <= cpu_kernels.QUANT_MAX_ROWS
+        if (self.quant is not None and (rows <= cpu_kernels.QUANT_MAX_ROWS or self.quant_act8)
                 and not (torch.is_grad_enabled() and x.requires_grad)):
             return cpu_kernels.quant_linear(x, self.quant, self.bias, act8=self.quant_act8)
         if (self.skinny and rows <= self.max_rows

@@ -27,6 +27,9 @@
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 #define QMAX_C 16
 #define QMAX_K 65536
+#ifndef Q8_TILE_BYTES
+#define Q8_TILE_BYTES (128 * 1024)
+#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
@@ -290,13 +293,13 @@ static const q8_kernels *q8_kernels_of(int type) {
     }
 }
 
-/* The activations of n rows (stride ldx) quantized as `type`'s kernels read them, into a buffer of
- * the calling thread (kept between calls: no allocation per step). NULL if it cannot be had. */
-static act *quantized(int type, const float *X, int64_t n, int64_t K, int64_t ldx) {
+/* Room for the quantized activations of n rows as `type`'s kernels read them, in a buffer of the
+ * calling thread (kept between calls: no allocation per step); filled by quantize_rows. NULL if the
+ * memory cannot be had. */
+static act *act_buffer(int type, int64_t n, int64_t K) {
     static __thread act a;
     static __thread void *buf;
     static __thread size_t cap;
-    const int64_t B = q8_kernels_of(type)->act_block;
     const size_t need = (size_t)(n * K + 64) + sizeof(float) * (size_t)(n * K / 32 * 2 + 16) + sizeof(int16_t) * (size_t)(n * K / 16 + 16);
     if (need > cap) {
         void *p = realloc(buf, need);
@@ -305,14 +308,29 @@ static act *quantized(int type, const float *X, int64_t n, int64_t K, int64_t ld
         cap = need;
     }
     a.K = K;
-    a.B = B;
+    a.B = q8_kernels_of(type)->act_block;
     a.d = (float *)buf;
     a.sa = a.d + n * K / 32 + 8;
     a.s = (int16_t *)(a.sa + n * K / 32 + 8);
     a.q = (int8_t *)(a.s + n * K / 16 + 16);
-    for (int64_t c = 0; c < n; c++)
-        quantize_row(X + c * ldx, K, B, a.q + c * K, a.d + c * (K / B), a.s + c * (K / 16), a.sa + c * (K / 32));
     return &a;
+}
+
+/* rows [c0, c1) of X into a */
+static void quantize_rows(const act *a, const float *X, int64_t ldx, int64_t c0, int64_t c1) {
+    const int64_t K = a->K, B = a->B;
+    for (int64_t c = c0; c < c1; c++)
+        quantize_row(X + c * ldx, K, B, a->q + c * K, a->d + c * (K / B), a->s + c * (K / 16), a->sa + c * (K / 32));
+}
+
+/* a's rows from c0 on, as an act of their own */
+static act act_from(const act *a, int64_t c0) {
+    act o = *a;
+    o.q += c0 * a->K;
+    o.d += c0 * (a->K / a->B);
+    o.s += c0 * (a->K / 16);
+    o.sa += c0 * (a->K / 32);
+    return o;
 }
 
 /* 1 if quant_gemm_q8 takes `type` with rows of K weights. */
@@ -326,21 +344,40 @@ void quant_q8_activations(const float *x, int64_t K, int64_t B, int8_t *q, float
     quantize_row(x, K, B, q, d, s, sa);
 }
 
-/* Y[n, N] (row stride ldy) ~= X[n, K] (row stride ldx) . deq(W)[N, K]^T + b (b may be NULL), n <= 16,
- * W: N rows of quant_row_bytes(type, K) bytes. Returns 0, or -1 for what it cannot take. */
+/* Y[n, N] (row stride ldy) ~= X[n, K] (row stride ldx) . deq(W)[N, K]^T + b (b may be NULL), any n
+ * (a prefill too: each weight row meets the inputs 16 at a time while it is in L1), W: N rows of
+ * quant_row_bytes(type, K) bytes. Returns 0, or -1 for what it cannot take (or no memory). */
 int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
                   int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
     const q8_kernels *ks = q8_kernels_of(type);
-    if (!ks || !quant_q8_supported(type, K) || n < 1 || n > QMAX_C) return -1;
-    const act *a = quantized(type, X, n, K, ldx);
+    if (!ks || !quant_q8_supported(type, K) || n < 1) return -1;
+    const act *a = act_buffer(type, n, K);
     if (!a) return -1;
     const int64_t rb = K / ks->qk * ks->bytes;
-    const q8_fn fn = ks->fn[n];
 #pragma omp parallel num_threads(nthreads)
     {
+#ifdef _OPENMP
+        extern int omp_get_thread_num(void);
+        extern int omp_get_num_threads(void);
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+        const int64_t t = 0, T = 1;
+#endif
+        quantize_rows(a, X, ldx, n * t / T, n * (t + 1) / T);
+#pragma omp barrier
         int64_t r0, r1;
         thread_rows(N, 8, &r0, &r1);
-        for (int64_t r = r0; r < r1; r++) fn(W + r * rb, a, Y + r, ldy);
+        /* a tile of weight rows (about Q8_TILE_BYTES) meets every chunk of 16 inputs while it is in L2,
+         * so a long prefill streams neither the weights nor the activations more than once per tile */
+        const int64_t tile = n <= QMAX_C ? r1 - r0 : (Q8_TILE_BYTES / rb > 1 ? Q8_TILE_BYTES / rb : 1);
+        for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+            const int64_t t1 = t0 + tile < r1 ? t0 + tile : r1;
+            for (int64_t c0 = 0; c0 < n; c0 += QMAX_C) {
+                const int64_t C = n - c0 < QMAX_C ? n - c0 : QMAX_C;
+                const act part = act_from(a, c0);
+                for (int64_t r = t0; r < t1; r++) ks->fn[C](W + r * rb, &part, Y + c0 * ldy + r, ldy);
+            }
+        }
         if (b && r0 < r1)
             for (int64_t c = 0; c < n; c++)
                 for (int64_t i = r0; i < r1; i++) Y[c * ldy + i] += b[i];
