@@ -188,62 +188,117 @@ static inline void scales_q4_k(const uint8_t *b, int16_t *sc, __m256i *mn) {
     }
 
 /* The 32-weight formats: weight = d * (u - o) (Q8_0: o = 0, u signed; Q4_0: o = 8; Q5_0: o = 16) or
- * d * u + m (Q4_1), u unsigned. Per block: d * da * (u . a) in fp32 lanes; the offsets (-o * d or m,
- * times da * sum a = sa) as one dot product over the row's blocks at the end. */
+ * d * u + m (Q4_1), u unsigned. Per block, u . a is an integer; eight blocks' dot products are
+ * summed across their lanes into one vector (a block a lane), which meets the eight d * da in one
+ * fp32 FMA. The offsets (-o * d or m, times da * sum a = sa) are one dot product over the row's
+ * blocks at the end. */
 static inline __m256i nib32(const uint8_t *qs) { /* weights 0..15 the low nibbles of 16 bytes, 16..31 the high */
     const __m128i x = _mm_loadu_si128((const __m128i *)qs);
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), NIB8);
 }
-static inline __m256i bits32(uint32_t qh) { /* bit i of qh -> byte i: 0x10 or 0 */
+static inline __m256i with_bit4(__m256i u, const uint8_t *qhp) { /* bit i of the 32 at qhp -> bit 4 of byte i */
+    uint32_t qh;
+    memcpy(&qh, qhp, 4);
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-    return _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
+    return _mm256_mask_add_epi8(u, (__mmask32)qh, u, _mm256_set1_epi8(0x10)); /* bit 4 of u is 0: add is or */
 #else
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
         _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
     const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel),
+                                               _mm256_set1_epi8(0x10)));
 #endif
 }
 
-/* block -> (u as 32 bytes, d, offset coefficient) */
+/* per format: block bytes, the bytes u of a block, u signed?, o (weight = d * (u - o)), the byte
+ * offset of m (Q4_1; -1: none) */
 #define Q8_0_BYTES 34
 #define Q4_0_BYTES 18
 #define Q5_0_BYTES 22
 #define Q4_1_BYTES 20
-static inline __m256i u_q8_0(const uint8_t *b, float *d, float *o) { *d = f16_to_f32(b); *o = 0.0f; return _mm256_loadu_si256((const __m256i *)(b + 2)); }
-static inline __m256i u_q4_0(const uint8_t *b, float *d, float *o) { *d = f16_to_f32(b); *o = -8.0f * *d; return nib32(b + 2); }
-static inline __m256i u_q5_0(const uint8_t *b, float *d, float *o) {
-    uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    *d = f16_to_f32(b);
-    *o = -16.0f * *d;
-    return _mm256_or_si256(nib32(b + 6), bits32(qh));
-}
-static inline __m256i u_q4_1(const uint8_t *b, float *d, float *o) { *d = f16_to_f32(b); *o = f16_to_f32(b + 2); return nib32(b + 4); }
+static inline __m256i u_q8_0(const uint8_t *b) { return _mm256_loadu_si256((const __m256i *)(b + 2)); }
+static inline __m256i u_q4_0(const uint8_t *b) { return nib32(b + 2); }
+static inline __m256i u_q5_0(const uint8_t *b) { return with_bit4(nib32(b + 6), b + 2); }
+static inline __m256i u_q4_1(const uint8_t *b) { return nib32(b + 4); }
+#define Q8_0_SIGNED 1
+#define Q4_0_SIGNED 0
+#define Q5_0_SIGNED 0
+#define Q4_1_SIGNED 0
+#define Q8_0_O 0.0f
+#define Q4_0_O 8.0f
+#define Q5_0_O 16.0f
+#define Q4_1_O 0.0f
+#define Q8_0_M (-1)
+#define Q4_0_M (-1)
+#define Q5_0_M (-1)
+#define Q4_1_M 2
 
-#define DEFINE_B32(F, f, SIGNED, C)                                                                  \
+/* the fp16 at p, p + stride, ..., 8 of them, as floats */
+static inline __m256 halves8(const uint8_t *p, int64_t stride) {
+#if defined(__F16C__)
+    uint16_t h[8];
+    for (int j = 0; j < 8; j++) memcpy(h + j, p + j * stride, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+#else
+    float f[8];
+    for (int j = 0; j < 8; j++) f[j] = f16_to_f32(p + j * stride);
+    return _mm256_loadu_ps(f);
+#endif
+}
+
+/* eight vectors of int32 lanes -> one vector: lane j the sum of p[j]'s lanes (a fixed order) */
+static inline __m256i lane_sums8(const __m256i *p) {
+    const __m256i h0 = _mm256_hadd_epi32(p[0], p[1]), h1 = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i h2 = _mm256_hadd_epi32(p[4], p[5]), h3 = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i k0 = _mm256_hadd_epi32(h0, h1), k1 = _mm256_hadd_epi32(h2, h3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(k0, k1, 0x20), _mm256_permute2x128_si256(k0, k1, 0x31));
+}
+
+#define DEFINE_B32(F, f, C)                                                                          \
     static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                   \
         __m256 acc[C];                                                                               \
         for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();                                    \
-        const int64_t nb = a->K / 32;                                                                \
+        const int64_t nb = a->K / 32, ng = nb / 8 * 8;                                               \
         float ow[QMAX_K / 32];                                                                       \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+        for (int64_t g = 0; g < ng; g += 8) { /* eight blocks at a time */                           \
+            const uint8_t *blk = w + g * F##_BYTES;                                                  \
+            for (int p = 0; p < 8 * F##_BYTES; p += 64)                                              \
+                _mm_prefetch((const char *)blk + QPF_BYTES + p, _MM_HINT_T0);                        \
+            const __m256 dv = halves8(blk, F##_BYTES);                                               \
+            _mm256_storeu_ps(ow + g, F##_M >= 0 ? halves8(blk + (F##_M >= 0 ? F##_M : 0), F##_BYTES) \
+                                                : _mm256_mul_ps(dv, _mm256_set1_ps(-F##_O)));        \
+            __m256i u[8], ua[8];                                                                     \
+            for (int j = 0; j < 8; j++) {                                                            \
+                u[j] = u_##f(blk + j * F##_BYTES);                                                   \
+                ua[j] = F##_SIGNED ? _mm256_abs_epi8(u[j]) : u[j];                                   \
+            }                                                                                        \
+            for (int c = 0; c < C; c++) {                                                            \
+                const int8_t *xq = a->q + c * a->K + 32 * g;                                         \
+                __m256i p[8];                                                                        \
+                for (int j = 0; j < 8; j++) {                                                        \
+                    const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + 32 * j));           \
+                    p[j] = DPBUSD(_mm256_setzero_si256(), ua[j], F##_SIGNED ? _mm256_sign_epi8(xa, u[j]) : xa); \
+                }                                                                                    \
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums8(p)),                          \
+                                         _mm256_mul_ps(dv, _mm256_loadu_ps(a->d + c * nb + g)), acc[c]); \
+            }                                                                                        \
+        }                                                                                            \
+        for (int64_t ib = ng; ib < nb; ib++) { /* the rest, a block at a time */                     \
             const uint8_t *blk = w + ib * F##_BYTES;                                                 \
-            _mm_prefetch((const char *)blk + QPF_BYTES, _MM_HINT_T0);                                \
-            float d;                                                                                 \
-            const __m256i u = u_##f(blk, &d, &ow[ib]);                                               \
-            const __m256i ua = SIGNED ? _mm256_abs_epi8(u) : u;                                      \
-            const __m256 dv = _mm256_set1_ps(d);                                                     \
+            const float d = f16_to_f32(blk);                                                         \
+            ow[ib] = F##_M >= 0 ? f16_to_f32(blk + (F##_M >= 0 ? F##_M : 0)) : -F##_O * d;           \
+            const __m256i u = u_##f(blk), ua = F##_SIGNED ? _mm256_abs_epi8(u) : u;                  \
             for (int c = 0; c < C; c++) {                                                            \
                 const __m256i xa = _mm256_loadu_si256((const __m256i *)(a->q + c * a->K + 32 * ib)); \
-                const __m256i dot = DPBUSD(_mm256_setzero_si256(), ua, SIGNED ? _mm256_sign_epi8(xa, u) : xa); \
-                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), dv),                 \
-                                         _mm256_broadcast_ss(a->d + c * nb + ib), acc[c]);           \
+                const __m256i dot = DPBUSD(_mm256_setzero_si256(), ua, F##_SIGNED ? _mm256_sign_epi8(xa, u) : xa); \
+                /* lane 0 of acc: the same products as in the groups, one block's sum at a time */  \
+                const __m256 s = _mm256_castps128_ps256(_mm_set_ss((float)hsum8i(dot) * (d * a->d[c * nb + ib]))); \
+                acc[c] = _mm256_add_ps(acc[c], _mm256_and_ps(s, _mm256_castsi256_ps(_mm256_setr_epi32(-1, 0, 0, 0, 0, 0, 0, 0)))); \
             }                                                                                        \
         }                                                                                            \
         for (int c = 0; c < C; c++) {                                                                \
             float r = hsum8(acc[c]);                                                                 \
-            if (!SIGNED) {                                                                           \
+            if (F##_O != 0.0f || F##_M >= 0) {                                                       \
                 __m256 o = _mm256_setzero_ps();                                                      \
                 const float *sa = a->sa + c * nb;                                                    \
                 int64_t ib = 0;                                                                      \
@@ -261,7 +316,7 @@ typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
     X(a, b, c, 14) X(a, b, c, 15) X(a, b, c, 16)
 #define DK_Q4_K(a, b, c, C) DEFINE_Q4_K(C)
 #define DK_Q6_K(a, b, c, C) DEFINE_Q6_K(C)
-#define DK_B32(F, f, S, C) DEFINE_B32(F, f, S, C)
+#define DK_B32(F, f, S, C) DEFINE_B32(F, f, C)
 #define FN_OF(a, f, c, C) f##_c##C,
 Q_ALL_C(DK_Q4_K, 0, 0, 0)
 Q_ALL_C(DK_Q6_K, 0, 0, 0)
