@@ -56,6 +56,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
                                        resolve_weight_dtype, use_gguf_blocks)
     from specdec.model.registry import resolve_model
     from specdec.model import cpu_kernels
+    from specdec.model import cpu_forward
     from specdec.model.cpu_linear import attach_gguf_weights, onednn_available, pack_linears
     from specdec.model.tokenizer import eos_ids, load_tokenizer
 
@@ -82,6 +83,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
             pack_linears(module, skinny=kernel, pack=pack, weight_dtype=low)
         if quant and attach_gguf_weights(module, gguf_blocks(source, directory), act8=act8):
             module.weight_format = "gguf-q8" if act8 else "gguf"
+            cpu_forward.enable(module)  # decode and verify steps: the layer loop in one C call
     elif low is not None:
         raise SpecdecError("--weight-dtype bfloat16 needs oneDNN in this torch build (torch.backends.mkldnn)")
     if cuda_graphs:

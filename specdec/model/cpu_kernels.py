@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(n) for n in ("skinny_gemm.c", "quant_gemm.c", "quant_q8.c", "fused_ops.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("skinny_gemm.c", "quant_gemm.c", "quant_q8.c", "fused_ops.c",
+                                                       "cpu_forward.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 MAX_ROWS = 8  # above this, oneDNN-packed GEMMs were as fast or faster in the model (perf.md): callers use those
@@ -102,8 +103,13 @@ def load(extra_flags: list[str] | None = None):
     lib.rms_norm.argtypes = [p, p, p, i64, i64, i64, f32]
     lib.rope.argtypes = [p, p, p] + [i64] * 8
     lib.attend.argtypes = [p] * 6 + [i64] * 14 + [ctypes.c_int]
-    for f in (lib.rms_norm, lib.rope, lib.attend):
+    lib.silu_mul.argtypes = [p, p, p, i64]
+    for f in (lib.rms_norm, lib.rope, lib.attend, lib.silu_mul):
         f.restype = None
+    lib.forward_scratch_floats.argtypes = [i64] * 6
+    lib.forward_scratch_floats.restype = i64
+    lib.forward_layers.argtypes = [p, i64, p] + [i64] * 6 + [f32, p, p, p, p, i64, i64, p, i64, p, ctypes.c_int]
+    lib.forward_layers.restype = ctypes.c_int
     return lib
 
 
@@ -237,6 +243,20 @@ def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: t
                              f"{K} weights is not supported")
         off += rows
     return y
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, lib=None) -> torch.Tensor:
+    """silu(gate) * up for fp32 CPU tensors of one shape (the gated MLP's activation; cpu_forward.c
+    calls the same C function, so both paths give the same bits)."""
+    lib = _lib_or_raise(lib)
+    if gate.shape != up.shape:
+        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    if not (_plain(gate) and _plain(up)):
+        _check("silu_mul", gate=gate, up=up)
+        gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    lib.silu_mul(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel())
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> torch.Tensor:

@@ -108,6 +108,7 @@ def fuse_for_cpu(model: nn.Module) -> nn.Module:
         elif isinstance(module, MLP) and module.gate_up_proj is None:
             module.gate_up_proj = concat_linears([module.gate_proj, module.up_proj])
             module.gate_proj = module.up_proj = None
+            module.cpu_ops = True
         elif isinstance(module, RMSNorm):
             module.cpu_ops = True
     return model

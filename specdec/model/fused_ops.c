@@ -223,3 +223,13 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
         free(p);
     }
 }
+
+/* out[i] = silu(g[i]) * u[i] = g[i] * sigmoid(g[i]) * u[i], for i < n. sigmoid from exp of -|g| only
+ * (exp_nonpos), so no overflow; the same code for every call, vectorized. */
+void silu_mul(const float *g, const float *u, float *out, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i], e = exp_nonpos(x < 0.f ? x : -x);
+        out[i] = x * ((x < 0.f ? e : 1.f) / (1.f + e)) * u[i];
+    }
+}

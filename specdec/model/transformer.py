@@ -157,10 +157,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up_proj: nn.Linear | None = None  # fp32 CPU: gate and up as one GEMM (cpu_linear.pack_linears)
+        self.cpu_ops = False  # fp32 CPU: SiLU and the gate product on our op (cpu_kernels.silu_mul)
 
     def forward(self, x):  # [batch, T, dim]
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            if self.cpu_ops and not (torch.is_grad_enabled() and x.requires_grad):
+                return self.down_proj(cpu_kernels.silu_mul(gate.contiguous(), up.contiguous()))
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -217,6 +220,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, head_dim]
         self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim]
         self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.engine.cuda_graphs), or None
+        self.cpu_forward = None  # a cpu_forward.CpuForward running the layer loop in C where a call fits, or None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -274,8 +278,11 @@ class Transformer(nn.Module):
         cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [batch, 1, T, head_dim]
         sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
         x = self.model.embed_tokens(tokens)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+        if self.cpu_forward is not None and self.cpu_forward.takes(tokens, cache, start, mask):
+            x = self.cpu_forward.run(x, cos, sin, cache, start, mask)  # the loop below, in one C call
+        else:
+            for i, layer in enumerate(self.model.layers):
+                x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.model.norm(x)).float()

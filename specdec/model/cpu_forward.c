@@ -1,0 +1,99 @@
+/* A forward of a few positions through every decoder layer in one call (decode steps and verify
+ * passes on the CPU): the same ops the Python layer loop calls (rms_norm, rope, attend, silu_mul
+ * of fused_ops.c; quant_gemm / quant_gemm_q8 on each linear layer's GGUF blocks) in the same order
+ * on the same data, so the result is that loop's, bit for bit, without its ~20 Python and ctypes
+ * calls a layer (a third of the 0.5B draft model's step; cpu_forward.py).
+ *
+ * Scope: one sequence (batch 1), new positions written at slots start .. start + T - 1, T <= 16,
+ * every linear layer on GGUF blocks, a Llama-shaped layer (RMSNorm, rotate-half RoPE, grouped-query
+ * attention, SiLU-gated MLP). The caller falls back to the Python loop for anything else.
+ */
+#include <stdint.h>
+#include <string.h>
+
+void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t dim, int64_t ldx, float eps);
+void rope(float *x, const float *cos, const float *sin, int64_t B, int64_t T, int64_t heads, int64_t D,
+          int64_t sxb, int64_t sxt, int64_t scb, int64_t sct);
+void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
+            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
+            int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, int nthreads);
+void silu_mul(const float *g, const float *u, float *out, int64_t n);
+int quant_gemm(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
+               int64_t n, int64_t ldx, int64_t ldy, int nthreads);
+int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
+                  int64_t n, int64_t ldx, int64_t ldy, int nthreads);
+
+#define FW_MAX_PARTS 4
+#define FW_MAX_T 16
+
+typedef struct {
+    int32_t type, act8; /* ggml type id; 1: 8-bit activations (quant_gemm_q8) */
+    const uint8_t *data; /* rows x row bytes */
+    int64_t rows;
+} fw_part;
+
+typedef struct {
+    const float *bias; /* N floats or NULL */
+    int64_t n_parts, N, K;
+    fw_part parts[FW_MAX_PARTS]; /* stacked along the N outputs */
+} fw_linear;
+
+typedef struct {
+    const float *ln1, *ln2; /* input_layernorm, post_attention_layernorm weights [D] */
+    fw_linear qkv, o, gate_up, down;
+} fw_layer;
+
+/* Y[T, N] = X[T, K] . W^T + b, as cpu_kernels.quant_linear does it (part by part, the bias per part) */
+static int linear(const fw_linear *l, const float *X, float *Y, int64_t T, int nthreads) {
+    int64_t off = 0;
+    for (int64_t p = 0; p < l->n_parts; p++) {
+        const fw_part *q = &l->parts[p];
+        const float *b = l->bias ? l->bias + off : 0;
+        const int rc = q->act8 ? quant_gemm_q8(q->type, q->data, X, b, Y + off, q->rows, l->K, T, l->K, l->N, nthreads)
+                               : quant_gemm(q->type, q->data, X, b, Y + off, q->rows, l->K, T, l->K, l->N, nthreads);
+        if (rc) return rc;
+        off += q->rows;
+    }
+    return 0;
+}
+
+/* Bytes of scratch forward_layers needs (floats): h [T, D], y [T, (H + 2 KV) hd], att [T, H hd],
+ * t [T, D], gu [T, 2 I], a [T, I]. */
+int64_t forward_scratch_floats(int64_t T, int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I) {
+    return T * (2 * D + (H + 2 * KV) * hd + H * hd + 3 * I);
+}
+
+/* x [T, D] (the embeddings in, the last layer's output out) through layers[0 .. L).
+ * cos, sin [T, hd]: the RoPE rows of the T positions. kc, vc: the caches [L, KV, cap, hd] (batch 1);
+ * the new keys and values go to slots start .. start + T - 1, and position t attends to slots
+ * 0 .. start + t under mask [T, >= start + T] (bool, row stride mask_stride) or to all of them (NULL).
+ * Returns 0, or -1 (bad sizes, or a GEMM that refused: nothing was written past the failing layer). */
+int forward_layers(const fw_layer *layers, int64_t L, float *x, int64_t T, int64_t D, int64_t H, int64_t KV,
+                   int64_t hd, int64_t I, float eps, const float *cos, const float *sin, float *kc, float *vc,
+                   int64_t cap, int64_t start, const uint8_t *mask, int64_t mask_stride, float *scratch,
+                   int nthreads) {
+    if (T < 1 || T > FW_MAX_T || start < 0 || start + T > cap || H % KV) return -1;
+    const int64_t nq = (H + 2 * KV) * hd, S = start + T;
+    float *h = scratch, *y = h + T * D, *att = y + T * nq, *t = att + T * H * hd, *gu = t + T * D, *a = gu + T * 2 * I;
+    for (int64_t l = 0; l < L; l++) {
+        const fw_layer *ly = &layers[l];
+        float *kl = kc + l * KV * cap * hd, *vl = vc + l * KV * cap * hd;
+        rms_norm(x, ly->ln1, h, T, D, D, eps);
+        if (linear(&ly->qkv, h, y, T, nthreads)) return -1;
+        rope(y, cos, sin, 1, T, H + KV, hd, 0, nq, 0, hd); /* q and k, in place */
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t g = 0; g < KV; g++) {
+                memcpy(kl + (g * cap + start + i) * hd, y + i * nq + (H + g) * hd, sizeof(float) * hd);
+                memcpy(vl + (g * cap + start + i) * hd, y + i * nq + (H + KV + g) * hd, sizeof(float) * hd);
+            }
+        attend(y, kl, vl, 0, mask, att, 1, T, H, KV, hd, S, 0, nq, 0, cap * hd, 0, mask_stride, 0, H * hd, nthreads);
+        if (linear(&ly->o, att, t, T, nthreads)) return -1;
+        for (int64_t i = 0; i < T * D; i++) x[i] += t[i];
+        rms_norm(x, ly->ln2, h, T, D, D, eps);
+        if (linear(&ly->gate_up, h, gu, T, nthreads)) return -1;
+        for (int64_t i = 0; i < T; i++) silu_mul(gu + i * 2 * I, gu + i * 2 * I + I, a + i * I, I);
+        if (linear(&ly->down, a, t, T, nthreads)) return -1;
+        for (int64_t i = 0; i < T * D; i++) x[i] += t[i];
+    }
+    return 0;
+}

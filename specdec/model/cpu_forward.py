@@ -1,0 +1,119 @@
+"""Decode steps and verify passes through every decoder layer in one C call (cpu_forward.c).
+
+The Python layer loop calls about twenty small things a layer (RMSNorm, the GEMMs part by part,
+RoPE, the cache write, attention, SiLU, the residual adds), each costing microseconds of Python,
+ctypes and torch dispatch. With GGUF blocks the GEMMs got fast enough for that to show: a third of
+the 0.5B draft model's step, an eighth of the 1.5B target's (perf.md, session 15).
+`forward_layers` runs the same C ops on the same data in the same order, so its output is the
+loop's, bit for bit (tests/test_cpu_forward.py).
+
+It serves one sequence (batch 1) writing at an int start, up to 16 positions, a model whose every
+linear layer has GGUF blocks (`attach_gguf_weights`) on our fused ops; `CpuForward.takes` says
+whether a call qualifies, and the caller keeps the Python loop otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+from torch import nn
+
+from specdec.model import cpu_kernels
+
+MAX_T = 16  # cpu_forward.c's FW_MAX_T
+MAX_PARTS = 4  # FW_MAX_PARTS
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int32), ("act8", ctypes.c_int32), ("data", ctypes.c_void_p),
+                ("rows", ctypes.c_int64)]
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("bias", ctypes.c_void_p), ("n_parts", ctypes.c_int64), ("N", ctypes.c_int64), ("K", ctypes.c_int64),
+                ("parts", _Part * MAX_PARTS)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
+                ("gate_up", _Linear), ("down", _Linear)]
+
+
+def _linear(layer) -> _Linear | None:
+    from specdec.model.cpu_linear import PackedLinear
+    if not isinstance(layer, PackedLinear) or layer.quant is None or not 1 <= len(layer.quant) <= MAX_PARTS:
+        return None
+    if layer.bias is not None and not (layer.bias.dtype is torch.float32 and layer.bias.is_contiguous()):
+        return None
+    out = _Linear(bias=layer.bias.data_ptr() if layer.bias is not None else None, n_parts=len(layer.quant),
+                  N=layer.weight.shape[0], K=layer.weight.shape[1])
+    for i, (qtype, data) in enumerate(layer.quant):
+        if not data.is_contiguous() or data.dtype is not torch.uint8 \
+                or data.shape[1] != cpu_kernels.quant_row_bytes(qtype, out.K):
+            return None
+        out.parts[i] = _Part(type=qtype, act8=int(layer.quant_act8), data=data.data_ptr(), rows=data.shape[0])
+    return out
+
+
+class CpuForward:
+    """The layer loop of one model in C; built by `enable` where the model qualifies."""
+
+    def __init__(self, model: nn.Module, layers: list[_Layer]):
+        cfg = model.config
+        self.lib = cpu_kernels._lib
+        self.layers = (_Layer * len(layers))(*layers)
+        self.n_layers = len(layers)
+        self.dims = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size)
+        self.eps = float(model.model.layers[0].input_layernorm.eps)
+        self._keep = [p for layer in model.model.layers for p in layer.parameters()]  # the pointers' owners
+        self._scratch = threading.local()  # per thread: two threads may step two sequences of one model
+
+    def takes(self, tokens: torch.Tensor, cache, start, mask) -> bool:
+        b, t = tokens.shape
+        return (b == 1 and 1 <= t <= MAX_T and isinstance(start, int) and cache.k.shape[1] == 1
+                and cache.k.dtype is torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
+                and (mask is None or (mask.dtype is torch.bool and mask.dim() == 2 and mask.shape[0] == t
+                                      and mask.shape[1] >= start + t and mask.stride(1) == 1)))
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, start: int,
+            mask: torch.Tensor | None) -> torch.Tensor:
+        """x [1, T, D] (embeddings; written in place) through every layer; cos, sin [1, T, head_dim]."""
+        D, H, KV, hd, inter = self.dims
+        T = x.shape[1]
+        scratch = getattr(self._scratch, "buf", None)
+        if scratch is None:
+            scratch = self._scratch.buf = torch.empty(int(self.lib.forward_scratch_floats(MAX_T, D, H, KV, hd, inter)))
+        x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+        rc = self.lib.forward_layers(self.layers, self.n_layers, x.data_ptr(), T, D, H, KV, hd, inter, self.eps,
+                                     cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
+                                     cache.k.shape[3], start, mask.data_ptr() if mask is not None else None,
+                                     mask.stride(0) if mask is not None else 0, scratch.data_ptr(),
+                                     torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"forward_layers refused T = {T} at slot {start} (capacity {cache.k.shape[3]})")
+        return x
+
+
+def enable(model: nn.Module) -> bool:
+    """Give a CPU fp32 model whose every decoder layer qualifies a CpuForward (model.cpu_forward);
+    returns whether it did."""
+    from specdec.model.transformer import RMSNorm
+    model.cpu_forward = None
+    if not cpu_kernels.available():
+        return False
+    layers = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if not (attn.cpu_ops and attn.cpu_rows >= MAX_T and attn.qkv_proj is not None and mlp.gate_up_proj is not None
+                and all(isinstance(n, RMSNorm) and n.cpu_ops and n.weight.is_contiguous()
+                        and n.weight.dtype is torch.float32 for n in norms)):
+            return False
+        parts = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        if any(p is None for p in parts):
+            return False
+        layers.append(_Layer(norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), *parts))
+    model.cpu_forward = CpuForward(model, layers)
+    return True

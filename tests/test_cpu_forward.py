@@ -1,0 +1,92 @@
+"""The layer loop in one C call (cpu_forward.c): the same logits as the Python loop, bit for bit,
+for one-token steps, verify passes and tree masks, in both GGUF-block modes; it declines what it
+does not serve; silu_mul is SiLU."""
+
+import pytest
+import torch
+
+from specdec.model import cpu_kernels
+
+kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+@kernel
+def test_silu_mul_is_silu_times_up():
+    g = torch.cat([torch.randn(1000) * 5, torch.tensor([0.0, -0.0, 88.0, -88.0, 200.0, -200.0, 1e-30, -1e-30])])
+    u = torch.randn(g.numel())
+    ours = cpu_kernels.silu_mul(g, u)
+    torch.testing.assert_close(ours, torch.nn.functional.silu(g) * u, rtol=3e-6, atol=1e-30)
+    assert torch.isfinite(ours).all()
+    with pytest.raises(ValueError, match="differ"):
+        cpu_kernels.silu_mul(g, u[:5])
+
+
+@pytest.fixture(scope="module", params=["gguf", "gguf-q8"])
+def smollm2(request, smollm2_path):
+    if not cpu_kernels.available():
+        pytest.skip(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+    from specdec.model import load_model
+    return load_model(str(smollm2_path), device="cpu", weight_dtype=request.param, progress=lambda *a: None).module
+
+
+def both_loops(model, fn):
+    """fn(model) with the C loop, then with the Python loop."""
+    fast = model.cpu_forward
+    assert fast is not None
+    try:
+        a = fn(model)
+        model.cpu_forward = None
+        b = fn(model)
+    finally:
+        model.cpu_forward = fast
+    return a, b
+
+
+@pytest.mark.real
+def test_c_loop_gives_the_python_loops_logits(smollm2):
+    torch.manual_seed(0)
+    prompt, steps = torch.randint(0, 1000, (1, 40)), torch.randint(0, 1000, (1, 16))
+
+    def run(m):
+        with torch.inference_mode():
+            c = m.new_cache(128)
+            m(prompt, c, 0)  # prefill: the Python loop either way (40 positions)
+            c.advance(40)
+            out = [m(steps[:, i:i + 1], c, 40 + i) for i in range(16)]
+            out += [m(steps[:, :n], c, 40) for n in (2, 5, 16)]
+            # a tree: 4 nodes, two siblings at depth 1 each with a child; custom positions and mask
+            mask = torch.zeros(4, 44, dtype=torch.bool)
+            mask[:, :40] = True
+            for i, anc in enumerate([[0], [1], [0, 2], [1, 3]]):
+                mask[i, [40 + a for a in anc]] = True
+            pos = torch.tensor([[40, 40, 41, 41]])
+            out.append(m(steps[:, :4], c, 40, positions=pos, mask=mask))
+            return out, c.k.clone()
+    (a, ka), (b, kb) = both_loops(smollm2, run)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(ka, kb)  # the caches were written alike too
+    assert torch.equal(a[16], torch.cat(a[:2], 1))  # a verify row is a one-token step
+
+
+@pytest.mark.real
+def test_c_loop_declines_what_it_does_not_serve(smollm2):
+    fast = smollm2.cpu_forward
+    cache, batch2 = smollm2.new_cache(64), smollm2.new_cache(64, batch=2)
+    tok = torch.zeros(1, 1, dtype=torch.long)
+    assert fast.takes(tok, cache, 3, None)
+    assert not fast.takes(torch.zeros(1, 17, dtype=torch.long), cache, 0, None)  # more than 16 positions
+    assert not fast.takes(torch.zeros(2, 1, dtype=torch.long), batch2, 3, None)  # a batch
+    assert not fast.takes(tok, cache, torch.tensor([3]), None)  # per-row slots
+    assert not fast.takes(tok, cache, 3, torch.ones(1, 4))  # a float mask
+    with pytest.raises(RuntimeError, match="refused"):  # past the cache: a clear error, nothing written
+        fast.run(torch.zeros(1, 2, smollm2.config.hidden_size), torch.zeros(1, 2, smollm2.config.head_dim),
+                 torch.zeros(1, 2, smollm2.config.head_dim), cache, 63, None)
+
+
+@pytest.mark.real
+def test_fp32_weights_keep_the_python_loop(smollm2_path):
+    if not cpu_kernels.available():
+        pytest.skip("kernel unavailable")
+    from specdec.model import load_model
+    m = load_model(str(smollm2_path), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
+    assert m.cpu_forward is None
