@@ -33,15 +33,15 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "of our kernels for decode steps and verify passes of up to 8 rows (our skinny GEMM; "
                         "q/k/v and gate/up fused into one GEMM each; our RMSNorm, RoPE and attention)")
     p.add_argument("--weight-dtype", default=None, choices=("auto", "float32", "bfloat16", "gguf", "gguf-q8"),
-                   help="CPU fp32: the form in which decode steps and verify passes read the linear layers' weights. "
-                        "gguf: the GGUF file's own quantized blocks (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1), "
-                        "dequantized in registers to exactly the fp32 values, so the output is float32's, from "
-                        "4-7x fewer bytes a step (up to 16 rows; prefill stays fp32). gguf-q8: the same blocks against "
-                        "activations quantized to 8 bits per block, in integer dot products (llama.cpp's arithmetic): "
-                        "about twice as fast again; the output is close to float32's, not equal (speculative output "
-                        "still equals plain decoding's in the same mode). float32: fp32 weights. "
-                        "bfloat16: bf16 weights (half of fp32's bytes; the output can differ from float32 where "
-                        "logits nearly tie; prefill in bf16). auto (default): gguf for a .gguf model, else float32")
+                   help="CPU fp32: the form in which the linear layers' weights are read. gguf-q8: the GGUF file's "
+                        "own quantized blocks (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) against activations quantized to "
+                        "8 bits per block, in integer dot products, for every GEMM (llama.cpp's arithmetic): the "
+                        "fastest, and no fp32 copy is streamed; the output is close to float32's, not equal "
+                        "(speculative output still equals plain decoding's). gguf: the same blocks dequantized in "
+                        "registers to exactly the fp32 values, so the output is float32's bit for bit (up to 16 "
+                        "rows; prefill in fp32). float32: fp32 weights. bfloat16: bf16 weights (half of fp32's "
+                        "bytes; the output can differ from float32 where logits nearly tie; prefill in bf16). "
+                        "auto (default): gguf-q8 for a .gguf model, else float32")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
 

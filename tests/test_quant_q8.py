@@ -138,6 +138,14 @@ def test_the_avx2_build_gives_the_same_bits():
                            cpu_kernels.quant_linear(x, [(qtype, data)], act8=True, lib=avx2)), fmt
 
 
+@pytest.mark.real
+def test_the_default_for_a_gguf_model_is_gguf_q8(smollm2_path):
+    if not cpu_kernels.available():
+        pytest.skip("kernel unavailable")
+    from specdec.model import load_model
+    assert load_model(str(smollm2_path), device="cpu", progress=lambda *a: None).module.weight_format == "gguf-q8"
+
+
 def test_gguf_q8_choice(tmp_path):
     cpu, gguf, hf = torch.device("cpu"), tmp_path / "m.gguf", tmp_path / "hf"
     assert use_gguf_blocks(cpu, torch.float32, "gguf-q8", gguf, kernel=True)

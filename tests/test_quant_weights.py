@@ -124,11 +124,11 @@ def test_weight_dtype_choice(tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2_pair(smollm2_path):
-    """The real model twice: with GGUF blocks (the default) and with fp32 weights."""
+    """The real model twice: with GGUF blocks read exactly (--weight-dtype gguf) and with fp32 weights."""
     if not cpu_kernels.available():
         pytest.skip(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
     from specdec.model import load_model
-    return (load_model(str(smollm2_path), device="cpu", progress=lambda *a: None),
+    return (load_model(str(smollm2_path), device="cpu", weight_dtype="gguf", progress=lambda *a: None),
             load_model(str(smollm2_path), device="cpu", weight_dtype="float32", progress=lambda *a: None))
 
 

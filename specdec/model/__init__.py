@@ -47,7 +47,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     quantized blocks, dequantized in registers to exactly the fp32 weights (same output as
     "float32", 4-7x fewer bytes a step; cpu_linear.attach_gguf_weights). "gguf-q8": the same blocks
     against activations quantized to 8 bits per block, in integer dot products (llama.cpp's arithmetic;
-    quant_q8.c): about twice as fast again, close to but not the fp32 output. None or "auto": "gguf"
+    quant_q8.c): about twice as fast again, close to but not the fp32 output. None or "auto": "gguf-q8"
     where it can be had (a .gguf model on the CPU in fp32 with our kernel), else "float32".
     The module's `weight_format` says which one it got.
     """
@@ -76,7 +76,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         kernel = False
     quant = use_gguf_blocks(dev, torch_dtype, weight_dtype, source, kernel and cpu_fp32)
     if cpu_fp32:
-        act8 = quant and weight_dtype == "gguf-q8"
+        act8 = quant and weight_dtype != "gguf"  # "gguf-q8", or auto
         if act8:  # its kernel takes every row count: a oneDNN copy would never be read
             pack = False
         if pack or kernel or low is not None:

@@ -27,6 +27,8 @@ row count (prefill too), so no oneDNN copy is kept.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -218,10 +220,13 @@ def attach_gguf_weights(model: nn.Module, blocks: dict[str, tuple[int, torch.Ten
         layer.quant = parts
         layer.quant_act8 = act8
         done += 1
-    if done:  # verify passes of 9..16 positions then stay on our ops too: a row's bits match a one-token step
+    if done:  # verify passes of 9..16 positions then stay on our ops too: a row's bits match a one-token step.
+        # act8: every row count (prefill, big trees): the whole forward then gives a row the same bits
+        # whatever the row count (a chunked prefill equals a one-shot one), which 8-bit rounding needs:
+        # it would turn SDPA's last-bit differences into different logits
         for m in model.modules():
             if isinstance(m, Attention) and m.cpu_ops:
-                m.cpu_rows = cpu_kernels.QUANT_MAX_ROWS
+                m.cpu_rows = sys.maxsize if act8 else cpu_kernels.QUANT_MAX_ROWS
     return done
 
 

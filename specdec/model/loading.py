@@ -169,7 +169,8 @@ def use_gguf_blocks(device: torch.device, dtype: torch.dtype, weight_dtype: str 
                     kernel: bool) -> bool:
     """Whether decode and verify GEMMs read the checkpoint's own quantized blocks (quant_gemm.c):
     "gguf" and "gguf-q8" ask for it (an error where it cannot be had); None or "auto" takes it wherever it
-    can (a .gguf model on the CPU in fp32 with our kernel); "float32" and "bfloat16" do not."""
+    can (a .gguf model on the CPU in fp32 with our kernel; load_model then reads them as "gguf-q8");
+    "float32" and "bfloat16" do not."""
     if weight_dtype not in (None, "auto", *GGUF_MODES):
         return False
     possible = device.type == "cpu" and dtype == torch.float32 and source.suffix == ".gguf" and kernel
