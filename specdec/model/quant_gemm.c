@@ -62,13 +62,7 @@ typedef __m256i veci;
 static inline void prep_q4_k(const uint8_t *b, float *pre) {
     const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
     uint32_t u[4];
-    memcpy(u, b + 4, 12);
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t mins03 = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = mins03;
-    u[0] &= k1; /* bytes of u[0..1]: the 8 scales; of u[2..3]: the 8 mins */
+    q4_k_scale_bytes(b, u); /* bytes of u[0..1]: the 8 scales; of u[2..3]: the 8 mins */
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
     const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2))));
     _mm256_storeu_ps(pre, _mm256_mul_ps(_mm256_set1_ps(d), sc));
@@ -114,14 +108,7 @@ static inline void prep_q6_k(const uint8_t *b, float *pre) {
 }
 static inline void g32_q6_k(const uint8_t *b, int s, const float *pre, vec *w) {
     const int h = s >> 2, t = s & 3;
-    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (t & 1)));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-    const __m256i lo = _mm256_and_si256((t >> 1) ? _mm256_srli_epi16(ql, 4) : ql, NIB);
-    /* ((qh >> 2t) & 3) << 4, bytewise: mask first, so the 16-bit shifts move no bit across bytes */
-    const __m256i hm = _mm256_and_si256(qh, _mm256_set1_epi8((char)(3 << (2 * t))));
-    const __m256i hi = t == 0 ? _mm256_slli_epi16(hm, 4) : t == 1 ? _mm256_slli_epi16(hm, 2)
-                     : t == 2 ? hm : _mm256_srli_epi16(hm, 2);
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+    const __m256i q = _mm256_sub_epi8(q6_k_group(b, s), _mm256_set1_epi8(32));
     for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 8 * h + 2 * t + (VL * v) / 16), piece_f(q, v, 1));
 }
 

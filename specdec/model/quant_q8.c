@@ -95,13 +95,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
  * per activation block, sum_j sc[j] * (q . a)_j and sum_j m[j] * (sum a)_j are integers. */
 static inline void scales_q4_k(const uint8_t *b, int16_t *sc, __m256i *mn) {
     uint32_t u[4];
-    memcpy(u, b + 4, 12);
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t mins03 = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = mins03;
-    u[0] &= k1; /* bytes of u[0..1]: the 8 scales; of u[2..3]: the 8 mins */
+    q4_k_scale_bytes(b, u); /* bytes of u[0..1]: the 8 scales; of u[2..3]: the 8 mins */
     const uint8_t *sb = (const uint8_t *)u;
     for (int j = 0; j < 8; j++) sc[j] = sb[j];
     const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
@@ -164,14 +158,7 @@ static inline void scales_q4_k(const uint8_t *b, int16_t *sc, __m256i *mn) {
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scb));       \
             __m256i q[8], sv[8];                                                                     \
             for (int s = 0; s < 8; s++) {                                                            \
-                const int h = s >> 2, t = s & 3;                                                     \
-                const __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (t & 1))); \
-                const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));         \
-                const __m256i lo = _mm256_and_si256((t >> 1) ? _mm256_srli_epi16(ql, 4) : ql, NIB8); \
-                const __m256i hm = _mm256_and_si256(qh, _mm256_set1_epi8((char)(3 << (2 * t))));     \
-                const __m256i hi = t == 0 ? _mm256_slli_epi16(hm, 4) : t == 1 ? _mm256_slli_epi16(hm, 2) \
-                                 : t == 2 ? hm : _mm256_srli_epi16(hm, 2);                            \
-                q[s] = _mm256_or_si256(lo, hi);                                                      \
+                q[s] = q6_k_group(blk, s);                                                           \
                 sv[s] = _mm256_set_m128i(_mm_set1_epi16(scb[2 * s + 1]), _mm_set1_epi16(scb[2 * s])); \
             }                                                                                        \
             for (int c = 0; c < C; c++) {                                                            \

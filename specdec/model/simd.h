@@ -103,4 +103,32 @@ static inline float f16_to_f32(const uint8_t *p) {
 #endif
 }
 
+/* Q4_K's 12 bytes of 6-bit scales and mins (at b + 4) -> u: bytes 0..7 the 8 scales, 8..15 the 8 mins */
+static inline void q4_k_scale_bytes(const uint8_t *b, uint32_t u[4]) {
+    memcpy(u, b + 4, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t mins03 = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = mins03;
+    u[0] &= k1;
+}
+
+#if defined(__AVX2__)
+/* Q6_K (210-byte blocks of 256): the 6-bit values q (0..63, before the -32) of group s (weights
+ * 32 s .. 32 s + 31) as 32 bytes: half h = s / 4, quarter t = s % 4 within it; low nibbles from ql,
+ * two high bits from qh */
+static inline __m256i q6_k_group(const uint8_t *b, int s) {
+    const int h = s >> 2, t = s & 3;
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (t & 1)));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    const __m256i lo = _mm256_and_si256((t >> 1) ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
+    /* ((qh >> 2t) & 3) << 4, bytewise: mask first, so the 16-bit shifts move no bit across bytes */
+    const __m256i hm = _mm256_and_si256(qh, _mm256_set1_epi8((char)(3 << (2 * t))));
+    const __m256i hi = t == 0 ? _mm256_slli_epi16(hm, 4) : t == 1 ? _mm256_slli_epi16(hm, 2)
+                     : t == 2 ? hm : _mm256_srli_epi16(hm, 2);
+    return _mm256_or_si256(lo, hi);
+}
+#endif
+
 #endif
