@@ -25,9 +25,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
     p.add_argument("--no-pack", action="store_true",
-                   help="CPU fp32: no oneDNN-prepacked weight copy for GEMMs of more than 8 rows (16 with GGUF blocks; prefill, big "
-                        "batches; with --no-kernel, every verify pass); saves one copy of the target's weights in "
-                        "memory, and in `serve` of the draft's; those GEMMs go through MKL, slower")
+                   help="CPU fp32: no oneDNN-prepacked weight copy for GEMMs of more than 8 rows (16 with --weight-dtype gguf; prefill, "
+                        "big batches; with --no-kernel, every verify pass); saves one copy of the target's weights in "
+                        "memory, and in `serve` of the draft's; those GEMMs go through MKL, slower. gguf-q8 (the default "
+                        "for a .gguf model) keeps no such copy: its kernel takes every row count")
     p.add_argument("--no-kernel", action="store_true",
                    help="CPU fp32: use torch's GEMMs (MKL for one row, oneDNN prepacked for several) and ops instead "
                         "of our kernels for decode steps and verify passes of up to 8 rows (our skinny GEMM; "
