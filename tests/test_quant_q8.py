@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.errors import SpecdecError
 from specdec.model import cpu_kernels
-from specdec.model.loading import use_gguf_blocks
-from test_quant_weights import FORMATS, gguf_py_dequantize, random_blocks
+from test_quant_weights import FORMATS, gguf_py_dequantize, load_with_fp32, random_blocks
 
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
@@ -146,22 +144,10 @@ def test_the_default_for_a_gguf_model_is_gguf_q8(smollm2_path):
     assert load_model(str(smollm2_path), device="cpu", progress=lambda *a: None).module.weight_format == "gguf-q8"
 
 
-def test_gguf_q8_choice(tmp_path):
-    cpu, gguf, hf = torch.device("cpu"), tmp_path / "m.gguf", tmp_path / "hf"
-    assert use_gguf_blocks(cpu, torch.float32, "gguf-q8", gguf, kernel=True)
-    with pytest.raises(SpecdecError, match="--weight-dtype gguf-q8 reads a GGUF file"):
-        use_gguf_blocks(cpu, torch.float32, "gguf-q8", hf, kernel=True)
-    with pytest.raises(SpecdecError, match="needs our CPU kernel"):
-        use_gguf_blocks(cpu, torch.float32, "gguf-q8", gguf, kernel=False)
-
-
 @pytest.fixture(scope="module")
 def smollm2_q8(smollm2_path):
-    if not cpu_kernels.available():
-        pytest.skip(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
-    from specdec.model import load_model
-    return (load_model(str(smollm2_path), device="cpu", weight_dtype="gguf-q8", progress=lambda *a: None),
-            load_model(str(smollm2_path), device="cpu", weight_dtype="float32", progress=lambda *a: None))
+    """With 8-bit activations (--weight-dtype gguf-q8) and with fp32 weights."""
+    return load_with_fp32(smollm2_path, "gguf-q8")
 
 
 @pytest.mark.real

@@ -106,30 +106,37 @@ def test_bad_quant_inputs_give_clear_errors():
         cpu_kernels.quant_linear(torch.randn(1, K), [(q4k, data)], torch.randn(3))
 
 
-def test_weight_dtype_choice(tmp_path):
+@pytest.mark.parametrize("mode", ["gguf", "gguf-q8"])
+def test_weight_dtype_choice(tmp_path, mode):
     cpu, gguf, hf = torch.device("cpu"), tmp_path / "m.gguf", tmp_path / "hf"
+    assert use_gguf_blocks(cpu, torch.float32, mode, gguf, kernel=True)
     assert use_gguf_blocks(cpu, torch.float32, None, gguf, kernel=True)
     assert use_gguf_blocks(cpu, torch.float32, "auto", gguf, kernel=True)
     assert not use_gguf_blocks(cpu, torch.float32, "float32", gguf, kernel=True)
     assert not use_gguf_blocks(cpu, torch.float32, "bfloat16", gguf, kernel=True)
     assert not use_gguf_blocks(cpu, torch.float32, None, hf, kernel=True)  # auto: fp32 where it cannot be had
     assert not use_gguf_blocks(cpu, torch.float32, None, gguf, kernel=False)
-    with pytest.raises(SpecdecError, match="not a .gguf file"):
-        use_gguf_blocks(cpu, torch.float32, "gguf", hf, kernel=True)
+    with pytest.raises(SpecdecError, match=f"--weight-dtype {mode} reads a GGUF file.*not a .gguf file"):
+        use_gguf_blocks(cpu, torch.float32, mode, hf, kernel=True)
     with pytest.raises(SpecdecError, match="CPU fp32 path"):
-        use_gguf_blocks(torch.device("cuda"), torch.bfloat16, "gguf", gguf, kernel=True)
+        use_gguf_blocks(torch.device("cuda"), torch.bfloat16, mode, gguf, kernel=True)
     with pytest.raises(SpecdecError, match="needs our CPU kernel"):
-        use_gguf_blocks(cpu, torch.float32, "gguf", gguf, kernel=False)
+        use_gguf_blocks(cpu, torch.float32, mode, gguf, kernel=False)
+
+
+def load_with_fp32(path, weight_dtype: str):
+    """The real model twice: in `weight_dtype` and with fp32 weights."""
+    if not cpu_kernels.available():
+        pytest.skip(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+    from specdec.model import load_model
+    return (load_model(str(path), device="cpu", weight_dtype=weight_dtype, progress=lambda *a: None),
+            load_model(str(path), device="cpu", weight_dtype="float32", progress=lambda *a: None))
 
 
 @pytest.fixture(scope="module")
 def smollm2_pair(smollm2_path):
-    """The real model twice: with GGUF blocks read exactly (--weight-dtype gguf) and with fp32 weights."""
-    if not cpu_kernels.available():
-        pytest.skip(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
-    from specdec.model import load_model
-    return (load_model(str(smollm2_path), device="cpu", weight_dtype="gguf", progress=lambda *a: None),
-            load_model(str(smollm2_path), device="cpu", weight_dtype="float32", progress=lambda *a: None))
+    """With GGUF blocks read exactly (--weight-dtype gguf) and with fp32 weights."""
+    return load_with_fp32(smollm2_path, "gguf")
 
 
 @pytest.mark.real

@@ -398,13 +398,8 @@ int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, fl
     const int64_t rb = K / ks->qk * ks->bytes;
 #pragma omp parallel num_threads(nthreads)
     {
-#ifdef _OPENMP
-        extern int omp_get_thread_num(void);
-        extern int omp_get_num_threads(void);
-        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        const int64_t t = 0, T = 1;
-#endif
+        int64_t t, T;
+        thread_index(&t, &T);
         quantize_rows(a, X, ldx, n * t / T, n * (t + 1) / T);
 #pragma omp barrier
         int64_t r0, r1;

@@ -56,16 +56,24 @@ static inline float vsum(vec v) {
 #include <stdint.h>
 #include <string.h>
 
-/* Inside an OpenMP parallel region: this thread's contiguous range [*r0, *r1) of N rows, in whole
- * panels of `panel` rows (each thread streams its own region of a weight). */
-static inline void thread_rows(int64_t N, int64_t panel, int64_t *r0, int64_t *r1) {
+/* Inside an OpenMP parallel region: this thread's index *t of *T (0 of 1 without OpenMP). */
+static inline void thread_index(int64_t *t, int64_t *T) {
 #ifdef _OPENMP
     extern int omp_get_thread_num(void);
     extern int omp_get_num_threads(void);
-    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    *t = omp_get_thread_num();
+    *T = omp_get_num_threads();
 #else
-    const int64_t t = 0, T = 1;
+    *t = 0;
+    *T = 1;
 #endif
+}
+
+/* Inside an OpenMP parallel region: this thread's contiguous range [*r0, *r1) of N rows, in whole
+ * panels of `panel` rows (each thread streams its own region of a weight). */
+static inline void thread_rows(int64_t N, int64_t panel, int64_t *r0, int64_t *r1) {
+    int64_t t, T;
+    thread_index(&t, &T);
     const int64_t per = ((N + T - 1) / T + panel - 1) / panel * panel;
     *r0 = t * per;
     *r1 = *r0 + per < N ? *r0 + per : N;
