@@ -13,16 +13,16 @@ is kept. Up to 16 rows go through our kernel with fp32 inputs and accumulation (
 fp32 weights holding the bf16 values, at half the bytes a step streams); more rows (prefill, big
 batches) through torch's bf16 GEMM (oneDNN), whose inputs are rounded to bf16.
 
-GGUF blocks (`--weight-dtype gguf`, the default for a .gguf model): each linear layer also keeps
+GGUF blocks (`--weight-dtype gguf`): each linear layer also keeps
 the checkpoint's own quantized rows (Q4_K, Q6_K, Q8_0, ...; `attach_gguf_weights`), and 1..16 rows
 go through quant_gemm.c, which streams those (4-7x fewer bytes than fp32) and dequantizes them in
 registers to exactly the fp32 weights: the same bits as our fp32 kernel, for every row count.
 Prefill keeps the fp32 path.
 
-`--weight-dtype gguf-q8`: the same blocks, but each input row is first quantized to 8 bits per block
-and meets them in integer dot products (quant_q8.c, llama.cpp's arithmetic): about twice as fast
-again, not the fp32 bits, and still the same bits for a row whatever the row count. It takes every
-row count (prefill too), so no oneDNN copy is kept.
+`--weight-dtype gguf-q8` (the default for a .gguf model): the same blocks, but each input row is
+first quantized to 8 bits per block and meets them in integer dot products (quant_q8.c, llama.cpp's
+arithmetic): about twice as fast again, not the fp32 bits, and still the same bits for a row
+whatever the row count. It takes every row count (prefill too), so no oneDNN copy is kept.
 """
 
 from __future__ import annotations
