@@ -1,5 +1,6 @@
 /* Skinny GEMM on GGUF-quantized weights with 8-bit activations (llama.cpp's arithmetic):
- * Y[n, N] ~= X[n, K] . deq(W)[N, K]^T (+ b), n <= 16.
+ * Y[n, N] ~= X[n, K] . deq(W)[N, K]^T (+ b), any n (decode steps and verify passes, and prefill: the
+ * kernels take 16 input rows at a time).
  *
  * quant_gemm.c widens every weight to fp32 and runs fp32 FMAs, which makes its output exactly the
  * fp32 model's, but at one row the widening binds (not the bytes) and every extra row costs a full
