@@ -277,12 +277,16 @@ def test_weight_dtype_errors_are_clear(capsys, tmp_home):
     assert "invalid choice" in argparse_error(["generate", "--weight-dtype", "int4", "hi"], capsys)
 
 
-def test_gguf_weights_where_there_are_none_is_a_clear_error(capsys, tiny_llama_dir, smollm2_path):
+@pytest.mark.parametrize("mode", ["gguf", "gguf-q8"])
+def test_gguf_weights_where_there_are_none_is_a_clear_error(capsys, tiny_llama_dir, smollm2_path, mode):
     base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "4", "--json", "w1 w2"]
-    assert "is not a .gguf file" in cli_error(base[:1] + ["--weight-dtype", "gguf"] + base[1:], capsys)
+    assert "is not a .gguf file" in cli_error(base[:1] + ["--weight-dtype", mode] + base[1:], capsys)
     assert main(base[:1] + ["--weight-dtype", "auto"] + base[1:]) == 0  # auto: fp32 for an HF directory
-    msg = cli_error(["generate", "--model", str(smollm2_path), "--weight-dtype", "gguf", "--no-kernel", "hi"], capsys)
+    msg = cli_error(["generate", "--model", str(smollm2_path), "--weight-dtype", mode, "--no-kernel", "hi"], capsys)
     assert "needs our CPU kernel" in msg
+    msg = cli_error(["generate", "--model", str(smollm2_path), "--weight-dtype", mode, "--device", "cpu",
+                     "--dtype", "bfloat16", "hi"], capsys)
+    assert "CPU fp32 path" in msg
 
 
 def test_profile_rejects_a_negative_draft_vocab(capsys, monkeypatch):

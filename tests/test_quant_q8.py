@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.model import cpu_kernels
-from test_quant_weights import FORMATS, gguf_py_dequantize, load_with_fp32, random_blocks
+from test_quant_weights import FORMATS, gguf_py_dequantize, load_with_fp32, random_blocks, steps_against_fp32
 
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
@@ -157,17 +157,9 @@ def test_real_model_q8_verify_rows_are_one_token_steps(smollm2_q8):
     assert q8.module.weight_format == "gguf-q8"
     linears = [m for m in q8.module.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.quant is not None and m.quant_act8 for m in linears)
-    torch.manual_seed(0)
-    prompt, steps = torch.randint(0, 1000, (1, 30)), torch.randint(0, 1000, (1, 16))
-    with torch.inference_mode():
-        caches = [m.module.new_cache(64) for m in (q8, fp32)]
-        for m, c in zip((q8, fp32), caches):
-            m.module(prompt, c, 0)
-            c.advance(30)
-        one = [q8.module(steps[:, i:i + 1], caches[0], 30 + i) for i in range(16)]
-        ref = [fp32.module(steps[:, i:i + 1], caches[1], 30 + i) for i in range(16)]
-        for n in (2, 5, 8, 9, 16):  # a verify pass of n positions: the one-token steps' bits
-            assert torch.equal(q8.module(steps[:, :n], caches[0], 30), torch.cat(one[:n], dim=1))
+    one, ref, verify = steps_against_fp32(q8, fp32)
+    for n in (2, 5, 8, 9, 16):  # a verify pass of n positions: the one-token steps' bits
+        assert torch.equal(verify(n), torch.cat(one[:n], dim=1))
     # close to the fp32 model: the same top token on most steps, probabilities near
     a, b = torch.cat(one, 1).softmax(-1), torch.cat(ref, 1).softmax(-1)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8

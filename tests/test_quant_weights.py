@@ -109,9 +109,9 @@ def test_bad_quant_inputs_give_clear_errors():
 @pytest.mark.parametrize("mode", ["gguf", "gguf-q8"])
 def test_weight_dtype_choice(tmp_path, mode):
     cpu, gguf, hf = torch.device("cpu"), tmp_path / "m.gguf", tmp_path / "hf"
-    assert use_gguf_blocks(cpu, torch.float32, mode, gguf, kernel=True)
-    assert use_gguf_blocks(cpu, torch.float32, None, gguf, kernel=True)
-    assert use_gguf_blocks(cpu, torch.float32, "auto", gguf, kernel=True)
+    assert use_gguf_blocks(cpu, torch.float32, mode, gguf, kernel=True) == mode
+    assert use_gguf_blocks(cpu, torch.float32, None, gguf, kernel=True) == "gguf-q8"
+    assert use_gguf_blocks(cpu, torch.float32, "auto", gguf, kernel=True) == "gguf-q8"
     assert not use_gguf_blocks(cpu, torch.float32, "float32", gguf, kernel=True)
     assert not use_gguf_blocks(cpu, torch.float32, "bfloat16", gguf, kernel=True)
     assert not use_gguf_blocks(cpu, torch.float32, None, hf, kernel=True)  # auto: fp32 where it cannot be had
@@ -133,6 +133,25 @@ def load_with_fp32(path, weight_dtype: str):
             load_model(str(path), device="cpu", weight_dtype="float32", progress=lambda *a: None))
 
 
+def steps_against_fp32(quant, fp32):
+    """Both models prefill the same 30 random tokens, then take 16 one-token steps each: (quant's
+    step logits, fp32's, verify) where verify(n) is quant's logits of one pass over the first n steps."""
+    torch.manual_seed(0)
+    prompt, steps = torch.randint(0, 1000, (1, 30)), torch.randint(0, 1000, (1, 16))
+    with torch.inference_mode():
+        caches = [m.module.new_cache(64) for m in (quant, fp32)]
+        for m, c in zip((quant, fp32), caches):
+            m.module(prompt, c, 0)
+            c.advance(30)
+        one = [quant.module(steps[:, i:i + 1], caches[0], 30 + i) for i in range(16)]
+        ref = [fp32.module(steps[:, i:i + 1], caches[1], 30 + i) for i in range(16)]
+
+    def verify(n: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return quant.module(steps[:, :n], caches[0], 30)
+    return one, ref, verify
+
+
 @pytest.fixture(scope="module")
 def smollm2_pair(smollm2_path):
     """With GGUF blocks read exactly (--weight-dtype gguf) and with fp32 weights."""
@@ -146,18 +165,10 @@ def test_real_model_with_blocks_gives_the_fp32_models_logits(smollm2_pair):
     assert quant.module.weight_format == "gguf" and fp32.module.weight_format == "float32"
     linears = [m for m in quant.module.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.quant is not None for m in linears)  # SmolLM2: Q4_1 layers, a Q8_0 (tied) head
-    torch.manual_seed(0)
-    prompt, steps = torch.randint(0, 1000, (1, 30)), torch.randint(0, 1000, (1, 16))
-    with torch.inference_mode():
-        caches = [m.module.new_cache(64) for m in (quant, fp32)]
-        for m, c in zip((quant, fp32), caches):
-            m.module(prompt, c, 0)
-            c.advance(30)
-        one = [quant.module(steps[:, i:i + 1], caches[0], 30 + i) for i in range(16)]
-        ref = [fp32.module(steps[:, i:i + 1], caches[1], 30 + i) for i in range(16)]
-        assert all(torch.equal(a, b) for a, b in zip(one, ref))  # one-token steps: the fp32 model's bits
-        for n in (2, 5, 8, 9, 16):  # a verify pass of n positions: the one-token steps' bits
-            assert torch.equal(quant.module(steps[:, :n], caches[0], 30), torch.cat(one[:n], dim=1))
+    one, ref, verify = steps_against_fp32(quant, fp32)
+    assert all(torch.equal(a, b) for a, b in zip(one, ref))  # one-token steps: the fp32 model's bits
+    for n in (2, 5, 8, 9, 16):  # a verify pass of n positions: the one-token steps' bits
+        assert torch.equal(verify(n), torch.cat(one[:n], dim=1))
 
 
 @pytest.mark.real

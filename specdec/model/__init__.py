@@ -74,15 +74,15 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     if cpu_fp32 and kernel and not cpu_kernels.available():
         progress(f"our CPU kernel is unavailable ({cpu_kernels.unavailable_reason()}); using torch's GEMMs")
         kernel = False
-    quant = use_gguf_blocks(dev, torch_dtype, weight_dtype, source, kernel and cpu_fp32)
+    blocks = use_gguf_blocks(dev, torch_dtype, weight_dtype, source, kernel and cpu_fp32)  # None, gguf, gguf-q8
     if cpu_fp32:
-        act8 = quant and weight_dtype != "gguf"  # "gguf-q8", or auto
+        act8 = blocks == "gguf-q8"
         if act8:  # its kernel takes every row count: a oneDNN copy would never be read
             pack = False
         if pack or kernel or low is not None:
             pack_linears(module, skinny=kernel, pack=pack, weight_dtype=low)
-        if quant and attach_gguf_weights(module, gguf_blocks(source, directory), act8=act8):
-            module.weight_format = "gguf-q8" if act8 else "gguf"
+        if blocks and attach_gguf_weights(module, gguf_blocks(source, directory), act8=act8):
+            module.weight_format = blocks
             cpu_forward.enable(module)  # decode and verify steps: the layer loop in one C call
     elif low is not None:
         raise SpecdecError("--weight-dtype bfloat16 needs oneDNN in this torch build (torch.backends.mkldnn)")

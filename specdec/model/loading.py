@@ -166,13 +166,14 @@ def resolve_weight_dtype(device: torch.device, dtype: torch.dtype, weight_dtype:
 
 
 def use_gguf_blocks(device: torch.device, dtype: torch.dtype, weight_dtype: str | None, source: Path,
-                    kernel: bool) -> bool:
-    """Whether decode and verify GEMMs read the checkpoint's own quantized blocks (quant_gemm.c):
-    "gguf" and "gguf-q8" ask for it (an error where it cannot be had); None or "auto" takes it wherever it
-    can (a .gguf model on the CPU in fp32 with our kernel; load_model then reads them as "gguf-q8");
-    "float32" and "bfloat16" do not."""
+                    kernel: bool) -> str | None:
+    """How the GEMMs read the checkpoint's own quantized blocks, if they do: "gguf" (exact,
+    quant_gemm.c) or "gguf-q8" (8-bit activations, quant_q8.c); None for the weights as loaded.
+    "gguf" and "gguf-q8" ask for theirs (an error where it cannot be had); None or "auto" takes
+    "gguf-q8" wherever it can (a .gguf model on the CPU in fp32 with our kernel); "float32" and
+    "bfloat16" take neither."""
     if weight_dtype not in (None, "auto", *GGUF_MODES):
-        return False
+        return None
     possible = device.type == "cpu" and dtype == torch.float32 and source.suffix == ".gguf" and kernel
     if weight_dtype in GGUF_MODES and not possible:
         flag = f"--weight-dtype {weight_dtype}"
@@ -182,7 +183,9 @@ def use_gguf_blocks(device: torch.device, dtype: torch.dtype, weight_dtype: str 
             raise SpecdecError(f"{flag} is for the CPU fp32 path, not {device} in {dtype}")
         raise SpecdecError(f"{flag} needs our CPU kernel, which is off or unavailable here "
                            "(--no-kernel, or see the message above); use --weight-dtype float32")
-    return possible
+    if not possible:
+        return None
+    return weight_dtype if weight_dtype in GGUF_MODES else "gguf-q8"
 
 
 # in the converted directory (a subfolder: load_hf_dir reads every *.safetensors at its top): the GGUF's
