@@ -36,8 +36,10 @@ one, makes it dearer relative to a plain step than the bare forwards say); and c
 draft seconds per draft token (drafting steps that follow a drafting step; a probe also pays the
 catch-up on the plain steps' tokens). A step of k then costs rho_spec v(k + 1) + k c_eff against
 rho_v for plain, so a drafter dearer than the curve says loses its steps to plain decoding, and a
-longer context alone (which slows both alike) does not. The calibration carries over to the next
-request. rho_spec is measured only on drafted steps, so once drafting has stopped (probe_every plain
+longer context alone (which slows both alike) does not. A plain step of a plain run that moves rho_v moves every
+drafting price (rho_spec, c_eff, the prefill's scale) by the same factor: a host that slows down
+slows every kind of step, so a slow spell seen while plain must not make drafting look cheap. The
+calibration carries over to the next request. rho_spec is measured only on drafted steps, so once drafting has stopped (probe_every plain
 steps in a row) each plain step moves it a plain_relax share back toward rho_v, the curve's own
 ratio: a slow spell that made verifies look dear cannot lock drafting (and its probes) out for good.
 While plain, it probes now and then with a one-token draft so it can come back when the text turns
@@ -745,6 +747,24 @@ class AdaptivePolicy:
         del window[:-3]
         return sorted(window)[1]
 
+    def _host_moved(self, f: float) -> None:
+        """A plain step of a plain run moved rho_v by the factor f. A host that slowed down (or sped up)
+        changes every kind of step alike, so every drafting price, in the same absolute units, moves with
+        it: rho_spec, the draft costs and the prefill's scale, and the measurements their medians are
+        taken over. Else a slow spell seen only by plain steps makes drafting look cheap (session 15:
+        plain steps at 3.9x their predicted time started a draft model that lost). While drafting, the
+        drafted steps measure those prices themselves. Drafted steps do not move rho_v in turn:
+        plain steps are not measured while drafting, so a drafted step dearer than the curve says would
+        then keep plain decoding looking dear for good; the other way round, probes correct it."""
+        if f == 1.0:
+            return
+        self.rho_spec *= f
+        self.draft_cost *= f
+        self.rho_prefill *= f
+        self.tree_cost = {n: c * f for n, c in self.tree_cost.items()}
+        for name in ("rho_spec", "draft_cost"):
+            self.recent[name] = [x * f for x in self.recent[name]]
+
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1,
                      width: int | None = None, nodes: int | None = None) -> None:
         """A step's measured draft and verify seconds (this sequence's share of a batched verify, whose
@@ -760,7 +780,10 @@ class AdaptivePolicy:
         if nodes or (width or k + 1) > 1:  # a multi-position verify (a padded batch row's too)
             self.rho_spec = (1 - d) * self.rho_spec + d * self._median3("rho_spec", ratio)
         else:
+            before = self.rho_v
             self.rho_v = (1 - d) * self.rho_v + d * self._median3("rho_v", ratio)
+            if self.plain_run > 1:  # in a plain run: the drafting prices were last measured steps ago
+                self._host_moved(self.rho_v / before)
             if self.plain_run >= self.cfg.probe_every:
                 # rho_spec is measured only while drafting. Once drafting has stopped, let it drift back toward
                 # the curve's verify/plain ratio: a slow spell of the host that inflated it must not lock drafting

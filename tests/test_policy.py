@@ -878,3 +878,31 @@ def test_one_stalled_step_does_not_move_the_calibration_but_a_lasting_change_doe
     for _ in range(2):  # a lasting change: twice as dear from now on
         policy.observe_time(8, 0.1 * 8 * costs.draft_cost, 2 * curve)
     assert policy.rho_spec > 1.2
+
+
+def test_a_slow_spell_of_the_host_while_plain_does_not_make_drafting_look_cheap():
+    """Session 15: another process slowed plain steps to 3.9x their predicted time; rho_v rose, the
+    drafting prices did not, and a draft model that lost was started. Every step slows alike, so the
+    choice must not change: the drafting prices move with rho_v."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=4, probe_first=False, target_signal=False))
+    policy.assume([0.3] * 4)  # plain wins at these prices
+    assert policy._best_k(policy.beta, 4)[0] == 0
+    for _ in range(12):  # plain steps at 3.9x the curve's time
+        policy.observe(0, 0)
+        policy.observe_time(0, None, 3.9 * 0.1)
+    assert policy.rho_v == pytest.approx(3.9, rel=0.05)
+    assert policy.rho_spec == pytest.approx(3.9, rel=0.05)
+    assert policy.draft_cost == pytest.approx(3.9 * costs.draft_cost, rel=0.05)
+    assert policy._best_k(policy.beta, 4)[0] == 0  # still plain: a 3.9x host slows drafting as much
+    # the same drafter at an acceptance where drafting pays still drafts after the spell: the prices
+    # moved together, so the choice is what it was on the fast host
+    fast = AdaptivePolicy(costs, PolicyConfig(k_max=4))
+    assert policy._best_k([0.8] * 4, 4)[0] == fast._best_k([0.8] * 4, 4)[0] > 0
+    # the spell ends: plain steps at the curve's time bring every price back
+    for _ in range(20):
+        policy.observe(0, 0)
+        policy.observe_time(0, None, 0.1)
+    assert policy.rho_v == pytest.approx(1.0, rel=0.01)
+    assert policy.rho_spec == pytest.approx(1.0, rel=0.01)
+    assert policy.draft_cost == pytest.approx(costs.draft_cost, rel=0.01)

@@ -103,6 +103,17 @@ static inline void scales_q4_k(const uint8_t *b, int16_t *sc, __m256i *mn) {
     *mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* each min twice: against the two 16-sums of its 32 */
 }
 
+/* sum over the 8 groups s of maddubs(q[s], x[s]) . sv[s], in int32 lanes: two chains, so that the multiply-adds of
+ * one group need not wait for the last one's (integers: the same sum in any order) */
+static inline __m256i dot8_k(const __m256i *q, const __m256i *sv, const int8_t *xq) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    for (int s = 0; s < 8; s += 2) {
+        a0 = DPWSSD(a0, _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(xq + 32 * s))), sv[s]);
+        a1 = DPWSSD(a1, _mm256_maddubs_epi16(q[s + 1], _mm256_loadu_si256((const __m256i *)(xq + 32 * s + 32))), sv[s + 1]);
+    }
+    return _mm256_add_epi32(a0, a1);
+}
+
 #define Q4_K_BYTES 144
 #define Q6_K_BYTES 210
 #ifndef QPF_BYTES
@@ -131,9 +142,7 @@ static inline void scales_q4_k(const uint8_t *b, int16_t *sc, __m256i *mn) {
             for (int s = 0; s < 8; s++) sv[s] = _mm256_set1_epi16(sc[s]);                            \
             for (int c = 0; c < C; c++) {                                                            \
                 const int8_t *xq = a->q + c * a->K + ib * 256;                                       \
-                __m256i acc = _mm256_setzero_si256();                                                \
-                for (int s = 0; s < 8; s++)                                                          \
-                    acc = DPWSSD(acc, _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(xq + 32 * s))), sv[s]); \
+                __m256i acc = dot8_k(q, sv, xq);                                                     \
                 const __m256i mt = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(a->s + c * (a->K / 16) + ib * 16))); \
                 const float da = a->d[c * nb + ib];                                                  \
                 f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * da), f[c]);        \
@@ -164,9 +173,7 @@ static inline void scales_q4_k(const uint8_t *b, int16_t *sc, __m256i *mn) {
             }                                                                                        \
             for (int c = 0; c < C; c++) {                                                            \
                 const int8_t *xq = a->q + c * a->K + ib * 256;                                       \
-                __m256i acc = _mm256_setzero_si256();                                                \
-                for (int s = 0; s < 8; s++)                                                          \
-                    acc = DPWSSD(acc, _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(xq + 32 * s))), sv[s]); \
+                __m256i acc = dot8_k(q, sv, xq);                                                     \
                 const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(a->s + c * (a->K / 16) + ib * 16))); \
                 acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));                              \
                 f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * a->d[c * nb + ib]), f[c]); \
