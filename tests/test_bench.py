@@ -231,7 +231,7 @@ def test_report_only_summarizes_the_prompts_every_method_finished(tiny_llama_dir
             "--max-new-tokens", "6", "--out", str(out), "--no-plots"]
     assert main(argv) == 0
     lines = (out / "records.jsonl").read_text().splitlines()
-    (out / "records.jsonl").write_text("\n".join(lines[:3]) + "\n")  # as if stopped after a, plain of b
+    (out / "records.jsonl").write_text("\n".join(lines[:3]) + "\n")  # as if stopped after a, ngram of b
     assert main(argv + ["--report-only"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["prompts_complete"] == 1 and summary["methods"]["plain"]["prompts"] == 1
@@ -250,3 +250,28 @@ def test_ignore_eos_runs_every_method_to_the_budget_and_refuses_peers(tiny_llama
     assert len(records) == 2 and all(len(r["tokens"]) == 12 for r in records)
     assert json.loads((out / "summary.json").read_text())["config"]["ignore_eos"] is True
     assert "peers" in cli_error(argv[:4] + ["plain,hf"] + argv[5:], capsys)
+
+
+def test_each_prompt_starts_one_method_further_on_after_a_warm_up(tiny_llama_dir, tmp_path):
+    """What a method leaves behind (a peer's spinning threads, a cold cache) must not always land on the
+    same next method, nor a model's first forward on the first method: the order rotates per prompt, and
+    one untimed pass runs first."""
+    from specdec.bench.compare import Comparison
+    from specdec.bench.datasets import Prompt
+    from specdec.model import load_model
+
+    calls = []
+
+    class Peer:
+        def generate(self, ids, max_new_tokens, *args):
+            calls.append(max_new_tokens)
+            return [1] * max_new_tokens, 0.01
+
+    target = load_model(str(tiny_llama_dir))
+    specs = parse_methods("plain,ngram,hf", [2])
+    prompts = [Prompt(i, "c", ("w1 w2 w1",)) for i in "abcd"]
+    records = Comparison(target, None, specs, 4, 64, hf=Peer()).run(prompts, tmp_path / "r.jsonl")
+    assert [(r.prompt_id, r.method) for r in records] == [
+        ("a", "plain"), ("a", "ngram"), ("a", "hf"), ("b", "ngram"), ("b", "hf"), ("b", "plain"),
+        ("c", "hf"), ("c", "plain"), ("c", "ngram"), ("d", "plain"), ("d", "ngram"), ("d", "hf")]
+    assert calls == [2, 4, 4, 4, 4]  # the warm-up's two tokens, then the four timed runs

@@ -1,4 +1,5 @@
-"""Side-by-side runs of methods on one target, interleaved prompt by prompt (A B C A B C ...).
+"""Side-by-side runs of methods on one target, interleaved prompt by prompt (A B C, B C A, C A B, ...),
+after one untimed warm-up pass.
 
 A method is a drafting kind and its k: our engine (plain, draft, ngram), HF transformers (hf,
 hf-assisted, hf-lookup) and llama.cpp (llama, llama-lookup). Every record goes to a JSONL file as it
@@ -123,7 +124,8 @@ class Comparison:
         self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
         self.max_new_tokens, self.temperature, self.seed, self.tree_depth = max_new_tokens, temperature, seed, tree_depth
         # every engine shares the target's cache (one method runs at a time); layer skip drafts into it too
-        cache = target.module.new_cache(capacity)
+        cache = self.cache = target.module.new_cache(capacity)
+        self.draft = draft
         drafters = {}
         for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind != "tree"}:
             if kind == "layer-skip":
@@ -168,6 +170,26 @@ class Comparison:
         tokens, seconds = peer.generate(ids, self.max_new_tokens, mode, spec.k, self.temperature, seed)
         return tokens, seconds, None
 
+    def warm_up(self, prompt: Prompt) -> None:
+        """One untimed pass over the prompt before the timed runs: a model's first forward faults its weights
+        in and makes its first allocations, which would otherwise be charged to whichever method runs first
+        (0.6 s of a 3.2 s plain run, session 16). Our models run one forward; each peer mode generates two
+        tokens (a peer that fails here fails again in its timed run, which records it)."""
+        import torch
+        ids = self.encode([{"role": "user", "content": prompt.turns[0]}])
+        with torch.inference_mode():
+            for model, cache in ((self.target, self.cache), (self.draft, None)):
+                if model is not None:
+                    cache = cache or model.module.new_cache(len(ids) + 1)
+                    model.module(torch.tensor([ids], device=cache.k.device), cache, 0, last_only=True)
+        for spec in self.specs:
+            if spec.kind not in OUR_KINDS:
+                peer, mode = (self.hf, HF_KINDS[spec.kind]) if spec.kind in HF_KINDS else (self.llama, LLAMA_KINDS[spec.kind])
+                try:
+                    peer.generate(ids, 2, mode, spec.k, self.temperature, self.seed)
+                except Exception:  # noqa: BLE001 - recorded by the timed run
+                    pass
+
     def run_one(self, prompt: Prompt, spec: MethodSpec, repeat: int = 0, seed: int | None = None) -> Record:
         """All turns of a prompt; later turns see the method's own earlier answers (Spec-Bench)."""
         messages, tokens, seconds, stats = [], [], 0.0, []
@@ -186,11 +208,18 @@ class Comparison:
         from tqdm import tqdm
         records = read_records(out)
         done = {(r.prompt_id, r.method, r.repeat) for r in records}
-        jobs = [(rep, i, p, s) for rep in range(repeats) for i, p in enumerate(prompts) for s in self.specs]
+        # interleaved, prompt by prompt (A B C, A B C, ...), so that drift hits every method alike; and each
+        # prompt starts one method further on (A B C, B C A, C A B, ...), so that what a method leaves behind
+        # (a peer's spinning threads, a cold cache) does not always land on the same next method
+        m = len(self.specs)
+        jobs = [(rep, i, p, self.specs[(rep * len(prompts) + i + j) % m])
+                for rep in range(repeats) for i, p in enumerate(prompts) for j in range(m)]
         todo = [j for j in jobs if (j[2].id, j[3].label, j[0]) not in done]
+        if todo:
+            self.warm_up(todo[0][2])
         bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="run", desc="bench", dynamic_ncols=True)
         with out.open("a") as f, bar:
-            for rep, i, prompt, spec in todo:  # interleaved: A B C A B C, so drift hits all alike
+            for rep, i, prompt, spec in todo:
                 seed = None if self.seed is None else self.seed + 1_000_003 * rep + i
                 try:
                     rec = self.run_one(prompt, spec, rep, seed)
