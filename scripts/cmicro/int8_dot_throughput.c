@@ -1,0 +1,42 @@
+/* Throughput of the integer multiply-add instructions quant_q8.c is built from, on one core: eight
+ * independent accumulator chains per instruction, so the issue rate binds, not the latency.
+ * Behind perf.md session 16 (why a verified row costs what it does in gguf-q8).
+ * Build: gcc -O2 -march=native int8_dot_throughput.c -o t && ./t */
+#include <immintrin.h>
+#include <stdio.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+#define N 200000000L
+#define RUN(NAME, MACS, OP)                                                                             \
+    {                                                                                                  \
+        __m256i a0 = _mm256_set1_epi8(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0; \
+        const __m256i x = _mm256_set1_epi8(3), y = _mm256_set1_epi8(5);                                \
+        const double t0 = now();                                                                       \
+        for (long i = 0; i < N / 8; i++) {                                                             \
+            OP(a0); OP(a1); OP(a2); OP(a3); OP(a4); OP(a5); OP(a6); OP(a7);                            \
+            __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3));                             \
+        }                                                                                              \
+        const double ns = (now() - t0) / N * 1e9;                                                      \
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));              \
+        s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7))); \
+        printf("%-34s %.3f ns/instruction  %5.1f int8 multiply-adds/ns  (%d)\n", NAME, ns, MACS / ns,   \
+               _mm256_extract_epi32(s, 0));                                                            \
+    }
+#define DPBUSD(a) a = _mm256_dpbusd_epi32(a, x, y)
+#define DPWSSD(a) a = _mm256_dpwssd_epi32(a, x, y)
+#define MADDUBS(a) a = _mm256_maddubs_epi16(a, y)
+#define MADDUBS_DPWSSD(a) a = _mm256_dpwssd_epi32(a, _mm256_maddubs_epi16(x, a), y)
+
+int main(void) {
+    RUN("vpdpbusd ymm (32 u8*s8)", 32, DPBUSD)
+    RUN("vpdpwssd ymm (16 s16*s16)", 16, DPWSSD)
+    RUN("vpmaddubsw ymm (32 u8*s8)", 32, MADDUBS)
+    RUN("vpmaddubsw + vpdpwssd (K-quants)", 32, MADDUBS_DPWSSD)
+    return 0;
+}
