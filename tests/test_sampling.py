@@ -163,6 +163,19 @@ def test_sample_shapes_and_one_hot():
     assert sample(probs[0, 0], torch.Generator().manual_seed(0)).shape == ()
 
 
+def test_sample_draws_each_token_at_its_share_of_the_mass_and_never_a_zero():
+    """Unnormalised weights with zeros first, inside and last: the empirical distribution of many draws
+    is the weights' (total variation bound), a zero is never drawn, and large vocabularies work."""
+    w = torch.tensor([0.0, 0.5, 0.05, 1.2, 0.0, 0.0, 0.9, 0.001, 0.6, 0.449, 0.0])  # sum 3.7
+    draws = sample(w.expand(TRIALS, -1), torch.Generator().manual_seed(3))  # [TRIALS]
+    assert total_variation(draws, w / w.sum()) < tv_bound(TRIALS, w.numel())
+    assert not torch.isin(draws, torch.tensor([0, 4, 5, 10])).any()
+    big = torch.zeros(151936)
+    big[[7, 151935]] = torch.tensor([1.0, 3.0])
+    draws = sample(big.expand(4000, -1)[:400], torch.Generator().manual_seed(5))
+    assert set(draws.tolist()) == {7, 151935} and abs((draws == 151935).float().mean().item() - 0.75) < rate_bound(400)
+
+
 # ---------------------------------------------------------------- greedy_accept
 
 

@@ -94,13 +94,16 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
 
 /* Q4_K (256 weights: 8 sub-blocks of 32, weight = d * sc[j] * q - dmin * m[j], q in 0..15):
  * per activation block, sum_j sc[j] * (q . a)_j and sum_j m[j] * (sum a)_j are integers. */
-static inline void scales_q4_k(const uint8_t *b, int16_t *sc, __m256i *mn) {
+static inline void scales_q4_k(const uint8_t *b, __m256i *sv, __m256i *mn) {
+    /* sv[s]: scale s in all 16 int16 lanes; mn: each min twice (against the two 16-sums of its 32). From
+     * registers: shuffles, not stores and reloads (one 8-byte load of four-byte stores does not forward) */
     uint32_t u[4];
     q4_k_scale_bytes(b, u); /* bytes of u[0..1]: the 8 scales; of u[2..3]: the 8 mins */
-    const uint8_t *sb = (const uint8_t *)u;
-    for (int j = 0; j < 8; j++) sc[j] = sb[j];
-    const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
-    *mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* each min twice: against the two 16-sums of its 32 */
+    const __m128i s8 = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(s8));
+    for (int s = 0; s < 8; s++) sv[s] = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)((2 * s + 1) << 8 | 2 * s)));
+    const __m128i m8 = _mm_unpackhi_epi64(s8, s8);
+    *mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
 }
 
 /* sum over the 8 groups s of maddubs(q[s], x[s]) . sv[s], in int32 lanes: two chains, so that the multiply-adds of
@@ -131,15 +134,13 @@ static inline __m256i dot8_k(const __m256i *q, const __m256i *sv, const int8_t *
             _mm_prefetch((const char *)blk + QPF_BYTES + 64, _MM_HINT_T0);                           \
             _mm_prefetch((const char *)blk + QPF_BYTES + 128, _MM_HINT_T0);                          \
             const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);                             \
-            int16_t sc[8];                                                                           \
             __m256i mn, q[8], sv[8];                                                                 \
-            scales_q4_k(blk, sc, &mn);                                                               \
+            scales_q4_k(blk, sv, &mn);                                                               \
             for (int j = 0; j < 4; j++) {                                                            \
                 const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));        \
                 q[2 * j] = _mm256_and_si256(raw, NIB8);                                              \
                 q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), NIB8);                    \
             }                                                                                        \
-            for (int s = 0; s < 8; s++) sv[s] = _mm256_set1_epi16(sc[s]);                            \
             for (int c = 0; c < C; c++) {                                                            \
                 const int8_t *xq = a->q + c * a->K + ib * 256;                                       \
                 __m256i acc = dot8_k(q, sv, xq);                                                     \
@@ -151,6 +152,19 @@ static inline __m256i dot8_k(const __m256i *q, const __m256i *sv, const int8_t *
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
     }
+
+/* sv[s]: Q6_K's scale 2s in int16 lanes 0-7 and scale 2s + 1 in lanes 8-15, shuffled from sc16 (the 16 scales) */
+static inline void scales_q6_k(__m256i sc16, __m256i *sv) {
+    const __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00), hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+    for (int s = 0; s < 8; s++) {
+        const int e = (2 * s) % 8; /* scale 2s is element e of its half; 2s + 1 is e + 1 */
+        const __m256i m = _mm256_setr_epi8(2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1,
+            2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1,
+            2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3,
+            2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3);
+        sv[s] = _mm256_shuffle_epi8(s < 4 ? lo : hi, m);
+    }
+}
 
 /* Q6_K (256 weights, weight = d * sc[i] * (q - 32) per 16, q in 0..63): sum_i sc[i] * ((q . a)_i -
  * 32 (sum a)_i), all integer per activation block. */
@@ -167,10 +181,8 @@ static inline __m256i dot8_k(const __m256i *q, const __m256i *sv, const int8_t *
             const int8_t *scb = (const int8_t *)(blk + 192);                                         \
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scb));       \
             __m256i q[8], sv[8];                                                                     \
-            for (int s = 0; s < 8; s++) {                                                            \
-                q[s] = q6_k_group(blk, s);                                                           \
-                sv[s] = _mm256_set_m128i(_mm_set1_epi16(scb[2 * s + 1]), _mm_set1_epi16(scb[2 * s])); \
-            }                                                                                        \
+            scales_q6_k(sc16, sv);                                                                   \
+            for (int s = 0; s < 8; s++) q[s] = q6_k_group(blk, s);                                   \
             for (int c = 0; c < C; c++) {                                                            \
                 const int8_t *xq = a->q + c * a->K + ib * 256;                                       \
                 __m256i acc = dot8_k(q, sv, xq);                                                     \

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 
+from specdec.sampling.logits import sample
+
 
 class Acceptance(NamedTuple):
     """Outcome of verifying one chain: emit draft[:num_accepted] followed by next_token."""
@@ -71,7 +73,7 @@ def rejection_accept(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tenso
     num = _leading_true(_accept_flags(draft_tokens, p, q, uniforms))  # []
     q_n = _draft_row(draft_tokens, q, num, p.shape[-1])  # [1, vocab]
     p_n = p.index_select(0, num.view(1))  # [1, vocab]
-    token = _draw(residual_probs(p_n, q_n), generator)  # [1]
+    token = sample(residual_probs(p_n, q_n), generator)  # [1]
     return _to_host(num, token, p.amax(dim=-1) if confidence else None)
 
 
@@ -112,16 +114,6 @@ def _draft_row(draft_tokens: torch.Tensor, q: torch.Tensor | None, num: torch.Te
         return one_hot.float() * (num < k)
     padded = torch.cat([q, q.new_zeros(1, vocab)])  # [k + 1, vocab]
     return padded.index_select(0, num.view(1))
-
-
-def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row, probs # [rows, vocab] -> # [rows]: argmax of probs / Exp(1) noise.
-
-    This exponential race is the algorithm torch.multinomial uses for a single draw (same
-    generator, same tokens), minus its input checks, which synchronise with the host on CUDA.
-    """
-    noise = torch.empty_like(probs).exponential_(generator=generator)  # [rows, vocab]
-    return (probs / noise).argmax(dim=-1)
 
 
 def _leading_true(flags: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,8 @@ from typing import NamedTuple
 
 import torch
 
-from specdec.sampling.rejection import _draw, residual_probs
+from specdec.sampling.logits import sample
+from specdec.sampling.rejection import residual_probs
 from specdec.tree import DraftTree
 
 
@@ -113,7 +114,7 @@ def tree_rejection_accept(tree: DraftTree, p: torch.Tensor, q: torch.Tensor | No
         accepted[layout.order] = torch.cat(flags)
     on_path, row = _walk(layout, accepted)
     # The last node's children were all rejected (p_cur = its residual), or it is a leaf (p_cur = p).
-    return _to_host(on_path, _draw(p_cur.index_select(0, row.view(1)), generator))
+    return _to_host(on_path, sample(p_cur.index_select(0, row.view(1)), generator))
 
 
 def _layout(tree: DraftTree, device: torch.device) -> _Layout:
