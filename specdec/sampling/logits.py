@@ -6,6 +6,8 @@ rejection sampling see identical processing. Everything stays on the logits' dev
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from specdec.config import SamplingParams
@@ -41,15 +43,28 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """
     flat = probs.reshape(-1, probs.shape[-1])  # [rows, vocab]
     u = torch.rand(flat.shape[0], 1, generator=generator, device=flat.device, dtype=torch.float64)  # [rows, 1]
-    # a row at a time: a float64 cumsum over several rows at once took 16x one row's time here
+    # a row at a time, each into the kept buffer (rows are few: one per sequence)
     tokens = torch.cat([_invert_cdf(row, u[i]) for i, row in enumerate(flat)])  # [rows]
     return tokens.reshape(probs.shape[:-1])
 
 
 def _invert_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """weights # [vocab], u # [1] uniform in [0, 1) -> # [1] int64."""
-    cdf = weights.double().cumsum(0)  # [vocab]
+    cdf = torch.cumsum(weights, 0, dtype=torch.float64, out=_cdf_buffer(weights))  # [vocab]
     return torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=weights.numel() - 1)
+
+
+_buffers = threading.local()
+
+
+def _cdf_buffer(weights: torch.Tensor) -> torch.Tensor:
+    """A float64 buffer like weights, kept per thread, device and size: a fresh 1.2 MB tensor per token
+    faulted its pages in every time here (1.0 ms a cumsum against 0.13 ms into a kept buffer)."""
+    cache = _buffers.__dict__.setdefault("cdf", {})
+    key = (weights.device, weights.numel())
+    if key not in cache:
+        cache[key] = torch.empty(weights.numel(), dtype=torch.float64, device=weights.device)
+    return cache[key]
 
 
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -71,9 +71,11 @@ def rejection_accept(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tenso
     draft_tokens = draft_tokens.to(p.device)
     uniforms = torch.rand(draft_tokens.numel(), generator=generator, device=p.device)  # [k]
     num = _leading_true(_accept_flags(draft_tokens, p, q, uniforms))  # []
-    q_n = _draft_row(draft_tokens, q, num, p.shape[-1])  # [1, vocab]
     p_n = p.index_select(0, num.view(1))  # [1, vocab]
-    token = sample(residual_probs(p_n, q_n), generator)  # [1]
+    if draft_tokens.numel() == 0:  # plain decoding: p_0 itself (the residual against no draft is p_0)
+        token = sample(p_n, generator)  # [1]
+    else:
+        token = sample(residual_probs(p_n, _draft_row(draft_tokens, q, num, p.shape[-1])), generator)  # [1]
     return _to_host(num, token, p.amax(dim=-1) if confidence else None)
 
 
