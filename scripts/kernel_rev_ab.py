@@ -25,8 +25,10 @@ def build_rev(rev: str, tmp: Path):
     """The kernels library compiled from `rev`'s sources (as cpu_kernels builds the working tree's)."""
     for src in cpu_kernels.SOURCES + cpu_kernels.HEADERS:
         rel = src.relative_to(Path(cpu_kernels.__file__).resolve().parents[2])
-        (tmp / src.name).write_text(subprocess.run(["git", "show", f"{rev}:{rel}"], capture_output=True, text=True,
-                                                   check=True).stdout)
+        shown = subprocess.run(["git", "show", f"{rev}:{rel}"], capture_output=True, text=True)
+        if shown.returncode != 0:
+            raise SystemExit(f"cannot read {rel} at revision {rev!r}: {shown.stderr.strip()}")
+        (tmp / src.name).write_text(shown.stdout)
     so = tmp / "rev.so"
     subprocess.run(["gcc", *cpu_kernels.FLAGS, *(str(tmp / s.name) for s in cpu_kernels.SOURCES), "-o", str(so), "-lm"],
                    check=True)

@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("prompt", help="the prompt text")
     bench = sub.add_parser("bench", help="side-by-side comparison of methods and peers on a prompt set",
-                           description="Runs every method on every prompt, interleaved prompt by prompt, and "
-                                       "writes records.jsonl, summary.json, summary.md and PNG plots to --out.")
+                           description="Runs every method on every prompt, interleaved prompt by prompt (each prompt "
+                                       "starting one method further on, after an untimed warm-up pass), and writes "
+                                       "records.jsonl, summary.json, summary.md and PNG plots to --out.")
     add_model_flags(bench)
     bench.add_argument("--draft", default=DEFAULT_DRAFT,
                        help="draft model for the 'draft', 'tree', 'hybrid' and 'hf-assisted' methods")

@@ -166,9 +166,15 @@ class Comparison:
                                    stop_at_eos=not self.ignore_eos)
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
             return res.tokens, res.stats.seconds, res.stats.summary()
-        peer, mode = (self.hf, HF_KINDS[spec.kind]) if spec.kind in HF_KINDS else (self.llama, LLAMA_KINDS[spec.kind])
+        peer, mode = self._peer(spec)
         tokens, seconds = peer.generate(ids, self.max_new_tokens, mode, spec.k, self.temperature, seed)
         return tokens, seconds, None
+
+    def _peer(self, spec: MethodSpec) -> tuple:
+        """(the peer object, its mode) for a peer method"""
+        if spec.kind in HF_KINDS:
+            return self.hf, HF_KINDS[spec.kind]
+        return self.llama, LLAMA_KINDS[spec.kind]
 
     def warm_up(self, prompt: Prompt) -> None:
         """One untimed pass over the prompt before the timed runs: a model's first forward faults its weights
@@ -184,7 +190,7 @@ class Comparison:
                     model.module(torch.tensor([ids], device=cache.k.device), cache, 0, last_only=True)
         for spec in self.specs:
             if spec.kind not in OUR_KINDS:
-                peer, mode = (self.hf, HF_KINDS[spec.kind]) if spec.kind in HF_KINDS else (self.llama, LLAMA_KINDS[spec.kind])
+                peer, mode = self._peer(spec)
                 try:
                     peer.generate(ids, 2, mode, spec.k, self.temperature, self.seed)
                 except Exception:  # noqa: BLE001 - recorded by the timed run
