@@ -36,12 +36,12 @@ one, makes it dearer relative to a plain step than the bare forwards say); and c
 draft seconds per draft token (drafting steps that follow a drafting step; a probe also pays the
 catch-up on the plain steps' tokens). A step of k then costs rho_spec v(k + 1) + k c_eff against
 rho_v for plain, so a drafter dearer than the curve says loses its steps to plain decoding, and a
-longer context alone (which slows both alike) does not. A plain step of a plain run that moves rho_v moves every
-drafting price (rho_spec, c_eff, the prefill's scale) by the same factor: a host that slows down
-slows every kind of step, so a slow spell seen while plain must not make drafting look cheap. The
-calibration carries over to the next request. rho_spec is measured only on drafted steps, so once drafting has stopped (probe_every plain
-steps in a row) each plain step moves it a plain_relax share back toward rho_v, the curve's own
-ratio: a slow spell that made verifies look dear cannot lock drafting (and its probes) out for good.
+longer context alone (which slows both alike) does not. A plain step of a plain run that moves
+rho_v moves every drafting price (rho_spec, c_eff, the prefill's scale) by the same factor: a host
+that slows down slows every kind of step, so a slow spell seen while plain must not make drafting
+look cheap. The calibration carries over to the next request. rho_spec is measured only on drafted
+steps, so once drafting has stopped (probe_every plain steps in a row) each plain step moves it a
+plain_relax share back toward rho_v, the curve's own ratio: a slow spell that made verifies look dear cannot lock drafting (and its probes) out for good.
 While plain, it probes now and then with a one-token draft so it can come back when the text turns
 predictable; the probe interval doubles after each failed probe (bounded). A request
 whose carried estimate says plain probes at its first step: the carried prior is only a guess

@@ -186,7 +186,7 @@ class Comparison:
         with torch.inference_mode():
             for model, cache in ((self.target, self.cache), (self.draft, None)):
                 if model is not None:
-                    cache = cache or model.module.new_cache(len(ids) + 1)
+                    cache = model.module.new_cache(len(ids) + 1) if cache is None else cache
                     model.module(torch.tensor([ids], device=cache.k.device), cache, 0, last_only=True)
         for spec in self.specs:
             if spec.kind not in OUR_KINDS:
