@@ -239,8 +239,10 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens, cache: KVCache, start: int, positions=None, mask=None, last_only=False, slots=None,
-                rows=None):
+                rows=None, hidden=False):
         """Logits [batch, T or 1, vocab] for tokens [batch, T] written at cache slots [start, start+T).
+        hidden=True: (logits, h) with h [batch, T or 1, hidden_size] the final norm's output, the
+        feature a self-drafting head reads (no extra cost: the LM head reads it anyway).
 
         positions [batch, T] are the RoPE positions (default start..start+T-1); mask [T, start+T]
         is a bool attention mask over the slots (default causal). The cache length is not changed.
@@ -262,9 +264,9 @@ class Transformer(nn.Module):
             positions = torch.arange(start, start + t, device=tokens.device).expand(b, t)
         if mask is None:
             mask = causal_mask(start, t, tokens.device)
-        if self.graphs is not None and isinstance(start, int):
+        if self.graphs is not None and isinstance(start, int) and not hidden:  # graphs capture logits only
             return self.graphs.run(tokens, cache, start, positions, mask, last_only)
-        return self.layers_forward(tokens, cache, start, positions, mask, last_only)
+        return self.layers_forward(tokens, cache, start, positions, mask, last_only, hidden)
 
     @torch.inference_mode()
     def static_forward(self, tokens, cache: KVCache, slots, positions, mask, last_only=False):
@@ -273,7 +275,7 @@ class Transformer(nn.Module):
         [T, capacity] over every cache slot. The caller checks that the slots fit."""
         return self.layers_forward(tokens, cache, Static(slots), positions, mask, last_only)
 
-    def layers_forward(self, tokens, cache: KVCache, start, positions, mask, last_only):
+    def layers_forward(self, tokens, cache: KVCache, start, positions, mask, last_only, hidden=False):
         dtype = self.dtype
         cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [batch, 1, T, head_dim]
         sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
@@ -285,4 +287,6 @@ class Transformer(nn.Module):
                 x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.model.norm(x)).float()
+        h = self.model.norm(x)  # [batch, T or 1, hidden_size]
+        logits = self.lm_head(h).float()
+        return (logits, h) if hidden else logits
