@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from specdec.cli import main
+from specdec.cli import build_parser, main
 from specdec.errors import SpecdecError
 from specdec.model.registry import load_registry
 from specdec.model.tokenizer import check_compatible
@@ -222,8 +222,8 @@ def test_models_lists_registry(capsys):
 
 @pytest.mark.real
 def test_generate_json(capsys, smollm2_path):
-    code = main(["generate", "--model", str(smollm2_path), "--ngram", "--max-new-tokens", "8", "--json",
-                 "def add(a, b):"])
+    code = main(["generate", "--model", str(smollm2_path), "--ngram", "--policy", "fixed", "--max-new-tokens", "8",
+                 "--json", "def add(a, b):"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     lines = captured.out.strip().splitlines()
@@ -241,6 +241,17 @@ def test_generate_json(capsys, smollm2_path):
     assert stats["seconds"] > 0
 
 
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_the_defaults_are_the_best_measured_settings(command):
+    args = build_parser().parse_args([command, "--draft", "D"] + (["hi"] if command == "generate" else []))
+    assert (args.policy, args.k, args.draft_vocab) == ("adaptive", 4, 32768)
+
+
+def test_bench_defaults_put_the_policy_next_to_the_best_fixed_k():
+    args = build_parser().parse_args(["bench"])
+    assert (args.k, args.draft_vocab) == ("2,auto", 32768)
+
+
 def test_generate_with_the_adaptive_policy(capsys, tiny_llama_dir, tmp_path):
     argv = ["generate", "--model", str(tiny_llama_dir), "--ngram", "--policy", "adaptive", "--k", "6",
             "--max-new-tokens", "20", "--json", "w1 w2 w3 w1 w2 w3 w1 w2"]
@@ -255,7 +266,7 @@ def test_generate_with_layer_skip_matches_plain(capsys, tiny_llama_dir):
     base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "12", "--json", "w1 w2 w3 w1 w2"]
     assert main(base) == 0
     plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
-    assert main(base[:1] + ["--layer-skip", "1"] + base[1:]) == 0
+    assert main(base[:1] + ["--layer-skip", "1", "--policy", "fixed"] + base[1:]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"] == plain
     assert "layer" in cli_error(base[:1] + ["--layer-skip", "9"] + base[1:], capsys).lower()
     assert "one drafting method" in cli_error(base[:1] + ["--layer-skip", "1", "--ngram"] + base[1:], capsys)
@@ -265,7 +276,8 @@ def test_generate_with_lookahead_matches_plain(capsys, tiny_llama_dir):
     base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "12", "--json", "w1 w2 w3 w1 w2"]
     assert main(base) == 0
     plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
-    assert main(base[:1] + ["--lookahead", "--lookahead-window", "2", "--lookahead-ngram", "4"] + base[1:]) == 0
+    assert main(base[:1] + ["--lookahead", "--lookahead-window", "2", "--lookahead-ngram", "4", "--policy", "fixed"]
+                + base[1:]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"] == plain
     assert "lookahead" in cli_error(base[:1] + ["--lookahead", "--lookahead-ngram", "1"] + base[1:], capsys)
     assert "one drafting method" in cli_error(base[:1] + ["--lookahead", "--suffix"] + base[1:], capsys)

@@ -63,7 +63,7 @@ def mode_flags(mode: str, draft: str | None, k: int, ngram: bool = False) -> lis
     if draft is None and not ngram:
         raise SpecdecError(f"mode {mode!r} needs a drafter: give --draft MODEL or --ngram")
     flags = (["--ngram"] if ngram else ["--draft", draft]) + ["--k", str(k)]
-    return flags + (["--policy", "adaptive"] if mode == "policy" else [])
+    return flags + ["--policy", "adaptive" if mode == "policy" else "fixed"]
 
 
 def start_server(model: str, flags: list[str], port: int, max_batch: int, log_path: Path,
@@ -250,8 +250,7 @@ def run_loadtest(args) -> dict:
         """One server in this mode, warmed up, driven at each of run_levels, then stopped."""
         port = free_port()
         log(f"[{mode}] starting specdec serve on port {port}")
-        flags = common + (["--draft-vocab", str(args.draft_vocab)] if args.draft_vocab and mode != "off"
-                          and args.draft else [])
+        flags = common + (["--draft-vocab", str(args.draft_vocab)] if mode != "off" and args.draft else [])
         proc = start_server(args.model, flags + mode_flags(mode, args.draft, args.k, args.ngram), port,
                             args.max_batch, out / log_name)
         base = f"http://127.0.0.1:{port}"
@@ -289,7 +288,8 @@ def add_loadtest_flags(p) -> None:
     from specdec.cli import integer
     p.add_argument("--draft", default=None, help="draft model for the 'on' and 'policy' modes")
     p.add_argument("--ngram", action="store_true", help="the 'on' and 'policy' modes draft by prompt lookup instead")
-    p.add_argument("--draft-vocab", type=integer, default=0, help="the draft model scores only the first N token ids")
+    p.add_argument("--draft-vocab", type=integer, default=32768,
+                   help="the draft model scores only the first N token ids (0 = all; default: %(default)s, as serve)")
     p.add_argument("--modes", default="off,on,policy", help="comma list from off, on, policy")
     p.add_argument("--order", choices=("level", "mode"), default="level",
                    help="level: at each concurrency level run every mode (a fresh server each, order alternating "
