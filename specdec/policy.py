@@ -98,8 +98,8 @@ passed or not); a plain step's calibrated rate counts as shadow_weight of an obs
 pooled rate (it fades by decay per drafted step, as real outcomes come) and in the request's
 record that moves the carried prior. So a request running plain (unadmitted, backed off, or
 after failed probes) starts the drafter or resumes drafting on its own text's evidence, and the
-carried prior learns from requests that never drafted (session 11: a few failed allowance
-requests left code prompts plain from end to end).
+carried prior learns from requests that never drafted (else a few failed allowance requests can
+leave code prompts plain from end to end).
 
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
 rows, so plain costs v(B) for B tokens and a chain costs B k c + v(B (k + 1)) for B E(k) tokens;
@@ -331,7 +331,7 @@ class AdaptivePolicy:
         self.rho_spec = 1.0  # the same for drafted steps' verify forwards (EMA; kept across requests)
         self.draft_cost = self.costs.draft_cost  # c_eff: measured draft seconds per draft token / t1 (EMA)
         # the last 3 measurements of each (seeded with the starting values): the EMAs take their median,
-        # so one stalled step (a 4x verify on this host, session 12) does not turn drafting off
+        # so one stalled step (a verify that runs 4x slow) does not turn drafting off
         self.recent = {"rho_v": [1.0, 1.0], "rho_spec": [1.0, 1.0], "draft_cost": [self.draft_cost] * 2}
         self.hits = [0.0] * self.cfg.k_max  # discounted accepted observations per position
         self.trials = [0.0] * self.cfg.k_max  # discounted observations per position
@@ -751,8 +751,8 @@ class AdaptivePolicy:
         """A plain step of a plain run moved rho_v by the factor f. A host that slowed down (or sped up)
         changes every kind of step alike, so every drafting price, in the same absolute units, moves with
         it: rho_spec, the draft costs and the prefill's scale, and the measurements their medians are
-        taken over. Else a slow spell seen only by plain steps makes drafting look cheap (session 15:
-        plain steps at 3.9x their predicted time started a draft model that lost). While drafting, the
+        taken over. Else a slow spell seen only by plain steps makes drafting look cheap (plain steps at
+        3.9x their predicted time once started a draft model that lost). While drafting, the
         drafted steps measure those prices themselves. Drafted steps do not move rho_v in turn:
         plain steps are not measured while drafting, so a drafted step dearer than the curve says would
         then keep plain decoding looking dear for good; the other way round, probes correct it."""
@@ -787,7 +787,7 @@ class AdaptivePolicy:
             if self.plain_run >= self.cfg.probe_every:
                 # rho_spec is measured only while drafting. Once drafting has stopped, let it drift back toward
                 # the curve's verify/plain ratio: a slow spell of the host that inflated it must not lock drafting
-                # out for good (no probe runs while even a 0.9 drafter is predicted to lose; session 10, code-05)
+                # out for good (no probe runs while even a 0.9 drafter is predicted to lose)
                 self.rho_spec += self.cfg.plain_relax * (self.rho_v - self.rho_spec)
         if nodes and k > 0 and draft_seconds is not None:
             c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)

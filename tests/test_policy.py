@@ -720,7 +720,7 @@ def test_an_old_profile_s_prefill_price_is_split_into_the_draft_s_weight_read_an
 
 
 def test_the_learning_allowance_pays_a_prefill_s_fixed_part_and_bounds_the_rest():
-    """On a host where any draft prefill costs 1.4 plain steps before its first token (session 11),
+    """On a host where any draft prefill costs 1.4 plain steps before its first token,
     a 5% allowance of a 64-token answer (3.2 steps) admitted no prompt over 60 tokens, so a low
     carried prior was never tested again. The allowance now bounds the part per token."""
     costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.03, prefill_fixed=1.4)
@@ -751,7 +751,7 @@ def test_a_profile_with_bad_prefill_prices_is_refused_clearly(tmp_path):
 def test_prefills_priced_affinely_calibrate_alike_at_every_prompt_length():
     """Short prompts' prefills are mostly the fixed part. Priced by the token alone they read as
     dear (rho_prefill well above 1), and a long prompt after them is then priced at twice its cost:
-    code-05's refusal in session 10. Priced affinely, both lengths agree."""
+    a refusal of a long code prompt. Priced affinely, both lengths agree."""
     t1 = 0.3
     real = lambda n: t1 * (0.9 + 0.02 * n)  # seconds of a prefill on this "machine"
     for fixed, drift in ((0.0, True), (0.9, False)):
@@ -814,7 +814,7 @@ def test_the_target_s_confidence_calibrates_from_drafted_steps():
 
 
 def test_a_plain_request_the_target_is_sure_of_starts_drafting_mid_answer():
-    """Session 11's lockout: a carried prior under which nothing pays, and the learning allowance
+    """A lockout: a carried prior under which nothing pays, and the learning allowance
     backed off, so a code prompt ran plain from end to end. The target's confidence on its own
     plain tokens (calibrated: sure rows pass) lifts this request's estimate until the draft
     prefill pays (start_now); on unsure text it stays plain. Without the signal it never starts."""
@@ -862,7 +862,7 @@ def test_predicted_acceptance_fades_once_drafted_steps_show_the_real_one():
 
 
 def test_one_stalled_step_does_not_move_the_calibration_but_a_lasting_change_does():
-    """Session 12: one 9-row verify took 0.98 s instead of 0.25 (the host stalled); the EMA took it
+    """One 9-row verify took 0.98 s instead of 0.25 (the host stalled); the EMA took it
     at the clamp and rho_spec jumped from 0.84 to 1.49, which turned a math prompt drafting at tau
     3+ plain for 28 steps. The EMAs now take the median of the last 3 measurements."""
     costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
@@ -881,7 +881,7 @@ def test_one_stalled_step_does_not_move_the_calibration_but_a_lasting_change_doe
 
 
 def test_a_slow_spell_of_the_host_while_plain_does_not_make_drafting_look_cheap():
-    """Session 15: another process slowed plain steps to 3.9x their predicted time; rho_v rose, the
+    """Another process slowed plain steps to 3.9x their predicted time; rho_v rose, the
     drafting prices did not, and a draft model that lost was started. Every step slows alike, so the
     choice must not change: the drafting prices move with rho_v."""
     costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)

@@ -179,7 +179,7 @@ class Comparison:
     def warm_up(self, prompt: Prompt) -> None:
         """One untimed pass over the prompt before the timed runs: a model's first forward faults its weights
         in and makes its first allocations, which would otherwise be charged to whichever method runs first
-        (0.6 s of a 3.2 s plain run, session 16). Our models run one forward; each peer mode generates two
+        (0.6 s of a 3.2 s plain run on the 1.5B model). Our models run one forward; each peer mode generates two
         tokens (a peer that fails here fails again in its timed run, which records it)."""
         import torch
         ids = self.encode([{"role": "user", "content": prompt.turns[0]}])
@@ -374,7 +374,7 @@ def run_comparison(args) -> dict:
               "seed": args.seed, "greedy": args.temperature == 0, "ignore_eos": args.ignore_eos,
               "weight_dtype": args.weight_dtype or "auto", "weight_format": weight_format,
               "cost_profile": args.cost_profile,
-              "wall_seconds_this_session": round(time.time() - t0, 1)}
+              "wall_seconds_last_invocation": round(time.time() - t0, 1)}
     cost_profile = report.read_cost_profile(args.cost_profile) if args.cost_profile else None
     summary = report.build_summary(records, config, cost_profile)
     report.write_outputs(summary, records, out, plots=not args.no_plots)
