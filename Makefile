@@ -6,7 +6,7 @@ TARGET ?= qwen2.5-coder-1.5b-instruct
 DRAFT  ?= qwen2.5-coder-0.5b-instruct
 PROMPT ?= Write a Python function that merges two sorted lists into one sorted list.
 
-.PHONY: venv run test bench clean
+.PHONY: venv run test bench results docs clean
 
 # torch is pinned to the CPU build that lies on this machine's disk; an open range pulls a CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -20,8 +20,8 @@ venv: $(VENV)/.installed
 
 run: venv
 	$(VENV)/bin/specdec pull $(TARGET) $(DRAFT)
-	@echo "== speculative (draft model, k=4) =="
-	$(VENV)/bin/specdec generate --model $(TARGET) --draft $(DRAFT) --k 4 --chat "$(PROMPT)"
+	@echo "== speculative: the draft model under the adaptive policy (the defaults) =="
+	$(VENV)/bin/specdec generate --model $(TARGET) --draft $(DRAFT) --chat "$(PROMPT)"
 	@echo "== plain decoding, same engine =="
 	$(VENV)/bin/specdec generate --model $(TARGET) --draft none --chat "$(PROMPT)"
 
@@ -30,6 +30,13 @@ test: venv
 
 bench: venv
 	$(VENV)/bin/specdec bench --methods plain,draft,ngram,hf --limit 10 --max-new-tokens 128 --out runs/core
+
+# docs/performance.md from the summaries in docs/results/*.json, and docs/cli.md from the parsers
+results: venv docs
+	$(PY) scripts/make_results.py
+
+docs: venv
+	$(PY) scripts/make_cli_docs.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,9 +1,9 @@
 """Is a gguf-q8 step bound by memory or by arithmetic? A few of layer 0's matrices (attention and the
 gate projection, about 11 MB: they stay in the 32 MB L3) run again and again, against all layers'
 matrices streamed once, at 1, 2 and 5 rows (medians of 5 rounds), as GB/s of blocks. If the cached
-rate is no higher than the streamed one, the arithmetic binds, not memory. Behind perf.md session 16.
+rate is no higher than the streamed one, the arithmetic binds, not memory.
 
-Usage: python scripts/compute_bound_probe.py [--model qwen2.5-coder-1.5b-instruct] > docs/results/compute-bound-s16.txt
+Usage: python scripts/compute_bound_probe.py [--model qwen2.5-coder-1.5b-instruct] > runs/compute-bound.txt
 """
 
 import argparse

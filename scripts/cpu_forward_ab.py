@@ -3,7 +3,7 @@ in rounds on the same model and cache (context 512, the draft's way: logits of t
 with --head-rows its cut head too). Prints JSON.
 
 Usage: python scripts/cpu_forward_ab.py [--model qwen2.5-coder-0.5b-instruct] [--weight-dtype auto] \
-    [--head-rows 32768] [--rounds 9] >> docs/results/cpu-forward-s15.jsonl
+    [--head-rows 32768] [--rounds 9] >> runs/cpu-forward.jsonl
 """
 
 import argparse

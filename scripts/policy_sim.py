@@ -7,10 +7,10 @@ next, as a bench method or server slot does). It reports, per scenario, the poli
 unit time over the best fixed k's (k = 0, plain, included). Seeds are shared across methods.
 
 This isolates the policy's decisions (learning, probing, ramp-up) from the host's timing noise,
-which at the bench's sample sizes hides differences of 5% (docs/results/policy.md). It does not
+which at the bench's sample sizes hides differences of 5% (docs/performance.md). It does not
 replace the bench: real acceptance is not i.i.d., and real costs drift.
 
-    python scripts/policy_sim.py --profile docs/results/profile-policy.json --out docs/results/policy-sim.json
+    python scripts/policy_sim.py --profile docs/results/raw/profile-q8-draft-vocab.json --out runs/policy-sim.json
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run(costs: CostModel, scenario, seed: int, tokens: int, requests: int, fixed
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="docs/results/profile-policy.json")
+    ap.add_argument("--profile", default="docs/results/raw/profile-q8-draft-vocab.json")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--seeds", type=int, default=100)

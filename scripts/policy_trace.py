@@ -1,12 +1,11 @@
 """Per-step trace of draft:auto over prompts of the policy prompt set: each step's k, the estimates
 it rested on (beta, pooled rate, rho_v, rho_spec, c, the plain steps' predicted-acceptance weight)
-and its measured draft/verify seconds; and each start_now answer with its prefill terms. Backs
-session 12's diagnoses in docs/results/policy.md (a stalled verify; code-05's rental).
+and its measured draft/verify seconds; and each start_now answer with its prefill terms. Shows why
+the policy chose what it chose: a stalled verify, a draft model rented late.
 
 Usage (repo root):
-    python scripts/policy_trace.py 82,113,162,242,322,402 > docs/results/policy-trace-s12-greedy.txt  # at 62b7ceb
-    T=0.7 python scripts/policy_trace.py code-05 > docs/results/policy-trace-s12-t07-code05.txt      # at f4d2f3c
-(the greedy trace predates the start_now lines)
+    python scripts/policy_trace.py 82,113,162,242,322,402 > runs/policy-trace-greedy.txt
+    T=0.7 python scripts/policy_trace.py code-05 > runs/policy-trace-t07-code05.txt
 """
 import os
 import sys
@@ -23,7 +22,7 @@ def main() -> None:
     target = load_model("qwen2.5-coder-1.5b-instruct", progress=lambda *a: None)
     draft = load_model("qwen2.5-coder-0.5b-instruct", progress=lambda *a: None)
     specs = parse_methods("draft", ["auto"])
-    comp = Comparison(target, draft, specs, 64, 2048, draft_vocab=32768, cost_profile="docs/results/profile-s11.json",
+    comp = Comparison(target, draft, specs, 64, 2048, draft_vocab=32768, cost_profile="docs/results/raw/profile-q8-draft-vocab.json",
                       temperature=float(os.environ.get("T", 0)), seed=1,
                       ignore_eos=float(os.environ.get("T", 0)) > 0)  # as the bench commands: --ignore-eos at T > 0
     pol = comp.engines[specs[0].label].policy
@@ -48,9 +47,9 @@ def main() -> None:
         return word
 
     pol.choose, pol.observe_time, pol.start_now = traced_choose, traced_observe_time, traced_start_now
-    prompts = [p for p in load_prompts("docs/results/policy6-prompts.jsonl") if p.id in ids]
+    prompts = [p for p in load_prompts("docs/results/prompts/policy.jsonl") if p.id in ids]
     if not prompts:
-        sys.exit(f"no prompt of docs/results/policy6-prompts.jsonl has an id in {ids}")
+        sys.exit(f"no prompt of docs/results/prompts/policy.jsonl has an id in {ids}")
     for p in prompts:
         log.clear()
         rec = comp.run_one(p, specs[0], seed=1)

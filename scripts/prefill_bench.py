@@ -1,8 +1,8 @@
 """Prefill time per prompt length and the process's peak memory, for one --weight-dtype (one model
 loaded per process, so the peak RSS is that mode's). Prints JSON.
 
-Usage: python scripts/prefill_bench.py [--model qwen2.5-coder-1.5b-instruct] [--weight-dtype gguf-q8] \
-    [--lengths 16,64,256,512] [--rounds 2] >> docs/results/prefill-s15.jsonl
+Usage: python scripts/prefill_bench.py [--model qwen2.5-coder-1.5b-instruct] [--weight-dtype auto] \
+    [--lengths 16,64,256,512] [--rounds 2] >> runs/prefill.jsonl
 """
 
 import argparse

@@ -5,7 +5,7 @@ Backs the affine prefill price (policy.CostModel.prefill: a fixed part per forwa
 token) and a check of the verify curve outside `specdec profile`: the target's forwards are
 alternated round by round, so that the host's drift hits every size alike.
 
-Usage: python scripts/prefill_curve.py [--lengths 8,16,32,64,128,256,512,768] [--rounds 7] > docs/results/prefill-curve-s11.json
+Usage: python scripts/prefill_curve.py [--lengths 8,16,32,64,128,256,512,768] [--rounds 7] > runs/prefill-curve.json
 """
 
 import argparse

@@ -4,7 +4,7 @@ matrices, unfused), per format and per row count: quant_gemm.c (exact, fp32 arit
 dequantized. Prints JSON.
 
 Usage: python scripts/quant_gemm_bench.py [--model qwen2.5-coder-1.5b-instruct] [--rows 1,2,3,5,9,16] \
-    [--rounds 5] > docs/results/quant-gemm-s14.json
+    [--rounds 5] > runs/quant-gemm.json
 """
 
 import argparse

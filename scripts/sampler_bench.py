@@ -1,9 +1,9 @@
 """One draw from a 151,936-entry distribution (Qwen2.5's vocabulary) on this CPU: torch.multinomial, the
-exponential race (argmax of p / Exp(1) noise, what the verifiers used before session 16), our sampler
+exponential race (argmax of p / Exp(1) noise, what the verifiers used before), our sampler
 (sampling/logits.sample), a float64 cumsum into a fresh tensor against a kept one, and a plain step's
 rejection_accept with k = 0. Medians of 5 rounds of 100 calls, ms.
 
-Usage: python scripts/sampler_bench.py > docs/results/sampler-s16.txt
+Usage: python scripts/sampler_bench.py > runs/sampler.txt
 """
 
 import statistics

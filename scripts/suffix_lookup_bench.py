@@ -1,4 +1,4 @@
-"""Per-step lookup time of the suffix drafter over a large datastore (issue 6).
+"""Per-step lookup time of the suffix drafter over a large datastore.
 
 Builds a datastore of at least --tokens tokens from Python standard-library sources (sorted file
 order, so the corpus is the same on every machine with the same Python), then replays held-out
@@ -7,7 +7,7 @@ each step indexes the new token in the request's own automaton, advances the cac
 matches, and proposes up to --k tokens. Prints JSON with the per-step time distribution.
 
     python scripts/suffix_lookup_bench.py --model qwen2.5-coder-1.5b-instruct --tokens 1000000 \
-        > docs/results/suffix-lookup.json
+        > runs/suffix-lookup.json
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ target's top probability, the mean acceptance over all prompts, in-sample) turns
 first N confidences into a predicted acceptance; printed: its correlation with the prompt's real
 rate, per N. Prints JSON.
 
-Usage: python scripts/target_confidence_probe.py docs/results/policy12-greedy-records.jsonl > docs/results/target-confidence-s12.json
+Usage: python scripts/target_confidence_probe.py docs/results/raw/policy-greedy/records.jsonl > runs/target-confidence.json
 """
 
 import argparse
@@ -73,7 +73,7 @@ def analyse(rows: list[dict], mode: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records", help="a bench run's records.jsonl with plain records")
-    ap.add_argument("--prompts", default="docs/results/policy6-prompts.jsonl")
+    ap.add_argument("--prompts", default="docs/results/prompts/policy.jsonl")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--draft-vocab", type=int, default=32768)

@@ -1,6 +1,6 @@
 /* Throughput of the integer multiply-add instructions quant_q8.c is built from, on one core: eight
  * independent accumulator chains per instruction, so the issue rate binds, not the latency.
- * Behind perf.md session 16 (why a verified row costs what it does in gguf-q8).
+ * Why a verified row costs what it does with 8-bit activations: its multiply-adds, at these rates.
  * Build: gcc -O2 -march=native int8_dot_throughput.c -o t && ./t */
 #include <immintrin.h>
 #include <stdio.h>

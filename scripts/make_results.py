@@ -1,0 +1,245 @@
+"""Build docs/performance.md from the page summaries in docs/results/*.json.
+
+A page summary is one small JSON file: the table's section, its title, the command that produced the
+numbers, the raw run it was read from, and the rows. Later work adds one summary and regenerates:
+
+    python scripts/make_results.py                    # write docs/performance.md (make results)
+    python scripts/make_results.py --check            # exit 1 if docs/performance.md is out of date
+    python scripts/make_results.py extract FILE.json  # refill FILE's rows from its raw source run
+
+A summary's keys (only "rows" and "command" are required):
+    section   which part of the page it belongs to (SECTIONS below; default: the file's stem)
+    order     its place within the section (default 0; then by file name)
+    title     the table's heading
+    command   the command that produced the numbers
+    setup     one paragraph: models, prompts, mode, what is compared
+    source    the raw run(s) the rows come from (bench or loadtest summary.json files under docs/results/raw/)
+    extract   how `extract` reads the rows from source (kinds: methods, matrix, policy, loadtest), or a
+              list of such specs, each naming its own "source"
+    columns   [[key, header, format], ...]; format one of x (1.234x), f1, f2, f3, pct, or none;
+              default: every key of the rows, as it is
+    rows      [{key: value}, ...]
+    notes     ["...", ...] printed under the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+PAGE = ROOT / "docs" / "performance.md"
+
+SECTIONS = [
+    ("recommended", "What to run", ""),
+    ("peers", "Plain decoding against llama.cpp and HF transformers",
+     "The same target, the same prompts, every method interleaved prompt by prompt. Speedups are the mean "
+     "of per-prompt ratios against our plain decoding in the same run; times include the prefill."),
+    ("drafters", "Which drafter wins on which kind of text",
+     "Every drafter's output equals plain decoding's (greedy mismatches: 0 in every run below)."),
+    ("policy", "The adaptive policy against every fixed k",
+     "`auto` is the adaptive policy (`--policy adaptive`, the default): each step it picks k in 0..8 "
+     "(0 = a plain step) from the measured cost curve and the acceptance seen so far."),
+    ("load", "The policy under load (`specdec serve` driven by `specdec loadtest`)",
+     "off: plain decoding; on: the drafter at a fixed k = 4; policy: `--policy adaptive`. Each "
+     "concurrency level runs every mode on a fresh server, in alternating order."),
+    ("memory-startup", "Memory and start-up", ""),
+]
+
+FORMATS = {"x": "{:.3f}x", "f1": "{:.1f}", "f2": "{:.2f}", "f3": "{:.3f}", "pct": "{:.0%}"}
+
+
+def load_summaries(results: Path = RESULTS) -> list[tuple[str, dict]]:
+    """(file name, summary) for every page summary, in page order."""
+    known = [s[0] for s in SECTIONS]
+    found = []
+    for path in sorted(results.glob("*.json")):
+        data = json.loads(path.read_text())
+        data.setdefault("section", path.stem)
+        found.append((path.name, data))
+    rank = lambda item: (known.index(item[1]["section"]) if item[1]["section"] in known else len(known),
+                         item[1].get("order", 0), item[0])
+    return sorted(found, key=rank)
+
+
+def cell(value, fmt: str | None) -> str:
+    if value is None:
+        return "-"
+    if fmt in FORMATS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return FORMATS[fmt].format(value)
+    return str(value)
+
+
+def columns_of(summary: dict) -> list[list]:
+    if "columns" in summary:
+        return [c + [None] * (3 - len(c)) for c in summary["columns"]]
+    keys = []
+    for row in summary["rows"]:
+        keys += [k for k in row if k not in keys]
+    return [[k, k, None] for k in keys]
+
+
+def table(summary: dict) -> list[str]:
+    cols = columns_of(summary)
+    lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for row in summary["rows"]:
+        lines.append("| " + " | ".join(cell(row.get(c[0]), c[2]) for c in cols) + " |")
+    return lines
+
+
+def block(name: str, summary: dict) -> list[str]:
+    out = [f"### {summary.get('title', Path(name).stem)}", ""]
+    if summary.get("setup"):
+        out += [summary["setup"], ""]
+    out += table(summary) + [""]
+    out += [f"- {note}" for note in summary.get("notes", [])]
+    sources = summary.get("source") or []
+    sources = [sources] if isinstance(sources, str) else sources
+    source = ", raw run " + ", ".join(f"`{s}`" for s in sources) if sources else ""
+    out.append(f"- Summary: `docs/results/{name}`{source}.")
+    if is_shell(summary["command"]):
+        out += ["- Command:", "", "  ```bash", f"  {summary['command']}", "  ```", ""]
+    else:
+        out += [f"- Command: {summary['command']}.", ""]
+    return out
+
+
+def is_shell(command: str) -> bool:
+    """A command line, or a sentence saying how the numbers were taken."""
+    return command.split()[0] in ("specdec", "python", "make", "env") or "=" in command.split()[0]
+
+
+def render(summaries: list[tuple[str, dict]]) -> str:
+    out = ["# Performance: the current numbers", "",
+           "Generated by `make results` (`scripts/make_results.py`) from the summaries in `docs/results/*.json`; "
+           "do not edit by hand. Every table names its summary file and the command that produced it. "
+           "Unless a table says otherwise: target Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF), draft "
+           "Qwen2.5-Coder-0.5B-Instruct, `--draft-vocab 32768`, a 2-core x86 CPU (AVX-512, VNNI) shared "
+           "with other work, greedy decoding. This host's memory bandwidth swings from one minute to the "
+           "next, so compare numbers within one table, not across tables.", ""]
+    titles = {s[0]: (s[1], s[2]) for s in SECTIONS}
+    current = None
+    for name, summary in summaries:
+        section = summary["section"]
+        if section != current:
+            current = section
+            heading, blurb = titles.get(section, (section, ""))
+            out += [f"## {heading}", ""] + ([blurb, ""] if blurb else [])
+        out += block(name, summary)
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---- extract: rows from a raw run ----
+
+def method_row(scope: str, label: str, name: str, m: dict) -> dict:
+    mismatches = m.get("greedy_mismatches")
+    return {"scope": scope, "method": name, "tokens_per_second": m.get("tokens_per_second_total"),
+            "x_plain": m.get("speedup_vs_plain_mean"), "x_plain_median": m.get("speedup_vs_plain_median"),
+            "x_own_plain": m.get("speedup_vs_own_plain_mean"), "tau": m.get("tau") if m.get("kind") not in
+            ("hf", "hf-assisted", "hf-lookup", "llama", "llama-lookup") else None,
+            "alpha": m.get("alpha") or None, "plain_steps": m.get("plain_fraction"),
+            "mismatches": len(mismatches) if isinstance(mismatches, list) else None}
+
+
+def extract_methods(raw: dict, spec: dict) -> list[dict]:
+    """One row per (scope, method): scope 'all' is the whole run, else a category."""
+    labels = spec.get("labels", {})
+    rows = []
+    for scope in spec.get("scopes", ["all"]):
+        methods = raw["methods"] if scope == "all" else raw["categories"][scope]
+        rows += [method_row(scope, label, labels.get(label, label), methods[label])
+                 for label in spec["methods"] if label in methods]
+    return rows
+
+
+def extract_policy(raw: dict, spec: dict) -> list[dict]:
+    """Per scope: the adaptive method against plain and against the best fixed k of its kind."""
+    adaptive, kind = spec.get("adaptive", "draft:auto"), spec.get("fixed_kind", "draft")
+    rows = []
+    for scope, methods in [("all", raw["methods"])] + sorted(raw["categories"].items()):
+        a = methods[adaptive]
+        fixed = {lab: m for lab, m in methods.items() if m.get("kind") == kind and not m.get("adaptive")}
+        best_label, best = max(fixed.items(), key=lambda kv: kv[1]["speedup_vs_plain_mean"])
+        rows.append({"scope": scope, "auto_x_plain": a["speedup_vs_plain_mean"],
+                     "best_k": int(best_label.split(":")[-1]), "best_x_plain": best["speedup_vs_plain_mean"],
+                     "auto_over_best": round(a["speedup_vs_plain_mean"] / best["speedup_vs_plain_mean"], 3),
+                     "plain_steps": a.get("plain_fraction")})
+    return rows
+
+
+def extract_loadtest(raw: dict, spec: dict) -> list[dict]:
+    """Per concurrency level: throughput of each mode, the others relative to off, and the policy's share."""
+    modes = raw["modes"]
+    rows = []
+    for c in sorted(modes["off"], key=int):
+        off = modes["off"][c]
+        row = {"concurrency": int(c), "off_tps": off["throughput_tokens_per_second"]}
+        for mode in ("on", "policy"):
+            if mode in modes and c in modes[mode]:
+                level = modes[mode][c]
+                row[f"{mode}_tps"] = level["throughput_tokens_per_second"]
+                row[f"{mode}_x_off"] = round(level["throughput_tokens_per_second"] / off["throughput_tokens_per_second"], 3)
+                row[f"{mode}_p50_s"] = level["latency_p50"]
+        row["policy_drafting"] = modes.get("policy", {}).get(c, {}).get("speculation_on_fraction")
+        row["off_p50_s"] = off["latency_p50"]
+        row["failed"] = sum(modes[m][c]["failed"] for m in modes if c in modes[m])
+        rows.append(row)
+    return rows
+
+
+def extract_matrix(raw: dict, spec: dict) -> list[dict]:
+    """One row per scope, one column per method: its speedup over plain (mean of per-prompt ratios)."""
+    labels = spec.get("labels", {})
+    rows = []
+    for scope in spec.get("scopes", ["all"] + sorted(raw["categories"])):
+        methods = raw["methods"] if scope == "all" else raw["categories"][scope]
+        row = {"scope": scope, "prompts": methods[spec["methods"][0]].get("prompts")}
+        row.update({labels.get(m, m): methods[m]["speedup_vs_plain_mean"] for m in spec["methods"] if m in methods})
+        rows.append(row)
+    return rows
+
+
+def extracted_rows(summary: dict, root: Path = ROOT) -> list[dict]:
+    """The rows that summary's extract spec (or list of specs, each with its own source) reads."""
+    specs = summary["extract"] if isinstance(summary["extract"], list) else [summary["extract"]]
+    rows = []
+    for spec in specs:
+        raw = json.loads((root / spec.get("source", summary["source"])).read_text())
+        rows += EXTRACTORS[spec["kind"]](raw, spec)
+    return rows
+
+
+EXTRACTORS = {"methods": extract_methods, "matrix": extract_matrix, "policy": extract_policy,
+              "loadtest": extract_loadtest}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("action", nargs="?", default="page", choices=("page", "extract"))
+    ap.add_argument("files", nargs="*", help="extract: the page summaries to refill")
+    ap.add_argument("--check", action="store_true", help="page: fail if docs/performance.md is out of date")
+    args = ap.parse_args(argv)
+    if args.action == "extract":
+        for name in args.files:
+            path = Path(name)
+            summary = json.loads(path.read_text())
+            summary["rows"] = extracted_rows(summary)
+            path.write_text(json.dumps(summary, indent=1) + "\n")
+            print(f"{path}: {len(summary['rows'])} rows from {summary['source']}")
+        return 0
+    text = render(load_summaries())
+    if args.check:
+        if not PAGE.exists() or PAGE.read_text() != text:
+            print("docs/performance.md is out of date: run `make results`", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(text)
+    print(f"wrote {PAGE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
