@@ -1,0 +1,119 @@
+"""The corpus plan: documents -> token chunks for training and held-out validation, within budgets.
+
+The plan is written once into the work directory (plan.json) and read back on resume, so a killed
+run extracts exactly the chunks it planned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from specdec.errors import SpecdecError
+from specdec.heads.data import Document
+from specdec.heads.overlap import OverlapGuard
+
+MIN_CHUNK = 4
+VAL_EVERY = 10  # every 10th admitted document is held out until the validation budget is met
+
+
+@dataclass
+class Chunk:
+    id: str            # document id + "#" + chunk index
+    split: str         # "train" or "val"
+    tokens: list[int]
+
+
+@dataclass
+class Plan:
+    chunks: list[Chunk]
+    settings: dict     # what the plan was made from (sources, budgets, tokenizer fingerprint)
+    stats: dict = field(default_factory=dict)
+
+    def tokens(self, split: str) -> int:
+        return sum(len(c.tokens) for c in self.chunks if c.split == split)
+
+
+def chunk_tokens(ids: list[int], seq_len: int) -> list[list[int]]:
+    """Consecutive pieces of at most seq_len tokens (a tail shorter than MIN_CHUNK is dropped)."""
+    return [ids[i:i + seq_len] for i in range(0, len(ids), seq_len) if len(ids) - i >= MIN_CHUNK]
+
+
+def build_plan(docs: Iterable[Document], tokenizer, guard: OverlapGuard, train_tokens: int, val_tokens: int,
+               seq_len: int, settings: dict) -> Plan:
+    """Admitted documents, tokenized and chunked, until both budgets are met or the documents end."""
+    chunks, budget, seen = [], {"train": train_tokens, "val": val_tokens}, {"train": 0, "val": 0}
+    per_source, admitted = {}, 0
+    for doc in docs:
+        if seen["train"] >= budget["train"] and seen["val"] >= budget["val"]:
+            break
+        if not guard.admit(doc.text, doc.source):
+            continue
+        val_turn = admitted % VAL_EVERY == 0 or seen["train"] >= budget["train"]
+        split = "val" if val_turn and seen["val"] < budget["val"] else "train"
+        admitted += 1
+        ids = tokenizer.encode(doc.text, add_special_tokens=False)
+        for j, piece in enumerate(chunk_tokens(ids, seq_len)):
+            piece = piece[:max(MIN_CHUNK, budget[split] - seen[split])]
+            chunks.append(Chunk(f"{doc.id}#{j}", split, piece))
+            seen[split] += len(piece)
+            per_source[doc.source] = per_source.get(doc.source, 0) + len(piece)
+            if seen[split] >= budget[split]:
+                break
+    stats = {"documents": admitted, "dropped_overlap": dict(guard.dropped), "tokens_by_source": per_source,
+             "train_tokens": seen["train"], "val_tokens": seen["val"]}
+    return _checked(Plan(chunks, settings, stats))
+
+
+def _checked(plan: Plan) -> Plan:
+    if not plan.chunks or plan.tokens("train") == 0:
+        dropped = sum(plan.stats["dropped_overlap"].values())
+        raise SpecdecError("the training corpus is empty: the data sources gave no usable text"
+                           + (f" ({dropped} document(s) overlapped the evaluation sets)" if dropped else "")
+                           + "; pass --data with ShareGPT JSON, source files or a directory")
+    if plan.tokens("val") == 0:
+        raise SpecdecError("the corpus is too small to hold out validation text; add data or raise --tokens")
+    return plan
+
+
+def save_plan(plan: Plan, path: Path) -> None:
+    data = {"settings": plan.settings, "stats": plan.stats,
+            "chunks": [{"id": c.id, "split": c.split, "tokens": c.tokens} for c in plan.chunks]}
+    write_json_atomic(path, data)
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        data = json.loads(path.read_text())
+        chunks = [Chunk(c["id"], c["split"], list(c["tokens"])) for c in data["chunks"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SpecdecError(f"the corpus plan {path} is unreadable ({e}); delete it to plan the corpus again") from None
+    return Plan(chunks, data.get("settings", {}), data.get("stats", {}))
+
+
+def plan_or_resume(path: Path, settings: dict, make) -> Plan:
+    """The plan saved at path if it was made with the same settings, else make() (saved)."""
+    if path.is_file():
+        plan = load_plan(path)
+        if plan.settings != settings:
+            diff = sorted(k for k in set(settings) | set(plan.settings) if settings.get(k) != plan.settings.get(k))
+            raise SpecdecError(f"{path.parent} holds a corpus planned with other settings ({', '.join(diff)}); "
+                               "use another --out, or delete that directory to start over")
+        return plan
+    plan = make()
+    save_plan(plan, path)
+    return plan
+
+
+def write_json_atomic(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def split_chunks(plan: Plan, split: str) -> Iterator[Chunk]:
+    return (c for c in plan.chunks if c.split == split)

@@ -1,0 +1,121 @@
+"""Head training data: truncated ShareGPT recovery, source specs, the eval-overlap guard, the corpus
+plan and the draft vocabulary."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.heads.corpus import build_plan, plan_or_resume
+from specdec.heads.data import Document, RecoveryCount, iter_json_array, open_source, source_files
+from specdec.heads.overlap import OverlapGuard, default_eval_texts
+from specdec.heads.vocab import DraftVocab, select_vocab, token_counts
+
+
+def records(n: int) -> list[dict]:
+    return [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"question {i} " * (i + 1)},
+                                               {"from": "gpt", "value": f"answer {i} with \"quotes\" and ]"}]}
+            for i in range(n)]
+
+
+def truncated_json(n: int) -> str:
+    text = json.dumps(records(n + 1), indent=2)
+    last = text.rindex('"id": "r%d"' % n)
+    return text[:last + 30]  # cut inside the last record
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
+def test_truncated_array_recovers_the_complete_records(chunk):
+    count = RecoveryCount()
+    got = list(iter_json_array(io.StringIO(truncated_json(5)), count, chunk=chunk))
+    assert [r["id"] for r in got] == [f"r{i}" for i in range(5)]
+    assert count.complete == 5 and count.truncated
+
+
+def test_complete_array_is_not_marked_truncated():
+    count = RecoveryCount()
+    got = list(iter_json_array(io.StringIO(json.dumps(records(3))), count, chunk=5))
+    assert len(got) == 3 and not count.truncated
+
+
+def test_sharegpt_file_source_yields_conversations(tmp_path):
+    path = tmp_path / "sg.json"
+    path.write_text(truncated_json(4))
+    count = RecoveryCount()
+    docs = list(open_source(f"sharegpt:{path}", None, count))
+    assert len(docs) == 4 and docs[0].id == "sharegpt:r0" and docs[0].messages[0][0] == "user"
+    assert "question 0" in docs[0].text and "answer 0" in docs[0].text
+    assert count.truncated
+
+
+def test_missing_sources_are_clear_errors(tmp_path):
+    with pytest.raises(SpecdecError, match="no such file"):
+        open_source(f"sharegpt:{tmp_path / 'absent.json'}", None)
+    with pytest.raises(SpecdecError, match="no such file"):
+        source_files(str(tmp_path / "nothing-*.py"))
+    (tmp_path / "a.py").write_text("x = 1\n")
+    assert source_files(str(tmp_path)) == [tmp_path / "a.py"]
+
+
+class WordTokenizer:
+    """Ids by word, enough for planning."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [hash(w) % 1000 for w in text.split()]
+
+
+def test_overlap_guard_refuses_an_eval_prompt():
+    texts, names = default_eval_texts()
+    assert "specdec/data/code_prompts.jsonl" in names
+    guard = OverlapGuard(texts)
+    prompt = next(t for t in texts if len(t.split()) > 20)
+    assert not guard.admit("Some preamble text here. " + prompt.upper() + " and more after.", "sharegpt")
+    assert guard.admit("a perfectly ordinary sentence about gardening in the early spring with tomatoes", "sharegpt")
+    assert guard.dropped == {"sharegpt": 1}
+
+
+def test_plan_drops_overlapping_documents_and_holds_out_validation():
+    guard = OverlapGuard(["the quick brown fox jumps over the lazy dog near the river bank today"])
+    docs = [Document(f"d{i}", "code", " ".join(f"w{i}x{j}" for j in range(50))) for i in range(30)]
+    docs.insert(3, Document("bad", "code", "so the quick brown fox jumps over the lazy dog near the river bank today ok"))
+    plan = build_plan(iter(docs), WordTokenizer(), guard, 400, 100, 32, {})
+    assert plan.stats["dropped_overlap"] == {"code": 1}
+    assert plan.tokens("train") == 400 and plan.tokens("val") == 100
+    assert all(len(c.tokens) <= 32 for c in plan.chunks)
+    assert not any(c.id.startswith("bad") for c in plan.chunks)
+
+
+def test_empty_corpus_is_a_clear_error():
+    guard = OverlapGuard([])
+    with pytest.raises(SpecdecError, match="corpus is empty"):
+        build_plan(iter([Document("d", "code", "")]), WordTokenizer(), guard, 100, 10, 32, {})
+
+
+def test_plan_resumes_only_with_the_same_settings(tmp_path):
+    docs = [Document(f"d{i}", "code", " ".join(f"w{j}" for j in range(40))) for i in range(20)]
+    make = lambda: build_plan(iter(docs), WordTokenizer(), OverlapGuard([]), 200, 40, 32, {"tokens": 200})  # noqa: E731
+    first = plan_or_resume(tmp_path / "plan.json", {"tokens": 200}, make)
+    again = plan_or_resume(tmp_path / "plan.json", {"tokens": 200}, lambda: pytest.fail("planned twice"))
+    assert [c.tokens for c in again.chunks] == [c.tokens for c in first.chunks]
+    with pytest.raises(SpecdecError, match="other settings"):
+        plan_or_resume(tmp_path / "plan.json", {"tokens": 300}, make)
+
+
+def test_vocab_takes_the_most_frequent_ids_and_the_end_tokens():
+    counts = token_counts([[5, 5, 5, 7, 7, 1, 9], [7, 3]], vocab_size=12)
+    vocab = select_vocab(counts, 3, always=[11])
+    assert vocab.ids.tolist() == [5, 7, 11]
+    assert (vocab.ids - vocab.d2t() == torch.arange(3)).all()
+    assert vocab.t2d(12).nonzero().flatten().tolist() == [5, 7, 11]
+    assert DraftVocab.from_d2t(vocab.d2t()).ids.tolist() == [5, 7, 11]
+    assert vocab.target_to_draft(12)[[5, 7, 11, 0]].tolist() == [0, 1, 2, -1]
+    assert select_vocab(counts, 12).size == 12
+
+
+def test_vocab_larger_than_the_models_is_refused():
+    with pytest.raises(SpecdecError, match="larger than the model's vocabulary"):
+        select_vocab(torch.zeros(10, dtype=torch.int64), 11)
