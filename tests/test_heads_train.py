@@ -1,0 +1,181 @@
+"""Head training on tiny models: extraction shards that resume, the loss falling, `specdec
+train-head` end to end with resume, its bad-input errors, and `specdec heads`."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from specdec.cli import main
+from specdec.heads.corpus import Chunk
+from specdec.heads.extract import extract, load_records
+from specdec.heads.modules import build_head, eagle_config, medusa_config, target_parts
+from specdec.heads.train import CHECKPOINT, Trainer, TrainConfig
+from specdec.heads.vocab import select_vocab, token_counts
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny GEMMs on a shared 2-core machine run far faster on one thread than on two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def chunks(n: int, length: int = 24, seed: int = 0) -> list[Chunk]:
+    rng = random.Random(seed)
+    return [Chunk(f"c{i}#0", "train", [rng.randrange(90) for _ in range(length)]) for i in range(n)]
+
+
+def test_extraction_writes_shards_and_resumes(tmp_path):
+    model = tiny_model(0)
+    todo, seen = chunks(6), []
+
+    def stop_after_four(n):
+        seen.append(n)
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(model, todo, tmp_path, {"m": 1}, top_k=8, shard_tokens=48, progress=stop_after_four)
+    assert len(load_records(tmp_path)) == 4  # two shards of two chunks were finished
+    seen.clear()
+    extract(model, todo, tmp_path, {"m": 1}, top_k=8, shard_tokens=48, progress=seen.append)
+    assert len(seen) == 2
+    records = {r.id: r for r in load_records(tmp_path)}
+    assert sorted(records) == sorted(c.id for c in todo)
+    r = records["c3#0"]
+    assert r.features.dtype == torch.bfloat16 and r.features.shape == (24, model.config.hidden_size)
+    assert r.top_ids.shape == (24, 8) and (r.top_probs[:, :-1] >= r.top_probs[:, 1:]).all()
+    with torch.inference_mode():
+        logits = model(torch.tensor([todo[3].tokens]), model.new_cache(24), 0)
+    assert torch.equal(r.top_ids[:, 0].long(), logits[0].argmax(-1))
+
+
+def test_extraction_refuses_features_of_other_settings(tmp_path):
+    from specdec.errors import SpecdecError
+    extract(tiny_model(0), chunks(1), tmp_path, {"m": 1}, top_k=4)
+    with pytest.raises(SpecdecError, match="another model or top-k"):
+        extract(tiny_model(0), chunks(1), tmp_path, {"m": 2}, top_k=4)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_training_lowers_the_loss_and_resumes_at_its_step(tmp_path, kind):
+    model = tiny_model(0)
+    extract(model, chunks(8, 32), tmp_path / "f", {}, top_k=8)
+    records = load_records(tmp_path / "f")
+    vocab = select_vocab(token_counts([r.tokens.tolist() for r in records], 96), 64)
+    cfg = eagle_config(model.config, 64, 64) if kind == "eagle" else medusa_config(model.config, 64, heads=2)
+    head = build_head(cfg)
+    head.d2t.copy_(vocab.d2t())
+    head.t2d.copy_(vocab.t2d(96))
+    parts = target_parts(model, vocab.ids)
+    identity = {"head_config": cfg.to_dict()}
+    trainer = Trainer(head, parts, TrainConfig(lr=5e-3, batch_tokens=256, warmup=1, save_every=5), tmp_path, identity)
+    losses = [trainer.train_step(records, 40)["loss"] for _ in range(40)]
+    assert sum(losses[-5:]) < 0.8 * sum(losses[:5])
+    trainer.save()
+    again = Trainer(build_head(cfg), parts, TrainConfig(), tmp_path, identity)
+    assert again.step == 40 and again.tokens == trainer.tokens
+    for k, v in head.state_dict().items():
+        assert torch.equal(again.head.state_dict()[k], v)
+    entry = again.validate(records[:2])
+    assert len(entry["alpha"]) == 4 and entry["positions"] > 0
+    assert json.loads((tmp_path / "val.jsonl").read_text().splitlines()[-1])["step"] == 40
+
+
+def word_files(directory, n: int = 12, words: int = 120, seed: int = 0):
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    for i in range(n):
+        (directory / f"d{i}.txt").write_text(" ".join(f"w{rng.randrange(90)}" for _ in range(words)))
+    return str(directory / "*.txt")
+
+
+def train_args(model_dir, data, out, *extra):
+    return ["train-head", "--model", str(model_dir), "--device", "cpu", "--data", data, "--tokens", "800",
+            "--val-tokens", "200", "--out", str(out), "--draft-vocab", "64", "--seq-len", "64",
+            "--batch-tokens", "128", "--eval-every", "3", "--save-every", "2", *extra]
+
+
+def run_cli(argv, capsys) -> tuple[int, str]:
+    rc = main(argv)
+    return rc, capsys.readouterr().err
+
+
+def test_train_head_end_to_end_resumes(tmp_path, tiny_llama_dir, capsys):
+    from specdec.heads.checkpoint import load_head
+    data, out = word_files(tmp_path / "data"), tmp_path / "head"
+    rc, err = run_cli(train_args(tiny_llama_dir, data, out, "--max-steps", "4"), capsys)
+    assert rc == 0, err
+    shard = out / "work" / "features" / "shard-00000.safetensors"
+    stamp = shard.stat().st_mtime_ns
+    assert torch.load(out / "train" / CHECKPOINT, weights_only=False)["step"] == 4
+    rc, err = run_cli(train_args(tiny_llama_dir, data, out, "--max-steps", "7"), capsys)
+    assert rc == 0, err
+    assert "training from step 4" in err and shard.stat().st_mtime_ns == stamp
+    assert torch.load(out / "train" / CHECKPOINT, weights_only=False)["step"] == 7
+    head, meta = load_head(out, meta_target(out))
+    assert meta["steps"] == 7 and head.config.draft_vocab_size == 64
+    steps = [json.loads(line)["step"] for line in (out / "train" / "val.jsonl").read_text().splitlines()]
+    assert steps == [3, 4, 6, 7]
+
+
+def meta_target(out):
+    return json.loads((out / "specdec_head.json").read_text())["target"]
+
+
+def test_a_killed_training_run_resumes(tmp_path, tiny_llama_dir, capsys, monkeypatch):
+    data, out = word_files(tmp_path / "data"), tmp_path / "head"
+    real = Trainer.train_step
+
+    def killed_at_three(self, records, total):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return real(self, records, total)
+
+    monkeypatch.setattr(Trainer, "train_step", killed_at_three)
+    rc, _ = run_cli(train_args(tiny_llama_dir, data, out, "--max-steps", "6"), capsys)
+    assert rc == 130
+    assert torch.load(out / "train" / CHECKPOINT, weights_only=False)["step"] == 3
+    monkeypatch.setattr(Trainer, "train_step", real)
+    rc, err = run_cli(train_args(tiny_llama_dir, data, out, "--max-steps", "6"), capsys)
+    assert rc == 0 and "training from step 3" in err
+
+
+@pytest.mark.parametrize("change,message", [
+    (["--tokens", "0"], "--tokens must be >= 1"),
+    (["--data", "/nonexistent/dir/*.py"], "no such file"),
+    (["--draft-vocab", "97"], "larger than the model's vocabulary"),
+    (["--data", "EMPTY"], "corpus is empty"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, tiny_llama_dir, capsys, change, message):
+    (tmp_path / "empty.txt").write_text("   \n")
+    argv = train_args(tiny_llama_dir, word_files(tmp_path / "data"), tmp_path / "head")
+    flag, value = change
+    argv[argv.index(flag) + 1] = str(tmp_path / "empty.txt") if value == "EMPTY" else value
+    rc, err = run_cli(argv, capsys)
+    assert rc == 2 and message in err and "Traceback" not in err
+
+
+def test_resuming_another_configuration_is_refused(tmp_path, tiny_llama_dir, capsys):
+    data, out = word_files(tmp_path / "data"), tmp_path / "head"
+    assert run_cli(train_args(tiny_llama_dir, data, out, "--max-steps", "2"), capsys)[0] == 0
+    rc, err = run_cli(train_args(tiny_llama_dir, data, out, "--max-steps", "4", "--intermediate-size", "32"), capsys)
+    assert rc == 2 and "another configuration (differs in: head_config)" in err
+
+
+def test_heads_lists_the_installed_heads(tmp_path, monkeypatch, capsys):
+    from specdec.heads.checkpoint import save_head
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    assert main(["heads"]) == 0 and "no heads" in capsys.readouterr().out
+    head = build_head(medusa_config(tiny_model(0).config, 96, heads=2))
+    save_head(head, tmp_path / "heads" / "tiny-medusa", {"hidden_size": 64}, {"model": "tiny"})
+    assert main(["heads"]) == 0
+    line = capsys.readouterr().out
+    assert "tiny-medusa" in line and "medusa" in line
