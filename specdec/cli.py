@@ -23,27 +23,17 @@ def integer(text: str) -> int:
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET, help="target: registry name, .gguf path or HF directory")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--dtype", default=None,
+                   help="CUDA: bfloat16 (default) or float16; the CPU runs float32 activations")
     p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
-    p.add_argument("--no-pack", action="store_true",
-                   help="CPU fp32: no oneDNN-prepacked weight copy for GEMMs of more than 8 rows (16 with --weight-dtype gguf; prefill, "
-                        "big batches; with --no-kernel, every verify pass); saves one copy of the target's weights in "
-                        "memory, and in `serve` of the draft's; those GEMMs go through MKL, slower. gguf-q8 (the default "
-                        "for a .gguf model) keeps no such copy: its kernel takes every row count")
-    p.add_argument("--no-kernel", action="store_true",
-                   help="CPU fp32: use torch's GEMMs (MKL for one row, oneDNN prepacked for several) and ops instead "
-                        "of our kernels for decode steps and verify passes of up to 8 rows (our skinny GEMM; "
-                        "q/k/v and gate/up fused into one GEMM each; our RMSNorm, RoPE and attention)")
-    p.add_argument("--weight-dtype", default=None, choices=("auto", "float32", "bfloat16", "gguf", "gguf-q8"),
-                   help="CPU fp32: the form in which the linear layers' weights are read. gguf-q8: the GGUF file's "
-                        "own quantized blocks (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) against activations quantized to "
-                        "8 bits per block, in integer dot products, for every GEMM (llama.cpp's arithmetic): the "
-                        "fastest, and no fp32 copy is streamed; the output is close to float32's, not equal "
-                        "(speculative output still equals plain decoding's). gguf: the same blocks dequantized in "
-                        "registers to exactly the fp32 values, so the output is float32's bit for bit (up to 16 "
-                        "rows; prefill in fp32). float32: fp32 weights. bfloat16: bf16 weights (half of fp32's "
-                        "bytes; the output can differ from float32 where logits nearly tie; prefill in bf16). "
-                        "auto (default): gguf-q8 for a .gguf model, else float32")
+    p.add_argument("--weight-dtype", default=None, choices=("auto", "gguf-q8", "float32"),
+                   help="how the weights are read. gguf-q8: on the CPU, the GGUF file's own quantized blocks "
+                        "(Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) through its memory map, against activations "
+                        "quantized to 8 bits per block (llama.cpp's arithmetic): no fp32 copy in memory or on "
+                        "disk; the output is close to float32's, not equal (speculative output still equals "
+                        "plain decoding's). float32: the torch reference, the weights dequantized to fp32 in "
+                        "memory at load (on CUDA: to --dtype). auto (default): gguf-q8 for a .gguf model on the "
+                        "CPU, else the torch reference")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
 
@@ -230,7 +220,7 @@ def cmd_profile(args) -> int:
     from specdec.runner import log
     if args.draft_vocab < 0:
         raise SpecdecError(f"--draft-vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
-    target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
+    target = load_model(args.model, progress=log, **model_flags(args))
     draft = load_model(args.draft, progress=log, **model_flags(args)) if args.draft else None
     draft_module = draft.module if draft else None
     if draft_module is not None and 0 < args.draft_vocab < draft_module.config.vocab_size:
@@ -256,7 +246,7 @@ def cmd_tune_layer_skip(args) -> int:
         candidates = None if args.candidates is None else [int(c) for c in args.candidates.split(",")]
     except ValueError:
         raise SpecdecError(f"--candidates takes integers separated by commas, got {args.candidates!r}") from None
-    target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
+    target = load_model(args.model, progress=log, **model_flags(args))
     prompts = [encode_prompt(target.tokenizer, p.turns[0], chat=bool(target.tokenizer.chat_template))
                for p in load_prompts(args.dataset)[:args.limit]]
     result = tune_layer_skip(target.module, prompts, candidates, args.max_new_tokens, args.k, progress=log)
@@ -281,10 +271,9 @@ def cmd_serve(args) -> int:
 
 def cmd_datastore(args) -> int:
     from specdec.datastore import datastore_from_files
-    from specdec.model.loading import model_directory
     from specdec.model.registry import resolve_model
     from specdec.model.tokenizer import load_tokenizer
-    tokenizer = load_tokenizer(model_directory(resolve_model(args.model)))
+    tokenizer = load_tokenizer(resolve_model(args.model))
     store = datastore_from_files(args.sources, tokenizer)
     store.save(args.out)
     print(f"{store.num_tokens} tokens in {store.num_documents} documents -> {args.out}")

@@ -173,7 +173,7 @@ class Runner:
         method = drafting_method(args)
         if method == "layer-skip":
             return Runner.layer_skip(args, cfg)
-        target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
+        target = load_model(args.model, progress=log, **model_flags(args))
         draft = load_model(args.draft, progress=log, **model_flags(args)) if method in ("draft", "hybrid") else None
         tree = tree_config(args)
         if tree is not None and method != "draft":
@@ -198,7 +198,7 @@ class Runner:
         spec = parse_layer_spec(args.layer_skip)
         if spec == "auto":
             spec = load_choice(args.layer_skip_file, args.model)
-        target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
+        target = load_model(args.model, progress=log, **model_flags(args))
         cache = target.module.new_cache(args.max_context)
         drafter = make_layer_skip(target.module, spec, args.max_context, cache)
         policy = policy_from_args(args, drafter, target)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -126,3 +127,75 @@ def smollm2_path() -> Path:
 def smollm2(smollm2_path):
     from specdec.model import load_model
     return load_model(str(smollm2_path), device="cpu")
+
+
+# per GGUF block format: block bytes, weights per block, byte offsets of its fp16 scales
+BLOCK_FORMATS = {"Q4_K": (144, 256, [0, 2]), "Q6_K": (210, 256, [208]), "Q8_0": (34, 32, [0]),
+                 "Q5_0": (22, 32, [0]), "Q4_0": (18, 32, [0]), "Q4_1": (20, 32, [0, 2])}
+
+
+def random_blocks(fmt: str, rows: int, K: int, seed: int = 0, scale: float = 0.02) -> np.ndarray:
+    """Random rows of `fmt` blocks: random bits (every bit pattern is a valid block) with finite fp16 scales."""
+    size, qk, scales = BLOCK_FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, (rows, K // qk, size), dtype=np.uint8)
+    for off in scales:
+        d = (rng.standard_normal((rows, K // qk)) * scale).astype(np.float16)
+        d[0, 0] = np.float16(6e-8)  # a subnormal scale widens exactly too
+        data[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, K // qk, 2)
+    return data.reshape(rows, -1)
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (HF rotate-half -> interleaved pairs)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_tensor_name(hf: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf in top:
+        return top[hf]
+    _, _, i, rest = hf.split(".", 3)
+    base, kind = rest.rsplit(".", 1)
+    return f"blk.{i}.{GGUF_NAMES[base]}.{kind}"
+
+
+def write_tiny_gguf(path: Path, model: Transformer, arch: str, fmt: str = "Q8_0", seed: int = 0) -> Path:
+    """A GGUF file of a tiny model: its 2-D weights in block format `fmt` (quantized from the model's
+    weights where gguf-py can, else random blocks of that format: K-quants), vectors in F32; llama's
+    q/k rows permuted as llama.cpp stores them. No tokenizer."""
+    import gguf
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in [("block_count", cfg.num_layers), ("context_length", cfg.max_position_embeddings),
+                       ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
+                       ("attention.head_count", cfg.num_heads), ("attention.head_count_kv", cfg.num_kv_heads)]:
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.rope.freq_base", cfg.rope_theta)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    qtype = gguf.GGMLQuantizationType[fmt]
+    state = model.state_dict()
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    for i, (hf, t) in enumerate(sorted(state.items())):
+        a = t.detach().float().numpy()
+        if arch != "qwen2" and hf.endswith(("q_proj.weight", "k_proj.weight")):
+            a = llama_cpp_permute(a, cfg.num_heads if "q_proj" in hf else cfg.num_kv_heads)
+        if a.ndim == 1:
+            w.add_tensor(gguf_tensor_name(hf), np.ascontiguousarray(a))
+            continue
+        blocks = (gguf.quants.quantize(np.ascontiguousarray(a), qtype) if fmt in ("Q8_0", "Q4_0", "Q4_1", "Q5_0")
+                  else random_blocks(fmt, a.shape[0], a.shape[1], seed=seed + i, scale=0.001))
+        w.add_tensor(gguf_tensor_name(hf), blocks, raw_shape=blocks.shape, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

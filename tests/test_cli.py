@@ -39,7 +39,7 @@ def argparse_error(argv: list[str], capsys) -> str:
 
 @pytest.fixture
 def tmp_home(tmp_path, monkeypatch):
-    """A private SPECDEC_HOME, so nothing is converted or pulled into the real cache."""
+    """A private SPECDEC_HOME, so nothing is written or pulled into the real cache."""
     home = tmp_path / "home"
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     return home
@@ -70,7 +70,7 @@ def test_corrupt_gguf(capsys, tmp_home, tmp_path):
     bad.write_bytes(os.urandom(4096))
     msg = cli_error(["generate", "--model", str(bad), "hi"], capsys)
     assert "not a readable GGUF" in msg and "corrupt" in msg
-    assert not any((tmp_home / "converted").glob("*"))
+    assert not tmp_home.exists() or not any(tmp_home.rglob("*.gguf"))
 
 
 @pytest.mark.real
@@ -82,7 +82,6 @@ def test_truncated_gguf(capsys, smollm2_path, tmp_path, monkeypatch):
         partial.write_bytes(src.read(1 << 20))
     msg = cli_error(["generate", "--model", str(partial), "hi"], capsys)
     assert "not a readable GGUF" in msg and "truncated" in msg
-    assert not any((home / "converted").glob("*"))
 
 
 @pytest.mark.real
@@ -284,21 +283,20 @@ def test_generate_with_lookahead_matches_plain(capsys, tiny_llama_dir):
 
 
 def test_weight_dtype_errors_are_clear(capsys, tmp_home):
-    msg = cli_error(["generate", "--dtype", "bfloat16", "--weight-dtype", "bfloat16", "hi"], capsys)
-    assert "--weight-dtype bfloat16 is for the CPU fp32 path" in msg
-    assert "invalid choice" in argparse_error(["generate", "--weight-dtype", "int4", "hi"], capsys)
+    msg = cli_error(["generate", "--device", "cpu", "--dtype", "bfloat16", "hi"], capsys)
+    assert "bfloat16 is not supported on the CPU" in msg
+    for removed in ("int4", "bfloat16", "gguf"):
+        assert "invalid choice" in argparse_error(["generate", "--weight-dtype", removed, "hi"], capsys)
 
 
-@pytest.mark.parametrize("mode", ["gguf", "gguf-q8"])
-def test_gguf_weights_where_there_are_none_is_a_clear_error(capsys, tiny_llama_dir, smollm2_path, mode):
+def test_gguf_weights_where_there_are_none_is_a_clear_error(capsys, tiny_llama_dir, smollm2_path, monkeypatch):
     base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "4", "--json", "w1 w2"]
-    assert "is not a .gguf file" in cli_error(base[:1] + ["--weight-dtype", mode] + base[1:], capsys)
-    assert main(base[:1] + ["--weight-dtype", "auto"] + base[1:]) == 0  # auto: fp32 for an HF directory
-    msg = cli_error(["generate", "--model", str(smollm2_path), "--weight-dtype", mode, "--no-kernel", "hi"], capsys)
-    assert "needs our CPU kernel" in msg
-    msg = cli_error(["generate", "--model", str(smollm2_path), "--weight-dtype", mode, "--device", "cpu",
-                     "--dtype", "bfloat16", "hi"], capsys)
-    assert "CPU fp32 path" in msg
+    assert "is not a .gguf file" in cli_error(base[:1] + ["--weight-dtype", "gguf-q8"] + base[1:], capsys)
+    assert main(base[:1] + ["--weight-dtype", "auto"] + base[1:]) == 0  # auto: the reference for an HF directory
+    monkeypatch.setattr("specdec.model.cpu_kernels.available", lambda: False)
+    monkeypatch.setattr("specdec.model.cpu_kernels.unavailable_reason", lambda: "no C compiler")
+    msg = cli_error(["generate", "--model", str(smollm2_path), "--weight-dtype", "gguf-q8", "hi"], capsys)
+    assert "needs our CPU kernels" in msg and "no C compiler" in msg
 
 
 def test_profile_rejects_a_negative_draft_vocab(capsys, monkeypatch):

@@ -1,14 +1,12 @@
 """Our fused CPU ops (specdec/model/fused_ops.c): RMSNorm, RoPE and attention against torch's, the
-same bits for a position whatever the number of positions, and the fused model against the plain one."""
+same bits for a position whatever the number of positions (the model on them: test_gguf_backend.py)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from specdec.model import cpu_kernels
-from specdec.model.cpu_linear import pack_linears, unfused_state_dict
-from specdec.model.transformer import Attention, MLP, RMSNorm, apply_rope, causal_mask
-from tests.conftest import TINY_VOCAB, tiny_model
+from specdec.model.transformer import RMSNorm, apply_rope, causal_mask
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason=f"kernels unavailable: {cpu_kernels.unavailable_reason()}")
@@ -101,32 +99,3 @@ def test_bad_input_is_a_clear_error():
         cpu_kernels.attend(torch.randn(2, 1, 4 * 64), k_cache, k_cache, 8, 4, rows=torch.tensor([0]))
     with pytest.raises(ValueError, match="rope_"):
         cpu_kernels.rope_(torch.randn(1, 2, 64), torch.randn(1, 2, 64), torch.randn(1, 2, 64), 2, 64)
-
-
-@pytest.mark.parametrize("head_dim", [16, 64])
-def test_fused_model_matches_plain_and_verify_equals_steps(head_dim):
-    plain = tiny_model(0, head_dim=head_dim, attention_bias=True)
-    fused = pack_linears(tiny_model(0, head_dim=head_dim, attention_bias=True), skinny=True, pack=False)
-    attn = fused.model.layers[0].self_attn
-    assert attn.q_proj is None and attn.qkv_proj is not None and attn.cpu_ops
-    assert fused.model.layers[0].mlp.gate_up_proj is not None and fused.model.norm.cpu_ops
-    torch.manual_seed(0)
-    prompt = torch.randint(0, TINY_VOCAB, (1, 20))
-    cp, cf = plain.new_cache(64), fused.new_cache(64)
-    torch.testing.assert_close(fused(prompt, cf, 0), plain(prompt, cp, 0), atol=1e-4, rtol=1e-4)  # prefill: torch's path
-    new = torch.randint(0, TINY_VOCAB, (1, 6))
-    verify = fused(new, cf, 20)  # 6 positions: our ops
-    torch.testing.assert_close(verify, plain(new, cp, 20), atol=1e-4, rtol=1e-4)
-    steps = torch.cat([fused(new[:, i:i + 1], cf, 20 + i) for i in range(6)], dim=1)
-    assert torch.equal(steps, verify)  # the same bits as one-token steps
-    state = unfused_state_dict(fused)  # the checkpoint's tensors under the checkpoint's names
-    for name, t in plain.state_dict().items():
-        assert torch.equal(state[name], t), name
-
-
-def test_pack_linears_fuses_only_with_the_kernel():
-    model = pack_linears(tiny_model(1), skinny=False, pack=False)
-    assert all(m.qkv_proj is None and not m.cpu_ops for m in model.modules() if isinstance(m, Attention))
-    model = pack_linears(tiny_model(1), skinny=True, pack=False)
-    assert all(m.qkv_proj is not None for m in model.modules() if isinstance(m, Attention))
-    assert all(m.gate_up_proj is not None for m in model.modules() if isinstance(m, MLP))

@@ -1,4 +1,4 @@
-"""GGUF blocks against 8-bit activations (--weight-dtype gguf-q8, quant_q8.c): the activations are
+"""GGUF blocks against 8-bit activations (the CPU backend, quant_q8.c): the activations are
 quantized exactly as the reference below says, the GEMM is that arithmetic (integer dot products,
 scales in fp32), a row's bits do not depend on the row count, the VNNI and AVX2 builds agree bit for
 bit, and on the real model speculative decoding still gives plain decoding's tokens."""
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specdec.model import cpu_kernels
-from test_quant_weights import FORMATS, gguf_py_dequantize, load_with_fp32, random_blocks, steps_against_fp32
+from tests.conftest import BLOCK_FORMATS as FORMATS, random_blocks
+from tests.test_dequant import gguf_py_dequantize
 
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
@@ -65,8 +66,8 @@ def test_q8_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt, K):
     data = torch.from_numpy(random_blocks(fmt, N, K, seed=1))
     w = gguf_py_dequantize(fmt, data.numpy(), K).double()
     bias = torch.randn(N)
-    x = torch.randn(1, cpu_kernels.QUANT_MAX_ROWS, K)
-    full = cpu_kernels.quant_linear(x, [(qtype, data)], bias, act8=True)
+    x = torch.randn(1, 16, K)
+    full = cpu_kernels.quant_linear(x, [(qtype, data)], bias)
     # the exact value of the arithmetic: dequantized weights times dequantized 8-bit activations
     xq = torch.from_numpy(np.stack([(lambda q, d: q.reshape(-1, act_block(fmt)).astype(np.float64) * d[:, None])(
         *reference_activations(r, act_block(fmt))).reshape(-1) for r in x[0].numpy()]))
@@ -75,15 +76,15 @@ def test_q8_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt, K):
     assert (full[0].double() - ref).abs().max().item() < 1e-6 * scale  # only fp32 rounding of the scales and sums
     exact = x[0].double() @ w.T + bias.double()
     assert (full[0].double() - exact).abs().max().item() < 0.03 * exact.abs().max().item()  # 8-bit activations: close
-    for n in range(1, cpu_kernels.QUANT_MAX_ROWS + 1):
-        assert torch.equal(cpu_kernels.quant_linear(x[:, :n], [(qtype, data)], bias, act8=True), full[:, :n])
-        assert torch.equal(cpu_kernels.quant_linear(x[:, n - 1:n], [(qtype, data)], bias, act8=True), full[:, n - 1:n])
+    for n in range(1, 16 + 1):
+        assert torch.equal(cpu_kernels.quant_linear(x[:, :n], [(qtype, data)], bias), full[:, :n])
+        assert torch.equal(cpu_kernels.quant_linear(x[:, n - 1:n], [(qtype, data)], bias), full[:, n - 1:n])
     # a prefill of any length: 16 rows at a time, each row the same bits
     long = torch.cat([x, x[:, :7] * 2, x[:, :14] - 1], dim=1)  # 37 rows
-    y = cpu_kernels.quant_linear(long, [(qtype, data)], bias, act8=True)
+    y = cpu_kernels.quant_linear(long, [(qtype, data)], bias)
     assert torch.equal(y[:, :16], full)
-    assert torch.equal(y[:, 16:23], cpu_kernels.quant_linear(x[:, :7] * 2, [(qtype, data)], bias, act8=True))
-    assert torch.equal(y[:, 23:], cpu_kernels.quant_linear(x[:, :14] - 1, [(qtype, data)], bias, act8=True))
+    assert torch.equal(y[:, 16:23], cpu_kernels.quant_linear(x[:, :7] * 2, [(qtype, data)], bias))
+    assert torch.equal(y[:, 23:], cpu_kernels.quant_linear(x[:, :14] - 1, [(qtype, data)], bias))
 
 
 @kernel
@@ -93,12 +94,12 @@ def test_q8_parts_in_several_formats_stack_along_the_outputs():
     parts = [(cpu_kernels.QUANT_TYPES[f], torch.from_numpy(random_blocks(f, rows, K, seed=i)))
              for i, (f, rows) in enumerate([("Q4_K", 40), ("Q5_0", 8), ("Q6_K", 16), ("Q8_0", 8)])]
     x = torch.randn(2, 3, K)
-    y = cpu_kernels.quant_linear(x, parts, None, act8=True)
+    y = cpu_kernels.quant_linear(x, parts, None)
     assert y.shape == (2, 3, 72)
     off = 0
     for qtype, data in parts:
         rows = data.shape[0]
-        assert torch.equal(y[..., off:off + rows], cpu_kernels.quant_linear(x, [(qtype, data)], act8=True))
+        assert torch.equal(y[..., off:off + rows], cpu_kernels.quant_linear(x, [(qtype, data)]))
         off += rows
 
 
@@ -110,12 +111,12 @@ def test_q8_bad_inputs_give_clear_errors():
     assert not cpu_kernels.quant_q8_supported(q8_0, 32 * 4096)  # longer rows than its buffers take
     data = torch.from_numpy(random_blocks("Q4_K", 4, 256))
     with pytest.raises(ValueError, match="at least 1 row"):
-        cpu_kernels.quant_linear(torch.randn(0, 256), [(q4k, data)], act8=True)
+        cpu_kernels.quant_linear(torch.randn(0, 256), [(q4k, data)])
     with pytest.raises(ValueError, match="rows of 144 bytes"):
-        cpu_kernels.quant_linear(torch.randn(1, 256), [(q4k, data[:, :100].contiguous())], act8=True)
+        cpu_kernels.quant_linear(torch.randn(1, 256), [(q4k, data[:, :100].contiguous())])
     big = torch.zeros(2, cpu_kernels.quant_row_bytes(q8_0, 32 * 4096), dtype=torch.uint8)
-    with pytest.raises(ValueError, match="8-bit activations"):
-        cpu_kernels.quant_linear(torch.randn(1, 32 * 4096), [(q8_0, big)], act8=True)
+    with pytest.raises(ValueError, match="not supported"):
+        cpu_kernels.quant_linear(torch.randn(1, 32 * 4096), [(q8_0, big)])
 
 
 @kernel
@@ -132,8 +133,8 @@ def test_the_avx2_build_gives_the_same_bits():
         data = torch.from_numpy(random_blocks(fmt, 64, K, seed=3))
         data.view(-1)[2::7] = 0x80  # extreme bytes (Q8_0: -128, the largest |w|); an fp16 scale stays finite
         x = torch.randn(5, K) * 10
-        assert torch.equal(cpu_kernels.quant_linear(x, [(qtype, data)], act8=True),
-                           cpu_kernels.quant_linear(x, [(qtype, data)], act8=True, lib=avx2)), fmt
+        assert torch.equal(cpu_kernels.quant_linear(x, [(qtype, data)]),
+                           cpu_kernels.quant_linear(x, [(qtype, data)], lib=avx2)), fmt
 
 
 @pytest.mark.real
@@ -144,19 +145,42 @@ def test_the_default_for_a_gguf_model_is_gguf_q8(smollm2_path):
     assert load_model(str(smollm2_path), device="cpu", progress=lambda *a: None).module.weight_format == "gguf-q8"
 
 
+def steps_against_fp32(quant, fp32):
+    """Both models prefill the same 30 random tokens, then take 16 one-token steps each: (quant's
+    step logits, fp32's, verify) where verify(n) is quant's logits of one pass over the first n steps."""
+    torch.manual_seed(0)
+    prompt, steps = torch.randint(0, 1000, (1, 30)), torch.randint(0, 1000, (1, 16))
+    with torch.inference_mode():
+        caches = [m.module.new_cache(64) for m in (quant, fp32)]
+        for m, c in zip((quant, fp32), caches):
+            m.module(prompt, c, 0)
+            c.advance(30)
+        one = [quant.module(steps[:, i:i + 1], caches[0], 30 + i) for i in range(16)]
+        ref = [fp32.module(steps[:, i:i + 1], caches[1], 30 + i) for i in range(16)]
+
+    def verify(n: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return quant.module(steps[:, :n], caches[0], 30)
+    return one, ref, verify
+
+
 @pytest.fixture(scope="module")
 def smollm2_q8(smollm2_path):
-    """With 8-bit activations (--weight-dtype gguf-q8) and with fp32 weights."""
-    return load_with_fp32(smollm2_path, "gguf-q8")
+    """On its blocks against 8-bit activations (--weight-dtype gguf-q8) and as the fp32 reference."""
+    if not cpu_kernels.available():
+        pytest.skip(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+    from specdec.model import load_model
+    return (load_model(str(smollm2_path), device="cpu", weight_dtype="gguf-q8", progress=lambda *a: None),
+            load_model(str(smollm2_path), device="cpu", weight_dtype="float32", progress=lambda *a: None))
 
 
 @pytest.mark.real
 def test_real_model_q8_verify_rows_are_one_token_steps(smollm2_q8):
-    from specdec.model.cpu_linear import PackedLinear
+    from specdec.model.quant import QuantLinear
     q8, fp32 = smollm2_q8
     assert q8.module.weight_format == "gguf-q8"
-    linears = [m for m in q8.module.modules() if isinstance(m, PackedLinear)]
-    assert linears and all(m.quant is not None and m.quant_act8 for m in linears)
+    assert not any(isinstance(m, torch.nn.Linear) for m in q8.module.modules())
+    assert sum(isinstance(m, QuantLinear) for m in q8.module.modules()) == 4 * q8.module.config.num_layers + 1
     one, ref, verify = steps_against_fp32(q8, fp32)
     for n in (2, 5, 8, 9, 16):  # a verify pass of n positions: the one-token steps' bits
         assert torch.equal(verify(n), torch.cat(one[:n], dim=1))

@@ -1,7 +1,7 @@
 """Peers, run on the same prompts and token budget as our engine.
 
-- HF transformers generate() on the same fp32 checkpoint: plain, assisted (assistant_model) and
-  prompt lookup (prompt_lookup_num_tokens).
+- HF transformers generate() on the same checkpoint in fp32 (a GGUF file's tensors dequantized in
+  memory): plain, assisted (assistant_model) and prompt lookup (prompt_lookup_num_tokens).
 - llama.cpp through llama-cpp-python (optional extra) on the original GGUF: plain and its
   prompt-lookup drafter. It runs quantized weights, so it is not the same work; its speedup is
   reported against its own plain decoding.
@@ -16,20 +16,41 @@ import torch
 from specdec.errors import SpecdecError
 
 
-class HFBaseline:
-    """Runs transformers' generate() on the HF-layout directory our loader reads (same fp32 weights)."""
+def hf_model(source, share=None):
+    """An HF transformers model of a .gguf file (its tensors dequantized to fp32 in memory, nothing on
+    disk) or of an HF directory. share: our loaded torch reference module of the same file; HF then
+    uses its very tensors (no second copy)."""
+    from pathlib import Path
 
-    def __init__(self, directory, eos_ids: set[int], assistant_directory=None, share=None):
-        """share: our loaded module of the same checkpoint; HF then uses its very tensors (no second copy)."""
-        from transformers import AutoModelForCausalLM
-        self.model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
-        if share is not None:
-            from specdec.model.cpu_linear import unfused_state_dict
-            self.model.load_state_dict(unfused_state_dict(share), strict=False, assign=True)
-            self.model.tie_weights()
-        self.assistant = None
-        if assistant_directory is not None:
-            self.assistant = AutoModelForCausalLM.from_pretrained(str(assistant_directory), dtype=torch.float32).eval()
+    from transformers import AutoConfig, AutoModelForCausalLM
+    source = Path(source)
+    if source.is_dir():
+        return AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
+    from specdec.model.loading import gguf_hf_config, gguf_state_dict, open_gguf
+    gguf = open_gguf(source)
+    cfg = gguf_hf_config(gguf)
+    config = AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype")})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    shared = share is not None and share.weight_format == "torch" and share.dtype == torch.float32
+    state = {k: v for k, v in share.state_dict().items()} if shared else gguf_state_dict(gguf, cfg)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    rotary = model.model.rotary_emb  # its inv_freq was made on the meta device: make it again
+    model.model.rotary_emb = type(rotary)(config=config)
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise SpecdecError(f"the HF model of {source} lacks weights: {missing[:5]}")
+    return model.eval()
+
+
+class HFBaseline:
+    """Runs transformers' generate() on the same checkpoint in fp32."""
+
+    def __init__(self, source, eos_ids: set[int], assistant_source=None, share=None):
+        """share: our loaded module of the same checkpoint; HF uses its tensors where it is the fp32 reference."""
+        self.model = hf_model(source, share)
+        self.assistant = hf_model(assistant_source) if assistant_source is not None else None
         self.eos = sorted(eos_ids)
 
     @torch.inference_mode()

@@ -294,14 +294,12 @@ def bench_layer_spec(args):
 
 def make_peers(args, target, draft, kinds: set[str]) -> Peers:
     """Load only the peers that still have work (a resumed run may have none)."""
-    from specdec.model.loading import model_directory
     from specdec.model.registry import resolve_model
     peers = Peers()
     if kinds & set(HF_KINDS):
         from specdec.bench.baselines import HFBaseline
-        assistant = model_directory(resolve_model(args.draft)) if "hf-assisted" in kinds else None
-        peers.hf = HFBaseline(model_directory(resolve_model(args.model)), target.eos_ids, assistant,
-                              share=target.module)
+        assistant = resolve_model(args.draft) if "hf-assisted" in kinds else None
+        peers.hf = HFBaseline(resolve_model(args.model), target.eos_ids, assistant, share=target.module)
     if kinds & set(LLAMA_KINDS):
         from specdec.bench.baselines import LlamaCppBaseline
         peers.llama = LlamaCppBaseline(resolve_model(args.model), target.eos_ids, args.max_context)
@@ -349,7 +347,7 @@ def run_comparison(args) -> dict:
     if args.report_only:  # summarize what the run directory holds; load and run nothing
         records = read_records(records_path)
     else:
-        target = load_model(args.model, progress=log, pack=not args.no_pack, **model_flags(args))
+        target = load_model(args.model, progress=log, **model_flags(args))
         weight_format = target.module.weight_format
         needs_draft = bool(pending & {"draft", "tree", "hybrid", "hf-assisted"})
         draft = load_model(args.draft, progress=log, **model_flags(args)) if needs_draft else None

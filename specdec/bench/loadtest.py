@@ -242,8 +242,7 @@ def run_loadtest(args) -> dict:
                           "dataset": args.dataset or "specdec/data/code_prompts.jsonl"}, "modes": {}}
     records = open(out / "records.jsonl", "w")
     common = ["--max-context", str(args.max_context)] + (["--device", args.device] if args.device else []) + (
-        ["--dtype", args.dtype] if args.dtype else []) + (["--no-pack"] if args.no_pack else []) + (
-        ["--no-kernel"] if args.no_kernel else []) + (["--weight-dtype", args.weight_dtype] if args.weight_dtype else [])
+        ["--dtype", args.dtype] if args.dtype else []) + (["--weight-dtype", args.weight_dtype] if args.weight_dtype else [])
     summary["modes"] = {mode: {} for mode in modes}
 
     def drive(mode: str, run_levels: list[int], log_name: str) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from specdec.model import cpu_kernels
 from specdec.model.transformer import Transformer
 from specdec.policy import fit_prefill
 
@@ -37,22 +36,19 @@ def best_seconds(fn, device: torch.device, repeats: int) -> float:
 
 
 def weight_bytes(model: Transformer) -> int:
-    """Bytes of weights read per decode step: every parameter once, except an untied input
-    embedding (a step gathers one row of it). A tied embedding is read once, as the head. A layer
-    with GGUF blocks (--weight-dtype gguf) counts those instead of its fp32 weight."""
-    from specdec.model.cpu_linear import PackedLinear
-    embed = model.model.embed_tokens.weight
-    seen, total = {id(embed)}, 0
-    if embed is model.lm_head.weight:
-        seen = set()
-    for m in model.modules():
-        if isinstance(m, PackedLinear) and m.quant is not None and id(m.weight) not in seen:
-            seen.add(id(m.weight))
-            total += sum(data.numel() for _, data in m.quant)
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
+    """Bytes of weights read per decode step: every weight once (a layer on GGUF blocks counts its
+    blocks), except the input embedding, of which a step gathers one row; a tied embedding is read
+    once, as the head."""
+    def storage(module: torch.nn.Module) -> set:
+        return {t.data_ptr() for t in (*module.parameters(), *module.buffers())}
+    embed = model.model.embed_tokens
+    skip = storage(embed) - storage(model.lm_head)
+    seen, total = set(), 0
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if name.startswith("rope_") or t.data_ptr() in skip or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
     return total
 
 
@@ -62,10 +58,10 @@ def roofline_rounds(model: Transformer, context: int, rounds: int, bandwidth_mb:
     from one second to the next; a bandwidth taken apart from the step (or the best of several
     probes against a typical step) turns that swing into a roofline gap. Each round times one
     GEMV pass over as many bytes as a step reads (a 2 GB buffer, larger than any cache, read
-    repeatedly; on CPU both with torch's GEMV and with our kernel, and the faster counts), then
+    repeatedly with torch's GEMV), then
     one plain step; the result is the median over rounds of the per-round ratio (and the medians
     of its two parts)."""
-    device = model.lm_head.weight.device
+    device = model.device
     nbytes = weight_bytes(model)
     cols = 4096
     w = torch.ones(bandwidth_mb * (1 << 20) // 4 // cols, cols, dtype=torch.float32, device=device)  # [rows, cols]
@@ -73,9 +69,6 @@ def roofline_rounds(model: Transformer, context: int, rounds: int, bandwidth_mb:
     passes = max(1, round(nbytes / (w.numel() * 4)))
 
     readers = [lambda: w @ v]  # torch's GEMV (MKL on CPU)
-    if device.type == "cpu" and cpu_kernels.available():  # and ours: the bandwidth is the faster reader's
-        row = torch.ones(1, cols, dtype=torch.float32)
-        readers.append(lambda: cpu_kernels.skinny_linear(row, w))
 
     def stream_with(read):
         for _ in range(passes):
@@ -102,7 +95,7 @@ def roofline_rounds(model: Transformer, context: int, rounds: int, bandwidth_mb:
 def forward_seconds(model: Transformer, n: int, context: int, repeats: int, last_only: bool = False) -> float:
     """Median time of a forward over n new positions after `context` cached positions (last_only:
     logits for the last position alone, as a drafter's prefill asks)."""
-    device = model.lm_head.weight.device
+    device = model.device
     cache = model.new_cache(context + n)
     cache.advance(context)
     x = torch.randint(0, model.config.vocab_size, (1, n), device=device)
@@ -118,7 +111,7 @@ def forward_seconds(model: Transformer, n: int, context: int, repeats: int, last
 
 def forward_fn(model: Transformer, n: int, context: int):
     """A callable running one forward over n new positions after `context` cached positions."""
-    device = model.lm_head.weight.device
+    device = model.device
     cache = model.new_cache(context + n)
     cache.advance(context)
     x = torch.randint(0, model.config.vocab_size, (1, n), device=device)
@@ -144,7 +137,7 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
             bandwidth_mb: int = 2048) -> dict:
     """v(n) and c are medians of per-round ratios to the target's one-token step timed in the same
     round (sizes interleaved), so a drift of the host's bandwidth between sizes does not bend the curve."""
-    device = target.lm_head.weight.device
+    device = target.device
     paired = roofline_rounds(target, context, 2 * repeats + 1, bandwidth_mb)
     fns = {n: forward_fn(target, n, context) for n in VERIFY_SIZES}
     if draft is not None:

@@ -9,7 +9,7 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, DraftState
-from specdec.model.cpu_linear import PackedLinear, truncated_quant
+from specdec.model.quant import first_rows
 from specdec.model.kv_cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
@@ -233,8 +233,7 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
     if not drafters:
         return []
     model, device = drafters[0].model, cache.k.device
-    if any(d.tree is not None for d in drafters) or any(d.model.lm_head.weight.data_ptr() !=
-                                                        model.lm_head.weight.data_ptr() for d in drafters):
+    if any(d.tree is not None for d in drafters) or any(d.model.model is not model.model for d in drafters):
         raise SpecdecError("batched drafting needs chain drafters sharing one draft model")
     n = len(drafters)
     feeds = [d._sync(s.tokens) for d, s in zip(drafters, states)]  # each row's tokens to feed first
@@ -314,13 +313,7 @@ def truncated_head(model: Transformer, rows: int) -> Transformer:
     """
     view = copy.copy(model)
     view._modules = dict(model._modules)
-    head = nn.Linear(model.config.hidden_size, rows, bias=False, device="meta")
-    head.weight = nn.Parameter(model.lm_head.weight[:rows], requires_grad=False)  # [rows, hidden], a view
-    if isinstance(model.lm_head, PackedLinear):  # keep the CPU fast path (our kernel / oneDNN) for the cut head
-        head = PackedLinear(head, skinny=model.lm_head.skinny, pack=model.lm_head.packed is not None)
-        head.quant = truncated_quant(model.lm_head.quant, rows)
-        head.quant_act8 = model.lm_head.quant_act8
-    view.lm_head = head
+    view.lm_head = first_rows(model.lm_head, rows)  # [rows, hidden] of the weights, a view
     if getattr(model, "graphs", None) is not None:  # the view's graphs must replay the view's own head
         from specdec.engine.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(view, model.graphs.max_tokens)

@@ -192,9 +192,8 @@ class LayerSkipDrafter:
         if cache is not None:
             self.share_target_cache(cache)
         else:
-            w = target.lm_head.weight
             self.cache = KVCache(len(self.layers), cfg.num_kv_heads, cfg.head_dim,
-                                 min(capacity, cfg.max_position_embeddings), 1, target.dtype, w.device)
+                                 min(capacity, cfg.max_position_embeddings), 1, target.dtype, target.device)
 
     @property
     def spec(self) -> LayerSpec:
@@ -223,7 +222,7 @@ class LayerSkipDrafter:
 
     def propose(self, state: DraftState) -> DraftTree:
         self._last = None
-        device = self.target.lm_head.weight.device
+        device = self.target.device
         if state.k < 1:
             return DraftTree.empty(device)
         if self.shared is not None:

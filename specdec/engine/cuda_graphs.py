@@ -66,7 +66,7 @@ class CudaGraphs:
     """Replays Transformer forwards of fixed shapes as CUDA graphs (see the module docstring)."""
 
     def __init__(self, model, max_tokens: int = 64, max_graphs: int = 32):
-        device = model.lm_head.weight.device
+        device = model.device
         if device.type != "cuda":
             raise SpecdecError(f"CUDA graphs need the model on a CUDA device, not {device}; "
                                "use --device cuda or drop --cuda-graphs")

@@ -1,6 +1,6 @@
 /* A forward of a few positions through every decoder layer in one call (decode steps and verify
  * passes on the CPU): the same ops the Python layer loop calls (rms_norm, rope, attend, silu_mul
- * of fused_ops.c; quant_gemm / quant_gemm_q8 on each linear layer's GGUF blocks) in the same order
+ * of fused_ops.c; quant_gemm_q8 on each linear layer's GGUF blocks) in the same order
  * on the same data, so the result is that loop's, bit for bit, without its ~20 Python and ctypes
  * calls a layer (a third of the 0.5B draft model's step; cpu_forward.py).
  *
@@ -18,8 +18,6 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
             int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, int nthreads);
 void silu_mul(const float *g, const float *u, float *out, int64_t n);
-int quant_gemm(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
-               int64_t n, int64_t ldx, int64_t ldy, int nthreads);
 int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
                   int64_t n, int64_t ldx, int64_t ldy, int nthreads);
 
@@ -27,7 +25,7 @@ int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, fl
 #define FW_MAX_T 16
 
 typedef struct {
-    int32_t type, act8; /* ggml type id; 1: 8-bit activations (quant_gemm_q8) */
+    int32_t type; /* ggml type id */
     const uint8_t *data; /* rows x row bytes */
     int64_t rows;
 } fw_part;
@@ -49,8 +47,7 @@ static int linear(const fw_linear *l, const float *X, float *Y, int64_t T, int n
     for (int64_t p = 0; p < l->n_parts; p++) {
         const fw_part *q = &l->parts[p];
         const float *b = l->bias ? l->bias + off : 0;
-        const int rc = q->act8 ? quant_gemm_q8(q->type, q->data, X, b, Y + off, q->rows, l->K, T, l->K, l->N, nthreads)
-                               : quant_gemm(q->type, q->data, X, b, Y + off, q->rows, l->K, T, l->K, l->N, nthreads);
+        const int rc = quant_gemm_q8(q->type, q->data, X, b, Y + off, q->rows, l->K, T, l->K, l->N, nthreads);
         if (rc) return rc;
         off += q->rows;
     }

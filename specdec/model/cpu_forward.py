@@ -2,13 +2,13 @@
 
 The Python layer loop calls about twenty small things a layer (RMSNorm, the GEMMs part by part,
 RoPE, the cache write, attention, SiLU, the residual adds), each costing microseconds of Python,
-ctypes and torch dispatch. With GGUF blocks the GEMMs got fast enough for that to show: a third of
-the 0.5B draft model's step, an eighth of the 1.5B target's (perf.md, session 15).
+ctypes and torch dispatch. On GGUF blocks the GEMMs are fast enough for that to show: a third of
+the 0.5B draft model's step, an eighth of the 1.5B target's.
 `forward_layers` runs the same C ops on the same data in the same order, so its output is the
 loop's, bit for bit (tests/test_cpu_forward.py).
 
 It serves one sequence (batch 1) writing at an int start, up to 16 positions, a model whose every
-linear layer has GGUF blocks (`attach_gguf_weights`) on our fused ops; `CpuForward.takes` says
+linear layer is a QuantLinear (loading.load_gguf_blocks) on our fused ops; `CpuForward.takes` says
 whether a call qualifies, and the caller keeps the Python loop otherwise.
 """
 
@@ -27,8 +27,7 @@ MAX_PARTS = 4  # FW_MAX_PARTS
 
 
 class _Part(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int32), ("act8", ctypes.c_int32), ("data", ctypes.c_void_p),
-                ("rows", ctypes.c_int64)]
+    _fields_ = [("type", ctypes.c_int32), ("data", ctypes.c_void_p), ("rows", ctypes.c_int64)]
 
 
 class _Linear(ctypes.Structure):
@@ -42,18 +41,18 @@ class _Layer(ctypes.Structure):
 
 
 def _linear(layer) -> _Linear | None:
-    from specdec.model.cpu_linear import PackedLinear
-    if not isinstance(layer, PackedLinear) or layer.quant is None or not 1 <= len(layer.quant) <= MAX_PARTS:
+    from specdec.model.quant import QuantLinear
+    if not isinstance(layer, QuantLinear) or not 1 <= len(layer.parts) <= MAX_PARTS:
         return None
     if layer.bias is not None and not (layer.bias.dtype is torch.float32 and layer.bias.is_contiguous()):
         return None
-    out = _Linear(bias=layer.bias.data_ptr() if layer.bias is not None else None, n_parts=len(layer.quant),
-                  N=layer.weight.shape[0], K=layer.weight.shape[1])
-    for i, (qtype, data) in enumerate(layer.quant):
+    out = _Linear(bias=layer.bias.data_ptr() if layer.bias is not None else None, n_parts=len(layer.parts),
+                  N=layer.out_features, K=layer.in_features)
+    for i, (qtype, data) in enumerate(layer.parts):
         if not data.is_contiguous() or data.dtype is not torch.uint8 \
                 or data.shape[1] != cpu_kernels.quant_row_bytes(qtype, out.K):
             return None
-        out.parts[i] = _Part(type=qtype, act8=int(layer.quant_act8), data=data.data_ptr(), rows=data.shape[0])
+        out.parts[i] = _Part(type=qtype, data=data.data_ptr(), rows=data.shape[0])
     return out
 
 
@@ -67,7 +66,7 @@ class CpuForward:
         self.n_layers = len(layers)
         self.dims = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size)
         self.eps = float(model.model.layers[0].input_layernorm.eps)
-        self._keep = [p for layer in model.model.layers for p in layer.parameters()]  # the pointers' owners
+        self._keep = [t for layer in model.model.layers for t in (*layer.parameters(), *layer.buffers())]  # the pointers' owners
         self._scratch = threading.local()  # per thread: two threads may step two sequences of one model
 
     def takes(self, tokens: torch.Tensor, cache, start, mask) -> bool:

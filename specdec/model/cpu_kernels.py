@@ -1,7 +1,6 @@
-"""Our own CPU kernels for decode and verify steps, built on first use: the GEMM of 1..8 rows
-(`skinny_gemm.c`), the same GEMM on GGUF-quantized weights (`quant_gemm.c`, 1..16 rows), and
-RMSNorm, RoPE and attention of a few queries (`fused_ops.c`), and the GGUF-block GEMM with 8-bit
-activations (`quant_q8.c`, `--weight-dtype gguf-q8`).
+"""Our own CPU kernels, built on first use: the GEMM on a GGUF file's blocks against 8-bit
+activations (`quant_q8.c`), the blocks' dequantizer (`quant_dequant.c`), RMSNorm, RoPE, attention
+and SiLU (`fused_ops.c`), and the layer loop in one call (`cpu_forward.c`).
 
 The C sources ship in the package; the first call compiles them with the system C compiler
 (`-O3 -march=native -fopenmp`) into `SPECDEC_HOME/kernels/` (or `$SPECDEC_KERNEL_DIR`), keyed by
@@ -26,13 +25,10 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(n) for n in ("skinny_gemm.c", "quant_gemm.c", "quant_q8.c", "fused_ops.c",
-                                                       "cpu_forward.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-MAX_ROWS = 8  # above this, oneDNN-packed GEMMs were as fast or faster in the model (perf.md): callers use those
-QUANT_MAX_ROWS = 16  # quant_gemm takes up to this many rows
-# GGUF block formats quant_gemm reads (ggml type ids: gguf.GGMLQuantizationType)
+# GGUF block formats the kernels read (ggml type ids: gguf.GGMLQuantizationType)
 QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 
 _lib = None
@@ -81,19 +77,12 @@ def load(extra_flags: list[str] | None = None):
     """The loaded library (built if needed); raises RuntimeError with the reason if it cannot be."""
     so = _build(extra_flags)
     lib = ctypes.CDLL(str(so))
-    fn = lib.skinny_gemm
     i64, p = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int]
-    fn.restype = None
-    lib.skinny_gemm_bf16.argtypes = fn.argtypes
-    lib.skinny_gemm_bf16.restype = None
-    lib.quant_gemm.argtypes = [ctypes.c_int, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int]
-    lib.quant_gemm.restype = ctypes.c_int
     lib.quant_row_bytes.argtypes = [ctypes.c_int, i64]
     lib.quant_row_bytes.restype = i64
     lib.quant_dequantize.argtypes = [ctypes.c_int, p, p, i64, i64]
     lib.quant_dequantize.restype = None
-    lib.quant_gemm_q8.argtypes = lib.quant_gemm.argtypes
+    lib.quant_gemm_q8.argtypes = [ctypes.c_int, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int]
     lib.quant_gemm_q8.restype = ctypes.c_int
     lib.quant_q8_supported.argtypes = [ctypes.c_int, i64]
     lib.quant_q8_supported.restype = ctypes.c_int
@@ -150,33 +139,8 @@ def _check(what: str, **tensors) -> None:
             raise ValueError(f"{what} takes float32 CPU tensors; {name} is {t.dtype} on {t.device}")
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  lib=None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for fp32 CPU tensors with at most MAX_ROWS rows in x (any leading shape).
-    weight may also be bfloat16 (x, bias and the result stay fp32): the same arithmetic as fp32
-    weights holding the bf16 values, reading half the bytes."""
-    lib = _lib_or_raise(lib)
-    K, N = x.shape[-1], weight.shape[0]
-    bf16 = weight.dtype is torch.bfloat16
-    if not (_plain(x) and (bf16 or _plain(weight)) and (bias is None or _plain(bias)) and weight.shape[1] == K
-            and weight.is_cpu and weight.is_contiguous()):
-        _check("skinny_linear", x=x, weight=None if bf16 else weight, bias=bias)
-        if not weight.is_cpu:
-            raise ValueError(f"skinny_linear takes CPU tensors; weight is on {weight.device}")
-        if weight.shape[1] != K:
-            raise ValueError(f"shape mismatch: x [..., {K}] and weight {tuple(weight.shape)}")
-        if not weight.is_contiguous():
-            raise ValueError("weight must be contiguous")
-        x, bias = x.contiguous(), bias.contiguous() if bias is not None else None
-    y = x.new_empty((*x.shape[:-1], N))
-    gemm = lib.skinny_gemm_bf16 if bf16 else lib.skinny_gemm
-    gemm(weight.data_ptr(), x.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
-         N, K, x.numel() // K, K, N, torch.get_num_threads())
-    return y
-
-
 def quant_row_bytes(qtype: int, K: int, lib=None) -> int:
-    """Bytes of one row of K weights in GGUF block format `qtype`; 0 where quant_gemm cannot take it."""
+    """Bytes of one row of K weights in GGUF block format `qtype`; 0 where our kernels cannot read it."""
     return _row_bytes(_lib_or_raise(lib), qtype, K)
 
 
@@ -186,7 +150,7 @@ def _row_bytes(lib, qtype: int, K: int) -> int:  # cached: quant_linear checks e
 
 
 def quant_q8_supported(qtype: int, K: int, lib=None) -> bool:
-    """Whether quant_linear(..., act8=True) takes format `qtype` with rows of K weights."""
+    """Whether quant_linear takes format `qtype` with rows of K weights."""
     return bool(_lib_or_raise(lib).quant_q8_supported(qtype, K))
 
 
@@ -210,25 +174,22 @@ def _check_quant(qtype: int, data: torch.Tensor, K: int, lib) -> None:
 
 
 def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: torch.Tensor | None = None,
-                 lib=None, act8: bool = False) -> torch.Tensor:
-    """x @ W.T + bias for fp32 CPU x with at most QUANT_MAX_ROWS rows (any number with act8; any leading
-    shape), where W is
-    given as GGUF blocks: parts = [(qtype, uint8 [rows_i, row_bytes]), ...], stacked in order along
-    W's output rows. The result is bit for bit skinny_linear's on the dequantized W (quant_gemm.c).
-    act8: x is quantized to 8 bits per block first and meets the blocks in integer dot products
-    (quant_q8.c, llama.cpp's arithmetic): close to, not equal to, the fp32 result, and a row's bits
-    still do not depend on the row count."""
+                 lib=None) -> torch.Tensor:
+    """x @ W.T + bias for fp32 CPU x (any leading shape, any number of rows), where W is given as GGUF
+    blocks: parts = [(qtype, uint8 [rows_i, row_bytes]), ...], stacked in order along W's output rows.
+    Each row of x is quantized to 8 bits per block and meets the blocks in integer dot products
+    (quant_q8.c, llama.cpp's arithmetic): close to, not equal to, the fp32 result, and a row's bits do
+    not depend on the row count."""
     lib = _lib_or_raise(lib)
     K = x.shape[-1]
     n = x.numel() // K
     N = sum(d.shape[0] for _, d in parts)
-    rows_ok = 1 <= n and (act8 or n <= QUANT_MAX_ROWS)
-    if not (_plain(x) and (bias is None or (_plain(bias) and bias.numel() == N))) or not rows_ok:
+    if not (_plain(x) and (bias is None or (_plain(bias) and bias.numel() == N))) or n < 1:
         _check("quant_linear", x=x, bias=bias)
         if bias is not None and bias.numel() != N:
             raise ValueError(f"quant_linear: a bias of {bias.numel()} for {N} outputs")
-        if not rows_ok:
-            raise ValueError(f"quant_linear takes {'at least 1 row' if act8 else f'1 to {QUANT_MAX_ROWS} rows'}, not {n}")
+        if n < 1:
+            raise ValueError("quant_linear takes at least 1 row")
         x = x.contiguous()
     y = x.new_empty((*x.shape[:-1], N))
     threads, off = torch.get_num_threads(), 0
@@ -236,11 +197,9 @@ def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: t
         rows = data.shape[0]
         if data.dtype is not torch.uint8 or data.shape[-1] != _row_bytes(lib, qtype, K) or not data.is_contiguous():
             _check_quant(qtype, data, K, lib)  # raises: the kernel would read past the rows
-        gemm = lib.quant_gemm_q8 if act8 else lib.quant_gemm
-        if gemm(qtype, data.data_ptr(), x.data_ptr(), bias.data_ptr() + 4 * off if bias is not None else None,
-                y.data_ptr() + 4 * off, rows, K, n, K, N, threads):
-            raise ValueError(f"quant_linear{' (8-bit activations)' if act8 else ''}: type {qtype} with rows of "
-                             f"{K} weights is not supported")
+        if lib.quant_gemm_q8(qtype, data.data_ptr(), x.data_ptr(), bias.data_ptr() + 4 * off if bias is not None else None,
+                             y.data_ptr() + 4 * off, rows, K, n, K, N, threads):
+            raise ValueError(f"quant_linear: type {qtype} with rows of {K} weights is not supported")
         off += rows
     return y
 

@@ -7,7 +7,7 @@
  * Numerics: each output row is computed by the same code whatever the number of rows, so a verify
  * pass gives the same bits as one-token steps for the same query and visible keys.
  *
- * Built with skinny_gemm.c into one library by specdec/model/cpu_kernels.py.
+ * Built with the other kernels into one library by specdec/model/cpu_kernels.py.
  */
 #include <math.h>
 #include <stdint.h>

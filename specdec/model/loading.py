@@ -1,25 +1,28 @@
-"""Load weights, config and tokenizer from a GGUF file or an HF model directory.
+"""Load a model from a GGUF file or an HF model directory.
 
-A GGUF file is converted once into an HF-layout directory (config.json, model.safetensors in
-fp32, tokenizer files) under SPECDEC_HOME/converted; later loads read that directory, which
-takes seconds. HF directories load directly. Both paths end in `load_hf_dir`.
+A GGUF file is memory-mapped (gguf_file.py), never converted: on the CPU the linear layers read its
+own quantized blocks through the map (quant.py), with no fp32 copy in memory or on disk. A torch
+reference model (fp32 on the CPU with --weight-dtype float32, bf16/fp16 on CUDA) dequantizes the
+tensors into memory at load, on the target device. HF directories load with safetensors.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
+import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from specdec.errors import SpecdecError
-from specdec.model.registry import specdec_home
-from specdec.model.transformer import ModelConfig, Transformer, rope_tables
+from specdec.model.gguf_file import GGUFFile
+from specdec.model.transformer import ModelConfig, Transformer
 
 SUPPORTED_ARCHS = {"llama", "qwen2", "mistral"}
+ROPE_POSITIONS = 4096  # RoPE tables made at load; a larger cache extends them (Transformer.new_cache)
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -46,93 +49,185 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def gguf_hf_config(reader) -> dict:
-    arch = _field(reader, "general.architecture")
+def gguf_hf_config(gguf: GGUFFile) -> dict:
+    """The HF-style config.json dict a GGUF file's metadata describes."""
+    arch = gguf.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise SpecdecError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHS)}")
-    f = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
-    names = {t.name for t in reader.tensors}
-    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    heads = int(f("attention.head_count"))
-    hidden = int(f("embedding_length"))
+    f = lambda key, default=None: gguf.get(f"{arch}.{key}", default)  # noqa: E731
+    if "token_embd.weight" not in gguf.tensors or f("block_count") is None:
+        raise SpecdecError(f"{gguf.path} lacks the token embedding or the layer count; it is not a complete model")
+    heads, hidden = int(f("attention.head_count")), int(f("embedding_length"))
     return {
-        "model_type": arch, "vocab_size": int(embd.shape[1]), "hidden_size": hidden,
+        "model_type": arch, "vocab_size": gguf.tensors["token_embd.weight"].rows, "hidden_size": hidden,
         "intermediate_size": int(f("feed_forward_length")), "num_hidden_layers": int(f("block_count")),
         "num_attention_heads": heads, "num_key_value_heads": int(f("attention.head_count_kv", heads)),
         "head_dim": int(f("attention.key_length", hidden // heads)),
         "rms_norm_eps": float(f("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(f("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(f("context_length", 4096)),
-        "tie_word_embeddings": "output.weight" not in names,
-        "attention_bias": "blk.0.attn_q.bias" in names,
+        "tie_word_embeddings": "output.weight" not in gguf.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in gguf.tensors,
         "torch_dtype": "float32",
     }
 
 
-def _dequantize(tensor) -> np.ndarray:
-    from gguf.quants import dequantize
-    return np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32, copy=True)
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A torch view of a read-only numpy array (the map): torch warns that it cannot mark it read-only."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
 
 
-def gguf_state_dict(reader, cfg: dict) -> dict[str, torch.Tensor]:
+def _rows(gguf: GGUFFile, name: str, cfg: dict) -> np.ndarray:
+    """A tensor's stored rows in the HF row order: llama's q/k rows un-permuted (a copy), else a view."""
+    data = gguf.tensor(name)
+    if cfg["model_type"] != "qwen2" and name.endswith(("attn_q.weight", "attn_k.weight")):
+        heads = cfg["num_attention_heads"] if "attn_q" in name else cfg["num_key_value_heads"]
+        data = np.ascontiguousarray(unpermute_qk(data, heads))
+    return data
+
+
+def dequantize(gguf: GGUFFile, name: str, cfg: dict) -> torch.Tensor:
+    """A tensor's fp32 values [rows, K] (or [K] for a vector), in the HF row order."""
+    from specdec.model import cpu_kernels
+    info, data = gguf.tensors[name], _rows(gguf, name, cfg)
+    if data.dtype == np.float32:
+        return torch.from_numpy(np.array(data))
+    K = info.dims[0]
+    if cpu_kernels.available() and data.dtype == np.uint8 and cpu_kernels.quant_row_bytes(info.ggml_type, K):
+        return cpu_kernels.quant_dequantize(info.ggml_type, _tensor(data), K)
+    if info.ggml_type == 30:  # BF16, stored as raw uint16
+        return _tensor(data).view(torch.bfloat16).float()
+    from gguf.quants import dequantize as gguf_dequantize
+    return torch.from_numpy(np.array(gguf_dequantize(data, info.ggml_type), dtype=np.float32).reshape(data.shape[0], K))
+
+
+def gguf_state_dict(gguf: GGUFFile, cfg: dict, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Every weight dequantized, under HF names, in `dtype` on `device` (one tensor at a time)."""
     out = {}
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            continue
-        w = _dequantize(t)
-        if cfg["model_type"] != "qwen2" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
-            w = unpermute_qk(w, heads)
-        out[name] = torch.from_numpy(w)
+    for name in gguf.tensors:
+        hf = hf_name(name)
+        if hf is not None:
+            out[hf] = dequantize(gguf, name, cfg).to(device=device, dtype=dtype)
     return out
 
 
-def _open_gguf(path: Path):
-    import gguf
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # the gguf library raises several types on truncated/corrupt files
-        raise SpecdecError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); "
-                           "it may be truncated or corrupt: pull or copy it again") from None
+def load_gguf_reference(gguf: GGUFFile, device: torch.device, dtype: torch.dtype) -> Transformer:
+    """The torch reference model of a GGUF file: every weight dequantized to `dtype` on `device`."""
+    cfg = gguf_hf_config(gguf)
+    return _assemble(cfg, gguf_state_dict(gguf, cfg, dtype, device), device, str(gguf.path))
 
 
-def _cache_key(path: Path) -> str:
-    st = path.stat()
-    raw = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
-    return f"{path.stem}-{hashlib.sha256(raw).hexdigest()[:12]}"
+def _assemble(hf_cfg: dict, state: dict[str, torch.Tensor], device: torch.device, where: str) -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(ModelConfig.from_hf(hf_cfg))
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise SpecdecError(f"weights in {where} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    model.set_rope_length(ROPE_POSITIONS)
+    return model.eval()
 
 
-def save_gguf_tokenizer(path: Path, out_dir: Path) -> None:
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    tok.save_pretrained(str(out_dir))
+def _vector(gguf: GGUFFile, name: str) -> nn.Parameter:
+    return nn.Parameter(torch.from_numpy(np.array(gguf.tensor(name), dtype=np.float32)), requires_grad=False)
 
 
-def convert_gguf(path: Path, progress=print) -> Path:
-    """Convert a GGUF file to an HF-layout directory once; return the directory."""
-    from safetensors.torch import save_file
-    out = specdec_home() / "converted" / _cache_key(path)
-    if (out / "model.safetensors").is_file():
-        return out
-    reader = _open_gguf(path)
-    cfg = gguf_hf_config(reader)
-    progress(f"converting {path.name} to fp32 (once; cached in {out})")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(gguf_state_dict(reader, cfg), str(tmp / "model.safetensors"))
-    _save_blocks(_blocks_of(reader), tmp / BLOCKS_FILE)
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-    save_gguf_tokenizer(path, tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+def _parts(gguf: GGUFFile, names: list[str], cfg: dict):
+    """Blocks of the weights `names` stacked in order, neighbours of one format merged into one part:
+    one view where they lie side by side in the file, else a copy of their blocks."""
+    parts, group = [], []  # group: names of the current part
+    def close():
+        if not group:
+            return
+        copied = cfg["model_type"] != "qwen2" and any(n.endswith(("attn_q.weight", "attn_k.weight")) for n in group)
+        if len(group) > 1 and not copied and all(gguf.adjacent(a, b) for a, b in zip(group, group[1:])):
+            data = gguf.span(group)
+        elif len(group) > 1 or copied:
+            data = np.concatenate([_rows(gguf, n, cfg) for n in group])
+            for n in group:  # their pages in the map are not read again
+                gguf.release(n)
+        else:
+            data = gguf.tensor(group[0])
+        parts.append((gguf.tensors[group[0]].ggml_type, _tensor(data)))
+    for name in names:
+        if group and gguf.tensors[group[-1]].ggml_type != gguf.tensors[name].ggml_type:
+            close()
+            group = []
+        group.append(name)
+    close()
+    return parts
+
+
+def _linear(gguf: GGUFFile, bases: list[str], cfg: dict) -> nn.Module:
+    """One linear layer over the weights `bases` (GGUF names without ".weight") stacked along the outputs:
+    a QuantLinear where our kernels read every part's format, else an fp32 nn.Linear (dequantized)."""
+    from specdec.model.quant import QuantLinear, supported
+    names = [f"{b}.weight" for b in bases]
+    K = gguf.tensors[names[0]].dims[0]
+    biases = [f"{b}.bias" for b in bases]
+    bias = None
+    if any(n in gguf.tensors for n in biases):
+        bias = torch.cat([dequantize(gguf, n, cfg) if n in gguf.tensors else torch.zeros(gguf.tensors[w].rows)
+                          for n, w in zip(biases, names)])
+    if all(supported(gguf.tensors[n].ggml_type, K) for n in names):
+        return QuantLinear(_parts(gguf, names, cfg), K, bias)
+    weight = torch.cat([dequantize(gguf, n, cfg) for n in names])
+    layer = nn.Linear(K, weight.shape[0], bias=bias is not None, device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias, requires_grad=False)
+    return layer
+
+
+def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
+    from specdec.model import cpu_kernels
+    from specdec.model.quant import QuantEmbedding
+    info = gguf.tensors["token_embd.weight"]
+    if gguf.tensor(info.name).dtype == np.uint8 and cpu_kernels.quant_row_bytes(info.ggml_type, info.dims[0]):
+        return QuantEmbedding(info.ggml_type, _tensor(gguf.tensor(info.name)), info.dims[0])
+    return nn.Embedding.from_pretrained(dequantize(gguf, info.name, cfg), freeze=True)
+
+
+def load_gguf_blocks(gguf: GGUFFile) -> Transformer:
+    """The CPU backend's model of a GGUF file: linear layers on the file's own blocks (q/k/v and
+    gate/up fused into one GEMM each), the embedding dequantized row by row, norms and biases read
+    as they are, our fused ops for RMSNorm, RoPE, attention and SiLU, and the layer loop in C
+    (cpu_forward.py) where every layer qualifies."""
+    from specdec.model import cpu_forward, cpu_kernels
+    if not cpu_kernels.available():
+        raise SpecdecError(f"the CPU backend needs our kernels, which cannot be built here "
+                           f"({cpu_kernels.unavailable_reason()}); use --weight-dtype float32")
+    cfg = gguf_hf_config(gguf)
+    with torch.device("meta"):
+        model = Transformer(ModelConfig.from_hf(cfg))
+    backbone = model.model
+    backbone.embed_tokens = _embedding(gguf, cfg)
+    backbone.norm.weight = _vector(gguf, "output_norm.weight")
+    for i, layer in enumerate(backbone.layers):
+        p = f"blk.{i}."
+        layer.input_layernorm.weight = _vector(gguf, p + "attn_norm.weight")
+        layer.post_attention_layernorm.weight = _vector(gguf, p + "ffn_norm.weight")
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = _linear(gguf, [p + "attn_q", p + "attn_k", p + "attn_v"], cfg)
+        attn.q_proj = attn.k_proj = attn.v_proj = None
+        attn.o_proj = _linear(gguf, [p + "attn_output"], cfg)
+        mlp.gate_up_proj = _linear(gguf, [p + "ffn_gate", p + "ffn_up"], cfg)
+        mlp.gate_proj = mlp.up_proj = None
+        mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg)
+        attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
+        layer.input_layernorm.cpu_ops = layer.post_attention_layernorm.cpu_ops = True
+    backbone.norm.cpu_ops = True
+    model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg)
+    model.set_rope_length(ROPE_POSITIONS)
+    model.weight_format = "gguf-q8"
+    cpu_forward.enable(model)
+    return model.eval()
 
 
 def resolve_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
@@ -143,99 +238,33 @@ def resolve_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in names:
         raise SpecdecError(f"unknown dtype {dtype!r}; choose one of float32, bfloat16, float16")
-    if device.type == "cpu" and names[dtype] == torch.float16:
-        raise SpecdecError("float16 is not supported on CPU; use float32 or bfloat16")
+    if device.type == "cpu" and names[dtype] != torch.float32:
+        raise SpecdecError(f"{dtype} is not supported on the CPU, whose paths are the GGUF blocks (8-bit activations) "
+                           "and the fp32 reference; use --dtype float32 or leave it out")
     return names[dtype]
 
 
-WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "gguf", "gguf-q8")
-GGUF_MODES = ("gguf", "gguf-q8")  # read the GGUF file's blocks: exact fp32 arithmetic, or 8-bit activations
+WEIGHT_DTYPES = ("auto", "gguf-q8", "float32")
 
 
-def resolve_weight_dtype(device: torch.device, dtype: torch.dtype, weight_dtype: str | None) -> torch.dtype | None:
-    """--weight-dtype: torch.bfloat16 for "bfloat16" (CPU fp32 only: bf16 linear weights), else None
-    (weights as loaded; "gguf", "gguf-q8" and "auto" are settled by use_gguf_blocks)."""
-    if weight_dtype is None or weight_dtype in ("float32", "fp32", "auto", *GGUF_MODES):
-        return None
-    if weight_dtype not in ("bfloat16", "bf16"):
+def use_gguf_blocks(device: torch.device, weight_dtype: str | None, source: Path) -> bool:
+    """Whether the model runs on its GGUF file's own blocks (the CPU backend): "auto" (or None) takes
+    them for a .gguf model on the CPU where our kernels build, "gguf-q8" asks for them (an error where
+    they cannot be had), "float32" asks for the torch reference."""
+    from specdec.model import cpu_kernels
+    if weight_dtype not in (None, *WEIGHT_DTYPES):
         raise SpecdecError(f"unknown --weight-dtype {weight_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
-    if device.type != "cpu" or dtype != torch.float32:
-        raise SpecdecError(f"--weight-dtype bfloat16 is for the CPU fp32 path (bf16 weights under fp32 activations); "
-                           f"on {device} in {dtype} use --dtype instead")
-    return torch.bfloat16
-
-
-def use_gguf_blocks(device: torch.device, dtype: torch.dtype, weight_dtype: str | None, source: Path,
-                    kernel: bool) -> str | None:
-    """How the GEMMs read the checkpoint's own quantized blocks, if they do: "gguf" (exact,
-    quant_gemm.c) or "gguf-q8" (8-bit activations, quant_q8.c); None for the weights as loaded.
-    "gguf" and "gguf-q8" ask for theirs (an error where it cannot be had); None or "auto" takes
-    "gguf-q8" wherever it can (a .gguf model on the CPU in fp32 with our kernel); "float32" and
-    "bfloat16" take neither."""
-    if weight_dtype not in (None, "auto", *GGUF_MODES):
-        return None
-    possible = device.type == "cpu" and dtype == torch.float32 and source.suffix == ".gguf" and kernel
-    if weight_dtype in GGUF_MODES and not possible:
-        flag = f"--weight-dtype {weight_dtype}"
+    if weight_dtype == "float32":
+        return False
+    possible = device.type == "cpu" and source.suffix == ".gguf" and cpu_kernels.available()
+    if weight_dtype == "gguf-q8" and not possible:
         if source.suffix != ".gguf":
-            raise SpecdecError(f"{flag} reads a GGUF file's quantized blocks; {source} is not a .gguf file")
-        if device.type != "cpu" or dtype != torch.float32:
-            raise SpecdecError(f"{flag} is for the CPU fp32 path, not {device} in {dtype}")
-        raise SpecdecError(f"{flag} needs our CPU kernel, which is off or unavailable here "
-                           "(--no-kernel, or see the message above); use --weight-dtype float32")
-    if not possible:
-        return None
-    return weight_dtype if weight_dtype in GGUF_MODES else "gguf-q8"
-
-
-# in the converted directory (a subfolder: load_hf_dir reads every *.safetensors at its top): the GGUF's
-# quantized rows, their types in the metadata
-BLOCKS_FILE = "quant/gguf_blocks.safetensors"
-
-
-def gguf_blocks(path: Path, directory: Path | None = None) -> dict[str, tuple[int, torch.Tensor]]:
-    """The quantized linear weights of a GGUF file in formats our kernel reads: HF weight name (without
-    ".weight") -> (ggml type id, uint8 [rows, row bytes]), in the HF row order (llama's q/k rows
-    un-permuted as in the conversion). Cached in `directory` (the converted one) on first use, since
-    parsing a GGUF file's metadata takes seconds."""
-    from safetensors import safe_open
-    cached = directory / BLOCKS_FILE if directory is not None else None
-    if cached is not None and cached.is_file():
-        try:
-            with safe_open(str(cached), framework="pt") as f:
-                types = f.metadata() or {}
-                return {name: (int(types[name]), f.get_tensor(name)) for name in f.keys() if name in types}
-        except Exception:  # an unreadable cache file: built again below from the GGUF file
-            cached.unlink(missing_ok=True)
-    out = _blocks_of(_open_gguf(path))
-    if cached is not None:
-        _save_blocks(out, cached)
-    return out
-
-
-def _blocks_of(reader) -> dict[str, tuple[int, torch.Tensor]]:
-    from specdec.model.cpu_kernels import QUANT_TYPES
-    cfg = gguf_hf_config(reader)
-    out = {}
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None or not name.endswith(".weight") or t.tensor_type.name not in QUANT_TYPES \
-                or len(t.data.shape) != 2:
-            continue
-        data = np.array(t.data, dtype=np.uint8, copy=True)  # [rows, row bytes]
-        if cfg["model_type"] != "qwen2" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
-            data = np.ascontiguousarray(unpermute_qk(data, heads))
-        out[name[:-len(".weight")]] = (int(t.tensor_type), torch.from_numpy(data))
-    return out
-
-
-def _save_blocks(blocks: dict[str, tuple[int, torch.Tensor]], file: Path) -> None:
-    from safetensors.torch import save_file
-    file.parent.mkdir(exist_ok=True)
-    tmp = file.with_name(file.name + ".tmp")
-    save_file({k: v for k, (_, v) in blocks.items()}, str(tmp), metadata={k: str(q) for k, (q, _) in blocks.items()})
-    tmp.rename(file)
+            raise SpecdecError(f"--weight-dtype gguf-q8 reads a GGUF file's quantized blocks; {source} is not a .gguf file")
+        if device.type != "cpu":
+            raise SpecdecError(f"--weight-dtype gguf-q8 is the CPU backend, not {device}; leave it out on {device}")
+        raise SpecdecError(f"--weight-dtype gguf-q8 needs our CPU kernels, which cannot be built here "
+                           f"({cpu_kernels.unavailable_reason()}); use --weight-dtype float32")
+    return possible
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -260,28 +289,14 @@ def load_hf_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> Tr
     hf_cfg = json.loads(cfg_path.read_text())
     if hf_cfg.get("model_type") not in SUPPORTED_ARCHS:
         raise SpecdecError(f"unsupported model_type {hf_cfg.get('model_type')!r} in {cfg_path}")
-    with torch.device("meta"):
-        model = Transformer(ModelConfig.from_hf(hf_cfg))
     state = {}
     for f in files:
         with safe_open(str(f), framework="pt", device=str(device)) as sf:
             state.update({k: sf.get_tensor(k).to(dtype) for k in sf.keys() if not k.endswith("rotary_emb.inv_freq")})
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise SpecdecError(f"weights in {directory} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.tie_weights()
-    cfg = model.config
-    model.rope_cos, model.rope_sin = (t.to(device) for t in rope_tables(cfg, cfg.max_position_embeddings))
-    return model.eval()
+    return _assemble(hf_cfg, state, device, str(directory))
 
 
-def model_directory(path: Path, progress=print) -> Path:
-    """A local .gguf file or HF directory -> an HF-layout directory."""
-    if path.is_dir():
-        return path
-    if path.suffix != ".gguf":
+def open_gguf(path: Path) -> GGUFFile:
+    if path.suffix != ".gguf" and not path.is_dir():
         raise SpecdecError(f"{path} is neither a .gguf file nor a model directory")
-    return convert_gguf(path, progress)
+    return GGUFFile(path)

@@ -2,9 +2,7 @@
  * Y[n, N] ~= X[n, K] . deq(W)[N, K]^T (+ b), any n (decode steps and verify passes, and prefill: the
  * kernels take 16 input rows at a time).
  *
- * quant_gemm.c widens every weight to fp32 and runs fp32 FMAs, which makes its output exactly the
- * fp32 model's, but at one row the widening binds (not the bytes) and every extra row costs a full
- * set of fp32 FMAs. Here each input row is first quantized to int8 in blocks (one fp32 scale per
+ * Each input row is first quantized to int8 in blocks (one fp32 scale per
  * block: 256 values for the K-quants, as llama.cpp's Q8_K; 32 for the 32-weight formats, as Q8_0/Q8_1),
  * and the weights' integers meet the activations' in integer dot products (VNNI vpdpbusd/vpdpwssd
  * where the CPU has them, else AVX2's maddubs/madd, which give the same integers here: no sum can

@@ -1,4 +1,4 @@
-/* Vector types and helpers shared by skinny_gemm.c and fused_ops.c: AVX-512 where the compiler
+/* Vector types and helpers shared by the kernels (fused_ops.c, quant_dequant.c, quant_q8.c): AVX-512 where the compiler
  * targets it (-march=native), else AVX2 + FMA. */
 #ifndef SPECDEC_SIMD_H
 #define SPECDEC_SIMD_H
@@ -10,9 +10,6 @@ typedef __m512 vec;
 #define VZERO() _mm512_setzero_ps()
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-/* 16 bf16 values (raw uint16 bits) as fp32 lanes: widened and shifted into the top half, exactly */
-#define VLOAD_BF16(p) \
-    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 static inline float vsum(vec v) {
     /* fixed order: halves, then quarters, ... (same for every call) */
     __m256 lo = _mm512_castps512_ps256(v);
@@ -29,8 +26,6 @@ typedef __m256 vec;
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VLOAD_BF16(p) \
-    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 static inline float vsum(vec v) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
@@ -77,13 +72,6 @@ static inline void thread_rows(int64_t N, int64_t panel, int64_t *r0, int64_t *r
     const int64_t per = ((N + T - 1) / T + panel - 1) / panel * panel;
     *r0 = t * per;
     *r1 = *r0 + per < N ? *r0 + per : N;
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
 }
 
 /* an IEEE half (2 bytes, little-endian) -> float, exactly */

@@ -1,4 +1,8 @@
-"""Tokenizer and chat template, from the same source as the weights (via HF transformers)."""
+"""Tokenizer and chat template, from the same source as the weights (via HF transformers).
+
+A GGUF file carries its tokenizer as metadata (vocabulary, merges, special token ids, chat template):
+transformers' GGUF tokenizer builders turn that into a fast tokenizer in memory, with nothing written
+to disk. An HF directory's tokenizer files load as usual."""
 
 from __future__ import annotations
 
@@ -10,9 +14,51 @@ END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "
 MAX_VOCAB_SIZE_DIFFERENCE = 128  # as llama.cpp's draft compatibility check
 
 
-def load_tokenizer(directory: Path):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(directory))
+# GGUF metadata key -> transformers' name for it, as transformers' GGUF tokenizer builders take them
+GGUF_TOKENIZER_KEYS = {
+    "tokenizer.ggml.model": "tokenizer_type", "tokenizer.ggml.pre": "pre_tokenizer_type",
+    "tokenizer.ggml.tokens": "tokens", "tokenizer.ggml.scores": "scores", "tokenizer.ggml.token_type": "token_type",
+    "tokenizer.ggml.merges": "merges", "tokenizer.ggml.precompiled_charsmap": "precompiled_charsmap",
+    "tokenizer.ggml.bos_token_id": "bos_token_id", "tokenizer.ggml.eos_token_id": "eos_token_id",
+    "tokenizer.ggml.unknown_token_id": "unk_token_id", "tokenizer.ggml.padding_token_id": "pad_token_id",
+    "tokenizer.ggml.add_space_prefix": "add_prefix_space",
+}
+SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unk_token_id",
+                  "pad_token": "pad_token_id"}
+
+
+def load_tokenizer(source: Path, gguf=None):
+    """The tokenizer of a model directory, or of a GGUF file (`gguf`: its parsed GGUFFile, if at hand)."""
+    if Path(source).is_dir():
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(str(source))
+    from specdec.model.gguf_file import GGUFFile
+    return gguf_tokenizer(gguf if gguf is not None else GGUFFile(Path(source)))
+
+
+def gguf_tokenizer(gguf):
+    """A fast HF tokenizer built from a GGUFFile's metadata, in memory."""
+    from transformers import PreTrainedTokenizerFast
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    except ImportError:  # older transformers: its own (slower) GGUF path
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(str(gguf.path.parent), gguf_file=gguf.path.name)
+    info = {name: gguf.get(key) for key, name in GGUF_TOKENIZER_KEYS.items() if key in gguf.metadata}
+    if "tokens" not in info:
+        raise SpecdecError(f"{gguf.path} carries no tokenizer (no tokenizer.ggml.tokens in its metadata)")
+    for name in ("token_type", "scores"):
+        if name in info:
+            info[name] = info[name].tolist()
+    backend, extra = convert_gguf_tokenizer(gguf.get("general.architecture"), info)
+    config = {"chat_template": gguf.get("tokenizer.chat_template"),
+              "add_bos_token": bool(gguf.get("tokenizer.ggml.add_bos_token", info.get("tokenizer_type") == "llama")),
+              "add_eos_token": bool(gguf.get("tokenizer.ggml.add_eos_token", False))}
+    tokens = info["tokens"]
+    for name, key in SPECIAL_TOKENS.items():
+        token_id = info.get(key)
+        config[name] = tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:

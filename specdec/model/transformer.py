@@ -1,7 +1,8 @@
 """One compact decoder for the Llama family (Llama, SmolLM2, Qwen2/2.5, Mistral).
 
 Parameter names follow HF transformers (model.layers.N.self_attn.q_proj.weight, ...), so HF
-checkpoints and GGUF files converted to that layout load with a plain load_state_dict.
+checkpoints and a GGUF file's dequantized tensors (the torch reference) load with a plain load_state_dict;
+the CPU backend swaps in layers on the file's own blocks (loading.load_gguf_blocks).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.cpu_ops = False  # fp32 CPU: our fused op (cpu_kernels.rms_norm); set by cpu_linear.pack_linears
+        self.cpu_ops = False  # the CPU backend: our fused op (cpu_kernels.rms_norm); set by loading.load_gguf_blocks
 
     def forward(self, x):  # [batch, T, dim]
         if self.cpu_ops:
@@ -87,12 +88,12 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=False)
-        # fp32 CPU (cpu_linear.pack_linears): q/k/v as one GEMM, in place of the three above (set to None),
-        # and for up to cpu_kernels.MAX_ROWS positions our fused RoPE and attention
-        self.qkv_proj: nn.Linear | None = None
+        # the CPU backend (loading.load_gguf_blocks): q/k/v as one GEMM, in place of the three above (set to
+        # None), and our fused RoPE and attention for up to cpu_rows positions
+        self.qkv_proj: nn.Module | None = None
         self.qkv_sizes = [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd]  # q, k, v in qkv_proj's output
         self.cpu_ops = False
-        self.cpu_rows = cpu_kernels.MAX_ROWS  # our RoPE and attention up to this many positions (16 with GGUF blocks)
+        self.cpu_rows = 0
 
     def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
         # x [batch, T, dim]; k_cache, v_cache [batch, kv_heads, capacity, head_dim].
@@ -156,8 +157,8 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up_proj: nn.Linear | None = None  # fp32 CPU: gate and up as one GEMM (cpu_linear.pack_linears)
-        self.cpu_ops = False  # fp32 CPU: SiLU and the gate product on our op (cpu_kernels.silu_mul)
+        self.gate_up_proj: nn.Module | None = None  # the CPU backend: gate and up as one GEMM
+        self.cpu_ops = False  # the CPU backend: SiLU and the gate product on our op (cpu_kernels.silu_mul)
 
     def forward(self, x):  # [batch, T, dim]
         if self.gate_up_proj is not None:
@@ -221,21 +222,32 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim]
         self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.engine.cuda_graphs), or None
         self.cpu_forward = None  # a cpu_forward.CpuForward running the layer loop in C where a call fits, or None
+        self.weight_format = "torch"  # "gguf-q8": the CPU backend on a GGUF file's blocks (loading.load_gguf_blocks)
 
     @property
     def dtype(self) -> torch.dtype:
-        """The activations' and the KV cache's dtype (the embedding's; CPU linear weights may be bf16
-        while this is fp32: cpu_linear.PackedLinear)."""
-        return self.model.embed_tokens.weight.dtype
+        """The activations' and the KV cache's dtype (the final norm's: linear layers may hold GGUF blocks)."""
+        return self.model.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def set_rope_length(self, length: int) -> None:
+        """RoPE tables for positions 0..length-1 (at most max_position_embeddings), on the model's device."""
+        length = min(length, self.config.max_position_embeddings)
+        self.rope_cos, self.rope_sin = (t.to(self.device) for t in rope_tables(self.config, length))
+
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
-        cfg, w = self.config, self.lm_head.weight
+        cfg = self.config
         capacity = min(capacity, cfg.max_position_embeddings)
-        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, batch, self.dtype, w.device)
+        if capacity > self.rope_cos.shape[0]:  # positions stay below the cache's capacity
+            self.set_rope_length(capacity)
+        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, batch, self.dtype, self.device)
 
     @torch.inference_mode()
     def forward(self, tokens, cache: KVCache, start: int, positions=None, mask=None, last_only=False, slots=None,

@@ -81,10 +81,9 @@ def build_scheduler(args, progress=None):
         raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
 
     available = available_bytes(resolve_device(args.device))  # before the models take their share
-    target = load_model(args.model, progress=progress, pack=not args.no_pack, **model_flags(args))
+    target = load_model(args.model, progress=progress, **model_flags(args))
     # the server drafts for many sequences in one draft forward (multi-row GEMMs), so the draft packs too
-    draft = load_model(args.draft, progress=progress, pack=not args.no_pack,
-                       **model_flags(args)) if method in ("draft", "hybrid") else None
+    draft = load_model(args.draft, progress=progress, **model_flags(args)) if method in ("draft", "hybrid") else None
     ngram = NgramConfig(args.ngram_max, args.ngram_min)
     suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
 

@@ -63,10 +63,10 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 
 def module_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a model's parameters and buffers (shared tensors once), plus prepacked weight copies."""
+    """Bytes of a model's parameters and buffers (shared tensors once; a GGUF model's blocks are
+    views of its memory-mapped file, counted as the pages they will occupy)."""
     seen, total = set(), 0
     tensors = list(module.parameters()) + list(module.buffers())
-    tensors += [m.packed for m in module.modules() if isinstance(getattr(m, "packed", None), torch.Tensor)]
     for t in tensors:
         key = (t.data_ptr(), t.numel()) if t.layout == torch.strided else id(t)
         if key not in seen:
@@ -79,7 +79,7 @@ def kv_bytes(model, context: int) -> int:
     """One slot's KV cache for `model` (a Transformer) at `context` tokens."""
     cfg = model.config
     n = min(context, cfg.max_position_embeddings)
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * n * model.model.embed_tokens.weight.element_size()
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * n * model.dtype.itemsize
 
 
 def activation_bytes(model, tokens: int, context: int) -> int:

@@ -1,0 +1,83 @@
+"""The CPU backend's layers on a GGUF file's own quantized blocks, read through its memory map.
+
+`QuantLinear`: y = x W^T + b where W stays in the file's block formats (Q4_K, Q6_K, Q8_0, Q5_0,
+Q4_0, Q4_1). Every GEMM quantizes its input rows to 8 bits per block and meets the blocks in
+integer dot products (quant_q8.c, llama.cpp's arithmetic): a row's bits do not depend on how many
+rows the call has, so a verify pass scores each position exactly as a one-token step would, and
+speculative output equals plain decoding's.
+
+`QuantEmbedding`: the token embedding, each looked-up row dequantized on demand (a step reads one
+row of it, not the table).
+
+Neither keeps an fp32 copy of its weight; the blocks are views into the map wherever the file's
+layout allows (a fused q/k/v or gate/up GEMM over tensors that are not adjacent in the file takes a
+copy of their blocks, a few percent of the file).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specdec.model import cpu_kernels
+
+Parts = list[tuple[int, torch.Tensor]]  # [(ggml type id, uint8 [rows_i, row bytes])], stacked along the output rows
+
+
+class QuantLinear(nn.Module):
+    """nn.Linear's math (fp32 in, fp32 out) on GGUF blocks; no gradients."""
+
+    def __init__(self, parts: Parts, in_features: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.parts = parts
+        self.in_features = in_features
+        self.out_features = sum(data.shape[0] for _, data in parts)
+        for i, (_, data) in enumerate(parts):  # buffers: counted by module_bytes, listed by buffers()
+            self.register_buffer(f"blocks{i}", data, persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # [out] fp32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
+        return cpu_kernels.quant_linear(x, self.parts, self.bias)
+
+    def first_rows(self, rows: int) -> "QuantLinear":
+        """The layer restricted to its first `rows` outputs (views, no copy): a truncated LM head."""
+        out, left = [], rows
+        for qtype, data in self.parts:
+            if left <= 0:
+                break
+            out.append((qtype, data[:left]))
+            left -= data.shape[0]
+        return QuantLinear(out, self.in_features, None if self.bias is None else self.bias[:rows])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, types={[q for q, _ in self.parts]}"
+
+
+class QuantEmbedding(nn.Module):
+    """nn.Embedding over GGUF blocks: rows are dequantized when looked up."""
+
+    def __init__(self, qtype: int, data: torch.Tensor, dim: int):
+        super().__init__()
+        self.qtype, self.embedding_dim, self.num_embeddings = qtype, dim, data.shape[0]
+        self.register_buffer("blocks", data, persistent=False)  # uint8 [vocab, row bytes]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [...] int64 -> [..., dim] fp32
+        rows = self.blocks[ids.reshape(-1)]
+        return cpu_kernels.quant_dequantize(self.qtype, rows, self.embedding_dim).view(*ids.shape, self.embedding_dim)
+
+
+def first_rows(linear: nn.Module, rows: int) -> nn.Module:
+    """A linear layer (nn.Linear or QuantLinear) restricted to its first `rows` outputs, sharing its weights."""
+    if isinstance(linear, QuantLinear):
+        return linear.first_rows(rows)
+    head = nn.Linear(linear.in_features, rows, bias=linear.bias is not None, device="meta")
+    head.weight = nn.Parameter(linear.weight[:rows], requires_grad=False)  # [rows, in], a view
+    if linear.bias is not None:
+        head.bias = nn.Parameter(linear.bias[:rows], requires_grad=False)
+    return head
+
+
+def supported(qtype: int, K: int) -> bool:
+    """Whether our kernels read format `qtype` with rows of K weights (GEMM with 8-bit activations)."""
+    return cpu_kernels.available() and cpu_kernels.quant_row_bytes(qtype, K) > 0 \
+        and cpu_kernels.quant_q8_supported(qtype, K)

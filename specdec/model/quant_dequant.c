@@ -1,0 +1,219 @@
+/* GGUF block formats (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) dequantized to fp32: the embedding rows a
+ * step looks up, a layer whose format the 8-bit GEMM does not take, the fp32 reference at load, and
+ * the tests' oracle for quant_q8.c.
+ *
+ * Exact: every weight is the same fp32 value gguf-py computes (the same operations in the same
+ * order: the block scale d (fp16, widened exactly) times the sub-block scale is exact in fp32; then
+ * one multiply, or a multiply-add whose product is exact).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "simd.h"
+
+/* ggml's type ids (GGMLQuantizationType) */
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
+
+/* Per format, `prep` decodes a block's scales once (into pre[]), and `g32` gives group s (32 weights)
+ * of the block as 32/VL fp32 vectors, in order of K, from the packed bits in registers. */
+#define NV (32 / VL)
+#if VL == 16
+typedef __m512i veci;
+#define ZX8(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))   /* VL bytes -> int32 lanes */
+#define SX8(p) _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define IAND(a, m) _mm512_and_si512(a, _mm512_set1_epi32(m))
+#define ISRL(a, n) _mm512_srli_epi32(a, n)
+#define ISLL(a, n) _mm512_slli_epi32(a, n)
+#define IOR(a, b) _mm512_or_si512(a, b)
+#define ISUB(a, n) _mm512_sub_epi32(a, _mm512_set1_epi32(n))
+#define I2F(a) _mm512_cvtepi32_ps(a)
+#define VBCAST(p) _mm512_set1_ps(*(p))
+#else
+typedef __m256i veci;
+#define ZX8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define SX8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define IAND(a, m) _mm256_and_si256(a, _mm256_set1_epi32(m))
+#define ISRL(a, n) _mm256_srli_epi32(a, n)
+#define ISLL(a, n) _mm256_slli_epi32(a, n)
+#define IOR(a, b) _mm256_or_si256(a, b)
+#define ISUB(a, n) _mm256_sub_epi32(a, _mm256_set1_epi32(n))
+#define I2F(a) _mm256_cvtepi32_ps(a)
+#define VBCAST(p) _mm256_set1_ps(*(p))
+#endif
+
+/* Q4_K: 256 weights in 8 sub-blocks of 32 (scale d * sc[i], offset dmin * m[i]); sub-block 2j is
+ * the low nibbles of qs[32j .. 32j + 32], 2j + 1 their high nibbles. pre: 8 scales, 8 offsets. */
+#define Q4_K_QK 256
+#define Q4_K_BYTES 144
+#define Q4_K_PRE 16
+static inline void prep_q4_k(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
+    uint32_t u[4];
+    q4_k_scale_bytes(b, u); /* bytes of u[0..1]: the 8 scales; of u[2..3]: the 8 mins */
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2))));
+    _mm256_storeu_ps(pre, _mm256_mul_ps(_mm256_set1_ps(d), sc));
+    /* d*q - dm as d*q + (-dm): the product is exact, so one rounding either way (a true negation) */
+    _mm256_storeu_ps(pre + 8, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), mn), _mm256_set1_ps(-0.0f)));
+}
+static inline vec q_to_f(__m128i b, int sgn) { /* the low VL bytes of b -> VL float lanes */
+#if VL == 16
+    return _mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#else
+    return _mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+#endif
+}
+/* piece v (VL bytes, v < NV) of 32 bytes q, as VL float lanes (bytes signed where sgn) */
+static inline vec piece_f(__m256i q, int v, int sgn) {
+#if VL == 16
+    return q_to_f(v ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q), sgn);
+#else
+    const __m128i h = (v >> 1) ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
+    return q_to_f((v & 1) ? _mm_srli_si128(h, 8) : h, sgn);
+#endif
+}
+#define NIB _mm256_set1_epi8(0x0F)
+static inline void g32_q4_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
+    const __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, NIB);
+    const vec d = VBCAST(pre + s), m = VBCAST(pre + 8 + s);
+    for (int v = 0; v < NV; v++) w[v] = VFMA(d, piece_f(q, v, 0), m);
+}
+
+/* Q6_K: 256 weights, scale d * sc[i] per 16; 6-bit q = low nibble (ql) | 2 high bits (qh), minus 32.
+ * Group s (32 weights): half h = s / 4 (128 weights), quarter t = s % 4 within it. pre: 16 scales. */
+#define Q6_K_QK 256
+#define Q6_K_BYTES 210
+#define Q6_K_PRE 16
+static inline void prep_q6_k(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b + 208);
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const __m128i s16 = _mm_loadu_si128((const __m128i *)sc);
+    _mm256_storeu_ps(pre, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16))));
+    _mm256_storeu_ps(pre + 8, _mm256_mul_ps(_mm256_set1_ps(d),
+                                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8)))));
+}
+static inline void g32_q6_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    const int h = s >> 2, t = s & 3;
+    const __m256i q = _mm256_sub_epi8(q6_k_group(b, s), _mm256_set1_epi8(32));
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 8 * h + 2 * t + (VL * v) / 16), piece_f(q, v, 1));
+}
+
+/* The 32-weight formats keep weights 0..15 in the low nibbles of 16 bytes, 16..31 in the high ones:
+ * weights k0 .. k0 + VL as int32 lanes. */
+static inline veci nib16(const uint8_t *qs, int k0) {
+    const veci q = ZX8(qs + (k0 & 15));
+    return k0 >= 16 ? ISRL(q, 4) : IAND(q, 0x0F);
+}
+
+/* Q8_0: 32 int8 weights times d. pre: d. */
+#define Q8_0_QK 32
+#define Q8_0_BYTES 34
+#define Q8_0_PRE 1
+static inline void prep_q8_0(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); }
+static inline void g32_q8_0(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre), I2F(SX8(b + 2 + VL * v)));
+}
+
+/* Q5_0: 32 weights, (nibble | bit l of qh << 4) - 16, times d; weights 0..15 the low nibbles. */
+#define Q5_0_QK 32
+#define Q5_0_BYTES 22
+#define Q5_0_PRE 2
+static inline void prep_q5_0(const uint8_t *b, float *pre) {
+    uint32_t qh;
+    pre[0] = f16_to_f32(b);
+    memcpy(&qh, b + 2, 4);
+    memcpy(pre + 1, &qh, 4); /* the high bits, carried as raw bits */
+}
+static inline void g32_q5_0(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    uint32_t qh;
+    memcpy(&qh, pre + 1, 4);
+    for (int v = 0; v < NV; v++) {
+        const int k0 = VL * v; /* weights k0 .. k0 + VL */
+        veci q = nib16(b + 6, k0);
+#if VL == 16
+        const veci bits = _mm512_srlv_epi32(_mm512_set1_epi32((int)(qh >> k0)),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+#else
+        const veci bits = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> k0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#endif
+        q = ISUB(IOR(q, ISLL(IAND(bits, 1), 4)), 16);
+        w[v] = VMUL(VBCAST(pre), I2F(q));
+    }
+}
+
+/* Q4_0: 32 weights, nibble - 8, times d. */
+#define Q4_0_QK 32
+#define Q4_0_BYTES 18
+#define Q4_0_PRE 1
+static inline void prep_q4_0(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); }
+static inline void g32_q4_0(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre), I2F(ISUB(nib16(b + 2, VL * v), 8)));
+}
+
+/* Q4_1: 32 weights, d * nibble + m. */
+#define Q4_1_QK 32
+#define Q4_1_BYTES 20
+#define Q4_1_PRE 2
+static inline void prep_q4_1(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); pre[1] = f16_to_f32(b + 2); }
+static inline void g32_q4_1(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    for (int v = 0; v < NV; v++) w[v] = VFMA(VBCAST(pre), I2F(nib16(b + 4, VL * v)), VBCAST(pre + 1));
+}
+
+typedef struct {
+    int qk, bytes;
+    void (*deq)(const uint8_t *, float *); /* one block -> its qk fp32 weights */
+} qkernels;
+
+/* One block -> its QK fp32 weights (prep, then g32 per group). */
+#define DEFINE_DEQ(F, f)                                                                             \
+    static void f##_deq(const uint8_t *b, float *y) {                                                \
+        float pre[F##_PRE];                                                                          \
+        prep_##f(b, pre);                                                                            \
+        for (int s = 0; s < F##_QK / 32; s++) {                                                      \
+            vec w[NV];                                                                               \
+            g32_##f(b, s, pre, w);                                                                   \
+            for (int v = 0; v < NV; v++) VSTORE(y + 32 * s + VL * v, w[v]);                          \
+        }                                                                                            \
+    }
+
+#define Q_FORMAT(F, f)                                                                               \
+    DEFINE_DEQ(F, f)                                                                                 \
+    static const qkernels K_##F = {F##_QK, F##_BYTES, f##_deq};
+Q_FORMAT(Q4_K, q4_k)
+Q_FORMAT(Q6_K, q6_k)
+Q_FORMAT(Q8_0, q8_0)
+Q_FORMAT(Q5_0, q5_0)
+Q_FORMAT(Q4_0, q4_0)
+Q_FORMAT(Q4_1, q4_1)
+
+static const qkernels *kernels_of(int type) {
+    switch (type) {
+    case T_Q4_K: return &K_Q4_K;
+    case T_Q6_K: return &K_Q6_K;
+    case T_Q8_0: return &K_Q8_0;
+    case T_Q5_0: return &K_Q5_0;
+    case T_Q4_0: return &K_Q4_0;
+    case T_Q4_1: return &K_Q4_1;
+    default: return 0;
+    }
+}
+
+/* Bytes of one row of K weights in `type`, or 0 if the type is not supported or K does not fit it. */
+int64_t quant_row_bytes(int type, int64_t K) {
+    const qkernels *ks = kernels_of(type);
+    return ks && K % ks->qk == 0 ? K / ks->qk * ks->bytes : 0;
+}
+
+/* Dequantize `rows` rows of K weights into out [rows, K]. */
+void quant_dequantize(int type, const uint8_t *W, float *out, int64_t rows, int64_t K) {
+    const qkernels *ks = kernels_of(type);
+    if (!ks || K % ks->qk) return;
+    const int64_t nb = K / ks->qk, rb = nb * ks->bytes;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < nb; i++) ks->deq(W + r * rb + i * ks->bytes, out + r * K + i * ks->qk);
+}

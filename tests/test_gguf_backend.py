@@ -1,0 +1,140 @@
+"""The CPU backend on a GGUF file's own blocks through its memory map: the file parses (or fails
+clearly), layers read views of the map with no fp32 copy, the model is close to the dequantized
+torch reference, a verify row is a one-token step bit for bit, and loading writes nothing to disk."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.model import cpu_kernels
+from specdec.model.gguf_file import GGUFFile
+from specdec.model.loading import load_gguf_blocks, load_gguf_reference, use_gguf_blocks
+from specdec.model.quant import QuantEmbedding, QuantLinear, first_rows
+from tests.conftest import TINY_VOCAB, tiny_model, write_tiny_gguf
+
+kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+
+VARIANTS = {  # name: (arch, format, tiny_model overrides)
+    "llama-q8_0-tied": ("llama", "Q8_0", dict(tie_word_embeddings=True)),
+    "qwen2-q8_0-bias": ("qwen2", "Q8_0", dict(attention_bias=True)),
+    "qwen2-q5_0": ("qwen2", "Q5_0", dict(attention_bias=True)),
+    "qwen2-q4_k": ("qwen2", "Q4_K", dict(hidden_size=256, intermediate_size=512, head_dim=64, attention_bias=True)),
+    "llama-q6_k": ("llama", "Q6_K", dict(hidden_size=256, intermediate_size=512, head_dim=64)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def tiny_gguf(request, tmp_path_factory):
+    arch, fmt, overrides = VARIANTS[request.param]
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf", tiny_model(4, **overrides),
+                           arch, fmt)
+
+
+def test_the_header_parses_and_tensors_are_views_of_the_map(tiny_gguf):
+    f = GGUFFile(tiny_gguf)
+    arch = f.get("general.architecture")
+    assert f.get(f"{arch}.block_count") == 2
+    embd = f.tensors["token_embd.weight"]
+    assert embd.rows == TINY_VOCAB and embd.dims[0] in (64, 256)
+    view = f.tensor("token_embd.weight")
+    assert np.shares_memory(view, f.map) and view.shape[0] == TINY_VOCAB
+    norm = f.tensor("blk.0.attn_norm.weight")
+    assert norm.dtype == np.float32 and norm.shape == (embd.dims[0],)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not gguf", "empty"])
+def test_a_damaged_file_is_a_clear_error(tiny_gguf, tmp_path, damage):
+    data = tiny_gguf.read_bytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes({"truncated": data[:len(data) // 2], "not gguf": b"PK\x03\x04" + data[4:], "empty": b""}[damage])
+    with pytest.raises(SpecdecError, match="not a readable GGUF file"):
+        GGUFFile(bad)
+
+
+@kernel
+def test_the_backend_is_close_to_the_reference_and_rows_are_steps(tiny_gguf):
+    f = GGUFFile(tiny_gguf)
+    ref, q8 = load_gguf_reference(f, torch.device("cpu"), torch.float32), load_gguf_blocks(f)
+    assert q8.weight_format == "gguf-q8" and ref.weight_format == "torch"
+    assert q8.cpu_forward is not None  # every layer on blocks: the layer loop runs in C
+    torch.manual_seed(0)
+    prompt, new = torch.randint(0, TINY_VOCAB, (1, 24)), torch.randint(0, TINY_VOCAB, (1, 6))
+    cr, cq = ref.new_cache(64), q8.new_cache(64)
+    a, b = ref(prompt, cr, 0), q8(prompt, cq, 0)
+    tv = 0.5 * (b[0].softmax(-1) - a[0].softmax(-1)).abs().sum(-1)  # [T] total variation per position
+    assert tv.median().item() < 0.05  # 8-bit activations: close, not equal (a wrong mapping gives ~1)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.9
+    verify = q8(new, cq, 24)
+    steps = torch.cat([q8(new[:, i:i + 1], cq, 24 + i) for i in range(6)], dim=1)
+    assert torch.equal(steps, verify)  # a verify row is a one-token step, bit for bit
+    assert torch.equal(q8(prompt[:, :10], q8.new_cache(64), 0), b[:, :10])  # nor on the prefill's length
+
+
+@kernel
+def test_layers_read_the_map_without_fp32_copies(tiny_gguf):
+    f = GGUFFile(tiny_gguf)
+    q8 = load_gguf_blocks(f)
+    linears = [m for m in q8.modules() if isinstance(m, QuantLinear)]
+    assert len(linears) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the head
+    assert not any(isinstance(m, torch.nn.Linear) for m in q8.modules())
+    assert all(p.dtype == torch.float32 and p.dim() == 1 for p in q8.parameters())  # norms and biases only
+    base, size = f.map.ctypes.data, f.map.size
+    in_map = lambda t: base <= t.data_ptr() < base + size  # noqa: E731
+    mlp = q8.model.layers[0].mlp.gate_up_proj
+    assert len(mlp.parts) == 1 and in_map(mlp.parts[0][1])  # gate and up lie side by side: one view
+    assert all(in_map(d) for _, d in q8.model.layers[1].mlp.down_proj.parts)
+    assert isinstance(q8.model.embed_tokens, QuantEmbedding) and in_map(q8.model.embed_tokens.blocks)
+    if q8.config.tie_word_embeddings:
+        assert q8.lm_head.parts[0][1].data_ptr() == q8.model.embed_tokens.blocks.data_ptr()
+
+
+@kernel
+def test_the_embedding_and_a_truncated_head_match_the_reference(tiny_gguf):
+    f = GGUFFile(tiny_gguf)
+    ref, q8 = load_gguf_reference(f, torch.device("cpu"), torch.float32), load_gguf_blocks(f)
+    ids = torch.tensor([[0, 5, TINY_VOCAB - 1, 5]])
+    assert torch.equal(q8.model.embed_tokens(ids), ref.model.embed_tokens(ids))  # dequantized exactly
+    cut = first_rows(q8.lm_head, 40)
+    x = torch.randn(1, 3, q8.config.hidden_size)
+    assert cut.out_features == 40 and torch.equal(cut(x), q8.lm_head(x)[..., :40])
+    assert cut.parts[0][1].data_ptr() == q8.lm_head.parts[0][1].data_ptr()  # a view
+
+
+def test_weight_dtype_choice(tmp_path, monkeypatch):
+    cpu, gguf, hf = torch.device("cpu"), tmp_path / "m.gguf", tmp_path / "hf"
+    monkeypatch.setattr(cpu_kernels, "available", lambda: True)
+    assert use_gguf_blocks(cpu, None, gguf) and use_gguf_blocks(cpu, "auto", gguf) and use_gguf_blocks(cpu, "gguf-q8", gguf)
+    assert not use_gguf_blocks(cpu, "float32", gguf)
+    assert not use_gguf_blocks(cpu, None, hf)  # auto: the reference where blocks cannot be had
+    assert not use_gguf_blocks(torch.device("cuda"), None, gguf)
+    with pytest.raises(SpecdecError, match="not a .gguf file"):
+        use_gguf_blocks(cpu, "gguf-q8", hf)
+    with pytest.raises(SpecdecError, match="the CPU backend, not cuda"):
+        use_gguf_blocks(torch.device("cuda"), "gguf-q8", gguf)
+    with pytest.raises(SpecdecError, match="unknown --weight-dtype"):
+        use_gguf_blocks(cpu, "bfloat16", gguf)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    assert not use_gguf_blocks(cpu, None, gguf)
+    with pytest.raises(SpecdecError, match="needs our CPU kernels"):
+        use_gguf_blocks(cpu, "gguf-q8", gguf)
+
+
+@pytest.mark.real
+@kernel
+def test_loading_writes_nothing_and_maps_the_file(smollm2_path, tmp_path, monkeypatch):
+    """A load reads the file where it lies: nothing is written under SPECDEC_HOME (the kernel build
+    aside), and the weights' pages are the file's (resident memory well under an fp32 copy's)."""
+    from specdec.bench.profile import weight_bytes
+    from specdec.model import load_model
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    monkeypatch.setenv("SPECDEC_KERNEL_DIR", str(tmp_path / "kernels"))
+    lm = load_model(str(smollm2_path), device="cpu", progress=lambda *a: None)
+    assert lm.module.weight_format == "gguf-q8"
+    assert not home.exists() or not any(home.rglob("*"))
+    assert weight_bytes(lm.module) <= os.path.getsize(smollm2_path)  # the blocks themselves (fp32: about 4x)
