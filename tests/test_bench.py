@@ -149,7 +149,7 @@ def test_bench_end_to_end_multi_turn_and_resume(tiny_llama_dir, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"id": "m", "category": "mt", "turns": ["w1 w2 w3 w1 w2", "w4 w1 w2"]}) + "\n"
                     + json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6"}) + "\n")
-    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram,hf", "--dataset", str(data),
+    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram,hf", "--k", "4", "--dataset", str(data),
             "--max-new-tokens", "12", "--out", str(tmp_path / "run")]
     assert main(argv) == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
@@ -188,7 +188,7 @@ def test_bench_lookahead_and_layer_skip_methods(tiny_llama_dir, tmp_path, capsys
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6 w5 w6"}) + "\n")
     out = tmp_path / "run"
-    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,lookahead,layer-skip:2", "--dataset", str(data),
+    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,lookahead,layer-skip:2", "--k", "4", "--dataset", str(data),
             "--max-new-tokens", "10", "--no-plots", "--out", str(out)]
     assert "--layer-skip" in cli_error(argv, capsys)
     assert main(argv + ["--layer-skip", "1", "--lookahead-window", "2"]) == 0
@@ -242,7 +242,7 @@ def test_ignore_eos_runs_every_method_to_the_budget_and_refuses_peers(tiny_llama
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6 w5 w6"}) + "\n")
     out = tmp_path / "run"
-    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram", "--dataset", str(data),
+    argv = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram", "--k", "4", "--dataset", str(data),
             "--max-new-tokens", "12", "--temperature", "1.0", "--seed", "3", "--ignore-eos", "--no-plots",
             "--out", str(out)]
     assert main(argv) == 0
