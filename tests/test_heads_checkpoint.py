@@ -26,7 +26,7 @@ def rand(*shape):
 def parts(draft_ids=None) -> TargetParts:
     torch.manual_seed(5)
     lm = torch.randn(V, H) * 0.3
-    return TargetParts(torch.randn(V, H) * 0.3, torch.ones(H) + 0.05 * torch.randn(H), 1e-5,
+    return TargetParts(torch.nn.Embedding(V, H), torch.ones(H) + 0.05 * torch.randn(H), 1e-5,
                        lm if draft_ids is None else lm[draft_ids])
 
 

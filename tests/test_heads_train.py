@@ -179,3 +179,24 @@ def test_heads_lists_the_installed_heads(tmp_path, monkeypatch, capsys):
     assert main(["heads"]) == 0
     line = capsys.readouterr().out
     assert "tiny-medusa" in line and "medusa" in line
+
+
+class OpaqueLinear(torch.nn.Module):
+    """A linear layer that hides its weight, as a GGUF-block layer does."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.register_buffer("w", weight)
+
+    def forward(self, x):
+        return x @ self.w.T
+
+
+def test_lm_rows_read_any_lm_head():
+    from specdec.heads.modules import lm_rows
+    model = tiny_model(0)
+    ids = torch.tensor([1, 5, 90])
+    expected = model.lm_head.weight[ids]
+    assert torch.equal(lm_rows(model, ids), expected)
+    model.lm_head = OpaqueLinear(model.lm_head.weight.detach().clone())
+    torch.testing.assert_close(lm_rows(model, ids), expected)

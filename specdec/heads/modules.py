@@ -74,22 +74,42 @@ def medusa_config(target: ModelConfig, draft_vocab: int, heads: int = 4, layers:
 class TargetParts:
     """The target's frozen pieces a head drafts through."""
 
-    embed: torch.Tensor      # [vocab, hidden]
+    embed: nn.Module         # the target's embedding: ids [...] -> [..., hidden] (GGUF blocks or a table)
     norm_weight: torch.Tensor  # [hidden]
     norm_eps: float
-    lm_weight: torch.Tensor  # [draft_vocab, hidden]: the LM head's rows of the draft vocabulary
+    lm_weight: torch.Tensor  # [draft_vocab, hidden] fp32: the LM head's rows of the draft vocabulary
+
+    def embeddings(self, tokens):  # [B, T] -> [B, T, hidden], never a gradient into the target
+        with torch.no_grad():
+            return self.embed(tokens).float()
 
     def norm(self, x):  # [..., hidden]
         xf = x.float()
         return self.norm_weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.norm_eps))
 
 
+LM_ROWS_CHUNK = 64
+
+
+@torch.no_grad()
+def lm_rows(module, ids: torch.Tensor) -> torch.Tensor:
+    """The target's LM-head rows for ids # [n] -> [n, hidden] fp32, however its weights are held: the
+    embedding's rows when tied, else the weight matrix, else the layer applied to the unit vectors."""
+    if module.config.tie_word_embeddings:
+        return module.model.embed_tokens(ids).float()
+    head = module.lm_head
+    if isinstance(head, nn.Linear):
+        return head.weight[ids].float()
+    eye = torch.eye(module.config.hidden_size, device=ids.device)
+    cols = [head(eye[i:i + LM_ROWS_CHUNK])[:, ids] for i in range(0, eye.shape[0], LM_ROWS_CHUNK)]
+    return torch.cat(cols).T.contiguous().float()
+
+
 def target_parts(module, draft_ids: torch.Tensor) -> TargetParts:
-    """The pieces of a loaded target (draft_ids [draft_vocab] ascending target ids); no copies but the cut head."""
-    weight = module.lm_head.weight.detach()  # [vocab, hidden]
-    lm = weight if draft_ids.numel() == weight.shape[0] else weight[draft_ids].float().contiguous()
-    return TargetParts(module.model.embed_tokens.weight.detach(), module.model.norm.weight.detach(),
-                       module.model.norm.eps, lm)
+    """The pieces of a loaded target, the LM head cut to draft_ids # [draft_vocab] (ascending target ids)."""
+    norm = module.model.norm
+    ids = draft_ids.to(norm.weight.device)
+    return TargetParts(module.model.embed_tokens, norm.weight.detach(), norm.eps, lm_rows(module, ids))
 
 
 def vocab_buffers(module: nn.Module, cfg: HeadConfig) -> None:
@@ -147,7 +167,7 @@ class EagleHead(nn.Module):
         first..first+n-1. base: step 1's (k, v) or None (this is step 1); diag: later steps' (k, v).
         Returns (predicted feature [B, n, hidden], logits [B, n, draft_vocab], this step's (k, v))."""
         layer = self.layers[0]
-        x = self.fc(torch.cat([parts.embed[tokens].to(feature.dtype), feature], dim=-1))
+        x = self.fc(torch.cat([parts.embeddings(tokens).to(feature.dtype), feature], dim=-1))
         pos = slice(first, first + x.shape[1])
         q, k, v = qkv(layer.self_attn, layer.input_layernorm(x), self.rope_cos[pos], self.rope_sin[pos])
         base_k, base_v = base if base is not None else (k, v)
@@ -248,7 +268,7 @@ class Eagle3Head(nn.Module):
         logits [B, T, draft_vocab])."""
         x = self.fc(features) if features.shape[-1] == 3 * self.config.hidden_size else features
         layer, n = self.midlayer, x.shape[1]
-        inp = torch.cat([layer.input_layernorm(parts.embed[tokens].to(x.dtype)), layer.hidden_norm(x)], dim=-1)
+        inp = torch.cat([layer.input_layernorm(parts.embeddings(tokens).to(x.dtype)), layer.hidden_norm(x)], dim=-1)
         q, k, v = qkv(layer.self_attn, inp, self.rope_cos[:n], self.rope_sin[:n])
         out = attend(q, k, v, [])
         x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(x.shape[0], n, -1))
