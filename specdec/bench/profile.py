@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from specdec.model.transformer import Transformer
-from specdec.policy import fit_prefill
+from specdec.policy.costs import fit_prefill
+from specdec.policy.measure import forward_seconds
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33)
 
@@ -90,23 +91,6 @@ def roofline_rounds(model: Transformer, context: int, rounds: int, bandwidth_mb:
             "roofline_fraction": statistics.median(fractions),
             "rounds": [{"bandwidth_gbs": round(b, 2), "step_seconds": round(s, 5), "fraction": round(f, 3)}
                        for b, s, f in zip(bws, steps, fractions)]}
-
-
-def forward_seconds(model: Transformer, n: int, context: int, repeats: int, last_only: bool = False) -> float:
-    """Median time of a forward over n new positions after `context` cached positions (last_only:
-    logits for the last position alone, as a drafter's prefill asks)."""
-    device = model.device
-    cache = model.new_cache(context + n)
-    cache.advance(context)
-    x = torch.randint(0, model.config.vocab_size, (1, n), device=device)
-    times = []
-    for _ in range(repeats + 1):
-        synchronize(device)
-        t0 = time.perf_counter()
-        model(x, cache, context, last_only=last_only)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])  # the first call warms up
 
 
 def forward_fn(model: Transformer, n: int, context: int):

@@ -1,0 +1,25 @@
+"""Speculation policy: pick each step's action (plain, a chain of k, a token tree) from measured
+costs and running acceptance, and decide whether a drafter's prefill pays.
+
+`AdaptivePolicy.choose` (or `choose_action`, with trees) and `AdaptivePolicy.observe(outcome)` are
+its face to the engine. The parts, none importing a later one:
+  costs.py        v(n), c and the prefill's price in plain steps; `specdec profile` JSON; E(k), best k
+  measure.py      those costs timed on this machine
+  config.py       PolicyConfig, k schedules
+  estimates.py    the discounted Beta counter and the acceptance estimates built from it
+  calibration.py  measured over predicted seconds
+  confidence.py   the confidence rule and the target's confidence on plain steps
+  admission.py    whether the drafter's prefill pays (admit, start_now)
+  trees.py        token trees as further actions
+  adaptive.py     AdaptivePolicy (the parts above as its mixins) and Outcome
+"""
+
+from specdec.policy.adaptive import AdaptivePolicy, Outcome
+from specdec.policy.config import PolicyConfig, parse_schedule
+from specdec.policy.costs import CostModel, best_k, expected_tokens, fit_prefill, interpolate, load_profile
+from specdec.policy.estimates import CONF_EDGES, Beta, conf_bin
+from specdec.policy.measure import forward_seconds, measure_costs, sync
+
+__all__ = ["AdaptivePolicy", "Outcome", "PolicyConfig", "parse_schedule", "CostModel", "best_k", "expected_tokens",
+           "fit_prefill", "interpolate", "load_profile", "CONF_EDGES", "Beta", "conf_bin", "forward_seconds",
+           "measure_costs", "sync"]
