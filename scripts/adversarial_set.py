@@ -12,7 +12,6 @@ import argparse
 import json
 import random
 
-from specdec.model.loading import model_directory
 from specdec.model.tokenizer import load_tokenizer
 from specdec.model.registry import resolve_model
 
@@ -25,7 +24,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    tok = load_tokenizer(model_directory(resolve_model(args.model)))
+    tok = load_tokenizer(resolve_model(args.model))
     rng = random.Random(args.seed)
     special = set(tok.all_special_ids)
     ids = [i for i in range(min(tok.vocab_size, 150000)) if i not in special]

@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--lengths", default="16,64,256,512")
     ap.add_argument("--rounds", type=int, default=2, help="timed prefills per length (median; one more warms up)")
     args = ap.parse_args()
-    loaded = load_model(args.model, weight_dtype=args.weight_dtype, pack=True, progress=lambda *a: None)
+    loaded = load_model(args.model, weight_dtype=args.weight_dtype, progress=lambda *a: None)
     model = loaded.module
     out = {"model": args.model, "weight_dtype": args.weight_dtype, "weight_format": model.weight_format,
            "threads": torch.get_num_threads(), "prefill": {}}

@@ -1,10 +1,10 @@
-"""Our GEMMs on GGUF blocks alone, over every linear weight of a model's decode step (the GGUF file's
-matrices, unfused), per format and per row count: quant_gemm.c (exact, fp32 arithmetic), quant_q8.c
-(8-bit activations, integer dot products) and our fp32 kernel (skinny_gemm.c) on the same weights
-dequantized. Prints JSON.
+"""Our GEMM on GGUF blocks against 8-bit activations (quant_q8.c) alone, over every matrix a model's
+decode step reads (the file's matrices, unfused), per block format and per row count; with
+--reencode, each Q5_0 matrix also re-encoded as Q8_0 (the same weights, 1.55x the bytes), timed side
+by side in the same rounds. Prints JSON.
 
-Usage: python scripts/quant_gemm_bench.py [--model qwen2.5-coder-1.5b-instruct] [--rows 1,2,3,5,9,16] \
-    [--rounds 5] > runs/quant-gemm.json
+Usage: python scripts/quant_gemm_bench.py [--model qwen2.5-coder-0.5b-instruct] [--rows 1,2,3,5,9,16] \
+    [--rounds 5] [--reencode] > runs/quant-gemm.json
 """
 
 import argparse
@@ -12,11 +12,46 @@ import json
 import statistics
 import time
 
-import numpy as np
 import torch
 
 from specdec.model import cpu_kernels
+from specdec.model.gguf_file import GGUFFile
+from specdec.model.loading import _tensor
+from specdec.model.quant import reencode_q5_0_as_q8_0
 from specdec.model.registry import pull
+
+Q5_0, Q8_0 = cpu_kernels.QUANT_TYPES["Q5_0"], cpu_kernels.QUANT_TYPES["Q8_0"]
+
+
+def step_matrices(f: GGUFFile) -> dict[str, list]:
+    """Format name -> [(qtype, uint8 blocks, N, K)] of every matrix a decode step reads (the input
+    embedding is gathered, not read, unless it is also the head)."""
+    names = {v: k for k, v in cpu_kernels.QUANT_TYPES.items()}
+    out: dict[str, list] = {}
+    for info in f.tensors.values():
+        if len(info.dims) != 2 or info.ggml_type not in names or (
+                info.name == "token_embd.weight" and "output.weight" in f.tensors):
+            continue
+        out.setdefault(names[info.ggml_type], []).append((info.ggml_type, _tensor(f.tensor(info.name)), info.rows,
+                                                          info.dims[0]))
+    return out
+
+
+def seconds(ms: list, n: int, rounds: int) -> float:
+    lib, threads = cpu_kernels._lib, torch.get_num_threads()
+    xs = {K: torch.randn(n, K) for *_, K in ms}
+    ys = {N: torch.empty(n, N) for *_, N, _ in ms}
+
+    def once():
+        for qtype, data, N, K in ms:
+            lib.quant_gemm_q8(qtype, data.data_ptr(), xs[K].data_ptr(), None, ys[N].data_ptr(), N, K, n, K, N, threads)
+    once()
+    ts = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        once()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
 
 
 def main() -> None:
@@ -24,61 +59,23 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--rows", default="1,2,3,5,9,16")
     ap.add_argument("--rounds", type=int, default=5, help="timed passes per measurement (median)")
-    ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 kernel (saves its 4 bytes a weight of memory)")
+    ap.add_argument("--reencode", action="store_true", help="also time each Q5_0 matrix re-encoded as Q8_0")
     args = ap.parse_args()
-    import gguf
     if not cpu_kernels.available():
         raise SystemExit(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
-    lib = cpu_kernels._lib
-    reader = gguf.GGUFReader(str(pull(args.model)))
-    mats: dict[str, list] = {}
-    for t in reader.tensors:  # every matrix a decode step reads (the input embedding is gathered, not read)
-        if len(t.data.shape) != 2 or t.name == "token_embd.weight" and any(
-                u.name == "output.weight" for u in reader.tensors) or t.tensor_type.name not in cpu_kernels.QUANT_TYPES:
-            continue
-        data = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True))
-        N, K = int(t.shape[1]), int(t.shape[0])
-        qtype = int(t.tensor_type)
-        w = None if args.no_fp32 else cpu_kernels.quant_dequantize(qtype, data, K)
-        mats.setdefault(t.tensor_type.name, []).append((qtype, data, w, N, K))
-    threads = torch.get_num_threads()
-
-    def seconds(ms, n, kind):
-        xs = {K: torch.randn(n, K) for *_, K in ms}
-        ys = {N: torch.empty(n, N) for *_, N, _ in ms}
-
-        def once():
-            for qtype, data, w, N, K in ms:
-                if kind != "fp32":
-                    (lib.quant_gemm_q8 if kind == "q8" else lib.quant_gemm)(qtype, data.data_ptr(), xs[K].data_ptr(), None, ys[N].data_ptr(), N, K, n, K, N,
-                                   threads)
-                else:
-                    lib.skinny_gemm(w.data_ptr(), xs[K].data_ptr(), None, ys[N].data_ptr(), N, K, n, K, N, threads)
-        once()
-        ts = []
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            once()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
-
-    out = {"model": args.model, "threads": threads, "rounds": args.rounds, "formats": {}, "all": {}}
-    everything = [m for ms in mats.values() for m in ms]
-    for name, ms in list(mats.items()) + [("all", everything)]:
-        weights = sum(N * K for *_, N, K in ms)
+    mats = step_matrices(GGUFFile(pull(args.model)))
+    if args.reencode and "Q5_0" in mats:
+        mats["Q5_0 as Q8_0"] = [(Q8_0, reencode_q5_0_as_q8_0(d), N, K) for _, d, N, K in mats["Q5_0"]]
+    out = {"model": args.model, "threads": torch.get_num_threads(), "rounds": args.rounds, "formats": {}}
+    for name, ms in mats.items():
         nbytes = sum(d.numel() for _, d, *_ in ms)
-        entry = {"weights": weights, "block_bytes": nbytes, "rows": {}}
-        for n in (int(r) for r in args.rows.split(",")):
-            q = seconds(ms, n, "quant")
-            q8 = seconds(ms, n, "q8")
-            f = None if args.no_fp32 or n > cpu_kernels.MAX_ROWS * 2 else seconds(ms, n, "fp32")
-            entry["rows"][str(n)] = {"quant_seconds": round(q, 4), "quant_block_gb_per_s": round(nbytes / q / 1e9, 2),
-                                     "q8_seconds": round(q8, 4), "q8_block_gb_per_s": round(nbytes / q8 / 1e9, 2),
-                                     "fp32_seconds": None if f is None else round(f, 4)}
-        if name == "all":
-            out["all"] = entry
-        else:
-            out["formats"][name] = entry
+        out["formats"][name] = {"weights": sum(N * K for *_, N, K in ms), "block_bytes": nbytes, "rows": {}}
+    for n in (int(r) for r in args.rows.split(",")):
+        for name, ms in mats.items():  # the formats side by side, round by round
+            t = seconds(ms, n, args.rounds)
+            entry = out["formats"][name]
+            entry["rows"][str(n)] = {"seconds": round(t, 5), "block_gb_per_s": round(entry["block_bytes"] / t / 1e9, 2),
+                                     "gmacs_per_s": round(entry["weights"] * n / t / 1e9, 2)}
     print(json.dumps(out, indent=1))
 
 

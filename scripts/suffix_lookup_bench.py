@@ -24,7 +24,6 @@ from specdec.config import SamplingParams
 from specdec.datastore import build_datastore, tokenizer_fingerprint
 from specdec.drafters.base import DraftState
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.model.loading import model_directory
 from specdec.model.registry import resolve_model
 from specdec.model.tokenizer import load_tokenizer
 
@@ -43,7 +42,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=8)
     args = ap.parse_args()
 
-    tokenizer = load_tokenizer(model_directory(resolve_model(args.model)))
+    tokenizer = load_tokenizer(resolve_model(args.model))
     files = stdlib_files()
     held_out = files[:: max(len(files) // args.held_out, 1)][: args.held_out]
     docs, total = [], 0

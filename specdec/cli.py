@@ -221,7 +221,7 @@ def cmd_profile(args) -> int:
     if args.draft_vocab < 0:
         raise SpecdecError(f"--draft-vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
     target = load_model(args.model, progress=log, **model_flags(args))
-    draft = load_model(args.draft, progress=log, **model_flags(args)) if args.draft else None
+    draft = load_model(args.draft, progress=log, draft=True, **model_flags(args)) if args.draft else None
     draft_module = draft.module if draft else None
     if draft_module is not None and 0 < args.draft_vocab < draft_module.config.vocab_size:
         from specdec.drafters.draft_model import truncated_head

@@ -174,7 +174,7 @@ class Runner:
         if method == "layer-skip":
             return Runner.layer_skip(args, cfg)
         target = load_model(args.model, progress=log, **model_flags(args))
-        draft = load_model(args.draft, progress=log, **model_flags(args)) if method in ("draft", "hybrid") else None
+        draft = load_model(args.draft, progress=log, draft=True, **model_flags(args)) if method in ("draft", "hybrid") else None
         tree = tree_config(args)
         if tree is not None and method != "draft":
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")

@@ -138,3 +138,29 @@ def test_loading_writes_nothing_and_maps_the_file(smollm2_path, tmp_path, monkey
     assert lm.module.weight_format == "gguf-q8"
     assert not home.exists() or not any(home.rglob("*"))
     assert weight_bytes(lm.module) <= os.path.getsize(smollm2_path)  # the blocks themselves (fp32: about 4x)
+
+
+@kernel
+def test_q5_0_reencoded_as_q8_0_holds_the_same_weights():
+    from specdec.model.quant import reencode_q5_0_as_q8_0
+    from tests.conftest import random_blocks
+    q5, q8 = cpu_kernels.QUANT_TYPES["Q5_0"], cpu_kernels.QUANT_TYPES["Q8_0"]
+    data = torch.from_numpy(random_blocks("Q5_0", 37, 32 * 27, seed=5))
+    again = reencode_q5_0_as_q8_0(data)
+    assert again.shape == (37, 27 * 34)
+    a, b = cpu_kernels.quant_dequantize(q5, data, 32 * 27), cpu_kernels.quant_dequantize(q8, again, 32 * 27)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@kernel
+def test_a_draft_model_loads_re_encoded(tmp_path):
+    """load_gguf_blocks(reencode=True): the Q5_0 layers become Q8_0 holding the same weights; the
+    logits stay close to the stored format's (only the order of float operations differs)."""
+    path = write_tiny_gguf(tmp_path / "q5.gguf", tiny_model(4, attention_bias=True), "qwen2", "Q5_0")
+    stored, again = load_gguf_blocks(GGUFFile(path)), load_gguf_blocks(GGUFFile(path), reencode=True)
+    types = lambda m: {q for x in m.modules() if isinstance(x, QuantLinear) for q, _ in x.parts}  # noqa: E731
+    assert types(stored) == {cpu_kernels.QUANT_TYPES["Q5_0"]} and types(again) == {cpu_kernels.QUANT_TYPES["Q8_0"]}
+    x = torch.randint(0, TINY_VOCAB, (1, 12))
+    a, b = stored(x, stored.new_cache(16), 0), again(x, again.new_cache(16), 0)
+    assert (a - b).abs().max().item() < 0.05 * a.abs().max().item()
+    assert again.cpu_forward is not None

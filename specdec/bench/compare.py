@@ -350,7 +350,7 @@ def run_comparison(args) -> dict:
         target = load_model(args.model, progress=log, **model_flags(args))
         weight_format = target.module.weight_format
         needs_draft = bool(pending & {"draft", "tree", "hybrid", "hf-assisted"})
-        draft = load_model(args.draft, progress=log, **model_flags(args)) if needs_draft else None
+        draft = load_model(args.draft, progress=log, draft=True, **model_flags(args)) if needs_draft else None
         peers = make_peers(args, target, draft, pending)
         comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
                                 args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,

@@ -30,7 +30,7 @@ def model_flags(args) -> dict:
 
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
-               cuda_graphs: bool = False, weight_dtype: str | None = None) -> LoadedModel:
+               cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     The backend is chosen here, once. On the CPU a .gguf model runs on the file's own quantized
@@ -38,6 +38,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     None or "auto"), where our kernels build. Otherwise, and with weight_dtype "float32", it is the
     torch reference: fp32 on the CPU, bf16 (or --dtype) on CUDA, the weights dequantized at load on
     the device. The module's `weight_format` says which: "gguf-q8" or "torch".
+    draft: the model only drafts, so its numerics never reach the output: the CPU backend may re-encode
+    its blocks into the format our kernels run fastest (loading.FASTER_FORMATS).
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
     engine/cuda_graphs.py).
     """
@@ -63,7 +65,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         gguf = open_gguf(source)
         tokenizer = load_tokenizer(source, gguf)
         gguf.forget_strings()
-        module = load_gguf_blocks(gguf) if blocks else load_gguf_reference(gguf, dev, torch_dtype)
+        module = load_gguf_blocks(gguf, reencode=draft) if blocks else load_gguf_reference(gguf, dev, torch_dtype)
     if cuda_graphs:
         from specdec.engine.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(module)

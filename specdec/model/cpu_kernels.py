@@ -126,7 +126,7 @@ def _plain(t: torch.Tensor) -> bool:
 
 
 def _lib_or_raise(lib):
-    lib = lib or _lib
+    lib = lib or (_lib if available() else None)
     if lib is None:
         raise RuntimeError(f"specdec CPU kernels unavailable: {unavailable_reason()}")
     return lib

@@ -23,6 +23,16 @@ from specdec.model.transformer import ModelConfig, Transformer
 
 SUPPORTED_ARCHS = {"llama", "qwen2", "mistral"}
 ROPE_POSITIONS = 4096  # RoPE tables made at load; a larger cache extends them (Transformer.new_cache)
+
+
+def _q5_0_as_q8_0(data: torch.Tensor) -> torch.Tensor:
+    from specdec.model.quant import reencode_q5_0_as_q8_0
+    return reencode_q5_0_as_q8_0(data)
+
+
+# a draft model's block formats re-encoded at load into ones our kernels run faster, holding the same weights
+# (ggml type -> (new type, converter)); measured in docs/performance.md
+FASTER_FORMATS = {6: (8, _q5_0_as_q8_0)}  # Q5_0 -> Q8_0
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -138,9 +148,24 @@ def _vector(gguf: GGUFFile, name: str) -> nn.Parameter:
     return nn.Parameter(torch.from_numpy(np.array(gguf.tensor(name), dtype=np.float32)), requires_grad=False)
 
 
-def _parts(gguf: GGUFFile, names: list[str], cfg: dict):
+def _reencoded(gguf: GGUFFile, name: str, cfg: dict) -> tuple[int, np.ndarray]:
+    """A weight's (ggml type, rows) in the faster format FASTER_FORMATS names for it (a copy; its pages in
+    the map are released), or as stored."""
+    qtype = gguf.tensors[name].ggml_type
+    if qtype not in FASTER_FORMATS:
+        return qtype, _rows(gguf, name, cfg)
+    new_type, convert = FASTER_FORMATS[qtype]
+    data = convert(_tensor(_rows(gguf, name, cfg))).numpy()
+    gguf.release(name)
+    return new_type, data
+
+
+def _parts(gguf: GGUFFile, names: list[str], cfg: dict, reencode: bool = False):
     """Blocks of the weights `names` stacked in order, neighbours of one format merged into one part:
-    one view where they lie side by side in the file, else a copy of their blocks."""
+    one view where they lie side by side in the file, else a copy of their blocks. reencode: each in
+    the faster format FASTER_FORMATS names for it, where there is one."""
+    if reencode and any(gguf.tensors[n].ggml_type in FASTER_FORMATS for n in names):
+        return _reencoded_parts(gguf, names, cfg)
     parts, group = [], []  # group: names of the current part
     def close():
         if not group:
@@ -164,7 +189,17 @@ def _parts(gguf: GGUFFile, names: list[str], cfg: dict):
     return parts
 
 
-def _linear(gguf: GGUFFile, bases: list[str], cfg: dict) -> nn.Module:
+def _reencoded_parts(gguf: GGUFFile, names: list[str], cfg: dict):
+    parts = []
+    for qtype, data in (_reencoded(gguf, n, cfg) for n in names):
+        if parts and parts[-1][0] == qtype:
+            parts[-1] = (qtype, np.concatenate([parts[-1][1], data]))
+        else:
+            parts.append((qtype, data))
+    return [(q, _tensor(np.ascontiguousarray(d))) for q, d in parts]
+
+
+def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False) -> nn.Module:
     """One linear layer over the weights `bases` (GGUF names without ".weight") stacked along the outputs:
     a QuantLinear where our kernels read every part's format, else an fp32 nn.Linear (dequantized)."""
     from specdec.model.quant import QuantLinear, supported
@@ -176,7 +211,7 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict) -> nn.Module:
         bias = torch.cat([dequantize(gguf, n, cfg) if n in gguf.tensors else torch.zeros(gguf.tensors[w].rows)
                           for n, w in zip(biases, names)])
     if all(supported(gguf.tensors[n].ggml_type, K) for n in names):
-        return QuantLinear(_parts(gguf, names, cfg), K, bias)
+        return QuantLinear(_parts(gguf, names, cfg, reencode), K, bias)
     weight = torch.cat([dequantize(gguf, n, cfg) for n in names])
     layer = nn.Linear(K, weight.shape[0], bias=bias is not None, device="meta")
     layer.weight = nn.Parameter(weight, requires_grad=False)
@@ -194,11 +229,12 @@ def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
     return nn.Embedding.from_pretrained(dequantize(gguf, info.name, cfg), freeze=True)
 
 
-def load_gguf_blocks(gguf: GGUFFile) -> Transformer:
+def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False) -> Transformer:
     """The CPU backend's model of a GGUF file: linear layers on the file's own blocks (q/k/v and
     gate/up fused into one GEMM each), the embedding dequantized row by row, norms and biases read
     as they are, our fused ops for RMSNorm, RoPE, attention and SiLU, and the layer loop in C
-    (cpu_forward.py) where every layer qualifies."""
+    (cpu_forward.py) where every layer qualifies. reencode: the linear layers' blocks in the faster
+    format FASTER_FORMATS names for them, where there is one (for a draft model)."""
     from specdec.model import cpu_forward, cpu_kernels
     if not cpu_kernels.available():
         raise SpecdecError(f"the CPU backend needs our kernels, which cannot be built here "
@@ -214,16 +250,16 @@ def load_gguf_blocks(gguf: GGUFFile) -> Transformer:
         layer.input_layernorm.weight = _vector(gguf, p + "attn_norm.weight")
         layer.post_attention_layernorm.weight = _vector(gguf, p + "ffn_norm.weight")
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = _linear(gguf, [p + "attn_q", p + "attn_k", p + "attn_v"], cfg)
+        attn.qkv_proj = _linear(gguf, [p + "attn_q", p + "attn_k", p + "attn_v"], cfg, reencode)
         attn.q_proj = attn.k_proj = attn.v_proj = None
-        attn.o_proj = _linear(gguf, [p + "attn_output"], cfg)
-        mlp.gate_up_proj = _linear(gguf, [p + "ffn_gate", p + "ffn_up"], cfg)
+        attn.o_proj = _linear(gguf, [p + "attn_output"], cfg, reencode)
+        mlp.gate_up_proj = _linear(gguf, [p + "ffn_gate", p + "ffn_up"], cfg, reencode)
         mlp.gate_proj = mlp.up_proj = None
-        mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg)
+        mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode)
         attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
         layer.input_layernorm.cpu_ops = layer.post_attention_layernorm.cpu_ops = True
     backbone.norm.cpu_ops = True
-    model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg)
+    model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode)
     model.set_rope_length(ROPE_POSITIONS)
     model.weight_format = "gguf-q8"
     cpu_forward.enable(model)

@@ -81,3 +81,20 @@ def supported(qtype: int, K: int) -> bool:
     """Whether our kernels read format `qtype` with rows of K weights (GEMM with 8-bit activations)."""
     return cpu_kernels.available() and cpu_kernels.quant_row_bytes(qtype, K) > 0 \
         and cpu_kernels.quant_q8_supported(qtype, K)
+
+
+Q5_0, Q8_0 = 6, 8  # ggml type ids
+
+
+def reencode_q5_0_as_q8_0(data: torch.Tensor) -> torch.Tensor:
+    """Q5_0 blocks # uint8 [rows, K / 32 * 22] as Q8_0 blocks # uint8 [rows, K / 32 * 34] holding the same
+    weights: Q5_0's w = d (q - 16) with q in 0..31 is Q8_0's w = d q8 with q8 = q - 16 and the same fp16 d."""
+    rows = data.shape[0]
+    b = data.reshape(-1, 22)  # [blocks, 22]: d (fp16), qh (32 high bits), qs (16 bytes of nibble pairs)
+    qh = b[:, 2:6].contiguous().view(torch.int32)  # [blocks, 1]
+    qs = b[:, 6:22].to(torch.int16)  # [blocks, 16]
+    low = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # [blocks, 32]: weights 0..15, then 16..31
+    bits = (qh >> torch.arange(32, dtype=torch.int32)) & 1  # [blocks, 32]
+    q8 = (low | (bits.to(torch.int16) << 4)) - 16  # [blocks, 32] in -16..15
+    out = torch.cat([b[:, :2], q8.to(torch.int8).view(torch.uint8)], dim=1)  # [blocks, 34]
+    return out.reshape(rows, -1).contiguous()

@@ -83,7 +83,7 @@ def build_scheduler(args, progress=None):
     available = available_bytes(resolve_device(args.device))  # before the models take their share
     target = load_model(args.model, progress=progress, **model_flags(args))
     # the server drafts for many sequences in one draft forward (multi-row GEMMs), so the draft packs too
-    draft = load_model(args.draft, progress=progress, **model_flags(args)) if method in ("draft", "hybrid") else None
+    draft = load_model(args.draft, progress=progress, draft=True, **model_flags(args)) if method in ("draft", "hybrid") else None
     ngram = NgramConfig(args.ngram_max, args.ngram_min)
     suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
 

@@ -1,0 +1,103 @@
+"""Start-up and memory, side by side: each setup runs as a fresh process that loads its model(s) and
+answers one chat prompt; we record the time from process start to the first answer token on stdout,
+the total time, the child's peak RSS, and the disk that SPECDEC_HOME holds beyond the GGUF files and
+the kernel build. Setups run interleaved, round by round. Prints JSON.
+
+Setups: `ours` (specdec generate, this checkout), `ours@DIR` (the same command from another checkout,
+e.g. a `git worktree` of an older commit, run with PYTHONPATH=DIR), `llama` (llama-cpp-python on the
+same GGUF file). A `+draft` suffix adds the draft model (ours only).
+
+Usage: python scripts/startup_bench.py --setups ours,ours+draft,llama [--rounds 3] [--max-new-tokens 32] \
+    > runs/startup.json
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPT = "Write a Python function that merges two sorted lists into one sorted list."
+LLAMA = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=2, n_threads_batch=2, verbose=False)
+out = llm.create_chat_completion([{"role": "user", "content": sys.argv[3]}], max_tokens=int(sys.argv[4]),
+                                 temperature=0.0, top_k=1, stream=True)
+for chunk in out:
+    text = chunk["choices"][0]["delta"].get("content")
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+"""
+
+
+def command(setup: str, args) -> tuple[list[str], dict]:
+    from specdec.model.registry import pull
+    base, draft = setup.split("+")[0], setup.endswith("+draft")
+    env = dict(os.environ)
+    if base == "llama":
+        return [sys.executable, "-c", LLAMA, str(pull(args.model)), str(args.max_context), PROMPT,
+                str(args.max_new_tokens)], env
+    cmd = [sys.executable, "-m", "specdec.cli", "generate", "--model", args.model, "--chat",
+           "--max-new-tokens", str(args.max_new_tokens), "--max-context", str(args.max_context),
+           "--draft", args.draft if draft else "none", PROMPT]
+    if base.startswith("ours@"):
+        env["PYTHONPATH"] = base.split("@", 1)[1]
+    return cmd, env
+
+
+def run_once(cmd: list[str], env: dict) -> dict:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    first = proc.stdout.read(1)
+    t_first = time.perf_counter() - t0
+    rest = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0 or not first:
+        raise SystemExit(f"{' '.join(cmd[:6])}... failed (status {status})")
+    return {"first_token_s": round(t_first, 3), "total_s": round(time.perf_counter() - t0, 3),
+            "peak_rss_gb": round(usage.ru_maxrss / 1e6, 3), "chars": len(first + rest)}
+
+
+def home_extra_gb() -> float:
+    """GB under SPECDEC_HOME other than models/ (the GGUF files) and kernels/ (the build)."""
+    from specdec.model.registry import specdec_home
+    home = specdec_home()
+    total = 0
+    for p in home.rglob("*"):
+        rel = p.relative_to(home).parts
+        if p.is_file() and rel[0] not in ("models", "kernels"):
+            total += p.stat().st_size
+    return round(total / 1e9, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--setups", default="ours,ours+draft,llama")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--max-context", type=int, default=2048)
+    args = ap.parse_args()
+    setups = args.setups.split(",")
+    runs: dict[str, list] = {s: [] for s in setups}
+    for r in range(args.rounds):
+        for s in setups[r % len(setups):] + setups[:r % len(setups)]:  # each round starts one setup further on
+            cmd, env = command(s, args)
+            runs[s].append(run_once(cmd, env))
+            print(f"round {r} {s}: {runs[s][-1]}", file=sys.stderr)
+    out = {"model": args.model, "draft": args.draft, "max_new_tokens": args.max_new_tokens,
+           "max_context": args.max_context, "rounds": args.rounds, "home_extra_gb": home_extra_gb(), "setups": {}}
+    for s, rs in runs.items():
+        out["setups"][s] = {k: statistics.median(x[k] for x in rs) for k in ("first_token_s", "total_s", "peak_rss_gb")}
+        out["setups"][s]["runs"] = rs
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
