@@ -7,17 +7,11 @@ import json
 import sys
 
 from specdec.errors import SpecdecError
+from specdec.flags import integer
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_DRAFT_VOCAB = 32768  # the draft scores ids < 32768: faster drafts for the Qwen2.5 pair, the output unchanged
-
-
-def integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:

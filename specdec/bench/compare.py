@@ -14,17 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench.datasets import Prompt
+from specdec.bench.records import ALL_KINDS, HF_KINDS, LLAMA_KINDS, OUR_KINDS, Record  # noqa: F401 (re-exported)
 from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter, build_policy, check_draft_flags, lookahead_config
 
-OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid")  # tree:N = the draft model's
-# dynamic tree of N nodes
-HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
-LLAMA_KINDS = {"llama": "plain", "llama-lookup": "lookup"}
-ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
 K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
 
 
@@ -40,28 +36,6 @@ class MethodSpec:
     k: int  # the draft length, or the largest one for an adaptive method
     adaptive: bool = False  # k chosen per step by specdec.policy ('draft:auto')
     confidence: bool = True  # adaptive: with the policy's confidence rule ('auto'), or k only ('auto-k')
-
-
-@dataclass
-class Record:
-    prompt_id: str
-    category: str
-    method: str
-    tokens: list[int]
-    seconds: float
-    stats: list[dict] | None  # per turn, our engine's GenerationStats.summary(); None for peers
-    repeat: int = 0
-    k: int | None = None
-    kind: str | None = None
-    error: str | None = None  # a peer that failed on this prompt (the run goes on; the summary lists it)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.seconds if self.seconds else 0.0
-
-    @property
-    def method_kind(self) -> str:
-        return self.kind or self.method.split(":")[0]
 
 
 def parse_k_list(text: str) -> list[int | str]:

@@ -284,7 +284,7 @@ def run_loadtest(args) -> dict:
 
 
 def add_loadtest_flags(p) -> None:
-    from specdec.cli import integer
+    from specdec.flags import integer
     p.add_argument("--draft", default=None, help="draft model for the 'on' and 'policy' modes")
     p.add_argument("--ngram", action="store_true", help="the 'on' and 'policy' modes draft by prompt lookup instead")
     p.add_argument("--draft-vocab", type=integer, default=32768,

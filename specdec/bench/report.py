@@ -20,7 +20,7 @@ import sys
 import statistics
 from pathlib import Path
 
-from specdec.bench.compare import LLAMA_KINDS, OUR_KINDS, Record
+from specdec.bench.records import LLAMA_KINDS, OUR_KINDS, Record
 from specdec.policy import interpolate
 
 OWN_PLAIN = {"hf-assisted": "hf", "hf-lookup": "hf", "llama-lookup": "llama"}

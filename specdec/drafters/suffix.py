@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -38,9 +38,6 @@ import torch
 from specdec.drafters.base import DraftState
 from specdec.errors import SpecdecError
 from specdec.tree import DraftTree
-
-if TYPE_CHECKING:
-    from specdec.datastore import Datastore
 
 SEP = -1  # document separator: never a token id, so no match crosses a document boundary
 
@@ -328,7 +325,8 @@ class SuffixDrafter:
     request (prompt + the tokens seen at its last proposal) before the new one begins.
     """
 
-    def __init__(self, max_cache_tokens: int = 1_000_000, min_match: int = 1, datastore: Datastore | None = None):
+    def __init__(self, max_cache_tokens: int = 1_000_000, min_match: int = 1, datastore=None):
+        """datastore: a specdec.datastore.Datastore (its frozen `automaton` is what a proposal reads), or None."""
         if max_cache_tokens < 0:
             raise SpecdecError(f"max_cache_tokens must be >= 0 (0 = no cache), got {max_cache_tokens}")
         if min_match < 1:

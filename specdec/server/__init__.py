@@ -17,7 +17,7 @@ SUFFIX_BYTES_PER_TOKEN = 512  # a mutable suffix automaton, per indexed token (s
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """The serve-only flags (add_model_flags and add_spec_flags give the model and drafting ones)."""
-    from specdec.cli import integer
+    from specdec.flags import integer
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=integer, default=8000, help="port to listen on")
     p.add_argument("--max-batch", type=integer, default=4,
