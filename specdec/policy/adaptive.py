@@ -1,7 +1,13 @@
 """AdaptivePolicy: per request, choose the step's action before each step and learn from each
 verify outcome. Its parts live beside it: costs.py (v(n), c, the prefill's price), estimates.py
 (acceptance), confidence.py (the confidence rule, the target's confidence), calibration.py
-(measured seconds), admission.py (the drafter's prefill), trees.py (token trees)."""
+(measured seconds), admission.py (the drafter's prefill), trees.py (token trees).
+
+While plain, it probes now and then with a one-token draft so it can come back when the text turns
+predictable; the probe interval doubles after each failed probe (bounded). A request
+whose carried estimate says plain probes at its first step: the carried prior is only a guess
+about this request's text, and a passing probe costs nothing.
+"""
 
 from __future__ import annotations
 
@@ -105,7 +111,6 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
         # nothing (a failed look); without the rule, probe_k tokens
         self.rate = (1 + self.cfg.margin) / (self.rho_v * self.costs.v(batch))  # per sequence
         return min(self.cfg.probe_k, k_cap)
-
 
     def observe(self, outcome: Outcome | int, num_accepted: int | None = None) -> None:
         """One verify step's outcome: an Outcome (the whole step: its shape, the target's confidence

@@ -16,10 +16,7 @@ that slows down slows every kind of step, so a slow spell seen while plain must 
 look cheap. The calibration carries over to the next request. rho_spec is measured only on drafted
 steps, so once drafting has stopped (probe_every plain steps in a row) each plain step moves it a
 plain_relax share back toward rho_v, the curve's own ratio: a slow spell that made verifies look dear cannot lock drafting (and its probes) out for good.
-While plain, it probes now and then with a one-token draft so it can come back when the text turns
-predictable; the probe interval doubles after each failed probe (bounded). A request
-whose carried estimate says plain probes at its first step: the carried prior is only a guess
-about this request's text, and a passing probe costs nothing."""
+"""
 
 from __future__ import annotations
 
