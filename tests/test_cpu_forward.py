@@ -21,6 +21,22 @@ def test_silu_mul_is_silu_times_up():
         cpu_kernels.silu_mul(g, u[:5])
 
 
+@kernel
+def test_silu_mul_vector_lanes_give_the_scalar_bits_and_rows_take_the_fused_output():
+    g = torch.cat([torch.randn(100_003) * 30, torch.tensor([0.0, -0.0, 87.0, -87.0, -86.9, -87.1, 3e38, -3e38,
+                                                             float("inf"), -float("inf"), 1e-38, -1e-38])])
+    u = torch.randn(g.numel())
+    vec, scalar = cpu_kernels.silu_mul(g, u), torch.empty_like(g)
+    cpu_kernels._lib.silu_mul_scalar(g.data_ptr(), u.data_ptr(), scalar.data_ptr(), g.numel())
+    assert torch.equal(vec.view(torch.int32), scalar.view(torch.int32))  # every lane, every tail element
+    gu = torch.randn(7, 3, 2 * 200)
+    rows = cpu_kernels.silu_mul_rows(gu)
+    gate, up = gu.chunk(2, dim=-1)
+    assert rows.shape == (7, 3, 200) and torch.equal(rows, cpu_kernels.silu_mul(gate.contiguous(), up.contiguous()))
+    with pytest.raises(ValueError, match="odd"):
+        cpu_kernels.silu_mul_rows(torch.randn(2, 5))
+
+
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
     if not cpu_kernels.available():

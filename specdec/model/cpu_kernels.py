@@ -93,6 +93,10 @@ def load(extra_flags: list[str] | None = None):
     lib.rope.argtypes = [p, p, p] + [i64] * 8
     lib.attend.argtypes = [p] * 6 + [i64] * 14 + [ctypes.c_int]
     lib.silu_mul.argtypes = [p, p, p, i64]
+    lib.silu_mul_scalar.argtypes = [p, p, p, i64]
+    lib.silu_mul_scalar.restype = None
+    lib.silu_mul_rows.argtypes = [p, p, i64, i64, ctypes.c_int]
+    lib.silu_mul_rows.restype = None
     for f in (lib.rms_norm, lib.rope, lib.attend, lib.silu_mul):
         f.restype = None
     lib.forward_scratch_floats.argtypes = [i64] * 6
@@ -215,6 +219,21 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, lib=None) -> torch.Tensor:
         gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate)
     lib.silu_mul(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel())
+    return out
+
+
+def silu_mul_rows(gu: torch.Tensor, lib=None) -> torch.Tensor:
+    """silu(gate) * up for gu [..., 2 I] holding gate then up (the fused gate/up GEMM's output), into a
+    new [..., I] tensor; the same bits as silu_mul on the two halves."""
+    lib = _lib_or_raise(lib)
+    if not _plain(gu) or gu.shape[-1] % 2:
+        _check("silu_mul_rows", gu=gu)
+        if gu.shape[-1] % 2:
+            raise ValueError(f"silu_mul_rows: an odd last dimension {gu.shape[-1]} cannot be gate and up")
+        gu = gu.contiguous()
+    I = gu.shape[-1] // 2
+    out = gu.new_empty((*gu.shape[:-1], I))
+    lib.silu_mul_rows(gu.data_ptr(), out.data_ptr(), gu.numel() // (2 * I), I, torch.get_num_threads())
     return out
 
 

@@ -224,12 +224,65 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
     }
 }
 
+static inline float silu_mul1(float x, float u) {
+    const float e = exp_nonpos(x < 0.f ? x : -x);
+    return x * ((x < 0.f ? e : 1.f) / (1.f + e)) * u;
+}
+
+/* silu_mul1 on VL lanes: the same operations in the same order (the build does not contract a * b + c
+ * into FMAs, -std=c11), so each lane gets silu_mul1's bits. */
+#if VL == 16
+typedef __mmask16 vmask;
+#define VLT(a, b) _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)
+#define VBLEND(m, a, b) _mm512_mask_blend_ps(m, b, a) /* m ? a : b */
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VDIV(a, b) _mm512_div_ps(a, b)
+#define VSCALE(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), \
+                                                                         _mm512_set1_epi32(127)), 23))
+#else
+typedef __m256 vmask;
+#define VLT(a, b) _mm256_cmp_ps(a, b, _CMP_LT_OQ)
+#define VBLEND(m, a, b) _mm256_blendv_ps(b, a, m)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VDIV(a, b) _mm256_div_ps(a, b)
+#define VSCALE(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), \
+                                                                         _mm256_set1_epi32(127)), 23))
+#endif
+static inline vec silu_mul_v(vec x, vec u) {
+    const vmask neg = VLT(x, VZERO());
+    const vec a = VBLEND(neg, x, VSUB(VZERO(), x)), lo = VSET1(-87.f);
+    const vmask under = VLT(a, lo);
+    const vec xc = VBLEND(under, lo, a), big = VSET1(12582912.f);
+    const vec n = VSUB(VADD(VMUL(xc, VSET1(1.44269504088896341f)), big), big);
+    const vec r = VSUB(VSUB(xc, VMUL(n, VSET1(0.693359375f))), VMUL(n, VSET1(-2.12194440e-4f)));
+    const vec z = VMUL(r, r);
+    vec y = VADD(VMUL(VSET1(1.9875691500e-4f), r), VSET1(1.3981999507e-3f));
+    y = VADD(VMUL(y, r), VSET1(8.3334519073e-3f));
+    y = VADD(VMUL(y, r), VSET1(4.1665795894e-2f));
+    y = VADD(VMUL(y, r), VSET1(1.6666665459e-1f));
+    y = VADD(VMUL(y, r), VSET1(5.0000001201e-1f));
+    y = VADD(VADD(VMUL(y, z), r), VSET1(1.f));
+    const vec e = VBLEND(under, VZERO(), VMUL(y, VSCALE(n)));
+    const vec one = VSET1(1.f);
+    return VMUL(VMUL(x, VDIV(VBLEND(neg, e, one), VADD(one, e))), u);
+}
+
 /* out[i] = silu(g[i]) * u[i] = g[i] * sigmoid(g[i]) * u[i], for i < n. sigmoid from exp of -|g| only
- * (exp_nonpos), so no overflow; the same code for every call, vectorized. */
+ * (exp_nonpos), so no overflow; the same bits for an element whatever n, vectorized. */
 void silu_mul(const float *g, const float *u, float *out, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        const float x = g[i], e = exp_nonpos(x < 0.f ? x : -x);
-        out[i] = x * ((x < 0.f ? e : 1.f) / (1.f + e)) * u[i];
-    }
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) VSTORE(out + i, silu_mul_v(VLOAD(g + i), VLOAD(u + i)));
+    for (; i < n; i++) out[i] = silu_mul1(g[i], u[i]);
+}
+
+/* the scalar code on every element (tests: the vector lanes give its bits) */
+void silu_mul_scalar(const float *g, const float *u, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = silu_mul1(g[i], u[i]);
+}
+
+/* out [T, I] = silu(gate) * up straight from the fused gate/up GEMM's rows gu [T, 2 I] (gate, then up):
+ * silu_mul row by row, the rows split over the threads (the same bits as silu_mul on each row). */
+void silu_mul_rows(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T > 1)
+    for (int64_t t = 0; t < T; t++) silu_mul(gu + t * 2 * I, gu + t * 2 * I + I, out + t * I, I);
 }

@@ -22,7 +22,6 @@ from specdec.model.gguf_file import GGUFFile
 from specdec.model.transformer import ModelConfig, Transformer
 
 SUPPORTED_ARCHS = {"llama", "qwen2", "mistral"}
-ROPE_POSITIONS = 4096  # RoPE tables made at load; a larger cache extends them (Transformer.new_cache)
 
 
 def _q5_0_as_q8_0(data: torch.Tensor) -> torch.Tensor:
@@ -140,7 +139,7 @@ def _assemble(hf_cfg: dict, state: dict[str, torch.Tensor], device: torch.device
     if missing or unexpected:
         raise SpecdecError(f"weights in {where} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.tie_weights()
-    model.set_rope_length(ROPE_POSITIONS)
+    model.set_rope_length(model.rope_cos.shape[0])  # on the model's device
     return model.eval()
 
 
@@ -260,7 +259,6 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False) -> Transformer:
         layer.input_layernorm.cpu_ops = layer.post_attention_layernorm.cpu_ops = True
     backbone.norm.cpu_ops = True
     model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode)
-    model.set_rope_length(ROPE_POSITIONS)
     model.weight_format = "gguf-q8"
     cpu_forward.enable(model)
     return model.eval()

@@ -64,11 +64,15 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+ROPE_POSITIONS = 4096  # RoPE tables made with the model; a larger cache extends them (Transformer.new_cache)
+
+
 def rope_tables(cfg: ModelConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [length, head_dim] in HF's rotate-half layout."""
     # computed in fp32 exactly as HF transformers does, so logits match bit for bit in layout
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
-    freqs = torch.outer(torch.arange(length).float(), inv_freq)
+    # on the CPU explicitly (under a meta-device context too: a table on meta costs a second of imports)
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device="cpu").float() / cfg.head_dim))
+    freqs = torch.outer(torch.arange(length, device="cpu").float(), inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
 
@@ -158,13 +162,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up_proj: nn.Module | None = None  # the CPU backend: gate and up as one GEMM
-        self.cpu_ops = False  # the CPU backend: SiLU and the gate product on our op (cpu_kernels.silu_mul)
+        self.cpu_ops = False  # the CPU backend: SiLU and the gate product on our op (cpu_kernels.silu_mul_rows)
 
     def forward(self, x):  # [batch, T, dim]
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            gu = self.gate_up_proj(x)  # [batch, T, 2 * intermediate]: gate, then up
             if self.cpu_ops and not (torch.is_grad_enabled() and x.requires_grad):
-                return self.down_proj(cpu_kernels.silu_mul(gate.contiguous(), up.contiguous()))
+                return self.down_proj(cpu_kernels.silu_mul_rows(gu))
+            gate, up = gu.chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -185,7 +190,9 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # weights uninitialized: a loader assigns them (a random init on the meta device costs a second)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -217,9 +224,9 @@ class Transformer(nn.Module):
         self.config = cfg
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg, cfg.max_position_embeddings)
-        self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, head_dim]
-        self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim]
+        cos, sin = rope_tables(cfg, min(cfg.max_position_embeddings, ROPE_POSITIONS))
+        self.register_buffer("rope_cos", cos, persistent=False)  # [positions, head_dim]; new_cache extends them
+        self.register_buffer("rope_sin", sin, persistent=False)  # [positions, head_dim]
         self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.engine.cuda_graphs), or None
         self.cpu_forward = None  # a cpu_forward.CpuForward running the layer loop in C where a call fits, or None
         self.weight_format = "torch"  # "gguf-q8": the CPU backend on a GGUF file's blocks (loading.load_gguf_blocks)
