@@ -46,17 +46,18 @@ def forward_seconds(model: Transformer, n: int, context: int, repeats: int, last
 def measure_costs(target: Transformer, draft: Transformer | None = None, sizes=(1, 2, 3, 5, 9), context: int = 256,
                   repeats: int = 3) -> CostModel:
     """v(n) for the target, and c and the prefill cost per prompt token for a draft model, timed on
-    this machine (a few seconds).
+    this machine (a few seconds: no forward here is a long prefill).
 
     target/draft: Transformer modules. Each forward runs at `context` cached positions."""
+    caches = {}
+
     def step_seconds(model, n: int) -> float:
-        cache = model.new_cache(context + max(sizes) + 1)
-        device = cache.k.device
-        prompt = torch.randint(0, model.config.vocab_size, (1, context), device=device)
-        model(prompt, cache, 0, last_only=True)
-        cache.advance(context)
-        x = torch.randint(0, model.config.vocab_size, (1, n), device=device)
-        times = sorted(timed(lambda: model(x, cache, context), device, repeats))
+        # `context` slots taken without a prefill: attention costs the same whatever the cached values
+        cache = caches.setdefault(id(model), model.new_cache(context + max(sizes) + 1))
+        if cache.length == 0:
+            cache.advance(context)
+        x = torch.randint(0, model.config.vocab_size, (1, n), device=cache.k.device)
+        times = sorted(timed(lambda: model(x, cache, context), cache.k.device, repeats))
         return times[len(times) // 2]
 
     t1 = step_seconds(target, 1)
@@ -66,7 +67,7 @@ def measure_costs(target: Transformer, draft: Transformer | None = None, sizes=(
     if draft is None:
         return CostModel(curve, 0.0, t1)
     c = step_seconds(draft, 1) / t1
-    short = max(context // 8, 1)  # the prefill's price: fixed + per token, through two prompt lengths
-    fixed, per_token = fit_prefill(*((n, forward_seconds(draft, n, 0, repeats, last_only=True) / t1)
-                                     for n in (short, context)))
+    short, long = max(context // 8, 1), max(context // 2, 2)  # the prefill's price: fixed + per token,
+    fixed, per_token = fit_prefill(*((n, forward_seconds(draft, n, 0, 1, last_only=True) / t1)  # through two lengths
+                                     for n in (short, long)))
     return CostModel(curve, c, t1, per_token, fixed)
