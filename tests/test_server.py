@@ -104,7 +104,7 @@ def client(base: str) -> openai.OpenAI:
 def main(chat_dir, tiny_qwen_dir):
     sched = build_scheduler(serve_args("--model", str(chat_dir), "--draft", str(tiny_qwen_dir), "--k", str(K),
                                        "--device", "cpu", "--max-context", str(CONTEXT), "--max-batch", "4",
-                                       "--max-queue", "16"), progress=lambda m: None)
+                                       "--max-queue", "16", "--policy", "fixed"), progress=lambda m: None)
     with running(sched) as (base, server):
         yield base, sched
 
