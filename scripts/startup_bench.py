@@ -3,8 +3,8 @@ answers one chat prompt; we record the time from process start to the first answ
 the total time, the child's peak RSS, and the disk that SPECDEC_HOME holds beyond the GGUF files and
 the kernel build. Setups run interleaved, round by round. Prints JSON.
 
-Setups: `ours` (specdec generate, this checkout), `ours@DIR` (the same command from another checkout,
-e.g. a `git worktree` of an older commit, run with PYTHONPATH=DIR), `llama` (llama-cpp-python on the
+Setups: `ours` (specdec generate, this checkout), `ours@DIR` (the same command run in another checkout,
+e.g. a `git worktree` of an older commit: `python -m` there imports that checkout's package), `llama` (llama-cpp-python on the
 same GGUF file). A `+draft` suffix adds the draft model (ours only).
 
 Usage: python scripts/startup_bench.py --setups ours,ours+draft,llama [--rounds 3] [--max-new-tokens 32] \
@@ -35,24 +35,24 @@ for chunk in out:
 """
 
 
-def command(setup: str, args) -> tuple[list[str], dict]:
+def command(setup: str, args) -> tuple[list[str], dict, str]:
     from specdec.model.registry import pull
     base, draft = setup.split("+")[0], setup.endswith("+draft")
-    env = dict(os.environ)
+    env, cwd = dict(os.environ), str(Path(__file__).resolve().parents[1])
     if base == "llama":
         return [sys.executable, "-c", LLAMA, str(pull(args.model)), str(args.max_context), PROMPT,
-                str(args.max_new_tokens)], env
+                str(args.max_new_tokens)], env, cwd
     cmd = [sys.executable, "-m", "specdec.cli", "generate", "--model", args.model, "--chat",
            "--max-new-tokens", str(args.max_new_tokens), "--max-context", str(args.max_context),
            "--draft", args.draft if draft else "none", PROMPT]
-    if base.startswith("ours@"):
-        env["PYTHONPATH"] = base.split("@", 1)[1]
-    return cmd, env
+    if base.startswith("ours@"):  # `python -m` puts the working directory first on sys.path
+        cwd = base.split("@", 1)[1]
+    return cmd, env, cwd
 
 
-def run_once(cmd: list[str], env: dict) -> dict:
+def run_once(cmd: list[str], env: dict, cwd: str) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd)
     first = proc.stdout.read(1)
     t_first = time.perf_counter() - t0
     rest = proc.stdout.read()
@@ -88,8 +88,7 @@ def main() -> None:
     runs: dict[str, list] = {s: [] for s in setups}
     for r in range(args.rounds):
         for s in setups[r % len(setups):] + setups[:r % len(setups)]:  # each round starts one setup further on
-            cmd, env = command(s, args)
-            runs[s].append(run_once(cmd, env))
+            runs[s].append(run_once(*command(s, args)))
             print(f"round {r} {s}: {runs[s][-1]}", file=sys.stderr)
     out = {"model": args.model, "draft": args.draft, "max_new_tokens": args.max_new_tokens,
            "max_context": args.max_context, "rounds": args.rounds, "home_extra_gb": home_extra_gb(), "setups": {}}
