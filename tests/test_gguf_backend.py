@@ -164,3 +164,14 @@ def test_a_draft_model_loads_re_encoded(tmp_path):
     a, b = stored(x, stored.new_cache(16), 0), again(x, again.new_cache(16), 0)
     assert (a - b).abs().max().item() < 0.05 * a.abs().max().item()
     assert again.cpu_forward is not None
+
+
+def test_a_gguf_without_a_tokenizer_or_of_another_architecture_is_a_clear_error(tmp_path):
+    from specdec.model import load_model
+    from specdec.model.loading import gguf_hf_config
+    path = write_tiny_gguf(tmp_path / "no-tok.gguf", tiny_model(4), "llama", "Q8_0")  # the fixture writes no tokenizer
+    with pytest.raises(SpecdecError, match="carries no tokenizer"):
+        load_model(str(path), device="cpu", progress=lambda *a: None)
+    other = write_tiny_gguf(tmp_path / "gemma.gguf", tiny_model(4), "gemma", "Q8_0")
+    with pytest.raises(SpecdecError, match="unsupported GGUF architecture 'gemma'"):
+        gguf_hf_config(GGUFFile(other))

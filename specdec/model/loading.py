@@ -19,19 +19,15 @@ from torch import nn
 
 from specdec.errors import SpecdecError
 from specdec.model.gguf_file import GGUFFile
+from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
 from specdec.model.transformer import ModelConfig, Transformer
 
 SUPPORTED_ARCHS = {"llama", "qwen2", "mistral"}
 
 
-def _q5_0_as_q8_0(data: torch.Tensor) -> torch.Tensor:
-    from specdec.model.quant import reencode_q5_0_as_q8_0
-    return reencode_q5_0_as_q8_0(data)
-
-
 # a draft model's block formats re-encoded at load into ones our kernels run faster, holding the same weights
 # (ggml type -> (new type, converter)); measured in docs/performance.md
-FASTER_FORMATS = {6: (8, _q5_0_as_q8_0)}  # Q5_0 -> Q8_0
+FASTER_FORMATS = {Q5_0: (Q8_0, reencode_q5_0_as_q8_0)}
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -139,7 +135,7 @@ def _assemble(hf_cfg: dict, state: dict[str, torch.Tensor], device: torch.device
     if missing or unexpected:
         raise SpecdecError(f"weights in {where} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.tie_weights()
-    model.set_rope_length(model.rope_cos.shape[0])  # on the model's device
+    model.rope_cos, model.rope_sin = model.rope_cos.to(device), model.rope_sin.to(device)
     return model.eval()
 
 
@@ -201,7 +197,6 @@ def _reencoded_parts(gguf: GGUFFile, names: list[str], cfg: dict):
 def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False) -> nn.Module:
     """One linear layer over the weights `bases` (GGUF names without ".weight") stacked along the outputs:
     a QuantLinear where our kernels read every part's format, else an fp32 nn.Linear (dequantized)."""
-    from specdec.model.quant import QuantLinear, supported
     names = [f"{b}.weight" for b in bases]
     K = gguf.tensors[names[0]].dims[0]
     biases = [f"{b}.bias" for b in bases]
@@ -221,7 +216,6 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False)
 
 def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
     from specdec.model import cpu_kernels
-    from specdec.model.quant import QuantEmbedding
     info = gguf.tensors["token_embd.weight"]
     if gguf.tensor(info.name).dtype == np.uint8 and cpu_kernels.quant_row_bytes(info.ggml_type, info.dims[0]):
         return QuantEmbedding(info.ggml_type, _tensor(gguf.tensor(info.name)), info.dims[0])
