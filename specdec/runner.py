@@ -146,7 +146,7 @@ def tree_actions(drafter: Drafter) -> dict:
     powers of two below its node budget and the budget itself (a static tree: its own size), at
     its depth cap."""
     from specdec.drafters.draft_model import DraftModelDrafter, node_depths
-    budget = getattr(drafter, "max_tree_nodes", 0)
+    budget = drafter.caps.tree_nodes
     if not isinstance(drafter, DraftModelDrafter) or budget < 2:
         return {}
     if drafter.static is not None:

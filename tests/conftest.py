@@ -32,19 +32,6 @@ def tiny_model(seed: int, **overrides) -> Transformer:
     return model.eval()
 
 
-def run_batched(engine, prompts: list[list[int]], cfg) -> dict[int, list[int]]:
-    """Continuous batching on a BatchEngine: a prompt joins when a row is free and leaves when
-    finished. Returns each prompt's (index ->) full token list."""
-    rows, pending, done = {}, list(enumerate(prompts)), {}
-    while pending or rows:
-        while pending and engine.free_rows:
-            i, p = pending.pop(0)
-            rows[engine.add(p, cfg)] = i
-        for b in engine.step():
-            done[rows.pop(b)] = engine.remove(b).tokens
-    return done
-
-
 def run_stepper(stepper, prompts: list[list[int]], cfg, eos_ids, limits=(None, 0, 1)) -> dict[int, list[int]]:
     """The server's slot pool: sequences join when a slot is free and leave when finished, with the
     draft length limit cycling through `limits` round by round. Returns each prompt's new tokens."""

@@ -7,10 +7,11 @@ from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.engine.batch import BatchEngine, ragged_inputs
 from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.verify import ragged_inputs
 from specdec.errors import SpecdecError
-from tests.conftest import TINY_VOCAB, run_batched
+from specdec.server.stepper import StepwiseGenerator
+from tests.conftest import TINY_VOCAB, run_stepper
 
 PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60)), [7], [9, 9, 9, 9, 9, 9]]
 
@@ -36,32 +37,33 @@ def test_batched_greedy_equals_single_sequence(tiny_target, tiny_draft, drafter)
     cfg = GenerationConfig(30, 4)
     single = SpeculativeGenerator(tiny_target, factory(), 256)
     expected = [single.generate(p, cfg).tokens for p in PROMPTS]
-    engine = BatchEngine(tiny_target, factory, 256, max_batch=3)
-    done = run_batched(engine, PROMPTS, cfg)
+    stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3)
+    done = run_stepper(stepper, PROMPTS, cfg, set(), limits=(None,))
     for i, p in enumerate(PROMPTS):
-        assert done[i][len(p):] == expected[i], i
+        assert done[i] == expected[i], i
 
 
 def test_batch_k_schedule_and_errors(tiny_target):
-    engine = BatchEngine(tiny_target, lambda: NgramDrafter(3, 1), 64, max_batch=2, k_for_batch=lambda n: 0)
-    b = engine.add(PROMPTS[1], GenerationConfig(10, 4))
-    while not engine.step():
+    stepper = StepwiseGenerator(tiny_target, lambda: NgramDrafter(3, 1), 64, max_batch=2)
+    stepper.k_limit = 0
+    b = stepper.add(PROMPTS[1], GenerationConfig(10, 4))
+    while not stepper.run_round():
         pass
-    assert engine.slots[b].request.stats.k_chosen[0] == engine.slots[b].request.stats.steps  # all plain
-    engine.add(PROMPTS[0], GenerationConfig(10, 4))
+    assert b.stats.k_chosen[0] == b.stats.steps  # all plain
+    stepper.add(PROMPTS[0], GenerationConfig(10, 4))
     with pytest.raises(SpecdecError, match="no free"):
-        engine.add(PROMPTS[0], GenerationConfig(10, 4))
-    engine.remove(b)
+        stepper.add(PROMPTS[0], GenerationConfig(10, 4))
+    stepper.release(b)
     with pytest.raises(SpecdecError, match="context"):
-        engine.add(PROMPTS[2], GenerationConfig(60, 4))
+        stepper.add(PROMPTS[2], GenerationConfig(60, 4))
 
 
 def test_batched_sampling_uses_each_requests_seed(tiny_target):
     cfg = GenerationConfig(20, 3, SamplingParams(0.9, seed=5))
     alone = SpeculativeGenerator(tiny_target, NgramDrafter(3, 1), 256).generate(PROMPTS[1], cfg).tokens
-    engine = BatchEngine(tiny_target, lambda: NgramDrafter(3, 1), 256, max_batch=2)
-    a = engine.add(PROMPTS[1], cfg)
-    engine.add(PROMPTS[0], GenerationConfig(20, 3, SamplingParams(0.9, seed=6)))
-    while a not in engine.step():
+    stepper = StepwiseGenerator(tiny_target, lambda: NgramDrafter(3, 1), 256, max_batch=2)
+    a = stepper.add(PROMPTS[1], cfg)
+    stepper.add(PROMPTS[0], GenerationConfig(20, 3, SamplingParams(0.9, seed=6)))
+    while a not in stepper.run_round():
         pass
-    assert engine.remove(a).tokens[len(PROMPTS[1]):] == alone
+    assert a.new_tokens == alone

@@ -15,11 +15,11 @@ from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.engine.batch import BatchEngine
 from specdec.engine.cuda_graphs import enable_cuda_graphs
 from specdec.engine.generate import SpeculativeGenerator
+from specdec.server.stepper import StepwiseGenerator
 from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
-from tests.conftest import TINY_VOCAB, run_batched, run_stepper, tiny_model
+from tests.conftest import TINY_VOCAB, run_stepper, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -105,10 +105,10 @@ def test_batched_greedy_equals_single_sequence(method, dtype, graphs):
     cfg = GenerationConfig(30, 4)
     expected = [SpeculativeGenerator(target, DRAFTERS[method](target, draft), CAP).generate(p, cfg).tokens
                 for p in prompts]
-    engine = BatchEngine(target, lambda: DRAFTERS[method](target, draft), CAP, max_batch=3)
-    done = run_batched(engine, prompts, cfg)
+    stepper = StepwiseGenerator(target, lambda: DRAFTERS[method](target, draft), CAP, max_batch=3)
+    done = run_stepper(stepper, prompts, cfg, set(), limits=(None,))
     for i, p in enumerate(prompts):
-        assert_greedy_match(models(dtype, False)[0], dtype, p, done[i][len(p):], expected[i], f"{method} row {i}")
+        assert_greedy_match(models(dtype, False)[0], dtype, p, done[i], expected[i], f"{method} row {i}")
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])

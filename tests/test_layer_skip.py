@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-import specdec.engine.generate as engine_module
+import specdec.engine.verify as engine_module
 from specdec.config import GenerationConfig, SamplingParams
-from specdec.drafters.base import DraftState, NoDrafter
+from specdec.drafters.base import Capabilities, DraftState, NoDrafter
 from specdec.drafters.layer_skip import (LayerSkipDrafter, default_candidates, embed, forward_from_layer,
                                          forward_layers, head, load_choice, make_layer_skip, parse_layer_spec,
                                          save_choice, tune_layer_skip)
@@ -47,8 +47,8 @@ def layer_skip_engine(target, layers, mode, capacity=256, monkeypatch=None, poli
     engine = SpeculativeGenerator(target, drafter, capacity, policy=policy)
     if mode != "own":
         assert drafter.share_target_cache(engine.cache) is drafter
-    if mode == "shared":  # the engine calls drafter.verify_chain when there is one; this mode opts out
-        drafter.verify_chain = None
+    if mode == "shared":  # the engine calls drafter.verify when its caps say so; this mode opts out
+        drafter.caps = Capabilities()
     return engine, drafter
 
 
@@ -165,7 +165,8 @@ def test_verify_from_layer_falls_back_when_it_cannot_reuse(deep_target):
     """A verify of anything but the drafter's last proposal runs the full target forward."""
     engine, drafter = layer_skip_engine(deep_target, 2, "shared-verify", capacity=64)
     sampling = SamplingParams()
-    engine._prefill(PROMPTS[0], sampling, None)
+    deep_target(torch.tensor([PROMPTS[0]]), engine.cache, 0)  # the prompt prefilled
+    engine.cache.advance(len(PROMPTS[0]))
     tokens = PROMPTS[0] + [7]
     tree = drafter.propose(DraftState(tokens, 3, sampling, None))
     other = type(tree).chain(torch.tensor([1, 2, 3]))
@@ -173,7 +174,7 @@ def test_verify_from_layer_falls_back_when_it_cannot_reuse(deep_target):
     deep_target(torch.tensor([PROMPTS[0]]), ref_cache, 0)
     ref_cache.advance(len(PROMPTS[0]))
     want = engine_module.verify(deep_target, ref_cache, 7, other, sampling, None)
-    got = drafter.verify_chain(deep_target, engine.cache, 7, other, sampling, None)
+    got = drafter.verify(deep_target, engine.cache, 7, other, sampling, None)
     assert (got.num_accepted, got.next_token) == (want.num_accepted, want.next_token)
     assert drafter.verify_hidden(engine.cache, 7, tree) is None  # a proposal is used once
 

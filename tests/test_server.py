@@ -315,15 +315,26 @@ class SlowStepper(StepwiseGenerator):
         time.sleep(self.delay)
         return super().step(seq)
 
-    def _choose_for(self, seq):  # the batched decode path
+    def decode(self, seqs):  # the batched decode path
         time.sleep(self.delay)
-        if seq.req.tokens[0] == 93:
+        return super().decode(seqs)
+
+
+class FailingDrafter(DraftModelDrafter):
+    """Fails in every step of a sequence whose prompt starts with 93 (observe: drafting or plain)."""
+
+    def start(self, prompt):
+        self.failing = prompt[0] == 93
+        super().start(prompt)
+
+    def observe(self, num_accepted):
+        if self.failing:
             raise RuntimeError("injected failure")
-        return super()._choose_for(seq)
+        super().observe(num_accepted)
 
 
 def slow_scheduler(target, max_batch=2, max_queue=1) -> Scheduler:
-    factory = lambda: DraftModelDrafter(target.module, target.module.config.vocab_size, CONTEXT)  # noqa: E731
+    factory = lambda: FailingDrafter(target.module, target.module.config.vocab_size, CONTEXT)  # noqa: E731
     stepper = SlowStepper(target.module, factory, CONTEXT, max_batch)
     return Scheduler(stepper, target.tokenizer, set(), k=K, max_queue=max_queue,  # no EOS: runs to max_tokens
                      k_for_batch=k_schedule(spec_off_batch=1), metrics=ServerMetrics())
@@ -612,15 +623,15 @@ def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):
     alone = stepper.add([1, 2, 3, 1, 2, 3, 1, 2], GenerationConfig(12, 4), set())
     stepper.run_round()  # prefill
     stepper.run_round()
-    assert alone.req.stats.k_chosen[-1] == 1 and len(alone.req.stats.k_chosen) == 5  # k = 4
+    assert alone.stats.k_chosen[-1] == 1 and len(alone.stats.k_chosen) == 5  # k = 4
     others = [stepper.add(p, GenerationConfig(12, 4), set()) for p in ([4, 5, 4, 5, 4, 5], [7, 8, 9, 7, 8])]
     stepper.run_round()  # the newcomers prefill; the first sequence decodes alone once more
     stepper.run_round()  # three decode together
     assert stepper.decode_batch == 3
     for seq in [alone] + others:
-        assert seq.req.stats.k_chosen[0] >= 1  # the shared round was plain for everyone
+        assert seq.stats.k_chosen[0] >= 1  # the shared round was plain for everyone
         # and its plain row reported the target's confidence to the sequence's policy (observe_target)
-        assert seq.engine.policy.inner.request_shadow_trials >= 1
+        assert seq.policy.inner.request_shadow_trials >= 1
 
 
 def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_loaded, tiny_qwen_dir):
@@ -652,9 +663,9 @@ def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_l
         stepper.run_round()
     plain = SpeculativeGenerator(target.module, build_drafter("none", target, CONTEXT), CONTEXT).generate(prompt, cfg)
     assert seq.new_tokens == plain.tokens
-    started = seq.req.stats.draft_started_at
+    started = seq.stats.draft_started_at
     assert started is not None and 0 < started < 20 and starts == [29 + started]  # prompt + answer so far
-    assert seq.req.stats.drafted > 0
+    assert seq.stats.drafted > 0
 
 
 def test_round_width_is_chosen_for_the_whole_batch():
@@ -674,7 +685,7 @@ def test_round_width_is_chosen_for_the_whole_batch():
 
 def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
     """Four plain rows and one probing row: the round stays one token wide (no padded rows)."""
-    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
+    from specdec.policy import AdaptivePolicy, Ask, CostModel, PolicyConfig
     target = tiny_target_loaded
     # 10 positions cost one step, more cost in proportion: a good drafter could pay in a round of
     # 5 (so a probe is allowed), but 5 rows x 3 positions cost 1.5 steps for one row's guess
@@ -684,7 +695,7 @@ def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
                                 policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4, prior=0.0, probe_k=2)))
     seqs = [stepper.add([1, 2, 3, 1, 2, 3, 1 + i], GenerationConfig(12, 4), set()) for i in range(5)]
     stepper.run_round()  # prefills
-    seqs[0].engine.policy.inner.plain_run = 100  # this one is due for a probe
-    assert seqs[0].engine.policy.choose() == 2
+    seqs[0].policy.inner.plain_run = 100  # this one is due for a probe
+    assert seqs[0].policy.plan(Ask(4, batch=5)).k == 2
     stepper.run_round()
-    assert stepper.round_width == 1 and all(s.req.stats.k_chosen[0] >= 1 for s in seqs)
+    assert stepper.round_width == 1 and all(s.stats.k_chosen[0] >= 1 for s in seqs)

@@ -1,14 +1,20 @@
-"""The Drafter protocol: propose a DraftTree from the committed tokens; observe the outcome."""
+"""The Drafter protocol: propose a DraftTree from the committed tokens; observe the outcome.
+
+What a drafter can do beyond that is data (`Capabilities`), read by the engine; `BaseDrafter`
+gives every optional method a default, so the engine never probes a drafter for one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
 from specdec.config import SamplingParams
 from specdec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from specdec.engine.verify import Verified
 
 
 @dataclass
@@ -37,7 +43,23 @@ class DraftState:
 END, LAST, GO_ON = 0, 1, 2  # a confidence rule's answers (DraftState.stop)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a drafter does beyond proposing chains, as the engine reads it."""
+
+    drafts: bool = True  # False: proposes nothing (plain decoding through the same engine)
+    tree_nodes: int = 0  # > 0: proposes token trees of up to this many nodes (scratch slots past the end)
+    own_verify: bool = False  # a drafting step is verified by the drafter's own forward (`verify`)
+    pooled: bool = False  # its model's chains can be drafted for many rows in one forward (`pool_model`)
+    lookup_only: bool = False  # can draft by lookup alone, without its model's prefill (`start_lookup_only`)
+    knows_confidence: bool = False  # honours DraftState.stop (the policy's confidence rule)
+    features: bool = False  # drafts from the target's features: prefill and verify hand them over (`feed`)
+
+
 class Drafter(Protocol):
+    caps: Capabilities
+    pool_model: object | None  # caps.pooled: the draft-model drafter whose chains a pool drafts together
+
     def start(self, prompt: list[int]) -> None:
         """A new sequence begins with this prompt."""
 
@@ -47,15 +69,57 @@ class Drafter(Protocol):
     def observe(self, num_accepted: int) -> None:
         """How many of the last proposal's tokens the target accepted."""
 
+    def prefill_tokens(self, prompt_len: int) -> int:
+        """Tokens start() feeds a model for a prompt of this length (what its prefill costs)."""
 
-class NoDrafter:
+    def start_lookup_only(self, prompt: list[int]) -> None:
+        """caps.lookup_only: this sequence drafts by lookup alone; the model is not started."""
+
+    def lookup(self, state: DraftState) -> DraftTree | None:
+        """caps.pooled: this step's draft by lookup, or None when `pool_model` must draft it."""
+
+    def feed(self, position: int, features: torch.Tensor) -> None:
+        """caps.features: the target's features # [n, hidden] (its final norm's output) of the committed
+        positions position..position+n-1, from the prefill and each verify."""
+
+    def verify(self, target, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
+               generator: torch.Generator | None) -> "Verified":
+        """caps.own_verify: verify [last token] + tree in the drafter's own forward. Moves no cache:
+        it reports the slots it wrote (Verified.written); the engine's commit moves the cache."""
+
+
+class BaseDrafter:
+    """Defaults for the protocol's optional parts: chains only, verified by the engine."""
+
+    caps = Capabilities()
+    pool_model = None
+
+    def prefill_tokens(self, prompt_len: int) -> int:
+        return prompt_len  # priced by the policy's measured prefill cost (zero for lookup drafters)
+
+    def start_lookup_only(self, prompt: list[int]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot draft by lookup alone")
+
+    def lookup(self, state: DraftState) -> DraftTree | None:
+        return None
+
+    def feed(self, position: int, features: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not read the target's features")
+
+    def verify(self, target, cache, last_token, tree, sampling, generator):
+        raise NotImplementedError(f"{type(self).__name__} has no verify forward of its own")
+
+    def observe(self, num_accepted: int) -> None:
+        pass
+
+
+class NoDrafter(BaseDrafter):
     """Plain decoding through the same engine: proposes nothing."""
+
+    caps = Capabilities(drafts=False)
 
     def start(self, prompt: list[int]) -> None:
         pass
 
     def propose(self, state: DraftState) -> DraftTree:
         return DraftTree.empty()
-
-    def observe(self, num_accepted: int) -> None:
-        pass

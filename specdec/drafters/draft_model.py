@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from specdec.config import TreeConfig
-from specdec.drafters.base import END, GO_ON, LAST, DraftState
+from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
 from specdec.model.quant import first_rows
 from specdec.model.kv_cache import KVCache
 from specdec.errors import SpecdecError
@@ -25,7 +25,7 @@ def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
     return i
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(BaseDrafter):
     """Keeps its own KV cache in step with the committed tokens; drafts k tokens per step.
 
     q is the draft's processed distribution (same temperature/top-k/top-p as the target's p),
@@ -36,8 +36,6 @@ class DraftModelDrafter:
     A DraftState's `stop` rule (the adaptive policy's, tuned from measured costs and acceptance)
     ends it on the same top probability.
     """
-
-    knows_confidence = True  # honours DraftState.stop (the policy's confidence rule) on chains
 
     def __init__(self, model: Transformer, target_vocab: int, capacity: int, head_rows: int = 0,
                  p_min: float = 0.0, tree: TreeConfig | None = None, window: int = 0):
@@ -52,6 +50,9 @@ class DraftModelDrafter:
         self.static = None if tree is None or tree.choices is None else tuple(
             t.tolist() for t in choices_to_parents([list(c) for c in tree.choices]))  # (parents, ranks) lists
         self.max_tree_nodes = 0 if tree is None else (len(self.static[0]) if self.static else tree.budget)
+        # chains honour DraftState.stop (the policy's confidence rule); a pool drafts chains of many rows at once
+        self.caps = Capabilities(tree_nodes=self.max_tree_nodes, pooled=tree is None, knows_confidence=True)
+        self.pool_model = self if tree is None else None
         self.model = truncated_head(model, head_rows) if 0 < head_rows < model.config.vocab_size else model
         self.target_vocab = target_vocab
         self.cache = model.new_cache(capacity)
@@ -229,7 +230,7 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
     behaves as DraftModelDrafter.propose: it catches up on its committed tokens (a ragged first
     forward), drafts greedily or samples from its own q with its own generator, stops early under
     p_min, and leaves its cache holding exactly the tokens it fed."""
-    from specdec.engine.batch import ragged_inputs
+    from specdec.engine.verify import ragged_inputs
     if not drafters:
         return []
     model, device = drafters[0].model, cache.k.device

@@ -19,21 +19,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdec.drafters.base import DraftState
+from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import ngram_continuation
 from specdec.errors import SpecdecError
 from specdec.tree import DraftTree
 
 
-class HybridDrafter:
-    knows_confidence = True  # its model's chains honour DraftState.stop; lookups draft their k as asked
+class HybridDrafter(BaseDrafter):
 
     def __init__(self, model: DraftModelDrafter, copy_n: int = 3, max_n: int = 3, min_n: int = 1):
         if not 1 <= min_n <= max_n or copy_n < 1:
             raise SpecdecError(f"hybrid drafter: need 1 <= min_n <= max_n and copy_n >= 1, "
                                f"got {min_n}, {max_n}, {copy_n}")
         self.model = model
+        # its model's chains honour DraftState.stop; lookups draft their k as asked
+        self.caps = Capabilities(pooled=model.tree is None, lookup_only=True, knows_confidence=True)
+        self.pool_model = model if model.tree is None else None
         self.copy_n, self.max_n, self.min_n = copy_n, max_n, min_n
         self.use_model = True
         self.lookup_steps = self.model_steps = 0  # proposals per source, over this drafter's life

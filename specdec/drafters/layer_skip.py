@@ -16,8 +16,8 @@ its own small cache (len(layers) layers), kept in step with the committed tokens
 
 Verify. With a shared cache the drafter also holds the layer-L inputs (hidden states) of [last
 committed token] + drafts, so the verify pass can start at layer L (`forward_from_layer`) instead
-of recomputing layers 0..L-1 for those k + 1 positions: `LayerSkipDrafter.verify_chain`, which the
-engine calls in place of `specdec.engine.generate.verify` when a drafter provides it. Numerically the
+of recomputing layers 0..L-1 for those k + 1 positions: `LayerSkipDrafter.verify`, which the
+engine calls in place of `specdec.engine.verify.verify` (the drafter's caps say own_verify). Numerically the
 reused values come from one-token passes while a plain verify computes them in one (k + 1)-token
 pass; both are the exact target computation, and may differ only in float rounding by GEMM shape,
 as plain and speculative decoding already do.
@@ -44,15 +44,15 @@ from typing import Union
 import torch
 
 from specdec.config import GenerationConfig, SamplingParams
-from specdec.drafters.base import DraftState, NoDrafter
+from specdec.drafters.base import BaseDrafter, Capabilities, DraftState, NoDrafter
 from specdec.drafters.draft_model import common_prefix
 from specdec.engine.generate import SpeculativeGenerator
-from specdec.engine.generate import verify as full_verify
+from specdec.engine.verify import Verified, accept_chain
+from specdec.engine.verify import verify as full_verify
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Transformer, causal_mask
 from specdec.sampling.logits import probs_from_logits, sample
-from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept
 from specdec.tree import DraftTree
 
 LayerSpec = Union[int, list[int]]  # L (layers 0..L-1) or an ascending subset of layer indices
@@ -168,7 +168,7 @@ def forward_from_layer(target: Transformer, hidden: torch.Tensor, cache: KVCache
 
 # ---- the drafter ----
 
-class LayerSkipDrafter:
+class LayerSkipDrafter(BaseDrafter):
     """Drafts a chain with `layers` of the target (L or a subset) + its final norm and LM head.
 
     Own-cache mode (default): a KVCache with len(layers) layers, rolled back to the prefix it shares
@@ -176,6 +176,8 @@ class LayerSkipDrafter:
     Shared mode (`share_target_cache`, prefixes 0..L-1 only): writes into the target's cache at the
     slots the verify pass will use; holds no cache and feeds only [last committed token] + drafts.
     """
+
+    caps = Capabilities(own_verify=True)  # shared mode: verify starts at layer L
 
     def __init__(self, target: Transformer, layers: LayerSpec, capacity: int, cache: KVCache | None = None):
         """cache: the target's (engine's) KV cache to share, as share_target_cache(cache) does."""
@@ -188,7 +190,7 @@ class LayerSkipDrafter:
         self.cached: list[int] = []  # own-cache mode: tokens whose keys/values self.cache holds
         self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
         self.tokens_fed = 0  # tokens run through the draft layers (a cost counter)
-        self._last: dict | None = None  # shared mode: the last proposal, for verify_chain
+        self._last: dict | None = None  # shared mode: the last proposal, for verify
         if cache is not None:
             self.share_target_cache(cache)
         else:
@@ -216,9 +218,6 @@ class LayerSkipDrafter:
         self.cached, self.committed, self._last = [], 0, None
         if self.cache is not None:
             self.cache.reset()
-
-    def observe(self, num_accepted: int) -> None:
-        pass
 
     def propose(self, state: DraftState) -> DraftTree:
         self._last = None
@@ -294,24 +293,21 @@ class LayerSkipDrafter:
         final = self._run(last["tokens"][k - 1].view(1, 1).to(cache.k.device), cache.length + k)  # [1, 1, dim]
         return torch.cat(last["hidden"] + [final], dim=1)
 
-    def verify_chain(self, target: Transformer, cache: KVCache, last_token: int, tree: DraftTree,
-                     sampling: SamplingParams, generator: torch.Generator) -> Acceptance:
-        """Drop-in for specdec.engine.generate.verify: starts the verify pass at layer L when the drafter
+    def verify(self, target: Transformer, cache: KVCache, last_token: int, tree: DraftTree,
+               sampling: SamplingParams, generator: torch.Generator) -> Verified:
+        """The engine's verify of a drafting step (moves no cache): starts the verify pass at layer L when the drafter
         holds the shallow part of [last token] + draft, else runs the plain full verify."""
         return verify_from_draft(target, self, cache, last_token, tree, sampling, generator)
 
 
 def verify_from_draft(target: Transformer, drafter: LayerSkipDrafter, cache: KVCache, last_token: int,
-                      tree: DraftTree, sampling: SamplingParams, generator: torch.Generator) -> Acceptance:
-    """specdec.engine.generate.verify, reusing the drafter's layers 0..L-1 for [last token] + draft."""
+                      tree: DraftTree, sampling: SamplingParams, generator: torch.Generator) -> Verified:
+    """specdec.engine.verify.verify, reusing the drafter's layers 0..L-1 for [last token] + draft."""
     hidden = drafter.verify_hidden(cache, last_token, tree) if target is drafter.target else None
     if hidden is None:
         return full_verify(target, cache, last_token, tree, sampling, generator)
     logits = forward_from_layer(target, hidden, cache, cache.length, len(drafter.layers))[0]  # [k + 1, vocab]
-    draft = tree.tokens.to(cache.k.device)
-    if sampling.greedy:
-        return greedy_accept(draft, logits)
-    return rejection_accept(draft, probs_from_logits(logits, sampling), tree.q, generator)
+    return accept_chain(tree, logits, sampling, generator)
 
 
 def make_layer_skip(target: Transformer, layers: LayerSpec, capacity: int, cache: KVCache | None = None

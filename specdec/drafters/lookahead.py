@@ -23,12 +23,11 @@ from collections import OrderedDict
 
 import torch
 
-from specdec.drafters.base import DraftState
+from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Transformer
-from specdec.sampling.logits import probs_from_logits
-from specdec.sampling.tree_accept import TreeAcceptance, greedy_tree_accept, tree_rejection_accept
+from specdec.engine.verify import Verified, accept_tree
 from specdec.tree import DraftTree
 
 
@@ -43,7 +42,7 @@ def window_layout(levels: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     return offsets, lower_on_level0 | same_column_below
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(BaseDrafter):
     """window W, n-gram size N (>= 2, so N - 1 levels), at most G candidate n-grams verified per step."""
 
     def __init__(self, window: int = 4, ngram: int = 3, candidates: int = 4, seed: int = 0):
@@ -60,6 +59,7 @@ class LookaheadDrafter:
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
         # scratch context slots one step needs past the committed text: tree nodes + window
         self.max_tree_nodes = candidates * (ngram - 1) + self.levels_max * window
+        self.caps = Capabilities(tree_nodes=self.max_tree_nodes, own_verify=True)  # the window rides in verify
         self.window_tokens = 0  # window tokens fed in the last step (stats)
 
     def start(self, prompt: list[int]) -> None:
@@ -98,11 +98,8 @@ class LookaheadDrafter:
         # nodes come out parent-first per candidate, so parents[i] < i (topological order)
         return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
-    def observe(self, num_accepted: int) -> None:
-        pass
-
-    def verify_tree(self, target: Transformer, cache: KVCache, last_token: int, tree: DraftTree, sampling,
-                    generator: torch.Generator) -> TreeAcceptance:
+    def verify(self, target: Transformer, cache: KVCache, last_token: int, tree: DraftTree, sampling,
+               generator: torch.Generator) -> Verified:
         """One forward over [root] + tree nodes + window; accept on the tree, advance the window."""
         device = cache.k.device
         start, n = cache.length, len(tree)
@@ -121,16 +118,8 @@ class LookaheadDrafter:
         logits = target(x, cache, start, positions=positions, mask=mask.to(device))[0]  # [1 + n + m, vocab]
         if m:
             self._advance_window(logits[1 + n:].argmax(-1).view(len(levels), self.window).tolist())
-        tree_logits = logits[:1 + n]
-        if sampling.greedy:
-            acc = greedy_tree_accept(tree, tree_logits)
-        else:
-            acc = tree_rejection_accept(tree, probs_from_logits(tree_logits, sampling), None, generator,
-                                        replacement=False)
-        cache.advance(1 + n + m)
-        cache.keep(list(range(start + 1)) + [start + 1 + i for i in acc.path])
         self.window_tokens = m
-        return acc
+        return Verified.of_tree(accept_tree(tree, logits[:1 + n], sampling, generator, None), 1 + n + m)
 
     def _advance_window(self, outputs: list[list[int]]) -> None:
         """outputs[r][c]: the window's argmax guesses; the top level's become the next level."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdec.drafters.base import DraftState
+from specdec.drafters.base import BaseDrafter, DraftState
 from specdec.tree import DraftTree
 
 
@@ -30,7 +30,7 @@ def ngram_continuation(tokens: np.ndarray, k: int, max_n: int, min_n: int) -> np
     return tokens[:0]
 
 
-class NgramDrafter:
+class NgramDrafter(BaseDrafter):
     def __init__(self, max_n: int = 3, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
 
@@ -41,5 +41,3 @@ class NgramDrafter:
         cont = ngram_continuation(np.asarray(state.tokens, dtype=np.int64), state.k, self.max_n, self.min_n)
         return DraftTree.chain(torch.from_numpy(cont.copy()))
 
-    def observe(self, num_accepted: int) -> None:
-        pass

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from specdec.drafters.base import DraftState
+from specdec.drafters.base import BaseDrafter, DraftState
 from specdec.errors import SpecdecError
 from specdec.tree import DraftTree
 
@@ -317,7 +317,7 @@ class DocumentCache:
             self.automaton.add_document(kept)
 
 
-class SuffixDrafter:
+class SuffixDrafter(BaseDrafter):
     """Proposes the continuation of the longest suffix match in this request, earlier requests
     or a datastore (see the module docstring for the rule). Deterministic: q is one-hot (None).
 

@@ -260,8 +260,8 @@ class Transformer(nn.Module):
     def forward(self, tokens, cache: KVCache, start: int, positions=None, mask=None, last_only=False, slots=None,
                 rows=None, hidden=False):
         """Logits [batch, T or 1, vocab] for tokens [batch, T] written at cache slots [start, start+T).
-        hidden=True: (logits, h) with h [batch, T or 1, hidden_size] the final norm's output, the
-        feature a self-drafting head reads (no extra cost: the LM head reads it anyway).
+        hidden=True: (logits, h) with h [batch, T, hidden_size] the final norm's output for every row
+        (last_only then cuts the logits only), the feature a self-drafting head reads.
 
         positions [batch, T] are the RoPE positions (default start..start+T-1); mask [T, start+T]
         is a bool attention mask over the slots (default causal). The cache length is not changed.
@@ -304,8 +304,8 @@ class Transformer(nn.Module):
         else:
             for i, layer in enumerate(self.model.layers):
                 x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
-        if last_only:
+        if last_only and not hidden:
             x = x[:, -1:]
         h = self.model.norm(x)  # [batch, T or 1, hidden_size]
-        logits = self.lm_head(h).float()
+        logits = self.lm_head(h[:, -1:] if last_only else h).float()
         return (logits, h) if hidden else logits

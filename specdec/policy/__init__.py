@@ -14,12 +14,13 @@ its face to the engine. The parts, none importing a later one:
   adaptive.py     AdaptivePolicy (the parts above as its mixins) and Outcome
 """
 
-from specdec.policy.adaptive import AdaptivePolicy, Outcome
+from specdec.policy.adaptive import AdaptivePolicy
+from specdec.policy.face import Action, Ask, FixedPolicy, Outcome, StepPolicy
 from specdec.policy.config import PolicyConfig, parse_schedule
 from specdec.policy.costs import CostModel, best_k, expected_tokens, fit_prefill, interpolate, load_profile
 from specdec.policy.estimates import CONF_EDGES, Beta, conf_bin
 from specdec.policy.measure import forward_seconds, measure_costs, sync
 
-__all__ = ["AdaptivePolicy", "Outcome", "PolicyConfig", "parse_schedule", "CostModel", "best_k", "expected_tokens",
+__all__ = ["AdaptivePolicy", "Outcome", "Action", "Ask", "FixedPolicy", "StepPolicy", "PolicyConfig", "parse_schedule", "CostModel", "best_k", "expected_tokens",
            "fit_prefill", "interpolate", "load_profile", "CONF_EDGES", "Beta", "conf_bin", "forward_seconds",
            "measure_costs", "sync"]

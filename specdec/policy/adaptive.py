@@ -19,22 +19,8 @@ from specdec.policy.confidence import ConfidenceRule
 from specdec.policy.config import PolicyConfig
 from specdec.policy.costs import CostModel, best_k
 from specdec.policy.estimates import Acceptance
+from specdec.policy.face import Action, Ask, Outcome
 from specdec.policy.trees import Trees
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One verify step, as the policy learns from it (observe)."""
-
-    num_drafted: int  # draft tokens verified (a tree: its depth)
-    num_accepted: int  # of them accepted (a tree: its accepted path's length)
-    nodes: int | None = None  # the step was a tree of (at most) this many nodes
-    confidence: list[float] | None = None  # the target's top probability per verified row, where reported
-    draft_seconds: float | None = None  # None: not measured
-    verify_seconds: float | None = None  # None: not measured (no calibration from this step)
-    batch: int = 1  # sequences verified together
-    width: int | None = None  # positions per row of a padded batched verify (default num_drafted + 1)
-    forwards: int | None = None  # draft forwards timed (a tree: its chosen depth; default num_drafted)
 
 
 @dataclass
@@ -75,6 +61,19 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
     def wants_target_confidence(self) -> bool:
         """Whether the engine should report the target's top probability per verified row."""
         return self.cfg.target_signal and not self.cfg.schedule
+
+    def plan(self, ask: Ask) -> Action:
+        """The engine's question before a step: a tree (where the drafter drafts trees and a tree size
+        pays best), a chain of k, or plain; a chain under the confidence rule where the drafter knows
+        its confidence."""
+        if ask.tree_nodes is not None:
+            k, nodes = self.choose_action(ask.batch, ask.k_cap, ask.tree_nodes)
+        else:
+            k, nodes = self.choose(ask.batch, ask.k_cap), None
+        if nodes is None and ask.knows_confidence:
+            k_stop, stop = self.confident_draft(k, ask.k_cap)
+            return Action(k, None, False, stop, k_stop)
+        return Action(k, nodes, nodes is not None)
 
     def choose_action(self, batch: int = 1, k_cap: int | None = None,
                       nodes_cap: int | None = None) -> tuple[int, int | None]:

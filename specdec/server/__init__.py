@@ -92,7 +92,7 @@ def build_scheduler(args, progress=None):
                              tree, suffix, lookahead_config(args), args.draft_window)
 
     probe = drafter_factory()  # validates the drafting values before anything large is allocated
-    tree_nodes = getattr(probe, "max_tree_nodes", 0)
+    tree_nodes = probe.caps.tree_nodes
     budget = int(args.memory_budget_gb * GIB) if args.memory_budget_gb is not None else default_budget(available)
     plan = plan_memory(target.module, draft.module if draft else None, args.max_context, args.max_batch,
                        max(args.prefill_chunk, args.k + 1 + tree_nodes), budget,

@@ -424,7 +424,7 @@ class Scheduler:
                 tail = h.tracker.flush()
             except Exception as e:  # noqa: BLE001
                 reason, error = "error", f"decoding the output failed: {type(e).__name__}: {e}"
-        stats = seq.req.stats if seq is not None else None
+        stats = seq.stats if seq is not None else None
         completion = len(seq.new_tokens) if seq is not None else 0
         usage = {"prompt_tokens": len(h.prompt), "completion_tokens": completion,
                  "total_tokens": len(h.prompt) + completion,

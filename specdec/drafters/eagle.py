@@ -1,0 +1,158 @@
+"""EAGLE: a one-layer head drafting from the target's own features (specdec.heads trains it).
+
+The head's entry at index t reads [the embedding of token t + 1; the target's feature at position t]
+(its final norm's output) and predicts the feature at t + 1 and the token after t + 1. The target's
+prefill and every verify hand their rows' features to the drafter (`feed`, caps.features), so no
+extra target forward is run: after a step the features of every committed token but the last are
+known, and the head's next proposal feeds the entries it has not seen, the last of which proposes
+the first draft token. Later draft tokens are drafted on the head's own predicted features.
+
+The head keeps its own one-layer KV cache, cut back before each proposal to the entries built from
+true features and committed tokens. Its LM head is the target's, cut to the draft vocabulary (d2t);
+a draft token's q is the head's distribution over that vocabulary, zero elsewhere, processed with
+the request's sampling settings, so rejection sampling stays exact.
+
+On the CPU backend the head's linear layers run on 8-bit blocks (Q8_0) through the target's kernels,
+and its LM head on the target's own blocks for the draft vocabulary's rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
+from specdec.errors import SpecdecError
+from specdec.model.kv_cache import KVCache
+from specdec.model.transformer import Transformer, causal_mask
+from specdec.sampling.logits import probs_from_logits, sample
+from specdec.tree import DraftTree
+
+Q8_0 = 8  # ggml type id
+
+
+def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
+    """fp32 weights # [rows, K] (K % 32 == 0) -> Q8_0 blocks # uint8 [rows, K / 32 * 34]: per block of 32
+    an fp16 scale d = max|w| / 127 and 32 int8 q = round(w / d)."""
+    rows, k = w.shape
+    b = w.float().reshape(-1, 32)
+    d = b.abs().amax(dim=1, keepdim=True) / 127.0  # [blocks, 1]
+    d16 = d.to(torch.float16)
+    inv = torch.where(d16.float() > 0, 1.0 / d16.float(), torch.zeros_like(d))
+    q = torch.round(b * inv).clamp(-127, 127).to(torch.int8)
+    out = torch.cat([d16.view(torch.uint8).reshape(-1, 2), q.view(torch.uint8)], dim=1)  # [blocks, 34]
+    return out.reshape(rows, k // 32 * 34).contiguous()
+
+
+def q8_linear(linear: nn.Linear) -> nn.Module:
+    from specdec.model.quant import QuantLinear
+    bias = None if linear.bias is None else linear.bias.detach().float().clone()
+    return QuantLinear([(Q8_0, quantize_q8_0(linear.weight.detach()))], linear.in_features, bias)
+
+
+def lm_head_rows(target: Transformer, ids: torch.Tensor) -> nn.Module:
+    """The target's LM head for the rows `ids` only: its own blocks on the CPU backend, else fp32 rows."""
+    from specdec.heads.modules import lm_rows
+    from specdec.model.quant import QuantEmbedding, QuantLinear
+    head = target.lm_head
+    if isinstance(head, QuantLinear) and len(head.parts) == 1:
+        qtype, data = head.parts[0]
+        return QuantLinear([(qtype, data[ids].contiguous())], head.in_features)
+    embed = target.model.embed_tokens
+    if target.config.tie_word_embeddings and isinstance(embed, QuantEmbedding):
+        return QuantLinear([(embed.qtype, embed.blocks[ids].contiguous())], embed.embedding_dim)
+    rows = lm_rows(target, ids.to(target.device))  # [n, hidden] fp32
+    out = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device)
+    out.weight = nn.Parameter(rows, requires_grad=False)
+    return out
+
+
+class EagleDrafter(BaseDrafter):
+    """Chains of k tokens from an EAGLE head (specdec.heads.modules.EagleHead) for its target."""
+
+    caps = Capabilities(features=True)
+
+    def __init__(self, target: Transformer, head, capacity: int):
+        cfg = head.config
+        if cfg.kind != "eagle":
+            raise SpecdecError(f"the EAGLE drafter needs an 'eagle' head, got {cfg.kind!r}")
+        if cfg.hidden_size != target.config.hidden_size or cfg.vocab_size != target.config.vocab_size:
+            raise SpecdecError(f"this head was made for a model of hidden size {cfg.hidden_size} and vocabulary "
+                               f"{cfg.vocab_size}; the target has {target.config.hidden_size} and "
+                               f"{target.config.vocab_size}")
+        self.target = target
+        device = target.device
+        self.head = head.to(device).float().eval()
+        self.layer = self.head.layers[0]
+        self.ids = (self.head.d2t.long() + torch.arange(cfg.draft_vocab_size, device=device)).to(device)  # [draft_vocab]
+        self.lm = lm_head_rows(target, self.ids)
+        self.quantized = getattr(target, "weight_format", "torch") == "gguf-q8"
+        if self.quantized:  # the head's own layers on 8-bit blocks, through the target's kernels
+            self.head.fc = q8_linear(self.head.fc)
+            attn, mlp = self.layer.self_attn, self.layer.mlp
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                setattr(attn, name, q8_linear(getattr(attn, name)))
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                setattr(mlp, name, q8_linear(getattr(mlp, name)))
+        norm = target.model.norm
+        self.norm_weight, self.norm_eps = norm.weight.detach().float(), norm.eps
+        self.capacity = min(capacity, cfg.max_position_embeddings)
+        self.cache = KVCache(1, cfg.num_kv_heads, cfg.head_dim, self.capacity, 1, torch.float32, device)
+        self.features = torch.zeros(capacity, cfg.hidden_size, device=device)  # the target's, by position
+        self.valid = 0  # head entries built from true features and committed tokens (indices 0..valid-1)
+
+    def start(self, prompt: list[int]) -> None:
+        self.cache.reset()
+        self.valid = 0
+
+    def feed(self, position: int, features: torch.Tensor) -> None:
+        """The target's features # [n, hidden] of positions position..position+n-1."""
+        n = features.shape[0]
+        self.features[position:position + n] = features.float()
+
+    @torch.inference_mode()
+    def _run(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head entries at positions start.. for features # [n, hidden] and the next tokens # [n] ->
+        (predicted features # [n, hidden], draft-vocabulary logits # [n, draft_vocab]); writes its cache."""
+        n = features.shape[0]
+        emb = self.target.model.embed_tokens(tokens.view(1, n)).float()  # [1, n, hidden]
+        x = self.head.fc(torch.cat([emb, features.view(1, n, -1)], dim=-1))  # [1, n, hidden]
+        pos = torch.arange(start, start + n, device=x.device)
+        cos = self.head.rope_cos[pos][None, None]  # [1, 1, n, head_dim]
+        sin = self.head.rope_sin[pos][None, None]
+        x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], start, causal_mask(start, n, x.device))
+        xf = x.float()
+        pred = self.norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.norm_eps)) \
+            if self.head.config.final_norm else xf
+        return pred[0], self.lm(pred[0]).float()
+
+    def _token(self, logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A draft token (a target id) from draft-vocabulary logits # [draft_vocab], and its q # [vocab]."""
+        if state.sampling.greedy:
+            return self.ids[logits.argmax()], None
+        full = torch.full((self.target.config.vocab_size,), float("-inf"), device=logits.device)
+        full[self.ids] = logits
+        q = probs_from_logits(full, state.sampling)
+        return sample(q, state.generator), q
+
+    def propose(self, state: DraftState) -> DraftTree:
+        tokens, k = state.tokens, min(state.k, self.capacity - len(state.tokens))
+        n = len(tokens)
+        if k < 1 or n < 2:
+            return DraftTree.empty()
+        m = min(self.valid, n - 1)  # entries 0..m-1 still hold; feed indices m..n-2
+        self.cache.truncate(min(m, self.cache.length))
+        device = self.features.device
+        t = torch.tensor(tokens[m + 1:n], device=device)
+        pred, logits = self._run(self.features[m:n - 1], t, m)
+        self.cache.length = self.valid = n - 1
+        drafted, qs = [], []
+        for i in range(k):
+            token, q = self._token(logits[-1], state)
+            drafted.append(token.view(1))
+            qs.append(q)
+            if i + 1 < k:  # the next entry: the head's own feature and this token
+                pred, logits = self._run(pred[-1:], token.view(1), n - 1 + i)
+                self.cache.length = n + i
+        out = torch.cat(drafted)
+        return DraftTree.chain(out, None if state.sampling.greedy else torch.stack(qs))

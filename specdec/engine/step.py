@@ -1,0 +1,377 @@
+"""The step: propose -> verify -> accept -> commit, for B >= 1 sequences at once.
+
+`generate` (one sequence), the bench and the server's slot pool all run this one function. A step,
+for every sequence given:
+
+1. plan: a drafter whose prefill was put off is started if the policy now says it pays; then the
+   policy's `plan(Ask)` picks the action (plain, a chain of k, a tree), capped by the budget and
+   the context, and by the step's common width where chains of many rows are verified together;
+2. propose: each drafter drafts (chains of a pooled draft model: all rows in one forward per
+   draft position);
+3. verify: the chains of every row in ONE target forward over ragged rows; a tree, or a drafter
+   with a verify forward of its own (layer skip, lookahead), alone;
+4. commit: the only place a target cache moves (`commit_cache`); then the stats, the drafter's and
+   the policy's feedback (`observe(Outcome)`) and the tokens, cut at end-of-sequence or the budget.
+
+A failure in one sequence's step fails that sequence alone (`StepReport.failed`); the others go on.
+Greedy decoding gives plain decoding's tokens whatever the drafter, the policy or the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from specdec.config import GenerationConfig
+from specdec.drafters.base import Drafter, DraftState
+from specdec.errors import SpecdecError
+from specdec.metrics import GenerationStats
+from specdec.model.transformer import Transformer
+from specdec.policy import Action, Ask, Outcome, StepPolicy, sync
+from specdec.sampling.logits import probs_from_logits, sample
+from specdec.tree import DraftTree
+from specdec.engine.verify import Verified, commit_cache, verify, verify_chains, verify_tree
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence in flight: its tokens, budget and stop ids, its generator, its target cache (a
+    row of a batched cache: `row`), its drafter and policy. `tag` is the owner's."""
+
+    tokens: list[int]  # prompt + new tokens
+    prompt_len: int
+    cfg: GenerationConfig
+    eos_ids: set[int]
+    generator: torch.Generator
+    cache: object  # KVCache: this sequence's keys/values (row `row` of the step's batched cache)
+    drafter: Drafter
+    policy: StepPolicy
+    row: int = 0
+    on_tokens: Callable[[list[int]], None] | None = None
+    tag: object = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    prefilled: int = 0  # prompt tokens in the cache
+    speculate: bool = True  # False: no drafting (the drafter has not started: plain steps)
+    pending: bool = False  # the drafter's start was put off: the policy is asked before each step
+    finish_reason: str | None = None  # "stop", "length" (or the owner's "error")
+    t_start: float = field(default_factory=time.perf_counter)
+
+    @property
+    def num_new(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_new == 0
+
+    def emit(self, new: list[int]) -> str | None:
+        """Commit new tokens, cut at end-of-sequence or the budget; return a finish reason or None."""
+        reason = None
+        for i, tok in enumerate(new):
+            if self.cfg.stop_at_eos and tok in self.eos_ids:
+                new, reason = new[:i + 1], "stop"
+                break
+        room = self.cfg.max_new_tokens - self.num_new
+        if len(new) >= room:
+            new, reason = new[:room], reason or "length"
+        self.tokens += new
+        if self.on_tokens and new:
+            self.on_tokens(new)
+        self.finish_reason = reason
+        return reason
+
+
+def check_fits(capacity: int, drafter: Drafter, prompt: list[int], max_new_tokens: int) -> None:
+    """SpecdecError naming the numbers unless prompt + max_new_tokens (+ a tree's scratch) fit."""
+    if not prompt:
+        raise SpecdecError("the prompt is empty; give at least one token")
+    tree_nodes = drafter.caps.tree_nodes  # scratch slots a tree needs past the end
+    if tree_nodes and len(prompt) + max_new_tokens + tree_nodes > capacity:
+        raise SpecdecError(f"a draft tree of {tree_nodes} nodes does not fit after prompt ({len(prompt)}) + "
+                           f"max_new_tokens ({max_new_tokens}) in the context of {capacity} tokens; "
+                           "lower --tree-budget or --max-new-tokens, or raise --max-context")
+    need = len(prompt) + max_new_tokens
+    if need > capacity:
+        raise SpecdecError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {need} "
+                           f"exceeds the context of {capacity} tokens; shorten the prompt, "
+                           "lower --max-new-tokens or raise --max-context")
+
+
+# ---- prefill and the drafter's start ----
+
+def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: int = 1) -> str | None:
+    """The prompt's next `chunk` tokens (None: all of it) into the sequence's cache. After the last:
+    the first token, the drafter's start (`start_drafter`, at `load` sequences), emitted."""
+    t0 = time.perf_counter()
+    cache = seq.cache
+    if seq.prefilled == 0:
+        cache.reset()
+    end = seq.prompt_len if chunk is None else min(seq.prefilled + chunk, seq.prompt_len)
+    x = torch.tensor([seq.tokens[seq.prefilled:end]], device=cache.k.device)  # [1, chunk]
+    if seq.drafter.caps.features:  # a head drafts from the prompt's features
+        logits, h = target(x, cache, seq.prefilled, last_only=True, hidden=True)
+        seq.drafter.feed(seq.prefilled, h[0])
+    else:
+        logits = target(x, cache, seq.prefilled, last_only=True)
+    logits = logits[0, -1]  # [vocab]
+    cache.advance(end - seq.prefilled)
+    seq.prefilled = end
+    if end < seq.prompt_len:
+        seq.stats.prefill_seconds += time.perf_counter() - t0
+        return None
+    sampling = seq.cfg.sampling
+    first = int(logits.argmax()) if sampling.greedy else int(sample(probs_from_logits(logits, sampling),
+                                                                    seq.generator))
+    start_drafter(seq, load)  # a draft model prefills here: part of the request's prefill time
+    seq.stats.prefill_seconds += time.perf_counter() - t0
+    return seq.emit([first])
+
+
+def start_drafter(seq: Sequence, load: int = 1) -> None:
+    """A new request: the policy starts afresh and decides whether the drafter's prefill of this
+    prompt pays now (at `load` sequences, which a draft prefill stalls). If not, the request runs
+    plain (a drafter that can draft by lookup alone does so) and the policy is asked again before
+    each step: the drafter starts, prefilling the text so far, once the answer has run long enough
+    to win its prefill back."""
+    seq.policy.reset()
+    pays = _drafter_pays(seq, load)
+    admission = seq.policy.last_admission
+    seq.stats.draft_admission = dict(admission) if admission else None
+    if pays:
+        _start_now(seq)
+        return
+    seq.pending, seq.stats.draft_started_at = True, None
+    seq.speculate = seq.drafter.caps.lookup_only
+    if seq.speculate:
+        seq.drafter.start_lookup_only(seq.tokens[:seq.prompt_len])
+
+
+def _drafter_pays(seq: Sequence, load: int) -> bool:
+    if not seq.drafter.caps.drafts:
+        return True
+    n = seq.drafter.prefill_tokens(len(seq.tokens))
+    return seq.policy.start_now(n, seq.num_new, seq.cfg.max_new_tokens, load)
+
+
+def _start_now(seq: Sequence) -> None:
+    """The drafter prefills the text so far (the prompt, or the prompt and the answer so far)."""
+    t0 = time.perf_counter()
+    seq.drafter.start(list(seq.tokens))
+    sync(seq.cache.k.device)
+    seconds = time.perf_counter() - t0
+    seq.pending, seq.speculate = False, True
+    seq.stats.draft_started_at = seq.num_new
+    if seq.num_new:  # mid-answer: a prefill all the same (the request's own is over by now)
+        seq.stats.prefill_seconds += seconds
+    seq.policy.observe_prefill(seq.drafter.prefill_tokens(len(seq.tokens)), seconds)
+
+
+# ---- the step ----
+
+@dataclass
+class StepReport:
+    failed: list[tuple[Sequence, Exception]]  # sequences whose step raised (the others went on)
+    batch: int  # sequences whose chains the step verified together (at least 1)
+    width: int  # positions per row of that verify (every row pads to the widest)
+
+
+@dataclass
+class _Row:
+    """One sequence's step in the making."""
+
+    seq: Sequence
+    action: Action
+    seconds: float  # choosing and drafting
+    draft: DraftTree | None = None
+    state: DraftState | None = None
+
+
+def draft_length(seq: Sequence) -> int:
+    """The most draft tokens a step may verify: k, capped by the token budget and the context."""
+    if not seq.drafter.caps.drafts or not seq.speculate:
+        return 0
+    budget = seq.cfg.max_new_tokens - seq.num_new - 1
+    room = seq.cache.capacity - seq.cache.length - 1
+    return max(0, min(seq.cfg.k, budget, room))
+
+
+def _plan(seq: Sequence, batch: int) -> Action:
+    k_cap = draft_length(seq)
+    caps = seq.drafter.caps
+    room = seq.cache.capacity - seq.cache.length - 1
+    return seq.policy.plan(Ask(k_cap, batch, room if caps.tree_nodes else None, caps.knows_confidence))
+
+
+def _state(seq: Sequence, action: Action) -> DraftState:
+    room = seq.cache.capacity - seq.cache.length - 1
+    cap = room if action.nodes is None else min(room, action.nodes)
+    return DraftState(seq.tokens, action.k, seq.cfg.sampling, seq.generator, max_nodes=cap, tree=action.tree,
+                      stop=action.stop, k_stop=action.k_stop)
+
+
+def _clip(seq: Sequence, tree: DraftTree, state: DraftState) -> DraftTree:
+    """A chain past its limit is cut; a tree must fit the context."""
+    if tree.is_chain and len(tree) > state.limit:
+        return DraftTree.chain(tree.tokens[:state.limit], None if tree.q is None else tree.q[:state.limit])
+    room = seq.cache.capacity - seq.cache.length - 1
+    if not tree.is_chain and len(tree) > room:
+        raise SpecdecError(f"the drafter proposed a tree of {len(tree)} nodes but only {room} context slots are left")
+    return tree
+
+
+def _propose(rows: list[_Row], pool, failed: list) -> list[_Row]:
+    """Every row's draft; chains of a pooled draft model for all such rows in one forward per position."""
+    from specdec.drafters.draft_model import propose_chains
+    out, pooled = [], []
+    for r in rows:
+        t0 = time.perf_counter()
+        try:
+            r.state = _state(r.seq, r.action)
+            if r.action.k == 0:
+                r.draft = DraftTree.empty()
+            elif pool is not None and r.seq.drafter.caps.pooled:
+                r.draft = r.seq.drafter.lookup(r.state)  # None: the model drafts, with the pool
+            else:
+                r.draft = r.seq.drafter.propose(r.state)
+        except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
+            failed.append((r.seq, e))
+            continue
+        r.seconds += time.perf_counter() - t0
+        (out if r.draft is not None else pooled).append(r)
+    if pooled:
+        t0 = time.perf_counter()
+        try:
+            drafts = propose_chains([r.seq.drafter.pool_model for r in pooled], [r.state for r in pooled], pool,
+                                    [r.seq.row for r in pooled])
+        except Exception as e:  # noqa: BLE001 - the pooled drafting failed as a whole: each sequence reports it
+            failed.extend((r.seq, e) for r in pooled)
+            return out
+        share = (time.perf_counter() - t0) / len(pooled)
+        for r, d in zip(pooled, drafts):
+            r.draft, r.seconds = d, r.seconds + share
+            out.append(r)
+    kept = []
+    for r in out:
+        try:
+            r.draft = _clip(r.seq, r.draft, r.state)
+            kept.append(r)
+        except Exception as e:  # noqa: BLE001
+            failed.append((r.seq, e))
+    return kept
+
+
+def _alone(r: _Row) -> bool:
+    """Verified by itself: a drafter's own verify forward (a drafting step), or a tree."""
+    return (r.action.k > 0 and r.seq.drafter.caps.own_verify) or not r.draft.is_chain
+
+
+def _verify_alone(target: Transformer, r: _Row) -> Verified:
+    seq = r.seq
+    last, sampling = seq.tokens[-1], seq.cfg.sampling
+    if r.action.k > 0 and seq.drafter.caps.own_verify:
+        return seq.drafter.verify(target, seq.cache, last, r.draft, sampling, seq.generator)
+    return verify_tree(target, seq.cache, last, r.draft, sampling, seq.generator, seq.drafter.caps.features)
+
+
+def _verify_together(target: Transformer, cache, rows: list[_Row]) -> list[Verified]:
+    if len(rows) == 1:
+        s = rows[0].seq
+        return [verify(target, s.cache, s.tokens[-1], rows[0].draft, s.cfg.sampling, s.generator,
+                       s.policy.wants_target_confidence, s.drafter.caps.features)]
+    seqs = [r.seq for r in rows]
+    return verify_chains(target, cache, [s.row for s in seqs], [s.cache.length for s in seqs],
+                         [s.tokens[-1] for s in seqs], [r.draft for r in rows], [s.cfg.sampling for s in seqs],
+                         [s.generator for s in seqs], [s.policy.wants_target_confidence for s in seqs],
+                         any(s.drafter.caps.features for s in seqs))
+
+
+def step(target: Transformer, cache, seqs: list[Sequence], load: int = 1, pool=None,
+         width_rule: Callable[[list[tuple[StepPolicy, int]]], int] | None = None) -> StepReport:
+    """One speculative step for every sequence in `seqs` (decoding, unfinished).
+
+    cache: the batched target cache whose row `seq.row` is each sequence's cache; load: sequences a
+    drafter's prefill started now would stall; pool: a batched draft cache whose rows are the pooled
+    draft models' caches (their chains are drafted together); width_rule: picks the common width of
+    the chains verified together from each row's (policy, k) (default: the widest)."""
+    failed: list[tuple[Sequence, Exception]] = []
+    batch = max(1, sum(1 for s in seqs if not s.drafter.caps.own_verify))
+    rows = []
+    for seq in seqs:
+        try:
+            if seq.pending and _drafter_pays(seq, load):  # a put-off prefill: buy it now
+                _start_now(seq)
+            t0 = time.perf_counter()
+            rows.append(_Row(seq, _plan(seq, batch), 0.0))
+        except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
+            failed.append((seq, e))
+            continue
+        rows[-1].seconds = time.perf_counter() - t0
+    if width_rule is not None:
+        chains = [r for r in rows if not r.seq.drafter.caps.tree_nodes and not r.seq.drafter.caps.own_verify]
+        w = width_rule([(r.seq.policy, r.action.k) for r in chains])
+        for r in chains:  # trees and own verifies run alone, at their own width
+            a = r.action
+            r.action = Action(min(a.k, w - 1), a.nodes, a.tree, a.stop, min(a.k_stop, w - 1))
+    rows = _propose(rows, pool, failed)
+    together = [r for r in rows if not _alone(r)]
+    width = max((len(r.draft) + 1 for r in together), default=1)
+    for r in rows:
+        if not _alone(r):
+            continue
+        t1 = time.perf_counter()
+        try:
+            verified = _verify_alone(target, r)
+            _commit(r, verified, time.perf_counter() - t1, 1, None)
+        except Exception as e:  # noqa: BLE001
+            failed.append((r.seq, e))
+    if together:
+        t1 = time.perf_counter()
+        try:
+            results = _verify_together(target, cache, together)
+        except Exception as e:  # noqa: BLE001 - the shared forward failed: each of its sequences reports it
+            failed.extend((r.seq, e) for r in together)
+            results = []
+        seconds = (time.perf_counter() - t1) / len(together)  # the shared forward, split alike
+        for r, verified in zip(together, results):
+            try:
+                _commit(r, verified, seconds, len(together), width if len(together) > 1 else None)
+            except Exception as e:  # noqa: BLE001
+                failed.append((r.seq, e))
+    return StepReport(failed, len(together) or 1, width)
+
+
+def _commit(r: _Row, verified: Verified, verify_seconds: float, batch: int, width: int | None) -> str | None:
+    """The accepted tokens' keys/values stay, the stats count the step, the drafter and the policy
+    learn its outcome, the tokens are emitted."""
+    seq, draft, action = r.seq, r.draft, r.action
+    if seq.drafter.caps.features:  # the kept rows' features, at the positions they now hold
+        seq.drafter.feed(seq.cache.length, verified.features)
+    commit_cache(seq.cache, verified)
+    accepted = verified.num_accepted
+    depth = len(draft) if draft.is_chain else (int(draft.depth.max()) if len(draft) else 0)
+    stats = seq.stats
+    stats.draft_seconds += r.seconds
+    stats.verify_seconds += verify_seconds
+    stats.record_choice(action.k)
+    stats.record_step(depth, accepted, nodes=len(draft))
+    seq.drafter.observe(accepted)
+    tree = action.nodes is not None
+    seq.policy.observe(Outcome(depth, accepted, action.nodes if tree else None, list(verified.confidence) or None,
+                               r.seconds, verify_seconds, batch, width, action.k if tree else None))
+    return seq.emit(draft.tokens[verified.path].tolist() + [verified.next_token])

@@ -1,0 +1,153 @@
+"""Verification: one target forward over [last committed token] + a draft, then acceptance (pure).
+
+Nothing here moves a KV cache. A verify writes keys/values at slots cache.length.. and reports
+what it wrote (`Verified.written`); the step's commit (specdec.engine.step.commit) then sets the
+cache's length, or compacts a tree's accepted path into place.
+
+Chains of many sequences are verified in one forward over ragged rows (`verify_chains`): each row's
+[last token] + draft is written at its own slots and attends to its own prefix only; each row then
+accepts its own prefix with its own generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from specdec.config import SamplingParams
+from specdec.errors import SpecdecError
+from specdec.model.transformer import Transformer
+from specdec.sampling.logits import probs_from_logits
+from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept
+from specdec.sampling.tree_accept import TreeAcceptance, greedy_tree_accept, tree_rejection_accept
+from specdec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One verified draft: emit tokens[path] + next_token."""
+
+    path: list[int]  # accepted nodes (a chain: 0..accepted-1)
+    next_token: int
+    written: int  # slots written from the cache's length: 1 + nodes (+ extra inputs such as a window)
+    chain: bool = True  # the path is a prefix of the proposal's slots: commit only sets the length
+    confidence: tuple[float, ...] = ()  # the target's top probability per verified row, where asked
+    features: torch.Tensor | None = None  # where asked: the target's features # [1 + accepted, hidden] of
+    # the rows that stay ([last token] + the accepted path), for a drafter that reads them
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path)
+
+    @staticmethod
+    def of_chain(acc: Acceptance, tree: DraftTree) -> "Verified":
+        return Verified(list(range(acc.num_accepted)), acc.next_token, 1 + len(tree), True,
+                        tuple(acc.confidence))
+
+    @staticmethod
+    def of_tree(acc: TreeAcceptance, written: int) -> "Verified":
+        return Verified(list(acc.path), acc.next_token, written, False)
+
+
+def accept_chain(draft: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator,
+                 confidence: bool = False) -> Verified:
+    """logits # [k + 1, vocab] of [last token] + draft -> the accepted prefix and the next token."""
+    tokens = draft.tokens.to(logits.device)
+    if sampling.greedy:
+        acc = greedy_accept(tokens, logits, confidence)
+    else:
+        acc = rejection_accept(tokens, probs_from_logits(logits, sampling), draft.q, generator, confidence)
+    return Verified.of_chain(acc, draft)
+
+
+def verify(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
+           generator: torch.Generator | None, confidence: bool = False, features: bool = False) -> Verified:
+    """One target forward over [last committed token] + draft chain, at the cache's length
+    (features: also the kept rows' features)."""
+    device = cache.k.device
+    x = torch.cat([torch.tensor([last_token], device=device), tree.tokens.to(device)]).unsqueeze(0)  # [1, k + 1]
+    cache.require(cache.length + x.shape[1])
+    if not features:
+        return accept_chain(tree, target(x, cache, cache.length)[0], sampling, generator, confidence)
+    logits, h = target(x, cache, cache.length, hidden=True)  # [1, k + 1, vocab], [1, k + 1, hidden]
+    v = accept_chain(tree, logits[0], sampling, generator, confidence)
+    return replace(v, features=h[0, :1 + v.num_accepted])
+
+
+def ragged_inputs(lengths: list[int], rows: list[list[int]], device) -> tuple[torch.Tensor, ...]:
+    """tokens, slots, positions # [B, T] and mask # [B, 1, T, S] for rows of different lengths.
+
+    Row b's i-th token goes to slot lengths[b] + i at position lengths[b] + i and sees slots
+    <= lengths[b] + i. Short rows are padded with their last token (written past their end,
+    where nothing reads it before it is overwritten)."""
+    width = max(len(r) for r in rows)
+    tokens = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], device=device)  # [B, T]
+    base = torch.tensor(lengths, device=device)[:, None]  # [B, 1]
+    slots = base + torch.arange(width, device=device)[None, :]  # [B, T]
+    span = int(slots.max()) + 1
+    mask = torch.arange(span, device=device)[None, None, :] <= slots[:, :, None]  # [B, T, S]
+    return tokens, slots, slots.clone(), mask.unsqueeze(1)
+
+
+def verify_chains(target: Transformer, cache, rows: list[int], lengths: list[int], last_tokens: list[int],
+                  drafts: list[DraftTree], samplings: list[SamplingParams], generators: list,
+                  confidence: list[bool], features: bool = False) -> list[Verified]:
+    """One target forward over every row's [last token] + draft chain (rows: the rows of the batched
+    `cache`, lengths: their committed slots); each row accepts its own prefix."""
+    device = cache.k.device
+    inputs = [[t] + d.tokens.tolist() for t, d in zip(last_tokens, drafts)]
+    width = max(len(r) for r in inputs)
+    if max(lengths) + width > cache.capacity:
+        raise SpecdecError(f"a batched step needs {max(lengths) + width} slots but the context holds {cache.capacity}")
+    tokens, slots, positions, mask = ragged_inputs(lengths, inputs, device)
+    out = target(tokens, cache, 0, positions=positions, mask=mask, slots=slots,
+                 rows=torch.tensor(rows, device=device), hidden=features)  # [B, T, vocab] (, [B, T, hidden])
+    logits, h = out if features else (out, None)
+    verified = [accept_chain(d, logits[b, :len(d) + 1], s, g, c)
+                for b, (d, s, g, c) in enumerate(zip(drafts, samplings, generators, confidence))]
+    if h is None:
+        return verified
+    return [replace(v, features=h[b, :1 + v.num_accepted]) for b, v in enumerate(verified)]
+
+
+def tree_attention_mask(tree: DraftTree, start: int, device) -> torch.Tensor:
+    """Bool mask # [n + 1, start + n + 1] for [root] + tree nodes written at slots start..start+n:
+    every row sees the whole committed prefix, itself and its ancestors, never its siblings."""
+    n = len(tree)
+    mask = torch.ones(n + 1, start + n + 1, dtype=torch.bool, device=device)
+    mask[:, start:] = tree.tree_mask().to(device)
+    return mask
+
+
+def accept_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator, q) -> TreeAcceptance:
+    """logits # [n + 1, vocab] of [root] + nodes -> the accepted path and the next token."""
+    if sampling.greedy:
+        return greedy_tree_accept(tree, logits)
+    return tree_rejection_accept(tree, probs_from_logits(logits, sampling), q, generator, replacement=False)
+
+
+def verify_tree(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
+                generator: torch.Generator | None, features: bool = False) -> Verified:
+    """One target forward over [last committed token] + every tree node, under the tree mask."""
+    device = cache.k.device
+    start = cache.length
+    cache.require(start + len(tree) + 1)
+    x = torch.cat([torch.tensor([last_token], device=device), tree.tokens.to(device)]).unsqueeze(0)  # [1, n + 1]
+    positions = (start + tree.position_offsets().to(device)).unsqueeze(0)  # [1, n + 1]
+    out = target(x, cache, start, positions=positions, mask=tree_attention_mask(tree, start, device), hidden=features)
+    logits, h = (out[0][0], out[1][0]) if features else (out[0], None)
+    v = Verified.of_tree(accept_tree(tree, logits, sampling, generator, tree.parent_q()), len(tree) + 1)
+    if h is None:
+        return v
+    return replace(v, features=h[[0] + [1 + i for i in v.path]])
+
+
+def commit_cache(cache, verified: Verified) -> None:
+    """The accepted tokens' keys/values become the cache's: its length, or a tree's path moved into place."""
+    start = cache.length
+    if verified.chain:
+        cache.advance(1 + verified.num_accepted)
+        return
+    cache.advance(verified.written)
+    cache.keep(list(range(start + 1)) + [start + 1 + i for i in verified.path])
