@@ -67,6 +67,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="self-speculation: the target drafts with its first L layers (or a list like 0-5,8) and its "
                         "own head; 'auto' = the choice saved by `specdec tune-layer-skip`")
     p.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
+    p.add_argument("--head", default=None, metavar="DIR|NAME|auto",
+                   help="draft with an EAGLE head trained by `specdec train-head`: its directory, a name under "
+                        "$SPECDEC_HOME/heads, or 'auto' (the one trained for --model)")
     p.add_argument("--k", type=integer, default=4,
                    help="draft tokens per verify step (--policy fixed), or the most the adaptive policy may draft")
     p.add_argument("--draft-vocab", type=integer, default=DEFAULT_DRAFT_VOCAB,
@@ -146,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="layer-skip method: draft with the first L layers (or a list like 0-5,8); 'auto' = the "
                             "choice saved by `specdec tune-layer-skip`")
     bench.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
+    bench.add_argument("--head", default=None, metavar="DIR|NAME|auto",
+                       help="eagle method: the EAGLE head (default: auto, the one `specdec train-head` made for --model)")
     bench.add_argument("--tree-topk", type=integer, default=4, help="tree methods: expansion width per depth")
     bench.add_argument("--draft-p-min", type=float, default=0.0,
                        help="draft methods stop early when the draft's top probability is below this (0 = off)")

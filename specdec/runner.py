@@ -20,10 +20,10 @@ def log(msg: str) -> None:
 def build_drafter(method: str, target: LoadedModel, capacity: int, draft: LoadedModel | None = None,
                   ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0, p_min: float = 0.0,
                   tree: TreeConfig | None = None, suffix: SuffixConfig = SuffixConfig(),
-                  lookahead: LookaheadConfig = LookaheadConfig(), draft_window: int = 0) -> Drafter:
+                  lookahead: LookaheadConfig = LookaheadConfig(), draft_window: int = 0, head=None) -> Drafter:
     """method: 'none', 'ngram', 'suffix', 'lookahead', 'draft' (then `draft` is the loaded draft
-    model; `tree` makes it propose token trees instead of chains) or 'hybrid' (the draft model and
-    prompt lookup with the n-gram sizes of `ngram`)."""
+    model; `tree` makes it propose token trees instead of chains), 'hybrid' (the draft model and
+    prompt lookup with the n-gram sizes of `ngram`) or 'eagle' (`head`: a head loaded by load_head_for)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
     if draft_vocab < 0:
@@ -40,6 +40,9 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
     if method == "lookahead":
         from specdec.drafters.lookahead import LookaheadDrafter
         return LookaheadDrafter(lookahead.window, lookahead.ngram, lookahead.candidates)
+    if method == "eagle" and head is not None:
+        from specdec.drafters.eagle import EagleDrafter
+        return EagleDrafter(target.module, head, capacity)
     if method in ("draft", "hybrid") and draft is not None:
         check_compatible(target.tokenizer, draft.tokenizer)
         model = DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree,
@@ -48,7 +51,26 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
             return model
         from specdec.drafters.hybrid import HybridDrafter
         return HybridDrafter(model, max_n=ngram.max_n, min_n=ngram.min_n)
-    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft or hybrid")
+    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft, hybrid or eagle")
+
+
+def load_head_for(name: str, target: LoadedModel, model_name: str):
+    """The EAGLE head `name` (a directory, a name under $SPECDEC_HOME/heads, or 'auto': the one
+    `specdec train-head --model MODEL` writes), checked against the target it drafts for."""
+    from pathlib import Path
+    from specdec.heads.checkpoint import load_head, target_fingerprint
+    from specdec.heads.cli import default_out, heads_home
+    path = default_out(model_name, "eagle") if name == "auto" else Path(name)
+    if not path.is_dir() and (heads_home() / name).is_dir():
+        path = heads_home() / name
+    if not path.is_dir():
+        raise SpecdecError(f"no head {name!r} (looked for the directory {path}); train one with `specdec train-head "
+                           f"--model {model_name} --kind eagle ...`, and `specdec heads` lists the installed ones")
+    head, meta = load_head(path, target_fingerprint(target.module, target.tokenizer))
+    if head.config.kind != "eagle":
+        raise SpecdecError(f"the head in {path} is a {head.config.kind} head; --head drafts with EAGLE heads")
+    from specdec.drafters.eagle import PreparedHead
+    return PreparedHead(target.module, head)
 
 
 def drafting_method(args) -> str:
@@ -56,8 +78,10 @@ def drafting_method(args) -> str:
     from the CLI values; one at most, except that pair."""
     layer_skip = getattr(args, "layer_skip", None) is not None
     lookahead = getattr(args, "lookahead", False)
+    head = getattr(args, "head", None) is not None
     chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix), ("--lookahead", lookahead),
-                                     ("--layer-skip", layer_skip), ("--draft", args.draft not in (None, "none")))
+                                     ("--layer-skip", layer_skip), ("--draft", args.draft not in (None, "none")),
+                                     ("--head", head))
               if on]
     if sorted(chosen) == ["--draft", "--ngram"]:
         return "hybrid"
@@ -65,6 +89,8 @@ def drafting_method(args) -> str:
         raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
     if args.datastore and not args.suffix:
         raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
+    if head:
+        return "eagle"
     return "ngram" if args.ngram else "suffix" if args.suffix else "lookahead" if lookahead else (
         "layer-skip") if layer_skip else (
         "none" if args.draft in (None, "none") else "draft")
@@ -121,6 +147,8 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
         costs = measure_costs(target.module, model, sizes=sorted(sizes))
     if isinstance(drafter, LayerSkipDrafter):  # a draft token is a pass through L of the target's layers
         costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
+    if drafter.caps.features and not cost_profile and costs.step_seconds:  # a head: one entry, timed
+        costs.draft_cost = drafter.step_seconds() / costs.step_seconds
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
         f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_fixed:.3f} + {costs.prefill_cost:.4f} per prompt token")
     return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **tree_actions(drafter)))
@@ -178,15 +206,17 @@ class Runner:
         tree = tree_config(args)
         if tree is not None and method != "draft":
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
+        head = load_head_for(args.head, target, args.model) if method == "eagle" else None
         drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
                                 tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore),
-                                lookahead_config(args), args.draft_window)
+                                lookahead_config(args), args.draft_window, head)
         policy = policy_from_args(args, drafter, target)
         engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)
         k_text = f"k<={args.k} adaptive" if policy else f"k={args.k}"
         label = f"draft {args.draft} {k_text}" if method == "draft" else (
             f"draft {args.draft} + prompt lookup {k_text}") if method == "hybrid" else (
-            f"{method} {k_text}" if method in ("ngram", "suffix", "lookahead") else "plain")
+            f"{method} {k_text}" if method in ("ngram", "suffix", "lookahead") else (
+            f"eagle {args.head} {k_text}") if method == "eagle" else "plain")
         return Runner(target, engine, cfg, label)
 
     @staticmethod

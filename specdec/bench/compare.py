@@ -21,7 +21,8 @@ from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter, build_policy, check_draft_flags, lookahead_config
 
-K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "hf-assisted", "hf-lookup", "llama-lookup")  # the ones that take a draft length
+K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "hf-assisted", "hf-lookup",
+           "llama-lookup")  # the ones that take a draft length
 
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
@@ -91,9 +92,9 @@ class Comparison:
                  hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None,
                  draft_p_min: float = 0.0, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
                  datastore: str | None = None, lookahead: LookaheadConfig = LookaheadConfig(),
-                 layer_skip=None, ignore_eos: bool = False, draft_window: int = 0):
-        """layer_skip: the layer spec (L or a list) for the layer-skip method; ignore_eos: our methods
-        always generate max_new_tokens."""
+                 layer_skip=None, ignore_eos: bool = False, draft_window: int = 0, head=None):
+        """layer_skip: the layer spec (L or a list) for the layer-skip method; head: the EAGLE head of
+        the eagle method (runner.load_head_for); ignore_eos: our methods always generate max_new_tokens."""
         self.ignore_eos = ignore_eos
         self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
         self.max_new_tokens, self.temperature, self.seed, self.tree_depth = max_new_tokens, temperature, seed, tree_depth
@@ -111,7 +112,7 @@ class Comparison:
                 drafters[kind] = build_drafter("none" if kind == "plain" else kind, target, capacity, draft,
                                                NgramConfig(), draft_vocab, draft_p_min,
                                                suffix=SuffixConfig(datastore=datastore), lookahead=lookahead,
-                                               draft_window=draft_window)
+                                               draft_window=draft_window, head=head)
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
         for s in specs:
             if s.kind == "tree":  # each tree size its own drafter (and draft cache)
@@ -266,6 +267,12 @@ def bench_layer_spec(args):
     return load_choice(args.layer_skip_file, args.model) if spec == "auto" else spec
 
 
+def bench_head(args, target):
+    """--head for the eagle method (default: 'auto', the head trained for --model)."""
+    from specdec.runner import load_head_for
+    return load_head_for(args.head or "auto", target, args.model)
+
+
 def make_peers(args, target, draft, kinds: set[str]) -> Peers:
     """Load only the peers that still have work (a resumed run may have none)."""
     from specdec.model.registry import resolve_model
@@ -330,7 +337,7 @@ def run_comparison(args) -> dict:
                                 args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
                                 args.tree_depth, args.tree_topk, args.datastore, lookahead_config(args),
                                 bench_layer_spec(args) if "layer-skip" in pending else None, args.ignore_eos,
-                                args.draft_window)
+                                args.draft_window, bench_head(args, target) if "eagle" in pending else None)
         records = comparison.run(prompts, records_path, args.repeats)
     records, complete = complete_prompts(records, prompts, specs, args.repeats)
     if not records:

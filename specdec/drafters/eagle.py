@@ -18,6 +18,8 @@ and its LM head on the target's own blocks for the draft vocabulary's rows.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -67,12 +69,11 @@ def lm_head_rows(target: Transformer, ids: torch.Tensor) -> nn.Module:
     return out
 
 
-class EagleDrafter(BaseDrafter):
-    """Chains of k tokens from an EAGLE head (specdec.heads.modules.EagleHead) for its target."""
+class PreparedHead:
+    """An EAGLE head made ready to draft for one target, shared by every drafter of it: on the CPU
+    backend its linear layers as Q8_0 blocks, its LM head the target's rows of the draft vocabulary."""
 
-    caps = Capabilities(features=True)
-
-    def __init__(self, target: Transformer, head, capacity: int):
+    def __init__(self, target: Transformer, head):
         cfg = head.config
         if cfg.kind != "eagle":
             raise SpecdecError(f"the EAGLE drafter needs an 'eagle' head, got {cfg.kind!r}")
@@ -80,15 +81,16 @@ class EagleDrafter(BaseDrafter):
             raise SpecdecError(f"this head was made for a model of hidden size {cfg.hidden_size} and vocabulary "
                                f"{cfg.vocab_size}; the target has {target.config.hidden_size} and "
                                f"{target.config.vocab_size}")
-        self.target = target
         device = target.device
+        self.config = cfg
         self.head = head.to(device).float().eval()
         self.layer = self.head.layers[0]
         self.ids = (self.head.d2t.long() + torch.arange(cfg.draft_vocab_size, device=device)).to(device)  # [draft_vocab]
         self.lm = lm_head_rows(target, self.ids)
-        self.quantized = getattr(target, "weight_format", "torch") == "gguf-q8"
-        if self.quantized:  # the head's own layers on 8-bit blocks, through the target's kernels
-            self.head.fc = q8_linear(self.head.fc)
+        self.fc = self.head.fc
+        if getattr(target, "weight_format", "torch") == "gguf-q8":  # 8-bit blocks, the target's kernels
+            self.fc = q8_linear(self.head.fc)
+            self.layer = copy.deepcopy(self.layer)
             attn, mlp = self.layer.self_attn, self.layer.mlp
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 setattr(attn, name, q8_linear(getattr(attn, name)))
@@ -96,6 +98,19 @@ class EagleDrafter(BaseDrafter):
                 setattr(mlp, name, q8_linear(getattr(mlp, name)))
         norm = target.model.norm
         self.norm_weight, self.norm_eps = norm.weight.detach().float(), norm.eps
+
+
+class EagleDrafter(BaseDrafter):
+    """Chains of k tokens from an EAGLE head (specdec.heads.modules.EagleHead, or a PreparedHead) for its target."""
+
+    caps = Capabilities(features=True)
+
+    def __init__(self, target: Transformer, head, capacity: int):
+        self.target = target
+        p = self.prepared = head if isinstance(head, PreparedHead) else PreparedHead(target, head)
+        cfg = p.config
+        device = target.device
+        self.ids, self.lm, self.fc, self.layer = p.ids, p.lm, p.fc, p.layer
         self.capacity = min(capacity, cfg.max_position_embeddings)
         self.cache = KVCache(1, cfg.num_kv_heads, cfg.head_dim, self.capacity, 1, torch.float32, device)
         self.features = torch.zeros(capacity, cfg.hidden_size, device=device)  # the target's, by position
@@ -104,6 +119,18 @@ class EagleDrafter(BaseDrafter):
     def start(self, prompt: list[int]) -> None:
         self.cache.reset()
         self.valid = 0
+
+    def step_seconds(self, context: int = 256, repeats: int = 5) -> float:
+        """Median seconds of one head entry (one draft token) at `context` cached entries (the policy's c)."""
+        import statistics
+        from specdec.policy.measure import timed
+        device = self.features.device
+        start = min(context, self.capacity - 1)
+        feature, token = torch.zeros(1, self.prepared.config.hidden_size, device=device), torch.zeros(1, dtype=torch.long,
+                                                                                                   device=device)
+        seconds = statistics.median(timed(lambda: self._run(feature, token, start), device, repeats))
+        self.start([])
+        return seconds
 
     def feed(self, position: int, features: torch.Tensor) -> None:
         """The target's features # [n, hidden] of positions position..position+n-1."""
@@ -116,14 +143,15 @@ class EagleDrafter(BaseDrafter):
         (predicted features # [n, hidden], draft-vocabulary logits # [n, draft_vocab]); writes its cache."""
         n = features.shape[0]
         emb = self.target.model.embed_tokens(tokens.view(1, n)).float()  # [1, n, hidden]
-        x = self.head.fc(torch.cat([emb, features.view(1, n, -1)], dim=-1))  # [1, n, hidden]
+        x = self.fc(torch.cat([emb, features.view(1, n, -1)], dim=-1))  # [1, n, hidden]
         pos = torch.arange(start, start + n, device=x.device)
-        cos = self.head.rope_cos[pos][None, None]  # [1, 1, n, head_dim]
-        sin = self.head.rope_sin[pos][None, None]
+        p = self.prepared
+        cos = p.head.rope_cos[pos][None, None]  # [1, 1, n, head_dim]
+        sin = p.head.rope_sin[pos][None, None]
         x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], start, causal_mask(start, n, x.device))
         xf = x.float()
-        pred = self.norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.norm_eps)) \
-            if self.head.config.final_norm else xf
+        pred = p.norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + p.norm_eps)) \
+            if p.config.final_norm else xf
         return pred[0], self.lm(pred[0]).float()
 
     def _token(self, logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -140,10 +168,11 @@ class EagleDrafter(BaseDrafter):
         n = len(tokens)
         if k < 1 or n < 2:
             return DraftTree.empty()
-        m = min(self.valid, n - 1)  # entries 0..m-1 still hold; feed indices m..n-2
-        self.cache.truncate(min(m, self.cache.length))
+        # entries 0..m-1 still hold; feed indices m..n-2 (at least the last: its output drafts token 1)
+        m = min(self.valid, n - 2, self.cache.length)
+        self.cache.truncate(m)
         device = self.features.device
-        t = torch.tensor(tokens[m + 1:n], device=device)
+        t = torch.tensor(tokens[m + 1:n], dtype=torch.long, device=device)
         pred, logits = self._run(self.features[m:n - 1], t, m)
         self.cache.length = self.valid = n - 1
         drafted, qs = [], []

@@ -55,7 +55,8 @@ def build_scheduler(args, progress=None):
     from specdec.model import load_model, model_flags
     from specdec.model.loading import resolve_device
     from specdec.policy import AdaptivePolicy, PolicyConfig, parse_schedule
-    from specdec.runner import build_drafter, build_policy, check_draft_flags, log, lookahead_config, tree_config
+    from specdec.runner import (build_drafter, build_policy, check_draft_flags, load_head_for, log, lookahead_config,
+                                tree_config)
     from specdec.server.memory import GIB, available_bytes, default_budget, plan_memory
     from specdec.server.metrics import ServerMetrics
     from specdec.server.scheduler import Scheduler, k_schedule
@@ -87,9 +88,11 @@ def build_scheduler(args, progress=None):
     ngram = NgramConfig(args.ngram_max, args.ngram_min)
     suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
 
+    head = load_head_for(args.head, target, args.model) if method == "eagle" else None
+
     def drafter_factory():
         return build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
-                             tree, suffix, lookahead_config(args), args.draft_window)
+                             tree, suffix, lookahead_config(args), args.draft_window, head)
 
     probe = drafter_factory()  # validates the drafting values before anything large is allocated
     tree_nodes = probe.caps.tree_nodes

@@ -1,0 +1,155 @@
+"""The EAGLE drafter: greedy output is plain decoding's, sampled output follows the target's exact
+distribution, and the features it drafts from are the target's own, handed over by prefill and verify."""
+
+import pytest
+import torch
+
+from specdec.config import GenerationConfig, SamplingParams
+from specdec.drafters.base import NoDrafter
+from specdec.drafters.eagle import EagleDrafter, quantize_q8_0
+from specdec.engine.generate import SpeculativeGenerator
+from specdec.errors import SpecdecError
+from specdec.heads.modules import build_head, eagle_config, medusa_config
+from specdec.server.stepper import StepwiseGenerator
+from tests.conftest import TINY_VOCAB, run_stepper, tiny_model
+from tests.test_engine import N_TRIALS, PROMPTS, SMALL_VOCAB, exact_joint, tv, tv_bound
+
+
+def eagle_head(target, draft_ids=None, seed=0):
+    """A random EAGLE head for `target` over the draft vocabulary draft_ids (default: all ids)."""
+    torch.manual_seed(seed)
+    cfg_t = target.config
+    ids = torch.arange(cfg_t.vocab_size) if draft_ids is None else torch.tensor(sorted(draft_ids))
+    head = build_head(eagle_config(cfg_t, len(ids), max_positions=256))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0.0, 0.2)
+    head.d2t.copy_(ids - torch.arange(len(ids)))
+    return head.eval()
+
+
+def full_features(target, tokens):
+    _, h = target(torch.tensor([tokens]), target.new_cache(256), 0, hidden=True)
+    return h[0]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("vocab", ["full", "cut"])
+def test_greedy_equals_plain_and_features_are_the_targets(tiny_target, k, vocab):
+    ids = None if vocab == "full" else list(range(0, TINY_VOCAB, 2))  # the head cannot draft odd ids
+    drafter = EagleDrafter(tiny_target, eagle_head(tiny_target, ids), 256)
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, GenerationConfig(30, k)).tokens
+        got = engine.generate(prompt, GenerationConfig(30, k))
+        assert got.tokens == want
+        assert got.stats.drafted > 0
+        text = prompt + got.tokens
+        # every committed token but the last has its feature, as a full forward computes it
+        torch.testing.assert_close(drafter.features[:len(text) - 1], full_features(tiny_target, text)[:-1],
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_a_proposal_is_cut_back_to_the_true_entries(tiny_target):
+    """Entries built on the head's own predicted features are dropped before the next proposal:
+    proposing twice from the same committed text gives the same chain."""
+    head = eagle_head(tiny_target)
+    drafter = EagleDrafter(tiny_target, head, 256)
+    prompt = PROMPTS[2]
+    drafter.start(prompt)
+    h = full_features(tiny_target, prompt)
+    drafter.feed(0, h)
+    from specdec.drafters.base import DraftState
+    draft = drafter.propose(DraftState(prompt + [3], 3, SamplingParams(), None))
+    assert len(draft) == 3 and draft.is_chain
+    # the head's entries were built from the fed features: re-proposing gives the same chain
+    again = drafter.propose(DraftState(prompt + [3], 3, SamplingParams(), None))
+    assert again.tokens.tolist() == draft.tokens.tolist()
+
+
+def test_sampling_matches_target_distribution():
+    sampling = SamplingParams(1.0)
+    target = tiny_model(10, vocab_size=SMALL_VOCAB, max_position_embeddings=64)
+    prompt = [0, 1, 2, 0, 1]
+    joint = exact_joint(target, prompt, 3, sampling)
+    for ids in (None, [0, 2]):  # a cut vocabulary: q(1) = 0
+        engine = SpeculativeGenerator(target, EagleDrafter(target, eagle_head(target, ids, seed=3), 64), 64)
+        counts = {}
+        for seed in range(N_TRIALS):
+            cfg = GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))
+            seq = tuple(engine.generate(prompt, cfg).tokens[:3])
+            counts[seq] = counts.get(seq, 0) + 1
+        assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS), ids
+
+
+def test_the_server_pool_gives_the_engines_tokens(tiny_target):
+    """Batched verify over ragged rows hands each row its own features."""
+    head = eagle_head(tiny_target)
+    factory = lambda: EagleDrafter(tiny_target, head, 256)  # noqa: E731
+    cfg = GenerationConfig(24, 3)
+    prompts = PROMPTS + [[7, 8], [9, 9, 9, 9, 9, 9]]
+    expected = [SpeculativeGenerator(tiny_target, factory(), 256).generate(p, cfg).tokens for p in prompts]
+    stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3, prefill_chunk=4)
+    got = run_stepper(stepper, prompts, cfg, set())
+    assert [got[i] for i in range(len(prompts))] == expected
+
+
+def test_quantize_q8_0_round_trips_within_half_a_step():
+    from specdec.model import cpu_kernels
+    w = torch.randn(8, 64)
+    blocks = quantize_q8_0(w)
+    assert blocks.shape == (8, 64 // 32 * 34) and blocks.dtype == torch.uint8
+    if not cpu_kernels.available():
+        pytest.skip("no CPU kernels")
+    back = cpu_kernels.quant_dequantize(8, blocks, 64)
+    step = w.reshape(-1, 32).abs().amax(1, keepdim=True) / 127
+    assert ((back - w).reshape(-1, 32).abs() <= step * 0.51 + 1e-6).all()
+
+
+def test_a_head_of_another_kind_or_model_is_refused(tiny_target):
+    medusa = build_head(medusa_config(tiny_target.config, TINY_VOCAB))
+    with pytest.raises(SpecdecError, match="eagle"):
+        EagleDrafter(tiny_target, medusa, 64)
+    other = tiny_model(2, hidden_size=32)
+    with pytest.raises(SpecdecError, match="hidden size"):
+        EagleDrafter(tiny_target, eagle_head(other), 64)
+
+
+def test_real_model_on_its_quantized_blocks(smollm2):
+    """SmolLM2-135M on the CPU backend: the head's layers on Q8_0 blocks, its LM head the target's
+    own blocks for a cut vocabulary; greedy output is plain decoding's, alone and in the server pool."""
+    from specdec.drafters.eagle import PreparedHead
+    from specdec.model.tokenizer import encode_prompt
+    target = smollm2.module
+    if target.weight_format != "gguf-q8":
+        pytest.skip("the CPU kernels are not built here")
+    prepared = PreparedHead(target, eagle_head(target, list(range(4096)) + list(smollm2.eos_ids)))
+    assert type(prepared.fc).__name__ == "QuantLinear" and type(prepared.lm).__name__ == "QuantLinear"
+    cfg = GenerationConfig(24, 3)
+    prompts = [encode_prompt(smollm2.tokenizer, text, True) for text in ("def fib(n):", "Name three colors.")]
+    plain = [SpeculativeGenerator(target, NoDrafter(), 512).generate(p, cfg, smollm2.eos_ids).tokens for p in prompts]
+    engine = SpeculativeGenerator(target, EagleDrafter(target, prepared, 512), 512)
+    assert [engine.generate(p, cfg, smollm2.eos_ids).tokens for p in prompts] == plain
+    stepper = StepwiseGenerator(target, lambda: EagleDrafter(target, prepared, 512), 512, max_batch=2, prefill_chunk=8)
+    got = run_stepper(stepper, prompts, cfg, smollm2.eos_ids)
+    assert [got[0], got[1]] == plain
+
+
+def test_generate_cli_drafts_with_a_saved_head(tiny_llama_dir, tmp_path, capsys):
+    """`specdec generate --head DIR`: a head saved by the training tool drafts; bad heads are clear errors."""
+    import json
+    from specdec.cli import main
+    from specdec.heads.checkpoint import save_head, target_fingerprint
+    from specdec.model import load_model
+    loaded = load_model(str(tiny_llama_dir), device="cpu")
+    save_head(eagle_head(loaded.module), tmp_path / "head", target_fingerprint(loaded.module, loaded.tokenizer))
+    argv = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "12", "--json", "--policy", "fixed",
+            "hello there"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(argv[:1] + ["--head", str(tmp_path / "head")] + argv[1:]) == 0
+    drafted = json.loads(capsys.readouterr().out)
+    assert drafted["text"] == plain["text"] and drafted["stats"]["drafted"] > 0
+    assert main(argv[:1] + ["--head", str(tmp_path / "missing")] + argv[1:]) != 0
+    assert "no head" in capsys.readouterr().err
