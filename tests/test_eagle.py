@@ -153,3 +153,33 @@ def test_generate_cli_drafts_with_a_saved_head(tiny_llama_dir, tmp_path, capsys)
     assert drafted["text"] == plain["text"] and drafted["stats"]["drafted"] > 0
     assert main(argv[:1] + ["--head", str(tmp_path / "missing")] + argv[1:]) != 0
     assert "no head" in capsys.readouterr().err
+
+
+def test_the_confidence_rule_ends_chains_and_output_stays_exact(tiny_target):
+    """The head follows DraftState.stop (END: not drafted, LAST: drafted and the chain ends, each
+    asked with the draft's top probability); under the adaptive policy greedy output is plain's."""
+    from specdec.drafters.base import END, GO_ON, LAST, DraftState
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
+    drafter = EagleDrafter(tiny_target, eagle_head(tiny_target), 256)
+    prompt = PROMPTS[2]
+    drafter.start(prompt)
+    drafter.feed(0, full_features(tiny_target, prompt))
+    tokens, asked = prompt + [3], []
+
+    def rule(answer_at):
+        def stop(i, p):
+            asked.append((i, p))
+            return answer_at.get(i, GO_ON)
+        return stop
+
+    for answers, length in (({0: END}, 0), ({1: LAST}, 2), ({2: END}, 2), ({}, 5)):
+        asked.clear()
+        tree = drafter.propose(DraftState(tokens, 2, SamplingParams(), None, stop=rule(answers), k_stop=5))
+        assert len(tree) == length, answers
+        assert [i for i, _ in asked] == list(range(len(asked))) and all(0 < p <= 1 for _, p in asked)
+    policy = AdaptivePolicy(CostModel({1: 1.0, 2: 1.3, 3: 1.6, 9: 4.0}, 0.07), PolicyConfig(k_max=4, prior=0.9))
+    engine = SpeculativeGenerator(tiny_target, EagleDrafter(tiny_target, eagle_head(tiny_target), 256), 256, policy)
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    for prompt in PROMPTS:
+        cfg = GenerationConfig(40, 4)
+        assert engine.generate(prompt, cfg).tokens == plain.generate(prompt, cfg).tokens

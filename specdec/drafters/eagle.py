@@ -23,7 +23,7 @@ import copy
 import torch
 from torch import nn
 
-from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
+from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Transformer, causal_mask
@@ -103,7 +103,7 @@ class PreparedHead:
 class EagleDrafter(BaseDrafter):
     """Chains of k tokens from an EAGLE head (specdec.heads.modules.EagleHead, or a PreparedHead) for its target."""
 
-    caps = Capabilities(features=True)
+    caps = Capabilities(features=True, knows_confidence=True)  # honours DraftState.stop
 
     def __init__(self, target: Transformer, head, capacity: int):
         self.target = target
@@ -154,19 +154,18 @@ class EagleDrafter(BaseDrafter):
             if p.config.final_norm else xf
         return pred[0], self.lm(pred[0]).float()
 
-    def _token(self, logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A draft token (a target id) from draft-vocabulary logits # [draft_vocab], and its q # [vocab]."""
+    def _q(self, logits: torch.Tensor, state: DraftState) -> torch.Tensor | None:
+        """The draft distribution # [vocab] of draft-vocabulary logits # [draft_vocab] (None under greedy)."""
         if state.sampling.greedy:
-            return self.ids[logits.argmax()], None
+            return None
         full = torch.full((self.target.config.vocab_size,), float("-inf"), device=logits.device)
         full[self.ids] = logits
-        q = probs_from_logits(full, state.sampling)
-        return sample(q, state.generator), q
+        return probs_from_logits(full, state.sampling)
 
     def propose(self, state: DraftState) -> DraftTree:
-        tokens, k = state.tokens, min(state.k, self.capacity - len(state.tokens))
+        tokens = state.tokens
         n = len(tokens)
-        if k < 1 or n < 2:
+        if state.k < 1 or n < 2 or n >= self.capacity:
             return DraftTree.empty()
         # entries 0..m-1 still hold; feed indices m..n-2 (at least the last: its output drafts token 1)
         m = min(self.valid, n - 2, self.cache.length)
@@ -175,13 +174,25 @@ class EagleDrafter(BaseDrafter):
         t = torch.tensor(tokens[m + 1:n], dtype=torch.long, device=device)
         pred, logits = self._run(self.features[m:n - 1], t, m)
         self.cache.length = self.valid = n - 1
+        limit = min(state.limit, self.capacity - n)
         drafted, qs = [], []
-        for i in range(k):
-            token, q = self._token(logits[-1], state)
+        for i in range(limit):
+            q = self._q(logits[-1], state)
+            decision = GO_ON if state.stop is None else state.stop(i, self._top(logits[-1], q))
+            if decision == END:
+                break
+            token = self.ids[logits[-1].argmax()] if q is None else sample(q, state.generator)
             drafted.append(token.view(1))
             qs.append(q)
-            if i + 1 < k:  # the next entry: the head's own feature and this token
-                pred, logits = self._run(pred[-1:], token.view(1), n - 1 + i)
-                self.cache.length = n + i
-        out = torch.cat(drafted)
-        return DraftTree.chain(out, None if state.sampling.greedy else torch.stack(qs))
+            if decision == LAST or i + 1 == limit:
+                break
+            pred, logits = self._run(pred[-1:], token.view(1), n - 1 + i)  # the head's own feature and this token
+            self.cache.length = n + i
+        if not drafted:
+            return DraftTree.empty()
+        return DraftTree.chain(torch.cat(drafted), None if state.sampling.greedy else torch.stack(qs))
+
+    @staticmethod
+    def _top(logits: torch.Tensor, q: torch.Tensor | None) -> float:
+        """The draft's top probability: of q, or of the raw softmax under greedy (the confidence rule's input)."""
+        return float((torch.softmax(logits, -1) if q is None else q).max())
