@@ -29,6 +29,7 @@ class GenerationStats:
     seconds: float = 0.0
     draft_started_at: int | None = 0  # new tokens before the drafter started (None: it never did)
     draft_admission: dict | None = None  # the policy's terms when it decided at the start (AdaptivePolicy.last_admission)
+    cached_tokens: int = 0  # prompt tokens whose keys/values a prefix cache held (not prefilled)
 
     def record_choice(self, k: int) -> None:
         if k >= len(self.k_chosen):

@@ -237,6 +237,7 @@ BAD = [  # (endpoint, body changes, param named in the error)
     ("completions", {"stream": "maybe"}, "stream"),
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "wizard", "content": "w1"}]}, "messages.0.role"),
+    ("chat/completions", {"messages": [{"role": "user", "content": None}], "max_tokens": None}, "messages.0"),
     ("chat/completions", {"logprobs": True}, "logprobs"),
     ("chat/completions", {"n": 3}, "n"),
     ("chat/completions", {"tools": [{"type": "function"}]}, "tools"),
@@ -699,3 +700,40 @@ def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
     assert seqs[0].policy.plan(Ask(4, batch=5)).k == 2
     stepper.run_round()
     assert stepper.round_width == 1 and all(s.stats.k_chosen[0] >= 1 for s in seqs)
+
+
+def test_prefix_cache_reuses_a_conversations_turns_and_output_is_unchanged(tiny_target_loaded):
+    """The second turn of a conversation lands on the slot that holds the first (prompt + answer):
+    only the new part is prefilled, and greedy output equals a whole prefill's, for every drafter
+    that keeps state per slot (a draft model's cache, n-gram lookup)."""
+    target = tiny_target_loaded
+    for method in ("none", "ngram", "draft"):
+        factory = lambda m=method: build_drafter(m, target, CONTEXT, target)  # noqa: E731
+        cfg = GenerationConfig(12, 3)
+        turn1 = list(range(40, 60))
+        outputs = {}
+        for cached in (True, False):
+            stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=2, prefill_chunk=8,
+                                        prefix_cache=cached)
+            first = run_stepper(stepper, [turn1, [5, 6, 7, 8]], cfg, set())
+            turn2 = turn1 + first[0] + [9, 10, 11]
+            seq = stepper.add(turn2, cfg, set(), tag=0)
+            while seq.finish_reason is None:
+                stepper.run_round()
+            outputs[cached] = (first, seq.new_tokens, seq.stats.cached_tokens)
+        (first_c, second_c, hit), (first_p, second_p, none) = outputs[True], outputs[False]
+        assert first_c == first_p and second_c == second_p, method
+        assert none == 0 and hit >= len(turn1) + len(first_c[0]) - 1, method  # the answer's last token was never fed
+    stats = StepwiseGenerator(target.module, lambda: build_drafter("none", target, CONTEXT), CONTEXT, max_batch=1)
+    stats.held[0] = [1, 2, 3]
+    assert stats._slot_for([1, 2, 3]) == (0, 2)  # the prompt's last token is always prefilled
+
+
+def test_the_api_reports_cached_prompt_tokens(main):
+    """usage.prompt_tokens_details.cached_tokens: a repeated prompt's beginning came from the prefix cache."""
+    base, sched = main
+    ids = list(range(10, 40))
+    bodies = [httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": ids + [tail], "max_tokens": 4,
+                                                         "temperature": 0}, timeout=60).json() for tail in (7, 8)]
+    assert bodies[1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(ids)
+    assert bodies[0]["choices"][0]["text"] == text_of(sched, reference(sched, ids + [7], 4).tokens)

@@ -68,14 +68,17 @@ class DraftModelDrafter(BaseDrafter):
         proposal feeds two tokens like every other one and step times stay comparable. With a
         window, only the last `window` of those (positions from 0: the draft reads the text from
         there on, relative positions intact); drafts stay exact either way, only q changes."""
-        self.cache.reset()
-        self.cached = []
-        self.committed = 0
-        self.offset = len(prompt) - 1 - self.prefill_tokens(len(prompt)) if prompt else 0
-        head = prompt[self.offset:-1]
-        if head and len(head) < self.cache.capacity:
-            self.model(torch.tensor([head], device=self.cache.k.device), self.cache, 0, last_only=True)
-            self.cache.advance(len(head))
+        offset = len(prompt) - 1 - self.prefill_tokens(len(prompt)) if prompt else 0
+        head = prompt[offset:-1]
+        # what the cache holds of the last request's text is kept where this prompt begins the same way
+        keep = common_prefix(self.cached, head) if offset == self.offset == 0 else 0
+        self.offset = offset
+        self.cache.truncate(min(keep, self.cache.length))
+        self.cached, self.committed = list(head[:keep]), keep
+        rest = head[keep:]
+        if rest and len(head) < self.cache.capacity:
+            self.model(torch.tensor([rest], device=self.cache.k.device), self.cache, keep, last_only=True)
+            self.cache.advance(len(rest))
             self.cached, self.committed = list(head), len(head)
 
     def propose(self, state: DraftState) -> DraftTree:

@@ -35,6 +35,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="draft length by active batch size, e.g. 1:4,4:2,8:0 (from 4 sequences k<=2, from 8 plain)")
     p.add_argument("--prefill-chunk", type=integer, default=256,
                    help="prompt tokens prefilled per step, so long prompts do not stall running sequences")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="prefill every prompt whole (default: a request reuses the keys/values a free slot holds of "
+                        "its prompt's beginning, such as a conversation's earlier turns)")
     p.add_argument("--shutdown-grace", type=float, default=DEFAULT_GRACE_SECONDS,
                    help="on SIGTERM, seconds in-flight requests may still run before they end with 'abort'")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
@@ -112,7 +115,7 @@ def build_scheduler(args, progress=None):
                 return AdaptivePolicy(base.costs, PolicyConfig(k_max=args.k))
     del probe
     stepper = StepwiseGenerator(target.module, drafter_factory, args.max_context, args.max_batch,
-                                policy_factory, args.prefill_chunk)
+                                policy_factory, args.prefill_chunk, prefix_cache=args.prefix_cache)
     limit = k_schedule(args.spec_off_batch, schedule) if (schedule or args.spec_off_batch is not None) else None
     return Scheduler(stepper, target.tokenizer, target.eos_ids, k=args.k, max_queue=args.max_queue,
                      request_timeout=args.request_timeout or None, k_for_batch=limit, metrics=ServerMetrics(),

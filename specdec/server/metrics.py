@@ -20,6 +20,8 @@ class ServerMetrics:
                                 registry=r)
         self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens admitted", registry=r)
         self.generated_tokens = Counter("specdec_generated_tokens", "Tokens generated", registry=r)
+        self.cached_tokens = Counter("specdec_prefix_cache_hit_tokens", "Prompt tokens the prefix cache held "
+                                     "(not prefilled)", registry=r)
         self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting for a slot", registry=r)
         self.active = Gauge("specdec_active_sequences", "Sequences in slots (the active batch size)", registry=r)
         self.max_batch = Gauge("specdec_max_batch", "Slots", registry=r)
@@ -48,6 +50,7 @@ class ServerMetrics:
     def record_generation(self, stats: GenerationStats) -> None:
         """A finished (or ended) sequence's speculation counts."""
         self.drafted.inc(stats.drafted)
+        self.cached_tokens.inc(stats.cached_tokens)
         self.accepted.inc(stats.accepted)
         self.verify_steps.inc(stats.steps)
         self.speculative_steps.inc(stats.steps - (stats.k_chosen[0] if stats.k_chosen else 0))

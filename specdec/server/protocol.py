@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP_STRINGS = 8
 
@@ -144,6 +144,13 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] | None = None
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _content_given(self):
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"messages[].content is null in a {self.role!r} message; give a string or a list of "
+                             "text parts (only an assistant message may leave it out)")
+        return self
+
     def plain(self) -> dict:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
@@ -202,10 +209,15 @@ class SpeculativeUsage(BaseModel):
     plain_steps: int = 0  # of those, steps that drafted nothing (speculation off for that step)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens the prefix cache held (not prefilled)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
     speculative: SpeculativeUsage = SpeculativeUsage()
 
 

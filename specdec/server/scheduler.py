@@ -428,6 +428,7 @@ class Scheduler:
         completion = len(seq.new_tokens) if seq is not None else 0
         usage = {"prompt_tokens": len(h.prompt), "completion_tokens": completion,
                  "total_tokens": len(h.prompt) + completion,
+                 "prompt_tokens_details": {"cached_tokens": stats.cached_tokens if stats else 0},
                  "speculative": {"drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
                                  "tau": round(stats.tau, 4) if stats else 0.0,
                                  "steps": stats.steps if stats else 0,

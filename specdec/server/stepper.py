@@ -19,6 +19,15 @@ Sequences join (`add`) and leave (`release`) between rounds, so a request never 
 finish. With `batched=False` every sequence steps alone (the reference the batched path is tested
 against).
 
+Prefix caching: a free slot keeps the keys/values its last sequence left (prompt and answer), and
+the tokens they belong to. A new request takes the free slot holding the longest prefix of its
+prompt, and prefills only the rest (the next turn of a conversation, a shared system prompt); with
+no such slot, the least recently used one, so the caches of recent conversations live longest. The
+prefix cache is the slots' own rows: it takes no memory beyond them. Keys and values of a position
+depend on the tokens up to it alone, so the reused ones are what a prefill would write, and greedy
+output is the same with and without it. A slot's drafter reuses its own state the same way (a draft
+model its cache, a head its features).
+
 Speculation under load: before each round the owner sets `k_limit` (None = no limit, 0 = plain
 steps). `LoadPolicy` caps each step's k at it and then asks the slot's adaptive policy, if any, at
 the round's batch size (its cost model weighs B k c + v(B (k + 1)) against v(B), and turns drafting
@@ -34,6 +43,7 @@ from typing import Callable
 
 from specdec.config import GenerationConfig
 from specdec.drafters.base import Drafter
+from specdec.drafters.draft_model import common_prefix
 from specdec.engine.step import Sequence, check_fits, make_generator, prefill
 from specdec.engine.step import step as speculative_step
 from specdec.errors import SpecdecError
@@ -114,7 +124,7 @@ class StepwiseGenerator:
 
     def __init__(self, target: Transformer, drafter_factory: Callable[[], Drafter], capacity: int, max_batch: int,
                  policy_factory: Callable[[], object] | None = None, prefill_chunk: int = 256,
-                 batched: bool = True):
+                 batched: bool = True, prefix_cache: bool = True):
         if max_batch < 1:
             raise SpecdecError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_chunk < 1:
@@ -131,6 +141,10 @@ class StepwiseGenerator:
         self.policies = [LoadPolicy(self, policy_factory() if policy_factory else None) for _ in range(max_batch)]
         self.free: list[int] = list(range(max_batch))
         self.active: list[Sequence] = []
+        self.prefix_cache = prefix_cache
+        self.held: list[list[int]] = [[] for _ in range(max_batch)]  # tokens whose keys/values slot b holds
+        self.used = [0] * max_batch  # when each slot was last taken (a counter), for least-recently-used
+        self.clock = 0
         self.speculative = self.drafters[0].caps.drafts
         # Pooled drafters' draft-model caches become rows of one batched cache, so that a round
         # drafts for every sequence in one forward per position (propose_chains).
@@ -164,18 +178,38 @@ class StepwiseGenerator:
         if not self.free:
             raise SpecdecError("no free slot")
         self.check_fits(prompt, cfg.max_new_tokens)
-        slot = self.free.pop(0)
+        slot, reuse = self._slot_for(prompt)
+        self.free.remove(slot)
+        self.clock += 1
+        self.used[slot] = self.clock
         cache = self.cache.row(slot)
         seq = Sequence(list(prompt), len(prompt), cfg, set(eos_ids), make_generator(cfg.sampling.seed, cache.k.device),
                        cache, self.drafters[slot], self.policies[slot], row=slot, tag=tag)
+        if reuse:  # the cached prefix is in place: the prefill starts after it
+            cache.length = seq.prefilled = seq.stats.cached_tokens = reuse
+        self.held[slot] = []
         self.active.append(seq)
         return seq
+
+    def _slot_for(self, prompt: list[int]) -> tuple[int, int]:
+        """(the free slot for this prompt, the prompt tokens whose keys/values it holds already): the
+        longest cached prefix, else the least recently used slot. At least the prompt's last token is
+        always prefilled (its logits give the first new token)."""
+        if not self.prefix_cache:
+            return self.free[0], 0
+        best = max(self.free, key=lambda b: (min(common_prefix(self.held[b], prompt), len(prompt) - 1),
+                                             -self.used[b]))
+        return best, min(common_prefix(self.held[best], prompt), len(prompt) - 1)
 
     def release(self, seq: Sequence) -> None:
         """The sequence leaves its slot (finished, cancelled or failed); the slot is free at once."""
         if seq in self.active:
             self.active.remove(seq)
             self.free.append(seq.row)
+            # what the slot's cache holds for a later prefix: the committed tokens' slots (a failed
+            # step may have left them half written)
+            self.held[seq.row] = [] if seq.finish_reason == "error" else seq.tokens[:min(seq.cache.length,
+                                                                                           len(seq.tokens))]
             seq.stats.new_tokens = seq.num_new
             seq.stats.seconds = time.perf_counter() - seq.t_start
 
