@@ -113,7 +113,7 @@ def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
         finally:
             await asyncio.to_thread(scheduler.stop)
 
-    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.scheduler = scheduler
     app.add_middleware(CountRequests, metrics=scheduler.metrics)
     tokenizer = scheduler.tokenizer
