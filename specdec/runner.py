@@ -23,7 +23,8 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
                   lookahead: LookaheadConfig = LookaheadConfig(), draft_window: int = 0, head=None) -> Drafter:
     """method: 'none', 'ngram', 'suffix', 'lookahead', 'draft' (then `draft` is the loaded draft
     model; `tree` makes it propose token trees instead of chains), 'hybrid' (the draft model and
-    prompt lookup with the n-gram sizes of `ngram`) or 'eagle' (`head`: a head loaded by load_head_for)."""
+    prompt lookup with the n-gram sizes of `ngram`) or 'head' (`head`: an EAGLE or Medusa head
+    loaded by load_head_for; `tree` makes EAGLE draft dynamic trees, Medusa its static choices)."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
     if draft_vocab < 0:
@@ -40,9 +41,13 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
     if method == "lookahead":
         from specdec.drafters.lookahead import LookaheadDrafter
         return LookaheadDrafter(lookahead.window, lookahead.ngram, lookahead.candidates)
-    if method == "eagle" and head is not None:
-        from specdec.drafters.eagle import EagleDrafter
-        return EagleDrafter(target.module, head, capacity)
+    if method == "head" and head is not None:
+        from specdec.drafters.eagle import EagleDrafter, MedusaDrafter, PreparedMedusa
+        if isinstance(head, PreparedMedusa):
+            if tree is not None and tree.choices is None:
+                raise SpecdecError("a Medusa head drafts a static tree (--tree-choices), not --tree-budget")
+            return MedusaDrafter(target.module, head, capacity, None if tree is None else tree.choices)
+        return EagleDrafter(target.module, head, capacity, tree)
     if method in ("draft", "hybrid") and draft is not None:
         check_compatible(target.tokenizer, draft.tokenizer)
         model = DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree,
@@ -51,25 +56,28 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
             return model
         from specdec.drafters.hybrid import HybridDrafter
         return HybridDrafter(model, max_n=ngram.max_n, min_n=ngram.min_n)
-    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft, hybrid or eagle")
+    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft, hybrid or head")
 
 
-def load_head_for(name: str, target: LoadedModel, model_name: str):
-    """The EAGLE head `name` (a directory, a name under $SPECDEC_HOME/heads, or 'auto': the one
-    `specdec train-head --model MODEL` writes), checked against the target it drafts for."""
+def load_head_for(name: str, target: LoadedModel, model_name: str, kind: str = "eagle"):
+    """The head `name` (a directory, a name under $SPECDEC_HOME/heads, or 'auto': the `kind` head that
+    `specdec train-head --model MODEL` writes), checked against the target it drafts for, made ready
+    to draft (PreparedHead for EAGLE, PreparedMedusa)."""
     from pathlib import Path
     from specdec.heads.checkpoint import load_head, target_fingerprint
     from specdec.heads.cli import default_out, heads_home
-    path = default_out(model_name, "eagle") if name == "auto" else Path(name)
+    path = default_out(model_name, kind) if name == "auto" else Path(name)
     if not path.is_dir() and (heads_home() / name).is_dir():
         path = heads_home() / name
     if not path.is_dir():
         raise SpecdecError(f"no head {name!r} (looked for the directory {path}); train one with `specdec train-head "
-                           f"--model {model_name} --kind eagle ...`, and `specdec heads` lists the installed ones")
+                           f"--model {model_name} --kind {kind} ...`, and `specdec heads` lists the installed ones")
     head, meta = load_head(path, target_fingerprint(target.module, target.tokenizer))
+    from specdec.drafters.eagle import PreparedHead, PreparedMedusa
+    if head.config.kind == "medusa":
+        return PreparedMedusa(target.module, head)
     if head.config.kind != "eagle":
-        raise SpecdecError(f"the head in {path} is a {head.config.kind} head; --head drafts with EAGLE heads")
-    from specdec.drafters.eagle import PreparedHead
+        raise SpecdecError(f"the head in {path} is an {head.config.kind} head; --head drafts with EAGLE and Medusa heads")
     return PreparedHead(target.module, head)
 
 
@@ -90,7 +98,7 @@ def drafting_method(args) -> str:
     if args.datastore and not args.suffix:
         raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
     if head:
-        return "eagle"
+        return "head"
     return "ngram" if args.ngram else "suffix" if args.suffix else "lookahead" if lookahead else (
         "layer-skip") if layer_skip else (
         "none" if args.draft in (None, "none") else "draft")
@@ -174,10 +182,11 @@ def tree_actions(drafter: Drafter) -> dict:
     powers of two below its node budget and the budget itself (a static tree: its own size), at
     its depth cap."""
     from specdec.drafters.draft_model import DraftModelDrafter, node_depths
+    from specdec.drafters.eagle import EagleDrafter
     budget = drafter.caps.tree_nodes
-    if not isinstance(drafter, DraftModelDrafter) or budget < 2:
+    if not isinstance(drafter, (DraftModelDrafter, EagleDrafter)) or budget < 2:
         return {}
-    if drafter.static is not None:
+    if isinstance(drafter, DraftModelDrafter) and drafter.static is not None:
         return {"tree_sizes": (budget,), "tree_depth": max(node_depths(drafter.static[0]))}
     sizes = sorted({n for n in (4, 8, 16, 32, 64) if n < budget} | {budget})
     return {"tree_sizes": tuple(sizes), "tree_depth": drafter.tree.depth}
@@ -204,9 +213,10 @@ class Runner:
         target = load_model(args.model, progress=log, **model_flags(args))
         draft = load_model(args.draft, progress=log, draft=True, **model_flags(args)) if method in ("draft", "hybrid") else None
         tree = tree_config(args)
-        if tree is not None and method != "draft":
-            raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
-        head = load_head_for(args.head, target, args.model) if method == "eagle" else None
+        if tree is not None and method not in ("draft", "head"):
+            raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL) "
+                               "or an EAGLE head (--head)")
+        head = load_head_for(args.head, target, args.model) if method == "head" else None
         drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
                                 tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore),
                                 lookahead_config(args), args.draft_window, head)
@@ -216,7 +226,7 @@ class Runner:
         label = f"draft {args.draft} {k_text}" if method == "draft" else (
             f"draft {args.draft} + prompt lookup {k_text}") if method == "hybrid" else (
             f"{method} {k_text}" if method in ("ngram", "suffix", "lookahead") else (
-            f"eagle {args.head} {k_text}") if method == "eagle" else "plain")
+            f"{head.config.kind} head {args.head} {k_text}") if method == "head" else "plain")
         return Runner(target, engine, cfg, label)
 
     @staticmethod

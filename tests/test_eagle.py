@@ -136,14 +136,16 @@ def test_real_model_on_its_quantized_blocks(smollm2):
     assert [got[0], got[1]] == plain
 
 
-def test_generate_cli_drafts_with_a_saved_head(tiny_llama_dir, tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_generate_cli_drafts_with_a_saved_head(tiny_llama_dir, tmp_path, capsys, kind):
     """`specdec generate --head DIR`: a head saved by the training tool drafts; bad heads are clear errors."""
     import json
     from specdec.cli import main
     from specdec.heads.checkpoint import save_head, target_fingerprint
     from specdec.model import load_model
     loaded = load_model(str(tiny_llama_dir), device="cpu")
-    save_head(eagle_head(loaded.module), tmp_path / "head", target_fingerprint(loaded.module, loaded.tokenizer))
+    made = eagle_head(loaded.module) if kind == "eagle" else medusa_head(loaded.module)
+    save_head(made, tmp_path / "head", target_fingerprint(loaded.module, loaded.tokenizer))
     argv = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "12", "--json", "--policy", "fixed",
             "hello there"]
     assert main(argv) == 0
@@ -183,3 +185,72 @@ def test_the_confidence_rule_ends_chains_and_output_stays_exact(tiny_target):
     for prompt in PROMPTS:
         cfg = GenerationConfig(40, 4)
         assert engine.generate(prompt, cfg).tokens == plain.generate(prompt, cfg).tokens
+
+
+@pytest.mark.parametrize("budget, depth, topk", [(8, 3, 2), (16, 4, 4), (3, 2, 3)])
+def test_eagle2_trees_are_exact(tiny_target, budget, depth, topk):
+    """Dynamic trees (top-k expansion on the head's own features, re-ranked to the budget): greedy
+    output is plain decoding's, and the kept path's features are the target's."""
+    from specdec.config import TreeConfig
+    drafter = EagleDrafter(tiny_target, eagle_head(tiny_target), 256, TreeConfig(budget, depth, topk))
+    assert drafter.caps.tree_nodes == budget
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    for prompt in PROMPTS:
+        cfg = GenerationConfig(30, depth)
+        got = engine.generate(prompt, cfg)
+        assert got.tokens == plain.generate(prompt, cfg).tokens
+        assert got.stats.verified_nodes > got.stats.steps  # trees of more than one node were verified
+        text = prompt + got.tokens
+        torch.testing.assert_close(drafter.features[:len(text) - 1], full_features(tiny_target, text)[:-1],
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_eagle2_tree_sampling_matches_target_distribution():
+    from specdec.config import TreeConfig
+    target = tiny_model(10, vocab_size=SMALL_VOCAB, max_position_embeddings=64)
+    prompt = [0, 1, 2, 0, 1]
+    joint = exact_joint(target, prompt, 3, SamplingParams(1.0))
+    engine = SpeculativeGenerator(target, EagleDrafter(target, eagle_head(target, seed=4), 64, TreeConfig(4, 2, 2)), 64)
+    counts = {}
+    for seed in range(N_TRIALS):
+        seq = tuple(engine.generate(prompt, GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))).tokens[:3])
+        counts[seq] = counts.get(seq, 0) + 1
+    assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS)
+
+
+def medusa_head(target, heads=3, seed=0):
+    torch.manual_seed(seed)
+    head = build_head(medusa_config(target.config, target.config.vocab_size, heads))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0.0, 0.2)
+    return head.eval()
+
+
+@pytest.mark.parametrize("choices", [None, ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))])
+def test_medusa_chains_and_static_trees_are_exact(tiny_target, choices):
+    from specdec.drafters.eagle import MedusaDrafter
+    drafter = MedusaDrafter(tiny_target, medusa_head(tiny_target), 256, choices)
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    for prompt in PROMPTS:
+        cfg = GenerationConfig(30, 3)
+        got = engine.generate(prompt, cfg)
+        assert got.tokens == plain.generate(prompt, cfg).tokens
+        assert got.stats.verified_nodes > 2 * got.stats.steps  # chains of 3, trees of 6, less near the budget
+    with pytest.raises(SpecdecError, match="deep"):
+        MedusaDrafter(tiny_target, medusa_head(tiny_target, heads=1), 64, ((0,), (0, 0)))
+
+
+def test_medusa_sampling_matches_target_distribution():
+    from specdec.drafters.eagle import MedusaDrafter
+    target = tiny_model(10, vocab_size=SMALL_VOCAB, max_position_embeddings=64)
+    prompt = [0, 1, 2, 0, 1]
+    joint = exact_joint(target, prompt, 3, SamplingParams(1.0))
+    engine = SpeculativeGenerator(target, MedusaDrafter(target, medusa_head(target, 2, seed=5), 64), 64)
+    counts = {}
+    for seed in range(N_TRIALS):
+        seq = tuple(engine.generate(prompt, GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))).tokens[:3])
+        counts[seq] = counts.get(seq, 0) + 1
+    assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS)

@@ -21,7 +21,8 @@ from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter, build_policy, check_draft_flags, lookahead_config
 
-K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "hf-assisted", "hf-lookup",
+K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "medusa", "hf-assisted",
+           "hf-lookup",
            "llama-lookup")  # the ones that take a draft length
 
 
@@ -93,8 +94,8 @@ class Comparison:
                  draft_p_min: float = 0.0, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
                  datastore: str | None = None, lookahead: LookaheadConfig = LookaheadConfig(),
                  layer_skip=None, ignore_eos: bool = False, draft_window: int = 0, head=None):
-        """layer_skip: the layer spec (L or a list) for the layer-skip method; head: the EAGLE head of
-        the eagle method (runner.load_head_for); ignore_eos: our methods always generate max_new_tokens."""
+        """layer_skip: the layer spec (L or a list) for the layer-skip method; head: {'eagle' or 'medusa':
+        its prepared head (runner.load_head_for)}; ignore_eos: our methods always generate max_new_tokens."""
         self.ignore_eos = ignore_eos
         self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
         self.max_new_tokens, self.temperature, self.seed, self.tree_depth = max_new_tokens, temperature, seed, tree_depth
@@ -109,10 +110,10 @@ class Comparison:
                     raise SpecdecError("the layer-skip method needs --layer-skip L (or 'auto' after tune-layer-skip)")
                 drafters[kind] = make_layer_skip(target.module, layer_skip, capacity, cache)
             else:
-                drafters[kind] = build_drafter("none" if kind == "plain" else kind, target, capacity, draft,
-                                               NgramConfig(), draft_vocab, draft_p_min,
+                method = "none" if kind == "plain" else "head" if kind in ("eagle", "medusa") else kind
+                drafters[kind] = build_drafter(method, target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min,
                                                suffix=SuffixConfig(datastore=datastore), lookahead=lookahead,
-                                               draft_window=draft_window, head=head)
+                                               draft_window=draft_window, head=(head or {}).get(kind))
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
         for s in specs:
             if s.kind == "tree":  # each tree size its own drafter (and draft cache)
@@ -267,10 +268,11 @@ def bench_layer_spec(args):
     return load_choice(args.layer_skip_file, args.model) if spec == "auto" else spec
 
 
-def bench_head(args, target):
-    """--head for the eagle method (default: 'auto', the head trained for --model)."""
+def bench_head(args, target, kind: str):
+    """The eagle method's head: --head (default 'auto', the EAGLE head trained for --model); the
+    medusa method's: the Medusa head trained for --model."""
     from specdec.runner import load_head_for
-    return load_head_for(args.head or "auto", target, args.model)
+    return load_head_for(args.head or "auto" if kind == "eagle" else "auto", target, args.model, kind)
 
 
 def make_peers(args, target, draft, kinds: set[str]) -> Peers:
@@ -337,7 +339,8 @@ def run_comparison(args) -> dict:
                                 args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
                                 args.tree_depth, args.tree_topk, args.datastore, lookahead_config(args),
                                 bench_layer_spec(args) if "layer-skip" in pending else None, args.ignore_eos,
-                                args.draft_window, bench_head(args, target) if "eagle" in pending else None)
+                                args.draft_window, {kind: bench_head(args, target, kind) for kind in ("eagle", "medusa")
+                                                    if kind in pending})
         records = comparison.run(prompts, records_path, args.repeats)
     records, complete = complete_prompts(records, prompts, specs, args.repeats)
     if not records:

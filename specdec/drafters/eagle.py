@@ -23,10 +23,12 @@ import copy
 import torch
 from torch import nn
 
+from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
+from specdec.drafters.draft_model import select_tree
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
-from specdec.model.transformer import Transformer, causal_mask
+from specdec.model.transformer import Transformer, causal_mask, rope_tables
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.tree import DraftTree
 
@@ -98,20 +100,30 @@ class PreparedHead:
                 setattr(mlp, name, q8_linear(getattr(mlp, name)))
         norm = target.model.norm
         self.norm_weight, self.norm_eps = norm.weight.detach().float(), norm.eps
+        self.rope_cos, self.rope_sin = self.head.rope_cos, self.head.rope_sin  # [positions, head_dim]
 
 
 class EagleDrafter(BaseDrafter):
     """Chains of k tokens from an EAGLE head (specdec.heads.modules.EagleHead, or a PreparedHead) for its target."""
 
-    caps = Capabilities(features=True, knows_confidence=True)  # honours DraftState.stop
+    caps = Capabilities(features=True, knows_confidence=True)  # chains honour DraftState.stop
 
-    def __init__(self, target: Transformer, head, capacity: int):
+    def __init__(self, target: Transformer, head, capacity: int, tree: TreeConfig | None = None):
+        """tree: draft dynamic token trees (EAGLE-2: top-k expansion by cumulative draft probability,
+        re-ranked to the node budget) instead of chains; static choices are not taken."""
+        if tree is not None and tree.choices is not None:
+            raise SpecdecError("the EAGLE drafter drafts dynamic trees (--tree-budget); static --tree-choices "
+                               "are for a draft model")
         self.target = target
+        self.tree = tree
+        self.caps = Capabilities(features=True, knows_confidence=True, tree_nodes=0 if tree is None else tree.budget)
         p = self.prepared = head if isinstance(head, PreparedHead) else PreparedHead(target, head)
         cfg = p.config
         device = target.device
         self.ids, self.lm, self.fc, self.layer = p.ids, p.lm, p.fc, p.layer
-        self.capacity = min(capacity, cfg.max_position_embeddings)
+        self.capacity = capacity  # RoPE positions past the head's training length are the target's own
+        if p.rope_cos.shape[0] < capacity:
+            p.rope_cos, p.rope_sin = (t.to(device) for t in rope_tables(cfg.layer_config(), capacity))
         self.cache = KVCache(1, cfg.num_kv_heads, cfg.head_dim, self.capacity, 1, torch.float32, device)
         self.features = torch.zeros(capacity, cfg.hidden_size, device=device)  # the target's, by position
         self.valid = 0  # head entries built from true features and committed tokens (indices 0..valid-1)
@@ -138,17 +150,20 @@ class EagleDrafter(BaseDrafter):
         self.features[position:position + n] = features.float()
 
     @torch.inference_mode()
-    def _run(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Head entries at positions start.. for features # [n, hidden] and the next tokens # [n] ->
-        (predicted features # [n, hidden], draft-vocabulary logits # [n, draft_vocab]); writes its cache."""
+    def _run(self, features: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head entries at cache slots start.. (RoPE positions start.., or `positions` # [n] under `mask`
+        # [n, start + n]) for features # [n, hidden] and the next tokens # [n] -> (predicted features
+        # [n, hidden], draft-vocabulary logits # [n, draft_vocab]); writes its cache there."""
         n = features.shape[0]
         emb = self.target.model.embed_tokens(tokens.view(1, n)).float()  # [1, n, hidden]
         x = self.fc(torch.cat([emb, features.view(1, n, -1)], dim=-1))  # [1, n, hidden]
-        pos = torch.arange(start, start + n, device=x.device)
+        pos = torch.arange(start, start + n, device=x.device) if positions is None else positions
         p = self.prepared
-        cos = p.head.rope_cos[pos][None, None]  # [1, 1, n, head_dim]
-        sin = p.head.rope_sin[pos][None, None]
-        x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], start, causal_mask(start, n, x.device))
+        cos = p.rope_cos[pos][None, None]  # [1, 1, n, head_dim]
+        sin = p.rope_sin[pos][None, None]
+        x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], start,
+                       causal_mask(start, n, x.device) if mask is None else mask)
         xf = x.float()
         pred = p.norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + p.norm_eps)) \
             if p.config.final_norm else xf
@@ -174,6 +189,8 @@ class EagleDrafter(BaseDrafter):
         t = torch.tensor(tokens[m + 1:n], dtype=torch.long, device=device)
         pred, logits = self._run(self.features[m:n - 1], t, m)
         self.cache.length = self.valid = n - 1
+        if self.tree is not None and state.tree:
+            return self._dynamic_tree(state, pred[-1], logits[-1], n)
         limit = min(state.limit, self.capacity - n)
         drafted, qs = [], []
         for i in range(limit):
@@ -192,7 +209,152 @@ class EagleDrafter(BaseDrafter):
             return DraftTree.empty()
         return DraftTree.chain(torch.cat(drafted), None if state.sampling.greedy else torch.stack(qs))
 
+    def _dynamic_tree(self, state: DraftState, root_feature: torch.Tensor, root_logits: torch.Tensor,
+                      n: int) -> DraftTree:
+        """EAGLE-2: the topk best nodes of each depth (by cumulative log-probability) are fed, each on
+        its parent's predicted feature, in one head pass per depth under a tree mask; their topk
+        children are the next candidates; the best `budget` nodes make the tree (q = None: the tree
+        verifier samples without replacement among deterministic candidates)."""
+        cfg = self.tree
+        budget = min(cfg.budget, state.max_nodes if state.max_nodes is not None else cfg.budget)
+        depth = min(cfg.depth, state.k)
+        tokens, parents, scores, depths, slots, feature = [], [], [], [], {}, {}
+        values, ids = torch.log_softmax(root_logits, -1).topk(min(cfg.topk, root_logits.shape[-1]))
+        frontier = []
+        for v, i in zip(values.tolist(), ids.tolist()):
+            frontier.append(len(tokens))
+            tokens.append(int(self.ids[i])), parents.append(-1), scores.append(v), depths.append(1)
+        for d in range(2, depth + 1):
+            frontier = sorted(frontier, key=lambda x: -scores[x])[:cfg.topk]
+            feats = torch.stack([root_feature if parents[x] < 0 else feature[parents[x]] for x in frontier])
+            preds, logits = self._expand(frontier, feats, tokens, parents, slots, n)
+            values, ids = torch.log_softmax(logits, -1).topk(min(cfg.topk, logits.shape[-1]), dim=-1)
+            new = []
+            for row, node in enumerate(frontier):
+                feature[node] = preds[row]
+                for v, i in zip(values[row].tolist(), ids[row].tolist()):
+                    new.append(len(tokens))
+                    tokens.append(int(self.ids[i])), parents.append(node), scores.append(scores[node] + v)
+                    depths.append(d)
+            frontier = new
+        self.cache.truncate(n - 1)  # the tree's entries were scratch
+        return select_tree(tokens, parents, scores, depths, budget, root_logits.device)
+
+    def _expand(self, nodes: list[int], feats: torch.Tensor, tokens: list[int], parents: list[int],
+                slots: dict[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head pass over `nodes` (their ancestors' entries are in the cache, at `slots`): each sees
+        the committed entries, its ancestors' and its own, at position n - 2 + its depth."""
+        device = self.features.device
+        start, m = self.cache.length, len(nodes)
+        if start + m > self.capacity:
+            raise SpecdecError(f"the head's cache of {self.capacity} entries has no room for a tree level of {m}")
+        mask = torch.zeros(m, start + m, dtype=torch.bool, device=device)
+        mask[:, :n - 1] = True
+        positions = []
+        for row, node in enumerate(nodes):
+            a, chain = parents[node], 1
+            while a >= 0:
+                mask[row, slots[a]] = True
+                a, chain = parents[a], chain + 1
+            mask[row, start + row] = True
+            slots[node] = start + row
+            positions.append(n - 2 + chain)
+        out = self._run(feats, torch.tensor([tokens[x] for x in nodes], dtype=torch.long, device=device), start,
+                        torch.tensor(positions, device=device), mask)
+        self.cache.length = start + m
+        return out
+
     @staticmethod
     def _top(logits: torch.Tensor, q: torch.Tensor | None) -> float:
         """The draft's top probability: of q, or of the raw softmax under greedy (the confidence rule's input)."""
         return float((torch.softmax(logits, -1) if q is None else q).max())
+
+
+class PreparedMedusa:
+    """A Medusa head made ready for one target: its residual blocks as Q8_0 blocks on the CPU backend,
+    the target's LM head rows of the draft vocabulary shared by every head."""
+
+    def __init__(self, target: Transformer, head):
+        cfg = head.config
+        if cfg.kind != "medusa" or cfg.own_lm_head:
+            raise SpecdecError("the Medusa drafter needs a medusa head over the target's LM head (made by "
+                               "`specdec train-head --kind medusa`)")
+        if cfg.hidden_size != target.config.hidden_size:
+            raise SpecdecError(f"this head was made for a model of hidden size {cfg.hidden_size}; the target has "
+                               f"{target.config.hidden_size}")
+        device = target.device
+        self.config = cfg
+        head = head.to(device).float().eval()
+        self.ids = (head.d2t.long() + torch.arange(cfg.draft_vocab_size, device=device)).to(device)
+        self.lm = lm_head_rows(target, self.ids)
+        self.blocks = []  # per head: its residual blocks' linear layers
+        for seq in head.medusa_head:
+            layers = [block.linear for block in seq]
+            if getattr(target, "weight_format", "torch") == "gguf-q8":
+                layers = [q8_linear(layer) for layer in layers]
+            self.blocks.append(layers)
+
+    @torch.inference_mode()
+    def logits(self, feature: torch.Tensor, heads: int) -> torch.Tensor:
+        """Draft-vocabulary logits # [heads, draft_vocab] of the first `heads` heads at feature # [hidden]."""
+        out = []
+        for layers in self.blocks[:heads]:
+            x = feature.view(1, -1).float()
+            for linear in layers:
+                x = x + torch.nn.functional.silu(linear(x))
+            out.append(x)
+        return self.lm(torch.cat(out)).float()
+
+
+class MedusaDrafter(BaseDrafter):
+    """Medusa: head i reads the target's feature at the last fed position (the token before the last
+    committed one) and proposes the token i + 1 after the last committed one. Chains take each
+    head's top token (its distribution as q when sampling: a chain's q may ignore the tokens before
+    it); a static tree (`choices`, rank paths) takes each head's top ranks (q = None)."""
+
+    def __init__(self, target: Transformer, head, capacity: int, choices: tuple | None = None):
+        from specdec.tree import choices_to_parents
+        self.target = target
+        self.prepared = head if isinstance(head, PreparedMedusa) else PreparedMedusa(target, head)
+        heads = self.prepared.config.medusa_heads
+        self.static = None
+        if choices is not None:
+            if max(len(c) for c in choices) > heads:
+                raise SpecdecError(f"--tree-choices go {max(len(c) for c in choices)} deep; this head has {heads} heads")
+            self.static = tuple(t.tolist() for t in choices_to_parents([list(c) for c in choices]))  # parents, ranks
+        self.caps = Capabilities(features=True, tree_nodes=len(self.static[0]) if self.static else 0)
+        self.features = torch.zeros(capacity, self.prepared.config.hidden_size, device=target.device)
+
+    def start(self, prompt: list[int]) -> None:
+        pass
+
+    def feed(self, position: int, features: torch.Tensor) -> None:
+        self.features[position:position + features.shape[0]] = features.float()
+
+    def propose(self, state: DraftState) -> DraftTree:
+        n, p = len(state.tokens), self.prepared
+        k = min(state.k, p.config.medusa_heads)
+        if k < 1 or n < 2:
+            return DraftTree.empty()
+        logits = p.logits(self.features[n - 2], k)  # [k, draft_vocab]
+        if self.static is not None and state.tree:
+            return self._static_tree(logits, state)
+        if state.sampling.greedy:
+            return DraftTree.chain(p.ids[logits.argmax(-1)])
+        full = torch.full((k, self.target.config.vocab_size), float("-inf"), device=logits.device)
+        full[:, p.ids] = logits
+        q = probs_from_logits(full, state.sampling)  # [k, vocab]
+        tokens = torch.stack([sample(q[i], state.generator) for i in range(k)]).view(-1)
+        return DraftTree.chain(tokens, q)
+
+    def _static_tree(self, logits: torch.Tensor, state: DraftState) -> DraftTree:
+        from specdec.drafters.draft_model import node_depths
+        parents, ranks = self.static
+        depths = node_depths(parents)
+        cap = state.max_nodes if state.max_nodes is not None else len(parents)
+        keep = [i for i in range(len(parents)) if depths[i] <= logits.shape[0]][:cap]
+        top = logits.topk(max(ranks) + 1, dim=-1).indices  # [k, ranks]
+        index = {old: new for new, old in enumerate(keep)}
+        tokens = [int(self.prepared.ids[top[depths[i] - 1, ranks[i]]]) for i in keep]
+        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=logits.device),
+                         torch.tensor([index[parents[i]] if parents[i] >= 0 else -1 for i in keep], dtype=torch.long))

@@ -81,8 +81,9 @@ def build_scheduler(args, progress=None):
     schedule = parse_schedule(args.k_schedule) if args.k_schedule else None
     method = drafting_method(args)
     tree = tree_config(args)
-    if tree is not None and method != "draft":
-        raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL)")
+    if tree is not None and method not in ("draft", "head"):
+        raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL) "
+                           "or an EAGLE head (--head)")
 
     available = available_bytes(resolve_device(args.device))  # before the models take their share
     target = load_model(args.model, progress=progress, **model_flags(args))
@@ -91,7 +92,7 @@ def build_scheduler(args, progress=None):
     ngram = NgramConfig(args.ngram_max, args.ngram_min)
     suffix = SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore)
 
-    head = load_head_for(args.head, target, args.model) if method == "eagle" else None
+    head = load_head_for(args.head, target, args.model) if method == "head" else None
 
     def drafter_factory():
         return build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
