@@ -41,6 +41,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace", type=float, default=DEFAULT_GRACE_SECONDS,
                    help="on SIGTERM, seconds in-flight requests may still run before they end with 'abort'")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+    ray = p.add_argument_group("replicas on Ray Serve (pip install -e '.[ray]')")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve the same API from specdec replicas under Ray Serve, each a whole engine; a "
+                          "conversation's turns go to the replica that served it while it has a free slot")
+    ray.add_argument("--replicas", type=integer, default=None, help="--ray: replicas (default 2)")
+    ray.add_argument("--autoscale", default=None, metavar="MIN:MAX", help="--ray: replicas scaled by load between MIN and MAX")
+    ray.add_argument("--ray-address", default=None,
+                     help="--ray: join this Ray cluster (default: start a local one bound to loopback)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="--ray: CPUs Ray reserves for each replica")
 
 
 def drafting_method(args) -> str:
@@ -125,6 +134,9 @@ def build_scheduler(args, progress=None):
 
 def serve(args) -> int:
     """Build everything, then serve until SIGTERM/SIGINT (graceful: see app.Server)."""
+    if args.ray:
+        from specdec.server.ray_serve import serve_ray
+        return serve_ray(args)
     from specdec.server.app import create_app, make_server
     scheduler = build_scheduler(args)
     name = args.served_model_name or args.model

@@ -1,0 +1,346 @@
+"""`specdec serve --ray`: specdec replicas under Ray Serve, behind one OpenAI-compatible front.
+
+- `Replica` (a Ray Serve deployment, one per replica, placed by Ray): a whole `specdec serve`
+  engine (target, drafter, policy, slots, prefix cache) with its own app; the front hands it each
+  request as it came (method, path, JSON body) and gets the app's answer back, streamed or whole.
+  So every replica answers exactly as one `specdec serve` would, validation errors included.
+- `Front` (the ingress): the API's paths; it routes, retries and counts.
+- `ConversationRouter` (the replicas' Ray Serve request router): a request of a conversation goes
+  to the replica that served the conversation before, while that replica has a free slot (its
+  prefix cache and suffix cache hold the conversation); otherwise to the replica with the fewest
+  ongoing requests. A replica takes at most --max-batch requests (one per slot), so stickiness
+  never queues a request behind a full replica. A conversation is the request's `user` field,
+  else a hash of its messages up to the first user message (chat) or of its prompt's start.
+
+Faults: a request whose replica dies before it streamed a token is retried once on another
+replica; one that had streamed tokens ends with an error event. Ray restarts the replica. The
+front counts every request sent, answered, failed and retried, per replica and in all (`/metrics`).
+"""
+
+# no `from __future__ import annotations`: the ingress routes are pickled by value, and FastAPI must see
+# their annotations as classes, not names
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import signal
+import time
+
+from fastapi import FastAPI, Request  # at module level: the routes' annotations are resolved here
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from specdec.errors import SpecdecError
+
+log = logging.getLogger("specdec.ray")
+
+def conversation_key(path: str, body: dict) -> str:
+    """The `user` field, else a hash of the messages up to the first user message (chat) or of the
+    prompt's first 256 characters (completions): what every turn of one conversation starts with."""
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return "user:" + user
+    if path.endswith("chat/completions"):  # the messages up to the first user message: every turn starts so
+        head = []
+        for m in body.get("messages") or []:
+            if isinstance(m, dict):
+                head.append([m.get("role"), m.get("content")])
+                if m.get("role") == "user":
+                    break
+        text = json.dumps(head, sort_keys=True, default=str)
+    else:
+        text = json.dumps(body.get("prompt"), default=str)[:256]
+    return "hash:" + hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def ray_installed() -> bool:
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise SpecdecError(f"--autoscale takes MIN:MAX replicas, e.g. 1:4; got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise SpecdecError(f"--autoscale needs 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def check_ray_flags(args) -> tuple[int, int]:
+    """(min, max) replicas from --replicas / --autoscale; clear errors before Ray starts."""
+    if not ray_installed():
+        raise SpecdecError("--ray needs Ray Serve, an optional extra: pip install -e '.[ray]'")
+    if args.autoscale and args.replicas is not None:
+        raise SpecdecError("give --replicas N or --autoscale MIN:MAX, not both")
+    if args.cpus_per_replica <= 0:
+        raise SpecdecError(f"--cpus-per-replica must be > 0, got {args.cpus_per_replica}")
+    if args.autoscale:
+        return parse_autoscale(args.autoscale)
+    n = 2 if args.replicas is None else args.replicas
+    if n < 1:
+        raise SpecdecError(f"--replicas must be >= 1, got {n}")
+    return n, n
+
+
+def check_reachable(address: str) -> None:
+    """A clear error, at once, when nothing listens at a host:port cluster address."""
+    import socket
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or "://" in address:
+        return  # 'auto', a ray:// client address: Ray itself resolves those
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as e:
+        raise SpecdecError(f"cannot reach the Ray cluster at {address}: {e}; start it with `ray start --head` "
+                           "or give the address `ray status` prints") from None
+
+
+def start_ray(address: str | None) -> None:
+    """Join the cluster at `address`, or start a local Ray bound to loopback."""
+    import ray
+    if address:
+        check_reachable(address)
+    if ray.is_initialized():
+        return
+    try:
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        else:
+            ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, logging_level=logging.WARNING,
+                     log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+        raise SpecdecError(f"cannot reach {where}: {e}") from None
+
+
+def check_capacity(max_replicas: int, cpus: float) -> None:
+    import ray
+    have = ray.cluster_resources().get("CPU", 0.0)
+    if max_replicas * cpus > have:
+        raise SpecdecError(f"{max_replicas} replicas x {cpus:g} CPUs need {max_replicas * cpus:g} CPUs; the Ray "
+                           f"cluster has {have:g}. Lower --replicas / --autoscale MAX or --cpus-per-replica")
+
+
+def replica_args(args) -> dict:
+    """What a replica builds its engine from: the serve flags, without the Ray ones."""
+    skip = {"ray", "replicas", "autoscale", "ray_address", "cpus_per_replica", "func"}
+    flags = {k: v for k, v in vars(args).items() if k not in skip}
+    flags["torch_threads"] = max(1, int(args.cpus_per_replica))  # a replica computes on its share of the CPUs
+    return flags
+
+
+def build_app(args, lo: int, hi: int):
+    """The Ray Serve application: the front bound to the replicas."""
+    from ray import serve
+    from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+    grace = args.shutdown_grace
+    replica_cls = serve.deployment(name="specdec-replica", max_ongoing_requests=args.max_batch,
+                                   graceful_shutdown_timeout_s=grace + 5.0, health_check_period_s=2.0,
+                                   health_check_timeout_s=30.0)(Replica)
+    scaling = {"num_replicas": lo} if lo == hi else {"autoscaling_config": AutoscalingConfig(
+        min_replicas=lo, max_replicas=hi, target_ongoing_requests=max(1, args.max_batch // 2))}
+    replica = replica_cls.options(ray_actor_options={"num_cpus": args.cpus_per_replica},
+                                  request_router_config=RequestRouterConfig(
+                                      request_router_class="specdec.server.ray_router:ConversationRouter"),
+                                  **scaling).bind(replica_args(args))
+    front = serve.deployment(name="specdec-front", ray_actor_options={"num_cpus": 0},
+                             max_ongoing_requests=100_000)(make_front())
+    return front.bind(replica, args.served_model_name or args.model)
+
+
+class Replica:
+    """One whole specdec engine and its app; the front hands it requests as they came."""
+
+    def __init__(self, flags: dict):
+        import httpx
+        from ray import serve
+        from specdec.server import build_scheduler
+        from specdec.server.app import create_app
+        import torch
+        flags = dict(flags)
+        torch.set_num_threads(flags.pop("torch_threads"))
+        ns = argparse.Namespace(**flags)
+        self.grace = ns.shutdown_grace
+        self.scheduler = build_scheduler(ns, progress=lambda m: log.info("%s", m))
+        self.scheduler.start()
+        app = create_app(self.scheduler, ns.served_model_name or ns.model)
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://replica", timeout=None)
+        self.id = serve.get_replica_context().replica_id.unique_id
+
+    @staticmethod
+    def _headers(r) -> dict:
+        return {k: v for k, v in r.headers.items() if k.lower() in ("retry-after", "content-type")}
+
+    async def call(self, path: str, body, conversation: str = "") -> dict:
+        r = await self.client.post(path, json=body) if not isinstance(body, str) else \
+            await self.client.post(path, content=body, headers={"content-type": "application/json"})
+        return {"status": r.status_code, "body": r.content, "replica": self.id, "headers": self._headers(r)}
+
+    async def stream(self, path: str, body, conversation: str = ""):
+        async with self.client.stream("POST", path, json=body) as r:
+            yield {"status": r.status_code, "replica": self.id, "headers": self._headers(r)}
+            async for chunk in r.aiter_text():
+                yield chunk
+
+    def metrics(self) -> tuple[str, bytes]:
+        return self.id, self.scheduler.metrics.render()
+
+    def check_health(self) -> None:
+        if not self.scheduler.alive:
+            raise RuntimeError("the replica's scheduler thread died")
+
+    def __del__(self):
+        try:
+            self.scheduler.drain(self.grace)
+            self.scheduler.stop()
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+
+
+class FrontCounts:
+    """Requests the front sent, answered, failed and retried, per replica and in all."""
+
+    def __init__(self):
+        self.total = {"sent": 0, "answered": 0, "failed": 0, "retried": 0}
+        self.per_replica: dict[str, dict[str, int]] = {}
+
+    def add(self, what: str, replica: str | None = None) -> None:
+        self.total[what] += 1
+        if replica is not None:
+            row = self.per_replica.setdefault(replica, {"answered": 0, "failed": 0, "retried": 0})
+            row[what] = row.get(what, 0) + 1
+
+    def prometheus(self) -> str:
+        lines = []
+        for what, n in self.total.items():
+            lines += [f"# TYPE specdec_front_{what}_total counter", f"specdec_front_{what}_total {n}"]
+            lines += [f'specdec_front_{what}_total{{replica="{rid}"}} {row[what]}'
+                      for rid, row in sorted(self.per_replica.items()) if what in row]
+        return "\n".join(lines) + "\n"
+
+
+def _error(message: str) -> dict:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}}
+
+
+def _replica_died(e: Exception) -> bool:
+    from ray import exceptions as rex
+    return isinstance(e, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError))
+
+
+def make_front():
+    """The ingress class: the API's paths forwarded to a replica (the router picks it), a request
+    whose replica died before it answered retried once on another, everything counted."""
+    from ray import serve
+
+    app = FastAPI(title="specdec", docs_url=None, redoc_url=None)
+
+    @serve.ingress(app)
+    class Front:
+        def __init__(self, replica, model_name: str):
+            self.replica = replica
+            self.model_name = model_name
+            self.counts = FrontCounts()
+
+        async def _forward(self, request: Request, path: str):
+            raw = await request.body()
+            try:
+                body = json.loads(raw) if raw else {}
+            except ValueError:
+                body = raw.decode(errors="replace")  # the replica answers it as specdec serve does
+            key = conversation_key(path, body) if isinstance(body, dict) else "none"
+            self.counts.add("sent")
+            if isinstance(body, dict) and body.get("stream") is True:
+                return StreamingResponse(self._stream(path, body, key), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            for attempt in (0, 1):
+                try:
+                    out = await self.replica.call.remote(path, body, conversation=key)
+                except Exception as e:  # noqa: BLE001 - a replica failure: retried once, then a clear error
+                    if attempt == 0 and _replica_died(e):
+                        self.counts.add("retried")
+                        continue
+                    self.counts.add("failed")
+                    return JSONResponse(_error(f"the replica failed: {type(e).__name__}: {e}"), status_code=502)
+                self.counts.add("answered" if out["status"] < 500 else "failed", out["replica"])
+                return Response(out["body"], status_code=out["status"],
+                                headers={**out["headers"], "x-specdec-replica": out["replica"]})
+
+        async def _stream(self, path: str, body: dict, key: str):
+            for attempt in (0, 1):
+                streamed, replica = False, None
+                try:
+                    async for item in self.replica.options(stream=True).stream.remote(path, body, conversation=key):
+                        if isinstance(item, dict):
+                            replica = item["replica"]
+                            continue
+                        streamed = True
+                        yield item
+                    self.counts.add("answered", replica)
+                    return
+                except Exception as e:  # noqa: BLE001
+                    if attempt == 0 and not streamed and _replica_died(e):
+                        self.counts.add("retried", replica)
+                        continue
+                    self.counts.add("failed", replica)
+                    yield f"data: {json.dumps(_error(f'the replica failed mid-stream: {type(e).__name__}: {e}'))}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+
+        @app.post("/v1/completions")
+        async def completions(self, request: Request):
+            return await self._forward(request, "/v1/completions")
+
+        @app.post("/v1/chat/completions")
+        async def chat(self, request: Request):
+            return await self._forward(request, "/v1/chat/completions")
+
+        @app.get("/v1/models")
+        async def models(self):
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                                "owned_by": "specdec"}]}
+
+        @app.get("/health")
+        async def health(self):
+            return {"status": "ok"}
+
+        @app.get("/metrics")
+        async def metrics(self):
+            return Response(self.counts.prometheus(), media_type="text/plain; version=0.0.4")
+
+        @app.get("/stats")
+        async def stats(self):
+            return {"front": self.counts.total, "replicas": self.counts.per_replica}
+
+    return Front
+
+
+def serve_ray(args) -> int:
+    """Start (or join) Ray, deploy, serve until SIGTERM/SIGINT, then drain for --shutdown-grace."""
+    lo, hi = check_ray_flags(args)
+    start_ray(args.ray_address)
+    check_capacity(hi, args.cpus_per_replica)
+    from ray import serve
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(build_app(args, lo, hi), name="specdec", route_prefix="/", blocking=False)
+    log.warning("specdec on Ray Serve at http://%s:%d (%s replicas)", args.host, args.port,
+                lo if lo == hi else f"{lo}..{hi}")
+    stop = [False]
+
+    def on_signal(sig, frame):
+        stop[0] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop[0]:
+        time.sleep(0.5)
+    serve.delete("specdec")  # the replicas drain for their graceful_shutdown_timeout_s
+    serve.shutdown()
+    return 0
