@@ -41,3 +41,18 @@ def test_loadtest_every_mode_on_a_tiny_model(tiny_llama_dir, tmp_path):
 def test_loadtest_bad_values(capsys):
     assert "concurrency" in cli_error(["loadtest", "--concurrency", "0,2"], capsys)
     assert "mode" in cli_error(["loadtest", "--modes", "fast"], capsys)
+
+
+def test_per_replica_counts_from_the_fronts_snapshots():
+    from specdec.bench.loadtest import markdown, replica_deltas
+    before = {"front": {"sent": 3, "answered": 3, "failed": 0, "retried": 0},
+              "replicas": {"a": {"answered": 2}, "b": {"answered": 1}}}
+    after = {"front": {"sent": 9, "answered": 8, "failed": 1, "retried": 1},
+             "replicas": {"a": {"answered": 5}, "b": {"answered": 3}, "c": {"answered": 0}}}
+    d = replica_deltas(before, after)
+    assert d == {"per_replica": {"a": 3, "b": 2}, "retried": 1, "front_failed": 1}
+    assert replica_deltas(None, after) == {}
+    row = {"requests": 6, "ok": 5, "rejected_429": 0, "failed": 1, "throughput_tokens_per_second": 1.0,
+           "latency_p50": 1, "latency_p95": 2, "ttft_p50": 0.1, "tpot_mean": 0.05, "speculation_on_fraction": 1.0,
+           "tau": 1.5} | d
+    assert markdown({"modes": {"on": {"4": row}}}).splitlines()[-1].endswith("| 3 2 |")

@@ -203,13 +203,36 @@ def requests_per_level(c: int, minimum: int) -> int:
 
 def markdown(summary: dict) -> str:
     rows = ["| mode | conc. | ok / sent | 429 | failed | tok/s | p50 lat (s) | p95 lat (s) | p50 TTFT (s) | "
-            "TPOT (s) | spec on | tau |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "TPOT (s) | spec on | tau | per replica |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, levels in summary["modes"].items():
         for c, s in levels.items():
+            replicas = " ".join(f"{n}" for _, n in sorted(s.get("per_replica", {}).items())) or "-"
             rows.append(f"| {mode} | {c} | {s['ok']} / {s['requests']} | {s['rejected_429']} | {s['failed']} | "
                         f"{s['throughput_tokens_per_second']} | {s['latency_p50']} | {s['latency_p95']} | "
-                        f"{s['ttft_p50']} | {s['tpot_mean']} | {s['speculation_on_fraction']} | {s['tau']} |")
+                        f"{s['ttft_p50']} | {s['tpot_mean']} | {s['speculation_on_fraction']} | {s['tau']} | "
+                        f"{replicas} |")
     return "\n".join(rows) + "\n"
+
+
+def front_stats(base: str) -> dict | None:
+    """A --ray front's counts ({'front': ..., 'replicas': {id: counts}}), or None for one server."""
+    import httpx
+    try:
+        got = httpx.get(base + "/stats", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return got if "front" in got else None
+
+
+def replica_deltas(before: dict | None, after: dict | None) -> dict:
+    """Requests each replica answered, and the front's retries and failures, between two snapshots."""
+    if not before or not after:
+        return {}
+    per = {rid: row.get("answered", 0) - before["replicas"].get(rid, {}).get("answered", 0)
+           for rid, row in after["replicas"].items()}
+    return {"per_replica": {rid: n for rid, n in per.items() if n},
+            "retried": after["front"]["retried"] - before["front"]["retried"],
+            "front_failed": after["front"]["failed"] - before["front"]["failed"]}
 
 
 def run_loadtest(args) -> dict:
@@ -239,10 +262,12 @@ def run_loadtest(args) -> dict:
         raise SpecdecError("choose one drafter for the speculative modes: --draft MODEL or --ngram")
     summary = {"config": {"model": args.model, "draft": "ngram" if args.ngram else args.draft, "draft_vocab": args.draft_vocab, "k": args.k, "max_tokens": args.max_tokens,
                           "max_batch": args.max_batch, "concurrency": levels, "modes": modes, "order": args.order,
+                          "replicas": args.replicas if args.ray else None,
                           "dataset": args.dataset or "specdec/data/code_prompts.jsonl"}, "modes": {}}
     records = open(out / "records.jsonl", "w")
     common = ["--max-context", str(args.max_context)] + (["--device", args.device] if args.device else []) + (
-        ["--dtype", args.dtype] if args.dtype else []) + (["--weight-dtype", args.weight_dtype] if args.weight_dtype else [])
+        ["--dtype", args.dtype] if args.dtype else []) + (["--weight-dtype", args.weight_dtype] if args.weight_dtype else []) + (
+        ["--ray", "--replicas", str(args.replicas), "--cpus-per-replica", str(args.cpus_per_replica)] if args.ray else [])
     summary["modes"] = {mode: {} for mode in modes}
 
     def drive(mode: str, run_levels: list[int], log_name: str) -> None:
@@ -257,12 +282,14 @@ def run_loadtest(args) -> dict:
             one_request(base, args.model, mixed[0], 4, mode, 0, args.timeout, not args.completions)  # warm-up
             for c in run_levels:
                 n = requests_per_level(c, args.min_requests)
+                before = front_stats(base)
                 results, wall = run_level(base, args.model, mixed, c, n, args.max_tokens, mode, args.timeout,
                                           not args.completions)
+                deltas = replica_deltas(before, front_stats(base))
                 for r in results:
                     records.write(json.dumps(asdict(r)) + "\n")
                 records.flush()
-                s = summarize_level(results, wall)
+                s = summarize_level(results, wall) | deltas
                 summary["modes"][mode][str(c)] = s
                 log(f"[{mode}] c={c}: {s['ok']}/{s['requests']} ok, {s['throughput_tokens_per_second']} tok/s, "
                     f"p50 {s['latency_p50']} s, spec on {s['speculation_on_fraction']}")
@@ -303,5 +330,9 @@ def add_loadtest_flags(p) -> None:
     p.add_argument("--completions", action="store_true",
                    help="send /v1/completions with the raw prompt (default: /v1/chat/completions, chat template)")
     p.add_argument("--timeout", type=float, default=900.0, help="client timeout per request, seconds")
+    p.add_argument("--ray", action="store_true", help="drive `specdec serve --ray` (replicas under Ray Serve); "
+                                                        "the table then shows requests answered per replica")
+    p.add_argument("--replicas", type=integer, default=2, help="--ray: replicas")
+    p.add_argument("--cpus-per-replica", type=float, default=1.0, help="--ray: CPUs per replica")
     p.add_argument("--out", default="runs/loadtest")
 
