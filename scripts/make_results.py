@@ -47,6 +47,7 @@ SECTIONS = [
      "off: plain decoding; on: the drafter at a fixed k = 4; policy: `--policy adaptive`. Each "
      "concurrency level runs every mode on a fresh server, in alternating order."),
     ("memory-startup", "Memory and start-up", ""),
+    ("scaling", "Serving at scale: prefix caching and replicas on Ray Serve", ""),
 ]
 
 FORMATS = {"x": "{:.3f}x", "f1": "{:.1f}", "f2": "{:.2f}", "f3": "{:.3f}", "pct": "{:.0%}"}

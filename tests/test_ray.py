@@ -143,6 +143,7 @@ def test_a_replica_killed_under_load_loses_no_request(cluster):
     assert "lost" not in results and results.count("ok") >= 4, results
     after = httpx.get(cluster + "/stats").json()["front"]
     sent = after["sent"] - before["sent"]
+    print("fault test:", {k: after[k] - before[k] for k in after}, results)
     assert sent == 8 and sent == (after["answered"] - before["answered"]) + (after["failed"] - before["failed"])
     deadline = time.time() + 180
     while replicas_running() < 2 and time.time() < deadline:

@@ -50,6 +50,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     ray.add_argument("--ray-address", default=None,
                      help="--ray: join this Ray cluster (default: start a local one bound to loopback)")
     ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="--ray: CPUs Ray reserves for each replica")
+    ray.add_argument("--ray-routing", choices=("conversation", "least-loaded"), default="conversation",
+                     help="--ray: a conversation's turns to the replica that served it while it has a free slot "
+                          "(default), or Ray Serve's own least-loaded choice for every request")
 
 
 def drafting_method(args) -> str:

@@ -130,7 +130,7 @@ def check_capacity(max_replicas: int, cpus: float) -> None:
 
 def replica_args(args) -> dict:
     """What a replica builds its engine from: the serve flags, without the Ray ones."""
-    skip = {"ray", "replicas", "autoscale", "ray_address", "cpus_per_replica", "func"}
+    skip = {"ray", "replicas", "autoscale", "ray_address", "cpus_per_replica", "ray_routing", "func"}
     flags = {k: v for k, v in vars(args).items() if k not in skip}
     flags["torch_threads"] = max(1, int(args.cpus_per_replica))  # a replica computes on its share of the CPUs
     return flags
@@ -146,9 +146,9 @@ def build_app(args, lo: int, hi: int):
                                    health_check_timeout_s=30.0)(Replica)
     scaling = {"num_replicas": lo} if lo == hi else {"autoscaling_config": AutoscalingConfig(
         min_replicas=lo, max_replicas=hi, target_ongoing_requests=max(1, args.max_batch // 2))}
-    replica = replica_cls.options(ray_actor_options={"num_cpus": args.cpus_per_replica},
-                                  request_router_config=RequestRouterConfig(
-                                      request_router_class="specdec.server.ray_router:ConversationRouter"),
+    router = {} if args.ray_routing == "least-loaded" else {"request_router_config": RequestRouterConfig(
+        request_router_class="specdec.server.ray_router:ConversationRouter")}  # else Ray Serve's own (power of two)
+    replica = replica_cls.options(ray_actor_options={"num_cpus": args.cpus_per_replica}, **router,
                                   **scaling).bind(replica_args(args))
     front = serve.deployment(name="specdec-front", ray_actor_options={"num_cpus": 0},
                              max_ongoing_requests=100_000)(make_front())
@@ -170,7 +170,7 @@ class Replica:
         self.grace = ns.shutdown_grace
         self.scheduler = build_scheduler(ns, progress=lambda m: log.info("%s", m))
         self.scheduler.start()
-        app = create_app(self.scheduler, ns.served_model_name or ns.model)
+        app = self.app = create_app(self.scheduler, ns.served_model_name or ns.model)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://replica", timeout=None)
         self.id = serve.get_replica_context().replica_id.unique_id
 
@@ -184,10 +184,37 @@ class Replica:
         return {"status": r.status_code, "body": r.content, "replica": self.id, "headers": self._headers(r)}
 
     async def stream(self, path: str, body, conversation: str = ""):
-        async with self.client.stream("POST", path, json=body) as r:
-            yield {"status": r.status_code, "replica": self.id, "headers": self._headers(r)}
-            async for chunk in r.aiter_text():
-                yield chunk
+        """The app's answer as it is sent: the ASGI messages go straight to the front (an httpx
+        ASGI transport would gather the whole body first)."""
+        raw = json.dumps(body).encode()
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+                 "client": ("127.0.0.1", 0), "server": ("replica", 80)}
+        messages: asyncio.Queue = asyncio.Queue()
+        request = [{"type": "http.request", "body": raw, "more_body": False}]
+
+        async def receive():
+            if request:
+                return request.pop()
+            await asyncio.Event().wait()  # no disconnect while the front reads (a cancel ends it)
+
+        task = asyncio.ensure_future(self.app(scope, receive, messages.put))
+        try:
+            start = await messages.get()
+            headers = {k.decode(): v.decode() for k, v in start.get("headers", [])
+                       if k.decode().lower() in ("retry-after", "content-type")}
+            yield {"status": start["status"], "replica": self.id, "headers": headers}
+            while True:
+                msg = await messages.get()
+                if msg.get("body"):
+                    yield msg["body"].decode()
+                if not msg.get("more_body"):
+                    break
+            await task
+        finally:
+            if not task.done():
+                task.cancel()  # the client went away: the app cancels the request
 
     def metrics(self) -> tuple[str, bytes]:
         return self.id, self.scheduler.metrics.render()
@@ -280,6 +307,7 @@ def make_front():
                     async for item in self.replica.options(stream=True).stream.remote(path, body, conversation=key):
                         if isinstance(item, dict):
                             replica = item["replica"]
+                            yield f": replica {replica}\n\n"  # an SSE comment: which replica answers
                             continue
                         streamed = True
                         yield item
