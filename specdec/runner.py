@@ -61,12 +61,15 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
 
 def load_head_for(name: str, target: LoadedModel, model_name: str, kind: str = "eagle"):
     """The head `name` (a directory, a name under $SPECDEC_HOME/heads, or 'auto': the `kind` head that
-    `specdec train-head --model MODEL` writes), checked against the target it drafts for, made ready
-    to draft (PreparedHead for EAGLE, PreparedMedusa)."""
+    `specdec train-head --model MODEL` writes, else the one the package ships for MODEL), checked
+    against the target it drafts for, made ready to draft (PreparedHead for EAGLE, PreparedMedusa)."""
     from pathlib import Path
     from specdec.heads.checkpoint import load_head, target_fingerprint
     from specdec.heads.cli import default_out, heads_home
     path = default_out(model_name, kind) if name == "auto" else Path(name)
+    shipped = Path(__file__).parent / "data" / "heads" / path.name  # a head that comes with the package
+    if name == "auto" and not path.is_dir() and shipped.is_dir():
+        path = shipped
     if not path.is_dir() and (heads_home() / name).is_dir():
         path = heads_home() / name
     if not path.is_dir():
