@@ -46,6 +46,7 @@ SECTIONS = [
     ("load", "The policy under load (`specdec serve` driven by `specdec loadtest`)",
      "off: plain decoding; on: the drafter at a fixed k = 4; policy: `--policy adaptive`. Each "
      "concurrency level runs every mode on a fresh server, in alternating order."),
+    ("heads", "Self-drafting heads trained here", ""),
     ("memory-startup", "Memory and start-up", ""),
     ("scaling", "Serving at scale: prefix caching and replicas on Ray Serve", ""),
 ]
