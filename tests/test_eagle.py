@@ -254,3 +254,25 @@ def test_medusa_sampling_matches_target_distribution():
         seq = tuple(engine.generate(prompt, GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))).tokens[:3])
         counts[seq] = counts.get(seq, 0) + 1
     assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS)
+
+
+def test_head_flags_that_do_not_fit_are_clear_errors(tiny_llama_dir, tmp_path, capsys):
+    """A static tree for an EAGLE head, a dynamic one for Medusa, --head with another drafter, and a
+    head made for another model: each a one-line error."""
+    from specdec.cli import main
+    from specdec.heads.checkpoint import save_head, target_fingerprint
+    from specdec.model import load_model
+    loaded = load_model(str(tiny_llama_dir), device="cpu")
+    made_for = target_fingerprint(loaded.module, loaded.tokenizer)
+    save_head(eagle_head(loaded.module), tmp_path / "eagle", made_for)
+    save_head(medusa_head(loaded.module), tmp_path / "medusa", made_for)
+    other = tiny_model(2, hidden_size=32)
+    save_head(eagle_head(other), tmp_path / "other", {"hidden_size": 32, "vocab_size": TINY_VOCAB})
+    base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "4", "--json"]
+    cases = [(["--head", str(tmp_path / "eagle"), "--tree-choices", "[[0],[1]]"], "static --tree-choices"),
+             (["--head", str(tmp_path / "medusa"), "--tree-budget", "8"], "not --tree-budget"),
+             (["--head", str(tmp_path / "eagle"), "--ngram"], "choose one drafting method"),
+             (["--head", str(tmp_path / "other")], "hidden")]
+    for flags, message in cases:
+        assert main(base + flags + ["hi"]) == 2, flags
+        assert message in capsys.readouterr().err, flags

@@ -106,8 +106,6 @@ class PreparedHead:
 class EagleDrafter(BaseDrafter):
     """Chains of k tokens from an EAGLE head (specdec.heads.modules.EagleHead, or a PreparedHead) for its target."""
 
-    caps = Capabilities(features=True, knows_confidence=True)  # chains honour DraftState.stop
-
     def __init__(self, target: Transformer, head, capacity: int, tree: TreeConfig | None = None):
         """tree: draft dynamic token trees (EAGLE-2: top-k expansion by cumulative draft probability,
         re-ranked to the node budget) instead of chains; static choices are not taken."""
