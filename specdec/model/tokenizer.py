@@ -1,8 +1,9 @@
-"""Tokenizer and chat template, from the same source as the weights (via HF transformers).
+"""Tokenizer and chat template, from the same source as the weights.
 
-A GGUF file carries its tokenizer as metadata (vocabulary, merges, special token ids, chat template):
-transformers' GGUF tokenizer builders turn that into a fast tokenizer in memory, with nothing written
-to disk. An HF directory's tokenizer files load as usual."""
+A GGUF file carries its tokenizer as metadata (vocabulary, merges, special token ids, chat template).
+A byte-level BPE one is built on the tokenizers library directly (byte_bpe); any other goes through
+transformers' GGUF tokenizer builders. Either way it lives in memory, with nothing written to disk.
+An HF directory's tokenizer files load through transformers as usual."""
 
 from __future__ import annotations
 
@@ -36,21 +37,15 @@ def load_tokenizer(source: Path, gguf=None):
     return gguf_tokenizer(gguf if gguf is not None else GGUFFile(Path(source)))
 
 
-def gguf_tokenizer(gguf):
-    """A fast HF tokenizer built from a GGUFFile's metadata, in memory."""
-    from transformers import PreTrainedTokenizerFast
-    try:
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
-    except ImportError:  # older transformers: its own (slower) GGUF path
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(str(gguf.path.parent), gguf_file=gguf.path.name)
+def gguf_metadata(gguf) -> tuple[dict, dict]:
+    """A GGUFFile's tokenizer metadata under transformers' names, and the tokenizer config (chat
+    template, add_bos/add_eos, special tokens)."""
     info = {name: gguf.get(key) for key, name in GGUF_TOKENIZER_KEYS.items() if key in gguf.metadata}
     if "tokens" not in info:
         raise SpecdecError(f"{gguf.path} carries no tokenizer (no tokenizer.ggml.tokens in its metadata)")
     for name in ("token_type", "scores"):
         if name in info:
             info[name] = info[name].tolist()
-    backend, extra = convert_gguf_tokenizer(gguf.get("general.architecture"), info)
     config = {"chat_template": gguf.get("tokenizer.chat_template"),
               "add_bos_token": bool(gguf.get("tokenizer.ggml.add_bos_token", info.get("tokenizer_type") == "llama")),
               "add_eos_token": bool(gguf.get("tokenizer.ggml.add_eos_token", False))}
@@ -58,6 +53,24 @@ def gguf_tokenizer(gguf):
     for name, key in SPECIAL_TOKENS.items():
         token_id = info.get(key)
         config[name] = tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
+    return info, config
+
+
+def gguf_tokenizer(gguf, transformers_only: bool = False):
+    """A tokenizer built from a GGUFFile's metadata, in memory: byte-level BPE files on the tokenizers
+    library directly (byte_bpe), any other through transformers' GGUF tokenizer builders."""
+    info, config = gguf_metadata(gguf)
+    from specdec.model.byte_bpe import ByteLevelTokenizer, build_backend
+    backend = None if transformers_only else build_backend(info)
+    if backend is not None:
+        return ByteLevelTokenizer(backend, config)
+    from transformers import PreTrainedTokenizerFast
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    except ImportError:  # older transformers: its own (slower) GGUF path
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(str(gguf.path.parent), gguf_file=gguf.path.name)
+    backend, extra = convert_gguf_tokenizer(gguf.get("general.architecture"), info)
     return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
 
 
