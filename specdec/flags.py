@@ -1,8 +1,20 @@
-"""Argument types shared by every command's flags (cli, server, loadtest)."""
+"""Every command's flags, in one place, and the frozen settings they become (specdec.settings).
+
+The same flag means the same thing in generate, bench, serve and loadtest. Flag groups:
+add_model_flags (ModelSettings), add_spec_flags (DraftingSettings), add_sampling_flags
+(SamplingParams, and --max-new-tokens), add_serve_flags (ServeSettings), add_ray_flags (RaySettings),
+add_bench_flags (BenchSettings), add_loadtest_flags (LoadtestSettings). `settings(cls, args)` builds
+one from a parsed namespace, field by field: the namespace ends here and in the CLI.
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
+
+from specdec.settings import DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_DRAFT_VOCAB", "DEFAULT_TARGET", "integer", "settings"]
 
 
 def integer(text: str) -> int:
@@ -10,3 +22,244 @@ def integer(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def settings(cls, args: argparse.Namespace):
+    """cls (a settings dataclass) from the parsed flags of the same names; validated on construction."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def dests(*groups) -> set[str]:
+    """The destinations the given flag groups define (for the 1:1 check against settings fields)."""
+    p = argparse.ArgumentParser(add_help=False)
+    for group in groups:
+        group(p)
+    return {a.dest for a in p._actions}
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_TARGET, help="target: registry name, .gguf path or HF directory")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default=None,
+                   help="CUDA: bfloat16 (default) or float16; the CPU runs float32 activations")
+    p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
+    p.add_argument("--weight-dtype", default=None, choices=("auto", "gguf-q8", "float32"),
+                   help="how the weights are read. gguf-q8: on the CPU, the GGUF file's own quantized blocks "
+                        "(Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) through its memory map, against activations "
+                        "quantized to 8 bits per block (llama.cpp's arithmetic): no fp32 copy in memory or on "
+                        "disk; the output is close to float32's, not equal (speculative output still equals "
+                        "plain decoding's). float32: the torch reference, the weights dequantized to fp32 in "
+                        "memory at load (on CUDA: to --dtype). auto (default): gguf-q8 for a .gguf model on the "
+                        "CPU, else the torch reference")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
+
+
+def add_lookahead_flags(p: argparse.ArgumentParser, with_switch: bool) -> None:
+    if with_switch:
+        p.add_argument("--lookahead", action="store_true",
+                       help="lookahead decoding: Jacobi iteration feeds an n-gram pool, verified in the same pass")
+    p.add_argument("--lookahead-window", type=integer, default=3, help="lookahead: window width W (columns)")
+    p.add_argument("--lookahead-ngram", type=integer, default=3, help="lookahead: n-gram size N (N - 1 levels)")
+    p.add_argument("--lookahead-candidates", type=integer, default=3,
+                   help="lookahead: at most G pool n-grams verified per step")
+
+
+def add_window_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-window", type=integer, default=0,
+                   help="the draft model prefills only the prompt's last N tokens (0 = all): a long prompt's draft "
+                        "prefill costs less, its drafts see less context; output stays exact")
+
+
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", default=None,
+                   help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
+    p.add_argument("--ngram", action="store_true",
+                   help="draft by n-gram prompt lookup instead of a model; with --draft MODEL: both (hybrid: "
+                        "lookup when the last 3 tokens occurred before, the model otherwise)")
+    p.add_argument("--ngram-max", type=integer, default=3, help="largest n-gram to match")
+    p.add_argument("--ngram-min", type=integer, default=1, help="smallest n-gram to match")
+    p.add_argument("--suffix", action="store_true",
+                   help="draft by suffix matching over this request, earlier requests and an optional datastore")
+    p.add_argument("--suffix-cache-tokens", type=integer, default=262144,
+                   help="suffix drafter: tokens of earlier requests kept (oldest evicted first; 0 = none)")
+    p.add_argument("--suffix-min-match", type=integer, default=1, help="suffix drafter: shortest match that drafts")
+    p.add_argument("--datastore", default=None, help="suffix drafter: a file from `specdec datastore build`")
+    add_lookahead_flags(p, with_switch=True)
+    p.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
+                   help="self-speculation: the target drafts with its first L layers (or a list like 0-5,8) and its "
+                        "own head; 'auto' = the choice saved by `specdec tune-layer-skip`")
+    p.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
+    p.add_argument("--head", default=None, metavar="DIR|NAME|auto",
+                   help="draft with an EAGLE head trained by `specdec train-head`: its directory, a name under "
+                        "$SPECDEC_HOME/heads, or 'auto' (the one trained for --model)")
+    p.add_argument("--k", type=integer, default=4,
+                   help="draft tokens per verify step (--policy fixed), or the most the adaptive policy may draft")
+    p.add_argument("--draft-vocab", type=integer, default=DEFAULT_DRAFT_VOCAB,
+                   help="draft model scores only the first N token ids (0 = all); cuts its LM-head cost, output "
+                        "stays exact (default: %(default)s, the measured best for the Qwen2.5 pair)")
+    p.add_argument("--draft-p-min", type=float, default=0.0,
+                   help="stop a draft early when the draft model's top probability is below this (0 = off)")
+    add_window_flag(p)
+    p.add_argument("--tree-budget", type=integer, default=0,
+                   help="draft a dynamic token tree of at most N nodes (EAGLE-2 style) instead of a chain (0 = chain)")
+    p.add_argument("--tree-depth", type=integer, default=4, help="dynamic tree: largest depth")
+    p.add_argument("--tree-topk", type=integer, default=4,
+                   help="dynamic tree: nodes expanded per depth, and children per expanded node")
+    p.add_argument("--tree-choices", default=None,
+                   help="static tree: Medusa-style rank paths as JSON (or a JSON file), e.g. '[[0],[1],[0,0],[0,1]]'")
+    p.add_argument("--policy", choices=("fixed", "adaptive", "adaptive-k"), default="adaptive",
+                   help="adaptive (default): pick k in 0..k each step from measured costs and running acceptance "
+                        "(0 = plain step), and let a draft model's chain go on or end by its own confidence "
+                        "(single-sequence generation; the server picks k only); adaptive-k: pick k only; "
+                        "fixed: draft k every step")
+    p.add_argument("--cost-profile", default=None,
+                   help="`specdec profile` JSON with v(n), c and the draft prefill's price (a fixed part + a part "
+                        "per prompt token) for the adaptive policy (default: measure at start)")
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=integer, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--seed", type=integer, default=None)
+    p.add_argument("--max-new-tokens", type=integer, default=128)
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """The serve-only flags (ServeSettings; add_model_flags and add_spec_flags give the model and drafting ones)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=integer, default=8000, help="port to listen on")
+    p.add_argument("--max-batch", type=integer, default=4,
+                   help="sequences generated at once (slots, each with its own KV cache of --max-context tokens)")
+    p.add_argument("--max-queue", type=integer, default=64,
+                   help="requests that may wait for a slot; beyond that the answer is 429 with Retry-After")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may take, queueing included (finish_reason 'timeout'; 0 = none)")
+    p.add_argument("--memory-budget-gb", type=float, default=None,
+                   help="weights + KV caches + head-room must fit this (default: available memory at start "
+                        "minus max(0.5 GiB, 10%%))")
+    p.add_argument("--spec-off-batch", type=integer, default=None,
+                   help="plain steps (no drafting) while more than N sequences are active")
+    p.add_argument("--k-schedule", default=None,
+                   help="draft length by active batch size, e.g. 1:4,4:2,8:0 (from 4 sequences k<=2, from 8 plain)")
+    p.add_argument("--prefill-chunk", type=integer, default=256,
+                   help="prompt tokens prefilled per step, so long prompts do not stall running sequences")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="prefill every prompt whole (default: a request reuses the keys/values a free slot holds of "
+                        "its prompt's beginning, such as a conversation's earlier turns)")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="on SIGTERM, seconds in-flight requests may still run before they end with 'abort'")
+    p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+
+
+def add_ray_flags(p: argparse.ArgumentParser) -> None:
+    """Replicas on Ray Serve (RaySettings)."""
+    ray = p.add_argument_group("replicas on Ray Serve (pip install -e '.[ray]')")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve the same API from specdec replicas under Ray Serve, each a whole engine; a "
+                          "conversation's turns go to the replica that served it while it has a free slot")
+    ray.add_argument("--replicas", type=integer, default=None, help="--ray: replicas (default 2)")
+    ray.add_argument("--autoscale", default=None, metavar="MIN:MAX", help="--ray: replicas scaled by load between MIN and MAX")
+    ray.add_argument("--ray-address", default=None,
+                     help="--ray: join this Ray cluster (default: start a local one bound to loopback)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="--ray: CPUs Ray reserves for each replica")
+    ray.add_argument("--ray-routing", choices=("conversation", "least-loaded"), default="conversation",
+                     help="--ray: a conversation's turns to the replica that served it while it has a free slot "
+                          "(default), or Ray Serve's own least-loaded choice for every request")
+
+
+def add_bench_flags(bench: argparse.ArgumentParser) -> None:
+    """specdec bench's own flags (BenchSettings)."""
+    bench.add_argument("--draft", default=DEFAULT_DRAFT,
+                       help="draft model for the 'draft', 'tree', 'hybrid' and 'hf-assisted' methods")
+    bench.add_argument("--methods", default="plain,draft,ngram,hf",
+                       help="comma list from plain, draft, ngram, suffix, lookahead, layer-skip, tree, hybrid (ours; "
+                            "tree:N is the draft model's dynamic token tree of N nodes, tree:auto lets the policy choose "
+                            "plain, a chain or a tree of 4-16 nodes per step; hybrid is the draft model "
+                            "plus prompt lookup), hf, hf-assisted, hf-lookup "
+                            "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
+                            "a drafting method may pin its k, e.g. draft:8")
+    bench.add_argument("--dataset", default=None,
+                       help="JSONL with 'prompt' or 'turns' (and optional 'category', 'id'); default: shipped code prompts")
+    bench.add_argument("--limit", type=integer, default=None, help="first N prompts of each category")
+    bench.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
+    bench.add_argument("--k", default="2,auto",
+                       help="draft tokens per step, or a sweep such as 1,2,3,4,6,8; 'auto' adds the adaptive "
+                            "policy (k chosen per step in 0..8, and a draft model's chain lengthened or ended by "
+                            "its calibrated confidence) for our drafting methods; 'auto-k': the k choice alone "
+                            "(default: %(default)s, the best fixed k measured in the default mode next to the policy)")
+    bench.add_argument("--draft-vocab", type=integer, default=DEFAULT_DRAFT_VOCAB,
+                       help="draft model scores only the first N token ids (0 = all; default: %(default)s)")
+    add_window_flag(bench)
+    bench.add_argument("--datastore", default=None, help="suffix method: a file from `specdec datastore build`")
+    bench.add_argument("--tree-depth", type=integer, default=4, help="tree methods: largest depth")
+    add_lookahead_flags(bench, with_switch=False)
+    bench.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
+                       help="layer-skip method: draft with the first L layers (or a list like 0-5,8); 'auto' = the "
+                            "choice saved by `specdec tune-layer-skip`")
+    bench.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
+    bench.add_argument("--head", default=None, metavar="DIR|NAME|auto",
+                       help="eagle method: the EAGLE head (default: auto, the one `specdec train-head` made for --model)")
+    bench.add_argument("--tree-topk", type=integer, default=4, help="tree methods: expansion width per depth")
+    bench.add_argument("--draft-p-min", type=float, default=0.0,
+                       help="draft methods stop early when the draft's top probability is below this (0 = off)")
+    bench.add_argument("--max-new-tokens", type=integer, default=128)
+    bench.add_argument("--temperature", type=float, default=0.0,
+                       help="0 = greedy (outputs are checked token for token against plain decoding)")
+    bench.add_argument("--seed", type=integer, default=None, help="base seed for sampling (per prompt: seed + index)")
+    bench.add_argument("--ignore-eos", action="store_true",
+                       help="our methods generate exactly --max-new-tokens (EOS does not stop them), so sampled "
+                            "runs compare equal amounts of work; not for the HF and llama.cpp peers")
+    bench.add_argument("--repeats", type=integer, default=1, help="run everything N times; reports mean ± stdev")
+    bench.add_argument("--theory", action="store_true",
+                       help="print the predicted speedup (1-a^(k+1))/((1-a)(k c + v(k+1))) next to the measured one")
+    bench.add_argument("--cost-profile", default=None,
+                       help="`specdec profile` JSON to take c and v(n) from, for the theory check and the "
+                            "adaptive policy (default: measured in this run / at start)")
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.add_argument("--report-only", action="store_true",
+                       help="summarize the records already in --out (prompts every method finished); run nothing")
+    bench.add_argument("--out", default="runs/bench",
+                       help="output directory; a run there that was interrupted resumes where it stopped")
+
+
+def add_loadtest_flags(p: argparse.ArgumentParser) -> None:
+    """specdec loadtest's own flags (LoadtestSettings)."""
+    p.add_argument("--draft", default=None, help="draft model for the 'on' and 'policy' modes")
+    p.add_argument("--ngram", action="store_true", help="the 'on' and 'policy' modes draft by prompt lookup instead")
+    p.add_argument("--draft-vocab", type=integer, default=32768,
+                   help="the draft model scores only the first N token ids (0 = all; default: %(default)s, as serve)")
+    p.add_argument("--modes", default="off,on,policy", help="comma list from off, on, policy")
+    p.add_argument("--order", choices=("level", "mode"), default="level",
+                   help="level: at each concurrency level run every mode (a fresh server each, order alternating "
+                        "ABC, CBA), so drift between modes cancels; mode: one server per mode for all levels")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="client threads at once, per level")
+    p.add_argument("--min-requests", type=integer, default=4, help="requests per level: max(this, 2 x concurrency)")
+    p.add_argument("--max-tokens", type=integer, default=32)
+    p.add_argument("--k", type=integer, default=4)
+    p.add_argument("--max-batch", type=integer, default=16, help="the server's slots")
+    p.add_argument("--dataset", default=None, help="JSONL prompts (Spec-Bench's question.jsonl works); first turns")
+    p.add_argument("--categories", default=None, help="comma list of categories to use")
+    p.add_argument("--completions", action="store_true",
+                   help="send /v1/completions with the raw prompt (default: /v1/chat/completions, chat template)")
+    p.add_argument("--timeout", type=float, default=900.0, help="client timeout per request, seconds")
+    p.add_argument("--ray", action="store_true", help="drive `specdec serve --ray` (replicas under Ray Serve); "
+                                                        "the table then shows requests answered per replica")
+    p.add_argument("--replicas", type=integer, default=2, help="--ray: replicas")
+    p.add_argument("--cpus-per-replica", type=float, default=1.0, help="--ray: CPUs per replica")
+    p.add_argument("--out", default="runs/loadtest")
+
+
+def add_all_serve_flags(p: argparse.ArgumentParser) -> None:
+    """Everything `specdec serve` takes."""
+    add_model_flags(p)
+    add_spec_flags(p)
+    add_serve_flags(p)
+    add_ray_flags(p)
+
+
+def serve_settings(args: argparse.Namespace) -> tuple:
+    """(ModelSettings, DraftingSettings, ServeSettings, RaySettings) from `specdec serve`'s flags."""
+    from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
+    return tuple(settings(cls, args) for cls in (ModelSettings, DraftingSettings, ServeSettings, RaySettings))

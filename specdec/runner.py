@@ -1,16 +1,17 @@
-"""Wires models, drafter and engine from the few values a command gives (used by CLI and bench)."""
+"""Wires models, drafter and engine from the settings a command gives (used by CLI, server and bench)."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 
-from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
+from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, SuffixConfig, TreeConfig
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.engine.generate import GenerationResult, SpeculativeGenerator
 from specdec.errors import SpecdecError
-from specdec.model import LoadedModel, load_model, model_flags
+from specdec.model import LoadedModel
 from specdec.model.tokenizer import check_compatible, encode_prompt
+from specdec.settings import DraftingSettings, ModelSettings
 
 
 def log(msg: str) -> None:
@@ -84,60 +85,6 @@ def load_head_for(name: str, target: LoadedModel, model_name: str, kind: str = "
     return PreparedHead(target.module, head)
 
 
-def drafting_method(args) -> str:
-    """'none', 'ngram', 'suffix', 'lookahead', 'layer-skip', 'draft' or 'hybrid' (--draft with --ngram)
-    from the CLI values; one at most, except that pair."""
-    layer_skip = getattr(args, "layer_skip", None) is not None
-    lookahead = getattr(args, "lookahead", False)
-    head = getattr(args, "head", None) is not None
-    chosen = [name for name, on in (("--ngram", args.ngram), ("--suffix", args.suffix), ("--lookahead", lookahead),
-                                     ("--layer-skip", layer_skip), ("--draft", args.draft not in (None, "none")),
-                                     ("--head", head))
-              if on]
-    if sorted(chosen) == ["--draft", "--ngram"]:
-        return "hybrid"
-    if len(chosen) > 1:
-        raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
-    if args.datastore and not args.suffix:
-        raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
-    if head:
-        return "head"
-    return "ngram" if args.ngram else "suffix" if args.suffix else "lookahead" if lookahead else (
-        "layer-skip") if layer_skip else (
-        "none" if args.draft in (None, "none") else "draft")
-
-
-def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
-    """Medusa-style choices from JSON text or a JSON file: [[0], [1], [0, 0], ...]."""
-    import json
-    import os
-    raw = open(text).read() if os.path.isfile(text) else text
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        raise SpecdecError(f"--tree-choices must be a JSON list of rank paths like [[0], [1], [0, 0]], "
-                           f"or a file holding one; got {text[:60]!r}") from None
-    if not isinstance(value, list) or not all(isinstance(c, list) and all(isinstance(r, int) for r in c) for c in value):
-        raise SpecdecError(f"--tree-choices must be a list of lists of integers, got {text[:60]!r}")
-    from specdec.tree import choices_to_parents
-    choices_to_parents(value)  # validates: empty, negative ranks, missing prefixes, duplicates
-    return tuple(tuple(c) for c in value)
-
-
-def lookahead_config(args) -> LookaheadConfig:
-    return LookaheadConfig(getattr(args, "lookahead_window", 3), getattr(args, "lookahead_ngram", 3),
-                           getattr(args, "lookahead_candidates", 3))
-
-
-def tree_config(args) -> TreeConfig | None:
-    """--tree-choices (static) or --tree-budget > 0 (dynamic), else None (chains)."""
-    if getattr(args, "tree_choices", None):
-        return TreeConfig(choices=parse_choices(args.tree_choices))
-    if getattr(args, "tree_budget", 0):
-        return TreeConfig(args.tree_budget, args.tree_depth, args.tree_topk)
-    return None
-
-
 def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile: str | None = None,
                  max_rows: int = 0, confidence: bool = True):
     """An AdaptivePolicy for this drafter: costs from a `specdec profile` JSON or measured now
@@ -165,19 +112,11 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **tree_actions(drafter)))
 
 
-def policy_from_args(args, drafter: Drafter, target: LoadedModel):
+def policy_for(drafting: DraftingSettings, drafter: Drafter, target: LoadedModel):
     """--policy fixed: None; adaptive: the policy with its confidence rule; adaptive-k: k only."""
-    if not args.policy.startswith("adaptive"):
+    if not drafting.adaptive:
         return None
-    return build_policy(drafter, target, args.k, args.cost_profile, confidence=args.policy == "adaptive")
-
-
-def check_draft_flags(args) -> None:
-    """The draft model's flags, checked before anything is loaded."""
-    if not 0.0 <= args.draft_p_min < 1.0:
-        raise SpecdecError(f"draft p_min must be in [0, 1), got {args.draft_p_min}")
-    if args.draft_window < 0:
-        raise SpecdecError(f"--draft-window must be >= 0 prompt tokens (0 = the whole prompt), got {args.draft_window}")
+    return build_policy(drafter, target, drafting.k, drafting.cost_profile, confidence=drafting.policy == "adaptive")
 
 
 def tree_actions(drafter: Drafter) -> dict:
@@ -203,50 +142,39 @@ class Runner:
     method: str
 
     @staticmethod
-    def from_args(args) -> "Runner":
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-        cfg = GenerationConfig(args.max_new_tokens, args.k, sampling)
-        ngram = NgramConfig(args.ngram_max, args.ngram_min)
-        if args.max_context < 1:
-            raise SpecdecError(f"max_context must be >= 1, got {args.max_context}")
-        check_draft_flags(args)
-        method = drafting_method(args)
+    def build(model: ModelSettings, drafting: DraftingSettings, cfg: GenerationConfig) -> "Runner":
+        method = drafting.method
         if method == "layer-skip":
-            return Runner.layer_skip(args, cfg)
-        target = load_model(args.model, progress=log, **model_flags(args))
-        draft = load_model(args.draft, progress=log, draft=True, **model_flags(args)) if method in ("draft", "hybrid") else None
-        tree = tree_config(args)
-        if tree is not None and method not in ("draft", "head"):
-            raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL) "
-                               "or an EAGLE head (--head)")
-        head = load_head_for(args.head, target, args.model) if method == "head" else None
-        drafter = build_drafter(method, target, args.max_context, draft, ngram, args.draft_vocab, args.draft_p_min,
-                                tree, SuffixConfig(args.suffix_cache_tokens, args.suffix_min_match, args.datastore),
-                                lookahead_config(args), args.draft_window, head)
-        policy = policy_from_args(args, drafter, target)
-        engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy)
-        k_text = f"k<={args.k} adaptive" if policy else f"k={args.k}"
-        label = f"draft {args.draft} {k_text}" if method == "draft" else (
-            f"draft {args.draft} + prompt lookup {k_text}") if method == "hybrid" else (
+            return Runner.layer_skip(model, drafting, cfg)
+        target = model.load(progress=log)
+        draft = model.load(drafting.draft, draft=True, progress=log) if method in ("draft", "hybrid") else None
+        head = load_head_for(drafting.head, target, model.model) if method == "head" else None
+        drafter = build_drafter(method, target, model.max_context, draft, drafting.ngram_config(),
+                                drafting.draft_vocab, drafting.draft_p_min, drafting.tree_config(),
+                                drafting.suffix_config(), drafting.lookahead_config(), drafting.draft_window, head)
+        policy = policy_for(drafting, drafter, target)
+        engine = SpeculativeGenerator(target.module, drafter, model.max_context, policy)
+        k = drafting.k
+        k_text = f"k<={k} adaptive" if policy else f"k={k}"
+        label = f"draft {drafting.draft} {k_text}" if method == "draft" else (
+            f"draft {drafting.draft} + prompt lookup {k_text}") if method == "hybrid" else (
             f"{method} {k_text}" if method in ("ngram", "suffix", "lookahead") else (
-            f"{head.config.kind} head {args.head} {k_text}") if method == "head" else "plain")
+            f"{head.config.kind} head {drafting.head} {k_text}") if method == "head" else "plain")
         return Runner(target, engine, cfg, label)
 
     @staticmethod
-    def layer_skip(args, cfg: GenerationConfig) -> "Runner":
+    def layer_skip(model: ModelSettings, drafting: DraftingSettings, cfg: GenerationConfig) -> "Runner":
         """The target drafts for itself with its first L layers, writing into the engine's own cache."""
         from specdec.drafters.layer_skip import load_choice, make_layer_skip, parse_layer_spec
-        if tree_config(args) is not None:
-            raise SpecdecError("--layer-skip drafts chains; it does not take --tree-budget / --tree-choices")
-        spec = parse_layer_spec(args.layer_skip)
+        spec = parse_layer_spec(drafting.layer_skip)
         if spec == "auto":
-            spec = load_choice(args.layer_skip_file, args.model)
-        target = load_model(args.model, progress=log, **model_flags(args))
-        cache = target.module.new_cache(args.max_context)
-        drafter = make_layer_skip(target.module, spec, args.max_context, cache)
-        policy = policy_from_args(args, drafter, target)
-        engine = SpeculativeGenerator(target.module, drafter, args.max_context, policy, cache=cache)
-        return Runner(target, engine, cfg, f"layer-skip {drafter.spec} k={args.k}")
+            spec = load_choice(drafting.layer_skip_file, model.model)
+        target = model.load(progress=log)
+        cache = target.module.new_cache(model.max_context)
+        drafter = make_layer_skip(target.module, spec, model.max_context, cache)
+        policy = policy_for(drafting, drafter, target)
+        engine = SpeculativeGenerator(target.module, drafter, model.max_context, policy, cache=cache)
+        return Runner(target, engine, cfg, f"layer-skip {drafter.spec} k={drafting.k}")
 
     def generate(self, prompt: str, chat: bool = False, on_tokens=None) -> GenerationResult:
         ids = encode_prompt(self.target.tokenizer, prompt, chat)

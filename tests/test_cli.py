@@ -50,7 +50,7 @@ def no_model_loads(monkeypatch):
     """Flag errors must be raised before any model is read."""
     def fail(*args, **kwargs):
         raise AssertionError("a model was loaded before the flags were validated")
-    monkeypatch.setattr("specdec.runner.load_model", fail)
+    monkeypatch.setattr("specdec.model.load_model", fail)
 
 
 def test_unknown_model_name_lists_known_names(capsys, tmp_home):
@@ -116,15 +116,15 @@ def test_check_compatible():
 
 
 @pytest.mark.parametrize("flags, field", [
-    (["--k", "0"], "k (draft length)"),
+    (["--k", "0"], "--k must be >= 1"),
     (["--temperature", "-1"], "temperature"),
     (["--temperature", "nan"], "temperature"),
     (["--top-p", "0"], "top_p"),
     (["--top-p", "1.5"], "top_p"),
     (["--top-k", "-1"], "top_k"),
     (["--max-new-tokens", "0"], "max_new_tokens"),
-    (["--max-context", "0"], "max_context"),
-    (["--max-context", "-1"], "max_context"),
+    (["--max-context", "0"], "--max-context must be >= 1"),
+    (["--max-context", "-1"], "--max-context must be >= 1"),
     (["--ngram", "--ngram-min", "0"], "min_n"),
     (["--ngram", "--ngram-max", "1", "--ngram-min", "2"], "max_n"),
     (["--seed", str(2**64)], "seed"),

@@ -15,6 +15,7 @@ serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
 from specdec.cli import build_parser, main  # noqa: E402
+from specdec.flags import serve_settings  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from specdec.server import ray_serve  # noqa: E402
 
@@ -45,11 +46,11 @@ def replicas_running() -> int:
 @pytest.fixture(scope="module")
 def cluster(smollm2_path):
     port = free_port()
-    args = serve_args("--replicas", "2", "--port", str(port))
-    lo, hi = ray_serve.check_ray_flags(args)
+    model, drafting, srv, ray_settings = serve_settings(serve_args("--replicas", "2", "--port", str(port)))
+    lo, hi = ray_serve.check_ray(ray_settings)
     ray_serve.start_ray(None)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(ray_serve.build_app(args, lo, hi), name="specdec", route_prefix="/", blocking=False)
+    serve.run(ray_serve.build_app(model, drafting, srv, ray_settings, lo, hi), name="specdec", route_prefix="/", blocking=False)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
     while replicas_running() < 2 and time.time() < deadline:

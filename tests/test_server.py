@@ -21,7 +21,7 @@ import openai
 import pytest
 import torch
 
-from specdec.cli import add_model_flags, add_spec_flags
+from specdec.flags import add_all_serve_flags, serve_settings
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.generate import SpeculativeGenerator
@@ -29,7 +29,7 @@ from specdec.errors import SpecdecError
 from specdec.model import load_model
 from specdec.model.tokenizer import encode_messages
 from specdec.runner import build_drafter
-from specdec.server import add_serve_flags, build_scheduler
+from specdec.server import build_scheduler
 from specdec.server.app import create_app, make_server
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler, TextTracker, k_schedule
@@ -62,12 +62,11 @@ def chat_dir(tiny_llama_dir, tmp_path_factory):
     return out
 
 
-def serve_args(*argv: str) -> argparse.Namespace:
+def serve_args(*argv: str) -> tuple:
+    """build_scheduler's settings from serve flags: (model, drafting, serve)."""
     p = argparse.ArgumentParser()
-    add_model_flags(p)
-    add_spec_flags(p)
-    add_serve_flags(p)
-    return p.parse_args(list(argv))
+    add_all_serve_flags(p)
+    return serve_settings(p.parse_args(list(argv)))[:3]
 
 
 @contextmanager
@@ -102,7 +101,7 @@ def client(base: str) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def main(chat_dir, tiny_qwen_dir):
-    sched = build_scheduler(serve_args("--model", str(chat_dir), "--draft", str(tiny_qwen_dir), "--k", str(K),
+    sched = build_scheduler(*serve_args("--model", str(chat_dir), "--draft", str(tiny_qwen_dir), "--k", str(K),
                                        "--device", "cpu", "--max-context", str(CONTEXT), "--max-batch", "4",
                                        "--max-queue", "16", "--policy", "fixed"), progress=lambda m: None)
     with running(sched) as (base, server):
@@ -478,12 +477,12 @@ def test_k_schedule():
 
 def test_startup_checks(tiny_llama_dir):
     with pytest.raises(SpecdecError, match=r"GiB.*lower --max-batch"):
-        build_scheduler(serve_args("--model", str(tiny_llama_dir), "--device", "cpu", "--memory-budget-gb", "1e-6"),
+        build_scheduler(*serve_args("--model", str(tiny_llama_dir), "--device", "cpu", "--memory-budget-gb", "1e-6"),
                         progress=lambda m: None)
     with pytest.raises(SpecdecError, match="schedule"):
-        build_scheduler(serve_args("--model", str(tiny_llama_dir), "--k-schedule", "1-4"), progress=lambda m: None)
+        build_scheduler(*serve_args("--model", str(tiny_llama_dir), "--k-schedule", "1-4"), progress=lambda m: None)
     with pytest.raises(SpecdecError, match="--max-batch"):
-        build_scheduler(serve_args("--model", str(tiny_llama_dir), "--max-batch", "0"), progress=lambda m: None)
+        build_scheduler(*serve_args("--model", str(tiny_llama_dir), "--max-batch", "0"), progress=lambda m: None)
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-sequence"])
@@ -520,10 +519,10 @@ def test_sigterm_drains_and_exits_cleanly(tiny_llama_dir):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = ("import argparse, sys\n"
-            "from specdec.cli import add_model_flags, add_spec_flags\n"
-            "from specdec.server import add_serve_flags, serve\n"
-            "p = argparse.ArgumentParser(); add_model_flags(p); add_spec_flags(p); add_serve_flags(p)\n"
-            "sys.exit(serve(p.parse_args(sys.argv[1:])))\n")
+            "from specdec.flags import add_all_serve_flags, serve_settings\n"
+            "from specdec.server import serve\n"
+            "p = argparse.ArgumentParser(); add_all_serve_flags(p)\n"
+            "sys.exit(serve(*serve_settings(p.parse_args(sys.argv[1:]))))\n")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
     proc = subprocess.Popen([sys.executable, "-c", code, "--model", str(tiny_llama_dir), "--device", "cpu",
                              "--ngram", "--max-context", "256", "--port", str(port), "--shutdown-grace", "1"],

@@ -19,7 +19,8 @@ from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, Sampl
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
-from specdec.runner import build_drafter, build_policy, check_draft_flags, lookahead_config
+from specdec.runner import build_drafter, build_policy
+from specdec.settings import BenchSettings, ModelSettings
 
 K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "medusa", "hf-assisted",
            "hf-lookup",
@@ -258,34 +259,34 @@ class Peers:
     notes: list[str] = field(default_factory=list)
 
 
-def bench_layer_spec(args):
+def bench_layer_spec(model: ModelSettings, bench: BenchSettings):
     """--layer-skip for the layer-skip method: L, a layer list, or 'auto' (tune-layer-skip's saved choice)."""
     from specdec.drafters.layer_skip import load_choice, parse_layer_spec
-    if args.layer_skip is None:
+    if bench.layer_skip is None:
         raise SpecdecError("the layer-skip method needs --layer-skip L, a layer list, or 'auto' "
                            "(the choice `specdec tune-layer-skip` saved)")
-    spec = parse_layer_spec(args.layer_skip)
-    return load_choice(args.layer_skip_file, args.model) if spec == "auto" else spec
+    spec = parse_layer_spec(bench.layer_skip)
+    return load_choice(bench.layer_skip_file, model.model) if spec == "auto" else spec
 
 
-def bench_head(args, target, kind: str):
+def bench_head(model: ModelSettings, bench: BenchSettings, target, kind: str):
     """The eagle method's head: --head (default 'auto', the EAGLE head trained for --model); the
     medusa method's: the Medusa head trained for --model."""
     from specdec.runner import load_head_for
-    return load_head_for(args.head or "auto" if kind == "eagle" else "auto", target, args.model, kind)
+    return load_head_for(bench.head or "auto" if kind == "eagle" else "auto", target, model.model, kind)
 
 
-def make_peers(args, target, draft, kinds: set[str]) -> Peers:
+def make_peers(model: ModelSettings, bench: BenchSettings, target, draft, kinds: set[str]) -> Peers:
     """Load only the peers that still have work (a resumed run may have none)."""
     from specdec.model.registry import resolve_model
     peers = Peers()
     if kinds & set(HF_KINDS):
         from specdec.bench.baselines import HFBaseline
-        assistant = resolve_model(args.draft) if "hf-assisted" in kinds else None
-        peers.hf = HFBaseline(resolve_model(args.model), target.eos_ids, assistant, share=target.module)
+        assistant = resolve_model(bench.draft) if "hf-assisted" in kinds else None
+        peers.hf = HFBaseline(resolve_model(model.model), target.eos_ids, assistant, share=target.module)
     if kinds & set(LLAMA_KINDS):
         from specdec.bench.baselines import LlamaCppBaseline
-        peers.llama = LlamaCppBaseline(resolve_model(args.model), target.eos_ids, args.max_context)
+        peers.llama = LlamaCppBaseline(resolve_model(model.model), target.eos_ids, model.max_context)
     return peers
 
 
@@ -300,67 +301,63 @@ def complete_prompts(records: list[Record], prompts: list[Prompt], specs: list[M
     return [r for r in records if r.prompt_id in keep and r.method in labels and r.repeat < repeats], complete
 
 
-def run_comparison(args) -> dict:
+def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     """`specdec bench`: load models once, run every method on every prompt, write the results."""
     from specdec.bench import report
     from specdec.bench.datasets import load_prompts
-    from specdec.model import load_model, model_flags
     from specdec.runner import log
-    specs = parse_methods(args.methods, parse_k_list(args.k))
-    check_draft_flags(args)
-    if args.repeats < 1:
-        raise SpecdecError(f"--repeats must be >= 1, got {args.repeats}")
+    specs = parse_methods(bench.methods, parse_k_list(bench.k))
     peers = sorted(s.label for s in specs if s.kind in HF_KINDS or s.kind in LLAMA_KINDS)
-    if args.ignore_eos and peers:
+    if bench.ignore_eos and peers:
         raise SpecdecError(f"--ignore-eos applies to our methods only; drop it or the peers {peers}")
     if {s.kind for s in specs} & set(LLAMA_KINDS):
         from specdec.bench.baselines import llama_cpp_available
         if not llama_cpp_available():
             raise SpecdecError("the llama and llama-lookup methods need llama-cpp-python "
                                "(pip install 'specdec[llamacpp]'; it compiles llama.cpp, about 10 minutes)")
-    prompts = select_prompts(load_prompts(args.dataset), args.categories, args.limit)
-    out = Path(args.out)
+    prompts = select_prompts(load_prompts(bench.dataset), bench.categories, bench.limit)
+    out = Path(bench.out)
     out.mkdir(parents=True, exist_ok=True)
     records_path = out / "records.jsonl"
     done = {(r.prompt_id, r.method, r.repeat) for r in read_records(records_path)}
     pending = {s.kind for s in specs if any((p.id, s.label, rep) not in done
-                                             for p in prompts for rep in range(args.repeats))}
+                                             for p in prompts for rep in range(bench.repeats))}
     t0 = time.time()
     weight_format = None  # what the target's weights were read as (load_model's weight_format), when loaded
-    if args.report_only:  # summarize what the run directory holds; load and run nothing
+    if bench.report_only:  # summarize what the run directory holds; load and run nothing
         records = read_records(records_path)
     else:
-        target = load_model(args.model, progress=log, **model_flags(args))
+        target = model.load(progress=log)
         weight_format = target.module.weight_format
         needs_draft = bool(pending & {"draft", "tree", "hybrid", "hf-assisted"})
-        draft = load_model(args.draft, progress=log, draft=True, **model_flags(args)) if needs_draft else None
-        peers = make_peers(args, target, draft, pending)
-        comparison = Comparison(target, draft, specs, args.max_new_tokens, args.max_context, peers.hf, peers.llama,
-                                args.draft_vocab, args.temperature, args.seed, args.draft_p_min, args.cost_profile,
-                                args.tree_depth, args.tree_topk, args.datastore, lookahead_config(args),
-                                bench_layer_spec(args) if "layer-skip" in pending else None, args.ignore_eos,
-                                args.draft_window, {kind: bench_head(args, target, kind) for kind in ("eagle", "medusa")
+        draft = model.load(bench.draft, draft=True, progress=log) if needs_draft else None
+        peers = make_peers(model, bench, target, draft, pending)
+        comparison = Comparison(target, draft, specs, bench.max_new_tokens, model.max_context, peers.hf, peers.llama,
+                                bench.draft_vocab, bench.temperature, bench.seed, bench.draft_p_min, bench.cost_profile,
+                                bench.tree_depth, bench.tree_topk, bench.datastore, bench.lookahead_config(),
+                                bench_layer_spec(model, bench) if "layer-skip" in pending else None, bench.ignore_eos,
+                                bench.draft_window, {kind: bench_head(model, bench, target, kind) for kind in ("eagle", "medusa")
                                                     if kind in pending})
-        records = comparison.run(prompts, records_path, args.repeats)
-    records, complete = complete_prompts(records, prompts, specs, args.repeats)
+        records = comparison.run(prompts, records_path, bench.repeats)
+    records, complete = complete_prompts(records, prompts, specs, bench.repeats)
     if not records:
         raise SpecdecError(f"no prompt in {out} has a record for every method yet; nothing to summarize")
-    config = {"model": args.model, "draft": args.draft if any(s.kind in ("draft", "tree", "hybrid", "hf-assisted")
+    config = {"model": model.model, "draft": bench.draft if any(s.kind in ("draft", "tree", "hybrid", "hf-assisted")
                                                                  for s in specs)
-              else None, "methods": [s.label for s in specs], "k": parse_k_list(args.k),
-              "draft_vocab": args.draft_vocab, "draft_p_min": args.draft_p_min, "draft_window": args.draft_window,
-              "tree_depth": args.tree_depth, "tree_topk": args.tree_topk, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
-              "categories": sorted({p.category for p in prompts}), "repeats": args.repeats,
+              else None, "methods": [s.label for s in specs], "k": parse_k_list(bench.k),
+              "draft_vocab": bench.draft_vocab, "draft_p_min": bench.draft_p_min, "draft_window": bench.draft_window,
+              "tree_depth": bench.tree_depth, "tree_topk": bench.tree_topk, "max_new_tokens": bench.max_new_tokens, "prompts": len(prompts),
+              "categories": sorted({p.category for p in prompts}), "repeats": bench.repeats,
               "prompts_complete": len(complete),
-              "dataset": args.dataset or "specdec/data/code_prompts.jsonl", "temperature": args.temperature,
-              "seed": args.seed, "greedy": args.temperature == 0, "ignore_eos": args.ignore_eos,
-              "weight_dtype": args.weight_dtype or "auto", "weight_format": weight_format,
-              "cost_profile": args.cost_profile,
+              "dataset": bench.dataset or "specdec/data/code_prompts.jsonl", "temperature": bench.temperature,
+              "seed": bench.seed, "greedy": bench.temperature == 0, "ignore_eos": bench.ignore_eos,
+              "weight_dtype": model.weight_dtype or "auto", "weight_format": weight_format,
+              "cost_profile": bench.cost_profile,
               "wall_seconds_last_invocation": round(time.time() - t0, 1)}
-    cost_profile = report.read_cost_profile(args.cost_profile) if args.cost_profile else None
+    cost_profile = report.read_cost_profile(bench.cost_profile) if bench.cost_profile else None
     summary = report.build_summary(records, config, cost_profile)
-    report.write_outputs(summary, records, out, plots=not args.no_plots)
+    report.write_outputs(summary, records, out, plots=not bench.no_plots)
     print(report.markdown(summary))
-    if args.theory:
+    if bench.theory:
         print(report.theory_table(summary))
     return summary

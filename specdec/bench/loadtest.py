@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.settings import LoadtestSettings, ModelSettings
 
 MODES = ("off", "on", "policy")
 
@@ -235,19 +236,13 @@ def replica_deltas(before: dict | None, after: dict | None) -> dict:
             "front_failed": after["front"]["failed"] - before["front"]["failed"]}
 
 
-def run_loadtest(args) -> dict:
+def run_loadtest(model: ModelSettings, lt: LoadtestSettings) -> dict:
     from specdec.bench.datasets import load_prompts
     from specdec.runner import log
-    levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
-    if not levels or min(levels) < 1:
-        raise SpecdecError(f"--concurrency needs positive integers such as 1,2,4,8,16; got {args.concurrency!r}")
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise SpecdecError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
-    prompts = load_prompts(args.dataset)
-    if args.categories:
-        keep = set(args.categories.split(","))
+    levels, modes = lt.levels(), lt.mode_list()
+    prompts = load_prompts(lt.dataset)
+    if lt.categories:
+        keep = set(lt.categories.split(","))
         prompts = [p for p in prompts if p.category in keep]
     if not prompts:
         raise SpecdecError("no prompts to send")
@@ -256,35 +251,33 @@ def run_loadtest(args) -> dict:
     for p in prompts:
         groups.setdefault(p.category, []).append(p)
     mixed = [p for row in zip(*groups.values()) for p in row] or prompts
-    out = Path(args.out)
+    out = Path(lt.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.draft and args.ngram:
-        raise SpecdecError("choose one drafter for the speculative modes: --draft MODEL or --ngram")
-    summary = {"config": {"model": args.model, "draft": "ngram" if args.ngram else args.draft, "draft_vocab": args.draft_vocab, "k": args.k, "max_tokens": args.max_tokens,
-                          "max_batch": args.max_batch, "concurrency": levels, "modes": modes, "order": args.order,
-                          "replicas": args.replicas if args.ray else None,
-                          "dataset": args.dataset or "specdec/data/code_prompts.jsonl"}, "modes": {}}
+    summary = {"config": {"model": model.model, "draft": "ngram" if lt.ngram else lt.draft, "draft_vocab": lt.draft_vocab, "k": lt.k, "max_tokens": lt.max_tokens,
+                          "max_batch": lt.max_batch, "concurrency": levels, "modes": modes, "order": lt.order,
+                          "replicas": lt.replicas if lt.ray else None,
+                          "dataset": lt.dataset or "specdec/data/code_prompts.jsonl"}, "modes": {}}
     records = open(out / "records.jsonl", "w")
-    common = ["--max-context", str(args.max_context)] + (["--device", args.device] if args.device else []) + (
-        ["--dtype", args.dtype] if args.dtype else []) + (["--weight-dtype", args.weight_dtype] if args.weight_dtype else []) + (
-        ["--ray", "--replicas", str(args.replicas), "--cpus-per-replica", str(args.cpus_per_replica)] if args.ray else [])
+    common = ["--max-context", str(model.max_context)] + (["--device", model.device] if model.device else []) + (
+        ["--dtype", model.dtype] if model.dtype else []) + (["--weight-dtype", model.weight_dtype] if model.weight_dtype else []) + (
+        ["--ray", "--replicas", str(lt.replicas), "--cpus-per-replica", str(lt.cpus_per_replica)] if lt.ray else [])
     summary["modes"] = {mode: {} for mode in modes}
 
     def drive(mode: str, run_levels: list[int], log_name: str) -> None:
         """One server in this mode, warmed up, driven at each of run_levels, then stopped."""
         port = free_port()
         log(f"[{mode}] starting specdec serve on port {port}")
-        flags = common + (["--draft-vocab", str(args.draft_vocab)] if mode != "off" and args.draft else [])
-        proc = start_server(args.model, flags + mode_flags(mode, args.draft, args.k, args.ngram), port,
-                            args.max_batch, out / log_name)
+        flags = common + (["--draft-vocab", str(lt.draft_vocab)] if mode != "off" and lt.draft else [])
+        proc = start_server(model.model, flags + mode_flags(mode, lt.draft, lt.k, lt.ngram), port,
+                            lt.max_batch, out / log_name)
         base = f"http://127.0.0.1:{port}"
         try:
-            one_request(base, args.model, mixed[0], 4, mode, 0, args.timeout, not args.completions)  # warm-up
+            one_request(base, model.model, mixed[0], 4, mode, 0, lt.timeout, not lt.completions)  # warm-up
             for c in run_levels:
-                n = requests_per_level(c, args.min_requests)
+                n = requests_per_level(c, lt.min_requests)
                 before = front_stats(base)
-                results, wall = run_level(base, args.model, mixed, c, n, args.max_tokens, mode, args.timeout,
-                                          not args.completions)
+                results, wall = run_level(base, model.model, mixed, c, n, lt.max_tokens, mode, lt.timeout,
+                                          not lt.completions)
                 deltas = replica_deltas(before, front_stats(base))
                 for r in results:
                     records.write(json.dumps(asdict(r)) + "\n")
@@ -296,7 +289,7 @@ def run_loadtest(args) -> dict:
         finally:
             stop_server(proc)
 
-    if args.order == "mode":  # one server per mode, every level in turn (fewer restarts, drift between modes)
+    if lt.order == "mode":  # one server per mode, every level in turn (fewer restarts, drift between modes)
         for mode in modes:
             drive(mode, levels, f"server-{mode}.log")
     else:  # level by level, modes alternating in order (ABC, CBA, ...), so slow drift hits every mode alike
@@ -308,31 +301,3 @@ def run_loadtest(args) -> dict:
     (out / "summary.md").write_text(markdown(summary))
     print(markdown(summary))
     return summary
-
-
-def add_loadtest_flags(p) -> None:
-    from specdec.flags import integer
-    p.add_argument("--draft", default=None, help="draft model for the 'on' and 'policy' modes")
-    p.add_argument("--ngram", action="store_true", help="the 'on' and 'policy' modes draft by prompt lookup instead")
-    p.add_argument("--draft-vocab", type=integer, default=32768,
-                   help="the draft model scores only the first N token ids (0 = all; default: %(default)s, as serve)")
-    p.add_argument("--modes", default="off,on,policy", help="comma list from off, on, policy")
-    p.add_argument("--order", choices=("level", "mode"), default="level",
-                   help="level: at each concurrency level run every mode (a fresh server each, order alternating "
-                        "ABC, CBA), so drift between modes cancels; mode: one server per mode for all levels")
-    p.add_argument("--concurrency", default="1,2,4,8,16", help="client threads at once, per level")
-    p.add_argument("--min-requests", type=integer, default=4, help="requests per level: max(this, 2 x concurrency)")
-    p.add_argument("--max-tokens", type=integer, default=32)
-    p.add_argument("--k", type=integer, default=4)
-    p.add_argument("--max-batch", type=integer, default=16, help="the server's slots")
-    p.add_argument("--dataset", default=None, help="JSONL prompts (Spec-Bench's question.jsonl works); first turns")
-    p.add_argument("--categories", default=None, help="comma list of categories to use")
-    p.add_argument("--completions", action="store_true",
-                   help="send /v1/completions with the raw prompt (default: /v1/chat/completions, chat template)")
-    p.add_argument("--timeout", type=float, default=900.0, help="client timeout per request, seconds")
-    p.add_argument("--ray", action="store_true", help="drive `specdec serve --ray` (replicas under Ray Serve); "
-                                                        "the table then shows requests answered per replica")
-    p.add_argument("--replicas", type=integer, default=2, help="--ray: replicas")
-    p.add_argument("--cpus-per-replica", type=float, default=1.0, help="--ray: CPUs per replica")
-    p.add_argument("--out", default="runs/loadtest")
-

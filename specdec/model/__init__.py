@@ -23,12 +23,6 @@ class LoadedModel:
         return self.module.device
 
 
-def model_flags(args) -> dict:
-    """load_model's keyword arguments from the shared model flags (cli.add_model_flags)."""
-    return {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs,
-            "weight_dtype": args.weight_dtype}
-
-
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
                cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.

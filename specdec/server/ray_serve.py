@@ -20,7 +20,6 @@ front counts every request sent, answered, failed and retried, per replica and i
 # no `from __future__ import annotations`: the ingress routes are pickled by value, and FastAPI must see
 # their annotations as classes, not names
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -32,6 +31,7 @@ from fastapi import FastAPI, Request  # at module level: the routes' annotations
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specdec.errors import SpecdecError
+from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
 
 log = logging.getLogger("specdec.ray")
 
@@ -63,30 +63,11 @@ def ray_installed() -> bool:
     return True
 
 
-def parse_autoscale(text: str) -> tuple[int, int]:
-    try:
-        lo, hi = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise SpecdecError(f"--autoscale takes MIN:MAX replicas, e.g. 1:4; got {text!r}") from None
-    if not 1 <= lo <= hi:
-        raise SpecdecError(f"--autoscale needs 1 <= MIN <= MAX, got {text!r}")
-    return lo, hi
-
-
-def check_ray_flags(args) -> tuple[int, int]:
-    """(min, max) replicas from --replicas / --autoscale; clear errors before Ray starts."""
+def check_ray(ray: RaySettings) -> tuple[int, int]:
+    """(min, max) replicas; clear errors before Ray starts."""
     if not ray_installed():
         raise SpecdecError("--ray needs Ray Serve, an optional extra: pip install -e '.[ray]'")
-    if args.autoscale and args.replicas is not None:
-        raise SpecdecError("give --replicas N or --autoscale MIN:MAX, not both")
-    if args.cpus_per_replica <= 0:
-        raise SpecdecError(f"--cpus-per-replica must be > 0, got {args.cpus_per_replica}")
-    if args.autoscale:
-        return parse_autoscale(args.autoscale)
-    n = 2 if args.replicas is None else args.replicas
-    if n < 1:
-        raise SpecdecError(f"--replicas must be >= 1, got {n}")
-    return n, n
+    return ray.replica_range()
 
 
 def check_reachable(address: str) -> None:
@@ -128,49 +109,40 @@ def check_capacity(max_replicas: int, cpus: float) -> None:
                            f"cluster has {have:g}. Lower --replicas / --autoscale MAX or --cpus-per-replica")
 
 
-def replica_args(args) -> dict:
-    """What a replica builds its engine from: the serve flags, without the Ray ones."""
-    skip = {"ray", "replicas", "autoscale", "ray_address", "cpus_per_replica", "ray_routing", "func"}
-    flags = {k: v for k, v in vars(args).items() if k not in skip}
-    flags["torch_threads"] = max(1, int(args.cpus_per_replica))  # a replica computes on its share of the CPUs
-    return flags
-
-
-def build_app(args, lo: int, hi: int):
+def build_app(model: ModelSettings, drafting: DraftingSettings, srv: ServeSettings, ray: RaySettings,
+              lo: int, hi: int):
     """The Ray Serve application: the front bound to the replicas."""
     from ray import serve
     from ray.serve.config import AutoscalingConfig, RequestRouterConfig
-    grace = args.shutdown_grace
-    replica_cls = serve.deployment(name="specdec-replica", max_ongoing_requests=args.max_batch,
-                                   graceful_shutdown_timeout_s=grace + 5.0, health_check_period_s=2.0,
+    replica_cls = serve.deployment(name="specdec-replica", max_ongoing_requests=srv.max_batch,
+                                   graceful_shutdown_timeout_s=srv.shutdown_grace + 5.0, health_check_period_s=2.0,
                                    health_check_timeout_s=30.0)(Replica)
     scaling = {"num_replicas": lo} if lo == hi else {"autoscaling_config": AutoscalingConfig(
-        min_replicas=lo, max_replicas=hi, target_ongoing_requests=max(1, args.max_batch // 2))}
-    router = {} if args.ray_routing == "least-loaded" else {"request_router_config": RequestRouterConfig(
+        min_replicas=lo, max_replicas=hi, target_ongoing_requests=max(1, srv.max_batch // 2))}
+    router = {} if ray.ray_routing == "least-loaded" else {"request_router_config": RequestRouterConfig(
         request_router_class="specdec.server.ray_router:ConversationRouter")}  # else Ray Serve's own (power of two)
-    replica = replica_cls.options(ray_actor_options={"num_cpus": args.cpus_per_replica}, **router,
-                                  **scaling).bind(replica_args(args))
+    threads = max(1, int(ray.cpus_per_replica))  # a replica computes on its share of the CPUs
+    replica = replica_cls.options(ray_actor_options={"num_cpus": ray.cpus_per_replica}, **router,
+                                  **scaling).bind(model, drafting, srv, threads)
     front = serve.deployment(name="specdec-front", ray_actor_options={"num_cpus": 0},
                              max_ongoing_requests=100_000)(make_front())
-    return front.bind(replica, args.served_model_name or args.model)
+    return front.bind(replica, srv.served_model_name or model.model)
 
 
 class Replica:
     """One whole specdec engine and its app; the front hands it requests as they came."""
 
-    def __init__(self, flags: dict):
+    def __init__(self, model: ModelSettings, drafting: DraftingSettings, srv: ServeSettings, threads: int):
         import httpx
         from ray import serve
         from specdec.server import build_scheduler
         from specdec.server.app import create_app
         import torch
-        flags = dict(flags)
-        torch.set_num_threads(flags.pop("torch_threads"))
-        ns = argparse.Namespace(**flags)
-        self.grace = ns.shutdown_grace
-        self.scheduler = build_scheduler(ns, progress=lambda m: log.info("%s", m))
+        torch.set_num_threads(threads)
+        self.grace = srv.shutdown_grace
+        self.scheduler = build_scheduler(model, drafting, srv, progress=lambda m: log.info("%s", m))
         self.scheduler.start()
-        app = self.app = create_app(self.scheduler, ns.served_model_name or ns.model)
+        app = self.app = create_app(self.scheduler, srv.served_model_name or model.model)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://replica", timeout=None)
         self.id = serve.get_replica_context().replica_id.unique_id
 
@@ -350,15 +322,15 @@ def make_front():
     return Front
 
 
-def serve_ray(args) -> int:
+def serve_ray(model: ModelSettings, drafting: DraftingSettings, srv: ServeSettings, ray: RaySettings) -> int:
     """Start (or join) Ray, deploy, serve until SIGTERM/SIGINT, then drain for --shutdown-grace."""
-    lo, hi = check_ray_flags(args)
-    start_ray(args.ray_address)
-    check_capacity(hi, args.cpus_per_replica)
+    lo, hi = check_ray(ray)
+    start_ray(ray.ray_address)
+    check_capacity(hi, ray.cpus_per_replica)
     from ray import serve
-    serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(build_app(args, lo, hi), name="specdec", route_prefix="/", blocking=False)
-    log.warning("specdec on Ray Serve at http://%s:%d (%s replicas)", args.host, args.port,
+    serve.start(http_options={"host": srv.host, "port": srv.port})
+    serve.run(build_app(model, drafting, srv, ray, lo, hi), name="specdec", route_prefix="/", blocking=False)
+    log.warning("specdec on Ray Serve at http://%s:%d (%s replicas)", srv.host, srv.port,
                 lo if lo == hi else f"{lo}..{hi}")
     stop = [False]
 

@@ -1,0 +1,311 @@
+"""What each command's flags configure, as frozen objects validated on construction: one class per
+component, its fields named as the flags' destinations (flags.py defines the flags and builds these;
+nothing below the CLI reads the parsed command line).
+
+  ModelSettings     the model flags of every command that loads one (add_model_flags)
+  DraftingSettings  how generate and serve draft (add_spec_flags)
+  ServeSettings     the HTTP server (add_serve_flags); RaySettings its replicas (add_ray_flags)
+  BenchSettings     specdec bench (add_bench_flags); LoadtestSettings specdec loadtest
+Sampling is config.SamplingParams, whose fields are the sampling flags'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.config import LookaheadConfig, NgramConfig, SuffixConfig, TreeConfig
+from specdec.errors import SpecdecError
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_DRAFT_VOCAB = 32768  # the draft scores ids < 32768: faster drafts for the Qwen2.5 pair, the output unchanged
+
+
+def at_least(flag: str, value, low) -> None:
+    if value < low:
+        raise SpecdecError(f"{flag} must be >= {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    model: str = DEFAULT_TARGET
+    device: str | None = None
+    dtype: str | None = None
+    max_context: int = 4096
+    weight_dtype: str | None = None
+    cuda_graphs: bool = False
+
+    def __post_init__(self):
+        at_least("--max-context", self.max_context, 1)
+
+    def load(self, spec: str | None = None, draft: bool = False, progress=None):
+        """load_model(spec or the model) with these settings."""
+        from specdec.model import load_model
+        return load_model(spec or self.model, device=self.device, dtype=self.dtype, cuda_graphs=self.cuda_graphs,
+                          weight_dtype=self.weight_dtype, draft=draft, **({"progress": progress} if progress else {}))
+
+
+@dataclass(frozen=True)
+class DraftingSettings:
+    draft: str | None = None
+    ngram: bool = False
+    ngram_max: int = 3
+    ngram_min: int = 1
+    suffix: bool = False
+    suffix_cache_tokens: int = 262144
+    suffix_min_match: int = 1
+    datastore: str | None = None
+    lookahead: bool = False
+    lookahead_window: int = 3
+    lookahead_ngram: int = 3
+    lookahead_candidates: int = 3
+    layer_skip: str | None = None
+    layer_skip_file: str = "runs/layer_skip.json"
+    head: str | None = None
+    k: int = 4
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
+    draft_p_min: float = 0.0
+    draft_window: int = 0
+    tree_budget: int = 0
+    tree_depth: int = 4
+    tree_topk: int = 4
+    tree_choices: str | None = None
+    policy: str = "adaptive"
+    cost_profile: str | None = None
+
+    def __post_init__(self):
+        at_least("--k", self.k, 1)
+        at_least("--draft-vocab", self.draft_vocab, 0)
+        check_draft_values(self.draft_p_min, self.draft_window)
+        if self.policy not in ("fixed", "adaptive", "adaptive-k"):
+            raise SpecdecError(f"--policy is fixed, adaptive or adaptive-k, got {self.policy!r}")
+        method = self.method  # raises on a conflicting choice
+        tree = self.tree_config()
+        if tree is not None and method == "layer-skip":
+            raise SpecdecError("--layer-skip drafts chains; it does not take --tree-budget / --tree-choices")
+        if tree is not None and method not in ("draft", "head"):
+            raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL) "
+                               "or an EAGLE head (--head)")
+        self.ngram_config(), self.suffix_config(), self.lookahead_config()
+
+    @property
+    def method(self) -> str:
+        """'none', 'ngram', 'suffix', 'lookahead', 'layer-skip', 'draft', 'hybrid' (--draft with
+        --ngram) or 'head'; one at most, except that pair."""
+        chosen = [name for name, on in (("--ngram", self.ngram), ("--suffix", self.suffix),
+                                         ("--lookahead", self.lookahead), ("--layer-skip", self.layer_skip is not None),
+                                         ("--draft", self.draft not in (None, "none")), ("--head", self.head is not None))
+                  if on]
+        if sorted(chosen) == ["--draft", "--ngram"]:
+            return "hybrid"
+        if len(chosen) > 1:
+            raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
+        if self.datastore and not self.suffix:
+            raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
+        names = {"--ngram": "ngram", "--suffix": "suffix", "--lookahead": "lookahead", "--layer-skip": "layer-skip",
+                 "--draft": "draft", "--head": "head"}
+        return names[chosen[0]] if chosen else "none"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.policy.startswith("adaptive")
+
+    def ngram_config(self) -> NgramConfig:
+        return NgramConfig(self.ngram_max, self.ngram_min)
+
+    def suffix_config(self) -> SuffixConfig:
+        return SuffixConfig(self.suffix_cache_tokens, self.suffix_min_match, self.datastore)
+
+    def lookahead_config(self) -> LookaheadConfig:
+        return LookaheadConfig(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates)
+
+    def tree_config(self) -> TreeConfig | None:
+        """--tree-choices (static) or --tree-budget > 0 (dynamic), else None (chains)."""
+        if self.tree_choices:
+            return TreeConfig(choices=parse_choices(self.tree_choices))
+        if self.tree_budget:
+            return TreeConfig(self.tree_budget, self.tree_depth, self.tree_topk)
+        return None
+
+
+def check_draft_values(p_min: float, window: int) -> None:
+    if not 0.0 <= p_min < 1.0:
+        raise SpecdecError(f"draft p_min must be in [0, 1), got {p_min}")
+    if window < 0:
+        raise SpecdecError(f"--draft-window must be >= 0 prompt tokens (0 = the whole prompt), got {window}")
+
+
+def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
+    """Medusa-style choices from JSON text or a JSON file: [[0], [1], [0, 0], ...]."""
+    import json
+    import os
+    raw = open(text).read() if os.path.isfile(text) else text
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise SpecdecError(f"--tree-choices must be a JSON list of rank paths like [[0], [1], [0, 0]], "
+                           f"or a file holding one; got {text[:60]!r}") from None
+    if not isinstance(value, list) or not all(isinstance(c, list) and all(isinstance(r, int) for r in c) for c in value):
+        raise SpecdecError(f"--tree-choices must be a list of lists of integers, got {text[:60]!r}")
+    from specdec.tree import choices_to_parents
+    choices_to_parents(value)  # validates: empty, negative ranks, missing prefixes, duplicates
+    return tuple(tuple(c) for c in value)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 4
+    max_queue: int = 64
+    request_timeout: float = 600.0
+    memory_budget_gb: float | None = None
+    spec_off_batch: int | None = None
+    k_schedule: str | None = None
+    prefill_chunk: int = 256
+    prefix_cache: bool = True
+    shutdown_grace: float = 10.0
+    served_model_name: str | None = None
+
+    def __post_init__(self):
+        for flag, value, low in (("--max-batch", self.max_batch, 1), ("--max-queue", self.max_queue, 0),
+                                 ("--prefill-chunk", self.prefill_chunk, 1)):
+            at_least(flag, value, low)
+        if self.spec_off_batch is not None:
+            at_least("--spec-off-batch", self.spec_off_batch, 0)
+        if self.request_timeout < 0:
+            raise SpecdecError(f"--request-timeout must be >= 0 (0 = none), got {self.request_timeout}")
+        if self.memory_budget_gb is not None and self.memory_budget_gb <= 0:
+            raise SpecdecError(f"--memory-budget-gb must be > 0, got {self.memory_budget_gb}")
+        self.schedule()
+
+    def schedule(self) -> dict[int, int] | None:
+        from specdec.policy import parse_schedule
+        return parse_schedule(self.k_schedule) if self.k_schedule else None
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    ray: bool = False
+    replicas: int | None = None
+    autoscale: str | None = None
+    ray_address: str | None = None
+    cpus_per_replica: float = 1.0
+    ray_routing: str = "conversation"
+
+    def __post_init__(self):
+        if self.ray:
+            self.replica_range()
+
+    def replica_range(self) -> tuple[int, int]:
+        """(min, max) replicas from --replicas / --autoscale."""
+        if self.autoscale and self.replicas is not None:
+            raise SpecdecError("give --replicas N or --autoscale MIN:MAX, not both")
+        if self.cpus_per_replica <= 0:
+            raise SpecdecError(f"--cpus-per-replica must be > 0, got {self.cpus_per_replica}")
+        if self.ray_routing not in ("conversation", "least-loaded"):
+            raise SpecdecError(f"--ray-routing is conversation or least-loaded, got {self.ray_routing!r}")
+        if self.autoscale:
+            return parse_autoscale(self.autoscale)
+        n = 2 if self.replicas is None else self.replicas
+        at_least("--replicas", n, 1)
+        return n, n
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise SpecdecError(f"--autoscale takes MIN:MAX replicas, e.g. 1:4; got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise SpecdecError(f"--autoscale needs 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    draft: str = DEFAULT_DRAFT
+    methods: str = "plain,draft,ngram,hf"
+    dataset: str | None = None
+    limit: int | None = None
+    categories: str | None = None
+    k: str = "2,auto"
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
+    draft_window: int = 0
+    datastore: str | None = None
+    tree_depth: int = 4
+    tree_topk: int = 4
+    lookahead_window: int = 3
+    lookahead_ngram: int = 3
+    lookahead_candidates: int = 3
+    layer_skip: str | None = None
+    layer_skip_file: str = "runs/layer_skip.json"
+    head: str | None = None
+    draft_p_min: float = 0.0
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    repeats: int = 1
+    theory: bool = False
+    cost_profile: str | None = None
+    no_plots: bool = False
+    report_only: bool = False
+    out: str = "runs/bench"
+
+    def __post_init__(self):
+        at_least("--repeats", self.repeats, 1)
+        at_least("--draft-vocab", self.draft_vocab, 0)
+        at_least("--max-new-tokens", self.max_new_tokens, 1)
+        check_draft_values(self.draft_p_min, self.draft_window)
+        self.lookahead_config()
+
+    def lookahead_config(self) -> LookaheadConfig:
+        return LookaheadConfig(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates)
+
+
+@dataclass(frozen=True)
+class LoadtestSettings:
+    draft: str | None = None
+    ngram: bool = False
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
+    modes: str = "off,on,policy"
+    order: str = "level"
+    concurrency: str = "1,2,4,8,16"
+    min_requests: int = 4
+    max_tokens: int = 32
+    k: int = 4
+    max_batch: int = 16
+    dataset: str | None = None
+    categories: str | None = None
+    completions: bool = False
+    timeout: float = 900.0
+    ray: bool = False
+    replicas: int = 2
+    cpus_per_replica: float = 1.0
+    out: str = "runs/loadtest"
+
+    def __post_init__(self):
+        if self.draft and self.ngram:
+            raise SpecdecError("choose one drafter for the speculative modes: --draft MODEL or --ngram")
+        for flag, value, low in (("--k", self.k, 1), ("--max-batch", self.max_batch, 1),
+                                 ("--min-requests", self.min_requests, 1), ("--max-tokens", self.max_tokens, 1),
+                                 ("--replicas", self.replicas, 1)):
+            at_least(flag, value, low)
+        self.levels(), self.mode_list()
+
+    def levels(self) -> list[int]:
+        try:
+            levels = [int(x) for x in str(self.concurrency).split(",") if x.strip()]
+        except ValueError:
+            levels = []
+        if not levels or min(levels) < 1:
+            raise SpecdecError(f"--concurrency needs positive integers such as 1,2,4,8,16; got {self.concurrency!r}")
+        return levels
+
+    def mode_list(self) -> list[str]:
+        modes = [m.strip() for m in self.modes.split(",") if m.strip()]
+        bad = [m for m in modes if m not in ("off", "on", "policy")]
+        if bad or not modes:
+            raise SpecdecError(f"unknown mode(s) {bad}; choose from off, on, policy")
+        return modes

@@ -1,0 +1,121 @@
+"""Flags end at the edge: each command's flags are exactly the fields of the settings it builds,
+with the same defaults, validated on construction; nothing below the CLI reads a namespace."""
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from specdec.cli import build_parser
+from specdec.config import SamplingParams
+from specdec.errors import SpecdecError
+from specdec.flags import serve_settings, settings
+from specdec.settings import (BenchSettings, DraftingSettings, LoadtestSettings, ModelSettings, RaySettings,
+                              ServeSettings)
+
+PACKAGE = Path(__file__).parents[1] / "specdec"
+# command -> (the settings its flags become, the flags it keeps for itself)
+COMMANDS = {
+    "generate": ((ModelSettings, DraftingSettings, SamplingParams), {"max_new_tokens", "chat", "json", "prompt"}),
+    "serve": ((ModelSettings, DraftingSettings, ServeSettings, RaySettings), set()),
+    "bench": ((ModelSettings, BenchSettings), set()),
+    "loadtest": ((ModelSettings, LoadtestSettings), set()),
+}
+
+
+def subparser(command: str) -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
+def flag_defaults(command: str) -> dict:
+    return {a.dest: a.default for a in subparser(command)._actions if a.dest != "help"}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_flag_is_one_settings_field_with_the_same_default(command):
+    classes, own = COMMANDS[command]
+    defaults = flag_defaults(command)
+    owners: dict[str, list] = {}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            owners.setdefault(f.name, []).append(cls.__name__)
+            assert f.name in defaults, f"{cls.__name__}.{f.name} has no flag in `specdec {command}`"
+            assert defaults[f.name] == f.default, f"--{f.name.replace('_', '-')}: flag default {defaults[f.name]!r}, " \
+                                                  f"{cls.__name__} default {f.default!r}"
+    assert not {n: c for n, c in owners.items() if len(c) > 1}, "a flag feeds two settings"
+    assert set(defaults) == set(owners) | own, "flags that no settings field takes"
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_the_default_flags_build_valid_settings(command):
+    extra = ["hi"] if command == "generate" else []
+    args = build_parser().parse_args([command, *extra])
+    for cls in COMMANDS[command][0]:
+        made = settings(cls, args)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(made, dataclasses.fields(cls)[0].name, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-context", "0"], "--max-context must be >= 1"),
+    (["--k", "0"], "--k must be >= 1"),
+    (["--ngram", "--suffix"], "choose one drafting method"),
+    (["--datastore", "x.bin"], "add --suffix"),
+    (["--tree-budget", "8"], "need a draft model"),
+    (["--layer-skip", "4", "--tree-budget", "8"], "drafts chains"),
+    (["--draft-p-min", "1.5"], "p_min must be in"),
+    (["--draft-window", "-1"], "--draft-window must be >= 0"),
+    (["--max-batch", "0"], "--max-batch must be >= 1"),
+    (["--k-schedule", "1-4"], "k schedule"),
+    (["--memory-budget-gb", "0"], "--memory-budget-gb must be > 0"),
+    (["--ray", "--replicas", "2", "--autoscale", "1:3"], "not both"),
+    (["--ray", "--autoscale", "3:1"], "1 <= MIN <= MAX"),
+    (["--ray", "--cpus-per-replica", "0"], "--cpus-per-replica must be > 0"),
+])
+def test_bad_serve_values_are_clear_errors_before_anything_loads(argv, message):
+    args = build_parser().parse_args(["serve", "--model", "/nonexistent", *argv])
+    with pytest.raises(SpecdecError, match=re.escape(message)):
+        serve_settings(args)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
+    (["--lookahead-ngram", "1"], "lookahead needs"),
+])
+def test_bad_bench_values_are_clear_errors(argv, message):
+    args = build_parser().parse_args(["bench", *argv])
+    with pytest.raises(SpecdecError, match=re.escape(message)):
+        settings(BenchSettings, args)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--concurrency", "0,2"], "--concurrency needs positive integers"),
+    (["--modes", "off,fast"], "unknown mode(s) ['fast']"),
+    (["--draft", "D", "--ngram"], "choose one drafter"),
+])
+def test_bad_loadtest_values_are_clear_errors(argv, message):
+    args = build_parser().parse_args(["loadtest", *argv])
+    with pytest.raises(SpecdecError, match=re.escape(message)):
+        settings(LoadtestSettings, args)
+
+
+def test_the_drafting_method_follows_the_flags():
+    assert DraftingSettings().method == "none"
+    assert DraftingSettings(draft="none").method == "none"
+    assert DraftingSettings(draft="D").method == "draft"
+    assert DraftingSettings(draft="D", ngram=True).method == "hybrid"
+    assert DraftingSettings(head="auto").method == "head"
+    assert DraftingSettings(layer_skip="4").method == "layer-skip"
+    assert DraftingSettings(draft="D", tree_budget=8).tree_config().budget == 8
+    assert DraftingSettings(head="h", tree_choices="[[0],[1],[0,0]]").tree_config().choices == ((0,), (1,), (0, 0))
+
+
+def test_no_module_below_the_cli_reads_an_argparse_namespace():
+    edge = {PACKAGE / "cli.py", PACKAGE / "flags.py", PACKAGE / "heads" / "cli.py"}
+    readers = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+               if p not in edge and re.search(r"\bargparse\b|\bargs\.\w+|\(args\)|vars\(args\)", p.read_text())]
+    assert readers == []
