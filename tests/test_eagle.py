@@ -1,6 +1,8 @@
 """The EAGLE drafter: greedy output is plain decoding's, sampled output follows the target's exact
 distribution, and the features it drafts from are the target's own, handed over by prefill and verify."""
 
+import json
+
 import pytest
 import torch
 
@@ -276,3 +278,28 @@ def test_head_flags_that_do_not_fit_are_clear_errors(tiny_llama_dir, tmp_path, c
     for flags, message in cases:
         assert main(base + flags + ["hi"]) == 2, flags
         assert message in capsys.readouterr().err, flags
+
+
+def test_profile_times_a_head_and_the_adaptive_policy_prices_both_kinds(tiny_llama_dir, tmp_path, capsys):
+    """`specdec profile --head` reports the head's c; generate with either kind of head under the
+    default adaptive policy (which times the head for its c) answers as plain decoding does."""
+    from specdec.cli import main
+    from specdec.heads.checkpoint import save_head, target_fingerprint
+    from specdec.model import load_model
+    loaded = load_model(str(tiny_llama_dir), device="cpu")
+    made_for = target_fingerprint(loaded.module, loaded.tokenizer)
+    save_head(eagle_head(loaded.module), tmp_path / "eagle", made_for)
+    save_head(medusa_head(loaded.module), tmp_path / "medusa", made_for)
+    base = ["--model", str(tiny_llama_dir), "--device", "cpu"]
+    for kind in ("eagle", "medusa"):
+        out = tmp_path / f"profile-{kind}.json"
+        assert main(["profile", *base, "--head", str(tmp_path / kind), "--context", "16", "--repeats", "1",
+                     "--out", str(out)]) == 0
+        result = json.loads(out.read_text())
+        assert result["head_cost_ratio"] > 0 and result["head_step_seconds"] > 0
+        assert "c = " in capsys.readouterr().out
+    texts = {}
+    for flags in ([], ["--head", str(tmp_path / "eagle")], ["--head", str(tmp_path / "medusa")]):
+        assert main(["generate", *base, "--max-new-tokens", "12", "--json", *flags, "w1 w2 w3"]) == 0
+        texts[tuple(flags)] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
+    assert len(set(texts.values())) == 1

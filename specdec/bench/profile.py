@@ -118,14 +118,17 @@ def interleaved_seconds(fns: dict, device: torch.device, repeats: int) -> dict:
 
 
 def profile(target: Transformer, draft: Transformer | None, context: int = 512, repeats: int = 7,
-            bandwidth_mb: int = 2048) -> dict:
+            bandwidth_mb: int = 2048, head=None) -> dict:
     """v(n) and c are medians of per-round ratios to the target's one-token step timed in the same
-    round (sizes interleaved), so a drift of the host's bandwidth between sizes does not bend the curve."""
+    round (sizes interleaved), so a drift of the host's bandwidth between sizes does not bend the curve.
+    head: a self-drafting head's one-token callable (a drafter's entry()): its c as head_cost_ratio."""
     device = target.device
     paired = roofline_rounds(target, context, 2 * repeats + 1, bandwidth_mb)
     fns = {n: forward_fn(target, n, context) for n in VERIFY_SIZES}
     if draft is not None:
         fns["draft"] = forward_fn(draft, 1, context)
+    if head is not None:
+        fns["head"] = head
     times = interleaved_seconds(fns, device, repeats)
     t = {key: statistics.median(ts) for key, ts in times.items()}
 
@@ -142,6 +145,8 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
               "roofline_rounds": paired["rounds"],
               "forward_seconds": {str(n): round(t[n], 5) for n in VERIFY_SIZES},
               "verify_cost": {str(n): round(ratio(n), 3) for n in VERIFY_SIZES}}
+    if head is not None:
+        result.update({"head_step_seconds": round(t["head"], 5), "head_cost_ratio": round(ratio("head"), 3)})
     if draft is not None:
         # the draft's prefill as the drafter runs it (the LM head scores the last position only:
         # scoring all 512 would add a 512-row full-vocabulary GEMM), at a short and a context-long
@@ -163,6 +168,8 @@ def print_profile(r: dict) -> None:
         print(f"draft step {r['draft_step_seconds'] * 1000:.1f} ms, c = {r['draft_cost_ratio']}, "
               f"draft prefill {r.get('draft_prefill_fixed', 0)} + {r.get('draft_prefill_cost', 0)} plain steps "
               "per prompt token")
+    if "head_cost_ratio" in r:
+        print(f"head entry {r['head_step_seconds'] * 1000:.1f} ms, c = {r['head_cost_ratio']}")
 
 
 def write_profile(r: dict, out: str) -> None:

@@ -112,6 +112,20 @@ class BaseDrafter:
     def observe(self, num_accepted: int) -> None:
         pass
 
+    def entry(self, context: int = 256):
+        """caps.features: a callable drafting one token at `context` cached positions (for its cost c)."""
+        raise NotImplementedError(f"{type(self).__name__} does not time its own draft token")
+
+    def step_seconds(self, context: int = 256, repeats: int = 5) -> float:
+        """Median seconds of one draft token (entry) at `context` cached positions; the drafter is
+        started afresh afterwards."""
+        import statistics
+        from specdec.policy.measure import timed
+        run = self.entry(context)
+        seconds = statistics.median(timed(run, self.features.device, repeats))
+        self.start([])
+        return seconds
+
 
 class NoDrafter(BaseDrafter):
     """Plain decoding through the same engine: proposes nothing."""

@@ -130,17 +130,14 @@ class EagleDrafter(BaseDrafter):
         self.cache.reset()
         self.valid = 0
 
-    def step_seconds(self, context: int = 256, repeats: int = 5) -> float:
-        """Median seconds of one head entry (one draft token) at `context` cached entries (the policy's c)."""
-        import statistics
-        from specdec.policy.measure import timed
+    def entry(self, context: int = 256):
+        """One head entry (one draft token) at `context` cached entries, as a callable (it writes the
+        head's cache there: start() the drafter afresh after timing it)."""
         device = self.features.device
         start = min(context, self.capacity - 1)
-        feature, token = torch.zeros(1, self.prepared.config.hidden_size, device=device), torch.zeros(1, dtype=torch.long,
-                                                                                                   device=device)
-        seconds = statistics.median(timed(lambda: self._run(feature, token, start), device, repeats))
-        self.start([])
-        return seconds
+        feature = torch.zeros(1, self.prepared.config.hidden_size, device=device)
+        token = torch.zeros(1, dtype=torch.long, device=device)
+        return lambda: self._run(feature, token, start)
 
     def feed(self, position: int, features: torch.Tensor) -> None:
         """The target's features # [n, hidden] of positions position..position+n-1."""
@@ -325,6 +322,11 @@ class MedusaDrafter(BaseDrafter):
 
     def start(self, prompt: list[int]) -> None:
         pass
+
+    def entry(self, context: int = 256):
+        """One head's logits (a chain drafts one head per token), as a callable."""
+        feature = torch.zeros(self.prepared.config.hidden_size, device=self.features.device)
+        return lambda: self.prepared.logits(feature, 1)
 
     def feed(self, position: int, features: torch.Tensor) -> None:
         self.features[position:position + features.shape[0]] = features.float()
