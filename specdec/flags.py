@@ -55,23 +55,42 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
 
 
-def add_lookahead_flags(p: argparse.ArgumentParser, with_switch: bool) -> None:
-    if with_switch:
-        p.add_argument("--lookahead", action="store_true",
-                       help="lookahead decoding: Jacobi iteration feeds an n-gram pool, verified in the same pass")
+def add_drafter_knobs(p: argparse.ArgumentParser) -> None:
+    """How the drafters are tuned: the same flags for generate and serve (DraftingSettings) and for
+    bench's methods (BenchSettings), both settings.DrafterKnobs."""
+    p.add_argument("--draft-vocab", type=integer, default=DEFAULT_DRAFT_VOCAB,
+                   help="draft model scores only the first N token ids (0 = all); cuts its LM-head cost, output "
+                        "stays exact (default: %(default)s, the measured best for the Qwen2.5 pair)")
+    p.add_argument("--draft-p-min", type=float, default=0.0,
+                   help="stop a draft early when the draft model's top probability is below this (0 = off)")
+    p.add_argument("--draft-window", type=integer, default=0,
+                   help="the draft model prefills only the prompt's last N tokens (0 = all): a long prompt's draft "
+                        "prefill costs less, its drafts see less context; output stays exact")
+    p.add_argument("--tree-depth", type=integer, default=4, help="dynamic tree: largest depth")
+    p.add_argument("--tree-topk", type=integer, default=4,
+                   help="dynamic tree: nodes expanded per depth, and children per expanded node")
+    p.add_argument("--datastore", default=None, help="suffix drafter: a file from `specdec datastore build`")
     p.add_argument("--lookahead-window", type=integer, default=3, help="lookahead: window width W (columns)")
     p.add_argument("--lookahead-ngram", type=integer, default=3, help="lookahead: n-gram size N (N - 1 levels)")
     p.add_argument("--lookahead-candidates", type=integer, default=3,
                    help="lookahead: at most G pool n-grams verified per step")
-
-
-def add_window_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft-window", type=integer, default=0,
-                   help="the draft model prefills only the prompt's last N tokens (0 = all): a long prompt's draft "
-                        "prefill costs less, its drafts see less context; output stays exact")
+    p.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
+                   help="self-speculation: the target drafts with its first L layers (or a list like 0-5,8) and its "
+                        "own head; 'auto' = the choice saved by `specdec tune-layer-skip` (bench: the layer-skip "
+                        "method's layers)")
+    p.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
+    p.add_argument("--head", default=None, metavar="DIR|NAME|auto",
+                   help="draft with an EAGLE or Medusa head trained by `specdec train-head`: its directory, a name "
+                        "under $SPECDEC_HOME/heads, or 'auto' (the one trained for --model; bench's eagle method "
+                        "uses auto when this is not given)")
+    p.add_argument("--cost-profile", default=None,
+                   help="`specdec profile` JSON with v(n), c and the draft prefill's price (a fixed part + a part "
+                        "per prompt token) for the adaptive policy and bench's theory check (default: measured "
+                        "at start)")
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    """Which drafter generate and serve use, k, trees and the policy (DraftingSettings)."""
     p.add_argument("--draft", default=None,
                    help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
     p.add_argument("--ngram", action="store_true",
@@ -84,28 +103,12 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix-cache-tokens", type=integer, default=262144,
                    help="suffix drafter: tokens of earlier requests kept (oldest evicted first; 0 = none)")
     p.add_argument("--suffix-min-match", type=integer, default=1, help="suffix drafter: shortest match that drafts")
-    p.add_argument("--datastore", default=None, help="suffix drafter: a file from `specdec datastore build`")
-    add_lookahead_flags(p, with_switch=True)
-    p.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
-                   help="self-speculation: the target drafts with its first L layers (or a list like 0-5,8) and its "
-                        "own head; 'auto' = the choice saved by `specdec tune-layer-skip`")
-    p.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
-    p.add_argument("--head", default=None, metavar="DIR|NAME|auto",
-                   help="draft with an EAGLE head trained by `specdec train-head`: its directory, a name under "
-                        "$SPECDEC_HOME/heads, or 'auto' (the one trained for --model)")
+    p.add_argument("--lookahead", action="store_true",
+                   help="lookahead decoding: Jacobi iteration feeds an n-gram pool, verified in the same pass")
     p.add_argument("--k", type=integer, default=4,
                    help="draft tokens per verify step (--policy fixed), or the most the adaptive policy may draft")
-    p.add_argument("--draft-vocab", type=integer, default=DEFAULT_DRAFT_VOCAB,
-                   help="draft model scores only the first N token ids (0 = all); cuts its LM-head cost, output "
-                        "stays exact (default: %(default)s, the measured best for the Qwen2.5 pair)")
-    p.add_argument("--draft-p-min", type=float, default=0.0,
-                   help="stop a draft early when the draft model's top probability is below this (0 = off)")
-    add_window_flag(p)
     p.add_argument("--tree-budget", type=integer, default=0,
                    help="draft a dynamic token tree of at most N nodes (EAGLE-2 style) instead of a chain (0 = chain)")
-    p.add_argument("--tree-depth", type=integer, default=4, help="dynamic tree: largest depth")
-    p.add_argument("--tree-topk", type=integer, default=4,
-                   help="dynamic tree: nodes expanded per depth, and children per expanded node")
     p.add_argument("--tree-choices", default=None,
                    help="static tree: Medusa-style rank paths as JSON (or a JSON file), e.g. '[[0],[1],[0,0],[0,1]]'")
     p.add_argument("--policy", choices=("fixed", "adaptive", "adaptive-k"), default="adaptive",
@@ -113,9 +116,7 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                         "(0 = plain step), and let a draft model's chain go on or end by its own confidence "
                         "(single-sequence generation; the server picks k only); adaptive-k: pick k only; "
                         "fixed: draft k every step")
-    p.add_argument("--cost-profile", default=None,
-                   help="`specdec profile` JSON with v(n), c and the draft prefill's price (a fixed part + a part "
-                        "per prompt token) for the adaptive policy (default: measure at start)")
+    add_drafter_knobs(p)
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -189,21 +190,7 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
                             "policy (k chosen per step in 0..8, and a draft model's chain lengthened or ended by "
                             "its calibrated confidence) for our drafting methods; 'auto-k': the k choice alone "
                             "(default: %(default)s, the best fixed k measured in the default mode next to the policy)")
-    bench.add_argument("--draft-vocab", type=integer, default=DEFAULT_DRAFT_VOCAB,
-                       help="draft model scores only the first N token ids (0 = all; default: %(default)s)")
-    add_window_flag(bench)
-    bench.add_argument("--datastore", default=None, help="suffix method: a file from `specdec datastore build`")
-    bench.add_argument("--tree-depth", type=integer, default=4, help="tree methods: largest depth")
-    add_lookahead_flags(bench, with_switch=False)
-    bench.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
-                       help="layer-skip method: draft with the first L layers (or a list like 0-5,8); 'auto' = the "
-                            "choice saved by `specdec tune-layer-skip`")
-    bench.add_argument("--layer-skip-file", default="runs/layer_skip.json", help="where tune-layer-skip saved its choices")
-    bench.add_argument("--head", default=None, metavar="DIR|NAME|auto",
-                       help="eagle method: the EAGLE head (default: auto, the one `specdec train-head` made for --model)")
-    bench.add_argument("--tree-topk", type=integer, default=4, help="tree methods: expansion width per depth")
-    bench.add_argument("--draft-p-min", type=float, default=0.0,
-                       help="draft methods stop early when the draft's top probability is below this (0 = off)")
+    add_drafter_knobs(bench)
     bench.add_argument("--max-new-tokens", type=integer, default=128)
     bench.add_argument("--temperature", type=float, default=0.0,
                        help="0 = greedy (outputs are checked token for token against plain decoding)")
@@ -214,9 +201,6 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--repeats", type=integer, default=1, help="run everything N times; reports mean ± stdev")
     bench.add_argument("--theory", action="store_true",
                        help="print the predicted speedup (1-a^(k+1))/((1-a)(k c + v(k+1))) next to the measured one")
-    bench.add_argument("--cost-profile", default=None,
-                       help="`specdec profile` JSON to take c and v(n) from, for the theory check and the "
-                            "adaptive policy (default: measured in this run / at start)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--report-only", action="store_true",
                        help="summarize the records already in --out (prompts every method finished); run nothing")

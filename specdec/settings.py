@@ -46,7 +46,37 @@ class ModelSettings:
 
 
 @dataclass(frozen=True)
-class DraftingSettings:
+class DrafterKnobs:
+    """How the drafters are tuned (flags.add_drafter_knobs): shared by generate/serve and bench."""
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
+    draft_p_min: float = 0.0
+    draft_window: int = 0
+    tree_depth: int = 4
+    tree_topk: int = 4
+    datastore: str | None = None
+    lookahead_window: int = 3
+    lookahead_ngram: int = 3
+    lookahead_candidates: int = 3
+    layer_skip: str | None = None
+    layer_skip_file: str = "runs/layer_skip.json"
+    head: str | None = None
+    cost_profile: str | None = None
+
+    def __post_init__(self):
+        at_least("--draft-vocab", self.draft_vocab, 0)
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise SpecdecError(f"draft p_min must be in [0, 1), got {self.draft_p_min}")
+        if self.draft_window < 0:
+            raise SpecdecError(f"--draft-window must be >= 0 prompt tokens (0 = the whole prompt), got "
+                               f"{self.draft_window}")
+        self.lookahead_config()
+
+    def lookahead_config(self) -> LookaheadConfig:
+        return LookaheadConfig(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates)
+
+
+@dataclass(frozen=True)
+class DraftingSettings(DrafterKnobs):
     draft: str | None = None
     ngram: bool = False
     ngram_max: int = 3
@@ -54,29 +84,15 @@ class DraftingSettings:
     suffix: bool = False
     suffix_cache_tokens: int = 262144
     suffix_min_match: int = 1
-    datastore: str | None = None
     lookahead: bool = False
-    lookahead_window: int = 3
-    lookahead_ngram: int = 3
-    lookahead_candidates: int = 3
-    layer_skip: str | None = None
-    layer_skip_file: str = "runs/layer_skip.json"
-    head: str | None = None
     k: int = 4
-    draft_vocab: int = DEFAULT_DRAFT_VOCAB
-    draft_p_min: float = 0.0
-    draft_window: int = 0
     tree_budget: int = 0
-    tree_depth: int = 4
-    tree_topk: int = 4
     tree_choices: str | None = None
     policy: str = "adaptive"
-    cost_profile: str | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         at_least("--k", self.k, 1)
-        at_least("--draft-vocab", self.draft_vocab, 0)
-        check_draft_values(self.draft_p_min, self.draft_window)
         if self.policy not in ("fixed", "adaptive", "adaptive-k"):
             raise SpecdecError(f"--policy is fixed, adaptive or adaptive-k, got {self.policy!r}")
         method = self.method  # raises on a conflicting choice
@@ -86,7 +102,7 @@ class DraftingSettings:
         if tree is not None and method not in ("draft", "head"):
             raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL) "
                                "or an EAGLE head (--head)")
-        self.ngram_config(), self.suffix_config(), self.lookahead_config()
+        self.ngram_config(), self.suffix_config()
 
     @property
     def method(self) -> str:
@@ -116,9 +132,6 @@ class DraftingSettings:
     def suffix_config(self) -> SuffixConfig:
         return SuffixConfig(self.suffix_cache_tokens, self.suffix_min_match, self.datastore)
 
-    def lookahead_config(self) -> LookaheadConfig:
-        return LookaheadConfig(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates)
-
     def tree_config(self) -> TreeConfig | None:
         """--tree-choices (static) or --tree-budget > 0 (dynamic), else None (chains)."""
         if self.tree_choices:
@@ -126,13 +139,6 @@ class DraftingSettings:
         if self.tree_budget:
             return TreeConfig(self.tree_budget, self.tree_depth, self.tree_topk)
         return None
-
-
-def check_draft_values(p_min: float, window: int) -> None:
-    if not 0.0 <= p_min < 1.0:
-        raise SpecdecError(f"draft p_min must be in [0, 1), got {p_min}")
-    if window < 0:
-        raise SpecdecError(f"--draft-window must be >= 0 prompt tokens (0 = the whole prompt), got {window}")
 
 
 def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
@@ -223,45 +229,27 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class BenchSettings:
+class BenchSettings(DrafterKnobs):
     draft: str = DEFAULT_DRAFT
     methods: str = "plain,draft,ngram,hf"
     dataset: str | None = None
     limit: int | None = None
     categories: str | None = None
     k: str = "2,auto"
-    draft_vocab: int = DEFAULT_DRAFT_VOCAB
-    draft_window: int = 0
-    datastore: str | None = None
-    tree_depth: int = 4
-    tree_topk: int = 4
-    lookahead_window: int = 3
-    lookahead_ngram: int = 3
-    lookahead_candidates: int = 3
-    layer_skip: str | None = None
-    layer_skip_file: str = "runs/layer_skip.json"
-    head: str | None = None
-    draft_p_min: float = 0.0
     max_new_tokens: int = 128
     temperature: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
     repeats: int = 1
     theory: bool = False
-    cost_profile: str | None = None
     no_plots: bool = False
     report_only: bool = False
     out: str = "runs/bench"
 
     def __post_init__(self):
+        super().__post_init__()
         at_least("--repeats", self.repeats, 1)
-        at_least("--draft-vocab", self.draft_vocab, 0)
         at_least("--max-new-tokens", self.max_new_tokens, 1)
-        check_draft_values(self.draft_p_min, self.draft_window)
-        self.lookahead_config()
-
-    def lookahead_config(self) -> LookaheadConfig:
-        return LookaheadConfig(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates)
 
 
 @dataclass(frozen=True)
