@@ -89,6 +89,10 @@ class ByteLevelTokenizer:
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a token of the vocabulary (added tokens included), None for a string that is none."""
+        return self.backend.token_to_id(token)
+
     def get_vocab(self) -> dict[str, int]:
         if self._vocab is None:
             self._vocab = self.backend.get_vocab(with_added_tokens=True)

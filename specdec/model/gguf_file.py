@@ -22,6 +22,7 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
           7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 STRING, ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 F32, F16, BF16 = 0, 1, 30  # ggml type ids of the plain float formats
 
 
@@ -51,10 +52,12 @@ class StringArray:
     def items(self) -> list[str]:
         if self._items is None:
             out, pos, buf = [], self.pos, self.buf
-            for _ in range(self.count):
-                (n,) = struct.unpack_from("<Q", buf, pos)
-                out.append(bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8", errors="replace"))
-                pos += 8 + n
+            length, append = _U64.unpack_from, out.append
+            for _ in range(self.count):  # the vocabulary and merges: 300k strings, decoded straight from the map
+                n = length(buf, pos)[0]
+                start = pos + 8
+                append(str(buf[start:start + n], "utf-8", "replace"))
+                pos = start + n
             self._items = out
         return self._items
 

@@ -91,9 +91,10 @@ def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def eos_ids(tokenizer) -> set[int]:
+    from specdec.model.byte_bpe import ByteLevelTokenizer
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    vocab = tokenizer.get_vocab()
-    return ids | {vocab[t] for t in END_OF_TURN if t in vocab}
+    token_id = tokenizer.token_id if isinstance(tokenizer, ByteLevelTokenizer) else tokenizer.get_vocab().get
+    return ids | {i for i in map(token_id, END_OF_TURN) if i is not None}
 
 
 def check_compatible(target_tok, draft_tok) -> None:
