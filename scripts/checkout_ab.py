@@ -53,6 +53,11 @@ def main() -> None:
     ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: the bench's arguments")
     args = ap.parse_args()
     bench_args = [a for a in args.bench_args if a != "--"]
+    if not (Path(args.old) / "specdec" / "cli.py").is_file():
+        sys.exit(f"checkout_ab: {args.old} is not a specdec checkout (no specdec/cli.py); make one with "
+                 "`git worktree add DIR COMMIT`")
+    if not bench_args:
+        sys.exit("checkout_ab: give the bench's arguments after --")
     runs, seen = {}, {"new": 0, "old": 0}
     with tempfile.TemporaryDirectory() as tmp:
         for side in args.order.split(","):
