@@ -11,6 +11,7 @@ from specdec.errors import SpecdecError
 from specdec.flags import (DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, add_all_serve_flags, add_bench_flags, add_loadtest_flags,
                            add_model_flags, add_sampling_flags, add_spec_flags, integer, serve_settings, settings)
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -29,14 +29,6 @@ def settings(cls, args: argparse.Namespace):
     return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
-def dests(*groups) -> set[str]:
-    """The destinations the given flag groups define (for the 1:1 check against settings fields)."""
-    p = argparse.ArgumentParser(add_help=False)
-    for group in groups:
-        group(p)
-    return {a.dest for a in p._actions}
-
-
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET, help="target: registry name, .gguf path or HF directory")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")

@@ -19,6 +19,7 @@ from specdec.errors import SpecdecError
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_DRAFT_VOCAB = 32768  # the draft scores ids < 32768: faster drafts for the Qwen2.5 pair, the output unchanged
+LOADTEST_MODES = ("off", "on", "policy")  # speculation off, on at a fixed k, the policy's choice
 
 
 def at_least(flag: str, value, low) -> None:
@@ -42,7 +43,7 @@ class ModelSettings:
         """load_model(spec or the model) with these settings."""
         from specdec.model import load_model
         return load_model(spec or self.model, device=self.device, dtype=self.dtype, cuda_graphs=self.cuda_graphs,
-                          weight_dtype=self.weight_dtype, draft=draft, **({"progress": progress} if progress else {}))
+                          weight_dtype=self.weight_dtype, draft=draft, progress=progress or print)
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ class LoadtestSettings:
 
     def mode_list(self) -> list[str]:
         modes = [m.strip() for m in self.modes.split(",") if m.strip()]
-        bad = [m for m in modes if m not in ("off", "on", "policy")]
+        bad = [m for m in modes if m not in LOADTEST_MODES]
         if bad or not modes:
-            raise SpecdecError(f"unknown mode(s) {bad}; choose from off, on, policy")
+            raise SpecdecError(f"unknown mode(s) {bad}; choose from {', '.join(LOADTEST_MODES)}")
         return modes

@@ -303,3 +303,11 @@ def test_profile_times_a_head_and_the_adaptive_policy_prices_both_kinds(tiny_lla
         assert main(["generate", *base, "--max-new-tokens", "12", "--json", *flags, "w1 w2 w3"]) == 0
         texts[tuple(flags)] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
     assert len(set(texts.values())) == 1
+
+
+def test_profile_with_a_head_that_is_not_there_is_a_clear_error(tiny_llama_dir, tmp_path, capsys):
+    from specdec.cli import main
+    assert main(["profile", "--model", str(tiny_llama_dir), "--device", "cpu", "--head", str(tmp_path / "none"),
+                 "--out", str(tmp_path / "p.json")]) == 2
+    assert "no head" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()

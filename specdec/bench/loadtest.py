@@ -31,8 +31,6 @@ from pathlib import Path
 from specdec.errors import SpecdecError
 from specdec.settings import LoadtestSettings, ModelSettings
 
-MODES = ("off", "on", "policy")
-
 
 @dataclass
 class Result:
