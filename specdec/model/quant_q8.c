@@ -104,15 +104,14 @@ static inline void scales_q4_k(const uint8_t *b, __m256i *sv, __m256i *mn) {
     *mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
 }
 
-/* sum over the 8 groups s of maddubs(q[s], x[s]) . sv[s], in int32 lanes: two chains, so that the multiply-adds of
- * one group need not wait for the last one's (integers: the same sum in any order) */
-static inline __m256i dot8_k(const __m256i *q, const __m256i *sv, const int8_t *xq) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-    for (int s = 0; s < 8; s += 2) {
-        a0 = DPWSSD(a0, _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(xq + 32 * s))), sv[s]);
-        a1 = DPWSSD(a1, _mm256_maddubs_epi16(q[s + 1], _mm256_loadu_si256((const __m256i *)(xq + 32 * s + 32))), sv[s + 1]);
-    }
-    return _mm256_add_epi32(a0, a1);
+/* sum over the 4 groups s of maddubs(q[s], x[s]) . sv[s], in int32 lanes (integers: the same sum in any order,
+ * so the two halves of a block may be summed apart) */
+static inline __m256i dot4_k(const __m256i *q, const __m256i *sv, const int8_t *xq) {
+    const __m256i p0 = DPWSSD(_mm256_madd_epi16(_mm256_maddubs_epi16(q[0], _mm256_loadu_si256((const __m256i *)xq)), sv[0]),
+                              _mm256_maddubs_epi16(q[1], _mm256_loadu_si256((const __m256i *)(xq + 32))), sv[1]);
+    const __m256i p1 = DPWSSD(_mm256_madd_epi16(_mm256_maddubs_epi16(q[2], _mm256_loadu_si256((const __m256i *)(xq + 64))), sv[2]),
+                              _mm256_maddubs_epi16(q[3], _mm256_loadu_si256((const __m256i *)(xq + 96))), sv[3]);
+    return _mm256_add_epi32(p0, p1);
 }
 
 #define Q4_K_BYTES 144
@@ -121,17 +120,23 @@ static inline __m256i dot8_k(const __m256i *q, const __m256i *sv, const int8_t *
 #define QPF_BYTES 1024 /* software prefetch distance within a row */
 #endif
 
+/* A weight block meets the C inputs in two passes, groups 0-3 then 4-7: each pass holds only its
+ * half of the block's integers and scales in registers (all of them do not fit in AVX2's 16, and
+ * reloading them for every input row made the loads, not the multiplies, the bound). The first
+ * pass leaves each row's integer half-sum in part[]. The float steps per row and block are those
+ * of one pass (d * da and -dmin * da as vector products: the same roundings as the scalar ones). */
 #define DEFINE_Q4_K(C)                                                                               \
     static void q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         __m256 f[C];                                                                                 \
+        __m256i part[C];                                                                             \
         for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();                                      \
-        const int64_t nb = a->K / 256;                                                               \
+        const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             const uint8_t *blk = w + ib * Q4_K_BYTES;                                                \
             _mm_prefetch((const char *)blk + QPF_BYTES, _MM_HINT_T0);                                \
             _mm_prefetch((const char *)blk + QPF_BYTES + 64, _MM_HINT_T0);                           \
             _mm_prefetch((const char *)blk + QPF_BYTES + 128, _MM_HINT_T0);                          \
-            const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);                             \
+            const __m256 dv = _mm256_set1_ps(f16_to_f32(blk)), ndminv = _mm256_set1_ps(-f16_to_f32(blk + 2)); \
             __m256i mn, q[8], sv[8];                                                                 \
             scales_q4_k(blk, sv, &mn);                                                               \
             for (int j = 0; j < 4; j++) {                                                            \
@@ -139,13 +144,15 @@ static inline __m256i dot8_k(const __m256i *q, const __m256i *sv, const int8_t *
                 q[2 * j] = _mm256_and_si256(raw, NIB8);                                              \
                 q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), NIB8);                    \
             }                                                                                        \
+            const int8_t *xq = a->q + ib * 256;                                                      \
+            const int16_t *xs = a->s + ib * 16;                                                      \
+            for (int c = 0; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                         \
             for (int c = 0; c < C; c++) {                                                            \
-                const int8_t *xq = a->q + c * a->K + ib * 256;                                       \
-                __m256i acc = dot8_k(q, sv, xq);                                                     \
-                const __m256i mt = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(a->s + c * (a->K / 16) + ib * 16))); \
-                const float da = a->d[c * nb + ib];                                                  \
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * da), f[c]);        \
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_set1_ps(-(dmin * da)), f[c]);  \
+                const __m256i acc = _mm256_add_epi32(part[c], dot4_k(q + 4, sv + 4, xq + c * K + 128)); \
+                const __m256i mt = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
+                const __m256 da = _mm256_broadcast_ss(a->d + c * nb + ib);                           \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, da), f[c]);        \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_mul_ps(ndminv, da), f[c]);     \
             }                                                                                        \
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
@@ -165,28 +172,31 @@ static inline void scales_q6_k(__m256i sc16, __m256i *sv) {
 }
 
 /* Q6_K (256 weights, weight = d * sc[i] * (q - 32) per 16, q in 0..63): sum_i sc[i] * ((q . a)_i -
- * 32 (sum a)_i), all integer per activation block. */
+ * 32 (sum a)_i), all integer per activation block; in two passes over the inputs as Q4_K. */
 #define DEFINE_Q6_K(C)                                                                               \
     static void q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         __m256 f[C];                                                                                 \
+        __m256i part[C];                                                                             \
         for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();                                      \
-        const int64_t nb = a->K / 256;                                                               \
+        const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             const uint8_t *blk = w + ib * Q6_K_BYTES;                                                \
             for (int p = 0; p < Q6_K_BYTES; p += 64)                                                 \
                 _mm_prefetch((const char *)blk + QPF_BYTES + p, _MM_HINT_T0);                        \
-            const float d = f16_to_f32(blk + 208);                                                   \
+            const __m256 dv = _mm256_set1_ps(f16_to_f32(blk + 208));                                 \
             const int8_t *scb = (const int8_t *)(blk + 192);                                         \
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scb));       \
             __m256i q[8], sv[8];                                                                     \
             scales_q6_k(sc16, sv);                                                                   \
             for (int s = 0; s < 8; s++) q[s] = q6_k_group(blk, s);                                   \
+            const int8_t *xq = a->q + ib * 256;                                                      \
+            const int16_t *xs = a->s + ib * 16;                                                      \
+            for (int c = 0; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                         \
             for (int c = 0; c < C; c++) {                                                            \
-                const int8_t *xq = a->q + c * a->K + ib * 256;                                       \
-                __m256i acc = dot8_k(q, sv, xq);                                                     \
-                const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(a->s + c * (a->K / 16) + ib * 16))); \
+                __m256i acc = _mm256_add_epi32(part[c], dot4_k(q + 4, sv + 4, xq + c * K + 128));    \
+                const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
                 acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));                              \
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * a->d[c * nb + ib]), f[c]); \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, _mm256_broadcast_ss(a->d + c * nb + ib)), f[c]); \
             }                                                                                        \
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
