@@ -47,6 +47,13 @@ def test_the_header_parses_and_tensors_are_views_of_the_map(tiny_gguf):
     assert norm.dtype == np.float32 and norm.shape == (embd.dims[0],)
 
 
+def test_the_type_table_is_the_gguf_packages():
+    """Our table of block sizes (kept so that start-up need not import gguf) against the package's own."""
+    from gguf.constants import GGML_QUANT_SIZES
+    from specdec.model.gguf_file import TYPE_SIZES
+    assert TYPE_SIZES == {int(t): tuple(size) for t, size in GGML_QUANT_SIZES.items()}
+
+
 @pytest.mark.parametrize("damage", ["truncated", "not gguf", "empty"])
 def test_a_damaged_file_is_a_clear_error(tiny_gguf, tmp_path, damage):
     data = tiny_gguf.read_bytes()
