@@ -1,6 +1,7 @@
 /* Throughput of the integer multiply-add instructions quant_q8.c is built from, on one core: eight
  * independent accumulator chains per instruction, so the issue rate binds, not the latency.
  * Why a verified row costs what it does with 8-bit activations: its multiply-adds, at these rates.
+ * Without VNNI (AVX2 only) the VNNI lines are left out.
  * Build: gcc -O2 -march=native int8_dot_throughput.c -o t && ./t */
 #include <immintrin.h>
 #include <stdio.h>
@@ -28,15 +29,22 @@ static double now(void) {
         printf("%-34s %.3f ns/instruction  %5.1f int8 multiply-adds/ns  (%d)\n", NAME, ns, MACS / ns,   \
                _mm256_extract_epi32(s, 0));                                                            \
     }
+#define MADDUBS(a) a = _mm256_maddubs_epi16(a, y)
+#define MADDUBS_MADD(a) a = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(x, a), y), a)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#define HAVE_VNNI 1
 #define DPBUSD(a) a = _mm256_dpbusd_epi32(a, x, y)
 #define DPWSSD(a) a = _mm256_dpwssd_epi32(a, x, y)
-#define MADDUBS(a) a = _mm256_maddubs_epi16(a, y)
 #define MADDUBS_DPWSSD(a) a = _mm256_dpwssd_epi32(a, _mm256_maddubs_epi16(x, a), y)
+#endif
 
 int main(void) {
+#ifdef HAVE_VNNI
     RUN("vpdpbusd ymm (32 u8*s8)", 32, DPBUSD)
     RUN("vpdpwssd ymm (16 s16*s16)", 16, DPWSSD)
-    RUN("vpmaddubsw ymm (32 u8*s8)", 32, MADDUBS)
     RUN("vpmaddubsw + vpdpwssd (K-quants)", 32, MADDUBS_DPWSSD)
+#endif
+    RUN("vpmaddubsw ymm (32 u8*s8)", 32, MADDUBS)
+    RUN("vpmaddubsw + vpmaddwd + vpaddd (K-quants, AVX2)", 32, MADDUBS_MADD)
     return 0;
 }
