@@ -64,6 +64,15 @@ def test_a_damaged_file_is_a_clear_error(tiny_gguf, tmp_path, damage):
 
 
 @kernel
+def test_profile_runs_on_the_blocks(tiny_gguf):
+    """`specdec profile` on the default CPU mode: a target whose layers and head are GGUF blocks."""
+    from specdec.bench.profile import profile
+    q8 = load_gguf_blocks(GGUFFile(tiny_gguf))
+    r = profile(q8, q8, context=32, repeats=1, bandwidth_mb=16)
+    assert r["weight_dtype"] == "gguf-q8" and r["verify_cost"]["1"] == 1.0 and r["draft_cost_ratio"] > 0
+
+
+@kernel
 def test_the_backend_is_close_to_the_reference_and_rows_are_steps(tiny_gguf):
     f = GGUFFile(tiny_gguf)
     ref, q8 = load_gguf_reference(f, torch.device("cpu"), torch.float32), load_gguf_blocks(f)

@@ -136,7 +136,7 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
         return statistics.median(a / b for a, b in zip(times[key], times[1]))
     roofline = paired["bandwidth_gbs"] * 1e9 / weight_bytes(target)
     result = {"device": str(device), "dtype": str(target.dtype),
-              "weight_dtype": getattr(target, "weight_format", str(target.lm_head.weight.dtype)), "context": context,
+              "weight_dtype": target.weight_format, "context": context,
               "bandwidth_gbs": round(paired["bandwidth_gbs"], 2), "weight_bytes": weight_bytes(target),
               "step_seconds": round(paired["step_seconds"], 5),
               "plain_tokens_per_second": round(1 / paired["step_seconds"], 3),
