@@ -97,6 +97,44 @@ def test_the_server_pool_gives_the_engines_tokens(tiny_target):
     assert [got[i] for i in range(len(prompts))] == expected
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_server_round_drafts_every_rows_chain_in_one_head_forward_per_position(tiny_target, monkeypatch,
+                                                                                 temperature):
+    """The pool's rows draft together: k head forwards of all 3 rows a round (the first ragged, each
+    row catching up on its own entries), none alone; greedy output stays the engine's, seeded
+    sampling repeats."""
+    import specdec.drafters.eagle as eagle
+    head = eagle_head(tiny_target)
+    factory = lambda: EagleDrafter(tiny_target, head, 256)  # noqa: E731
+    k = 3
+    cfg = GenerationConfig(20, k, SamplingParams(temperature=temperature, seed=5))
+    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50))]
+    original, alone = eagle._ragged_entries, EagleDrafter._run
+
+    def run(count_rounds: int = 0):
+        stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3, prefill_chunk=64)
+        assert stepper.draft_cache is not None and all(d.cache.k.data_ptr() != stepper.drafters[0].cache.k.data_ptr()
+                                                       for d in stepper.drafters[1:])
+        seqs = [stepper.add(p, cfg, set()) for p in prompts]
+        stepper.run_round()  # the prefills
+        calls = []
+        monkeypatch.setattr(eagle, "_ragged_entries", lambda *a: calls.append(len(a[2])) or original(*a))
+        monkeypatch.setattr(EagleDrafter, "_run", lambda *a, **kw: calls.append("alone") or alone(*a, **kw))
+        for _ in range(count_rounds):
+            stepper.run_round()
+        monkeypatch.undo()
+        while stepper.active:
+            for seq in stepper.run_round():
+                stepper.release(seq)
+        return [s.new_tokens for s in seqs], calls
+
+    tokens, calls = run(count_rounds=1)
+    assert calls == [3] * k  # one forward per draft position, 3 rows each
+    assert tokens == run()[0]
+    if temperature == 0:
+        assert tokens == [SpeculativeGenerator(tiny_target, factory(), 256).generate(p, cfg).tokens for p in prompts]
+
+
 def test_quantize_q8_0_round_trips_within_half_a_step():
     from specdec.model import cpu_kernels
     w = torch.randn(8, 64)

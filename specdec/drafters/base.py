@@ -50,7 +50,7 @@ class Capabilities:
     drafts: bool = True  # False: proposes nothing (plain decoding through the same engine)
     tree_nodes: int = 0  # > 0: proposes token trees of up to this many nodes (scratch slots past the end)
     own_verify: bool = False  # a drafting step is verified by the drafter's own forward (`verify`)
-    pooled: bool = False  # its model's chains can be drafted for many rows in one forward (`pool_model`)
+    pooled: bool = False  # its chains can be drafted for many rows in one forward (`pool_model`)
     lookup_only: bool = False  # can draft by lookup alone, without its model's prefill (`start_lookup_only`)
     knows_confidence: bool = False  # honours DraftState.stop (the policy's confidence rule)
     features: bool = False  # drafts from the target's features: prefill and verify hand them over (`feed`)
@@ -58,7 +58,10 @@ class Capabilities:
 
 class Drafter(Protocol):
     caps: Capabilities
-    pool_model: object | None  # caps.pooled: the draft-model drafter whose chains a pool drafts together
+    # caps.pooled: the drafter (a draft model's, a head's) whose chains a pool drafts together: its
+    # new_pool_cache(batch) is the pool's cache (each drafter's `cache` one row of it), and
+    # propose_pooled(models, states, cache, rows) drafts for all rows at once
+    pool_model: object | None
 
     def start(self, prompt: list[int]) -> None:
         """A new sequence begins with this prompt."""

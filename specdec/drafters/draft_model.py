@@ -59,6 +59,15 @@ class DraftModelDrafter(BaseDrafter):
         self.cached: list[int] = []  # tokens whose keys/values the cache holds
         self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
 
+    def new_pool_cache(self, batch: int) -> KVCache:
+        """A draft cache of `batch` rows; a pool gives each of its drafters one row as `cache`."""
+        return self.model.new_cache(self.cache.capacity, batch=batch)
+
+    @staticmethod
+    def propose_pooled(drafters: list["DraftModelDrafter"], states: list[DraftState], cache: KVCache,
+                       rows: list[int]) -> list[DraftTree]:
+        return propose_chains(drafters, states, cache, rows)
+
     def prefill_tokens(self, prompt_len: int) -> int:
         """Prompt tokens start() feeds the draft model for a prompt of this length."""
         return max(0, min(prompt_len - 1, self.window or prompt_len))

@@ -28,7 +28,7 @@ from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, D
 from specdec.drafters.draft_model import select_tree
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
-from specdec.model.transformer import Transformer, causal_mask, rope_tables
+from specdec.model.transformer import Ragged, Transformer, causal_mask, rope_tables
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.tree import DraftTree
 
@@ -102,6 +102,13 @@ class PreparedHead:
         self.norm_weight, self.norm_eps = norm.weight.detach().float(), norm.eps
         self.rope_cos, self.rope_sin = self.head.rope_cos, self.head.rope_sin  # [positions, head_dim]
 
+    def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output # [..., hidden] -> (predicted features, draft-vocabulary logits)."""
+        xf = x.float()
+        pred = self.norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.norm_eps)) \
+            if self.config.final_norm else xf
+        return pred, self.lm(pred).float()
+
 
 class EagleDrafter(BaseDrafter):
     """Chains of k tokens from an EAGLE head (specdec.heads.modules.EagleHead, or a PreparedHead) for its target."""
@@ -114,7 +121,10 @@ class EagleDrafter(BaseDrafter):
                                "are for a draft model")
         self.target = target
         self.tree = tree
-        self.caps = Capabilities(features=True, knows_confidence=True, tree_nodes=0 if tree is None else tree.budget)
+        # chains: a server's pool drafts every row's chain together (propose_head_chains)
+        self.caps = Capabilities(features=True, knows_confidence=True, tree_nodes=0 if tree is None else tree.budget,
+                                 pooled=tree is None)
+        self.pool_model = self if tree is None else None
         p = self.prepared = head if isinstance(head, PreparedHead) else PreparedHead(target, head)
         cfg = p.config
         device = target.device
@@ -129,6 +139,16 @@ class EagleDrafter(BaseDrafter):
     def start(self, prompt: list[int]) -> None:
         self.cache.reset()
         self.valid = 0
+
+    def new_pool_cache(self, batch: int) -> KVCache:
+        """A head cache of `batch` rows; a pool gives each of its drafters one row as `cache`."""
+        cfg = self.prepared.config
+        return KVCache(1, cfg.num_kv_heads, cfg.head_dim, self.capacity, batch, torch.float32, self.features.device)
+
+    @staticmethod
+    def propose_pooled(drafters: list["EagleDrafter"], states: list[DraftState], cache: KVCache,
+                       rows: list[int]) -> list[DraftTree]:
+        return propose_head_chains(drafters, states, cache, rows)
 
     def entry(self, context: int = 256):
         """One head entry (one draft token) at `context` cached entries, as a callable (it writes the
@@ -159,10 +179,7 @@ class EagleDrafter(BaseDrafter):
         sin = p.rope_sin[pos][None, None]
         x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], start,
                        causal_mask(start, n, x.device) if mask is None else mask)
-        xf = x.float()
-        pred = p.norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + p.norm_eps)) \
-            if p.config.final_norm else xf
-        return pred[0], self.lm(pred[0]).float()
+        return p.predict(x[0])
 
     def _q(self, logits: torch.Tensor, state: DraftState) -> torch.Tensor | None:
         """The draft distribution # [vocab] of draft-vocabulary logits # [draft_vocab] (None under greedy)."""
@@ -263,6 +280,78 @@ class EagleDrafter(BaseDrafter):
     def _top(logits: torch.Tensor, q: torch.Tensor | None) -> float:
         """The draft's top probability: of q, or of the raw softmax under greedy (the confidence rule's input)."""
         return float((torch.softmax(logits, -1) if q is None else q).max())
+
+
+@torch.inference_mode()
+def propose_head_chains(drafters: list[EagleDrafter], states: list[DraftState], cache: KVCache,
+                        rows: list[int]) -> list[DraftTree]:
+    """EagleDrafter.propose for many rows together: one head forward per draft position over every
+    row still drafting (the first one ragged: each row feeds the entries it has not seen), so a round
+    of B rows reads the head's weights once per position, not B times. The drafters' caches must be
+    rows `rows` of `cache` and share one head (the first one's prepared layers draft for all); each
+    row drafts as propose() would, with its own sampling, generator and confidence rule."""
+    if not drafters:
+        return []
+    p = drafters[0].prepared
+    if any(d.prepared.head is not p.head or d.tree is not None for d in drafters):
+        raise SpecdecError("pooled head drafting needs chain drafters sharing one head")
+    device, n = cache.k.device, len(drafters)
+    drafted: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    qs: list[list] = [[] for _ in range(n)]
+    live, feeds = [], []  # feeds[j]: (features # [m, hidden], the next tokens [m], the first slot)
+    for i, (d, state) in enumerate(zip(drafters, states)):
+        length = len(state.tokens)
+        if state.k < 1 or length < 2 or length >= d.capacity:
+            continue
+        m = min(d.valid, length - 2, d.cache.length)  # as propose(): entries 0..m-1 still hold
+        d.cache.truncate(m)
+        live.append(i)
+        feeds.append((d.features[m:length - 1], state.tokens[m + 1:length], m))
+    first = True
+    while live:
+        preds, logits = _ragged_entries(p, drafters[0].target, feeds, cache, [rows[i] for i in live], device)
+        nxt, next_feeds = [], []
+        for j, i in enumerate(live):
+            d, state = drafters[i], states[i]
+            _, fed, start = feeds[j]
+            last, done = len(fed) - 1, len(drafted[i])
+            d.cache.length = start + len(fed)
+            if first:
+                d.valid = d.cache.length
+            limit = min(state.limit, d.capacity - len(state.tokens))
+            if done >= limit:
+                continue
+            q = d._q(logits[j, last], state)
+            decision = GO_ON if state.stop is None else state.stop(done, d._top(logits[j, last], q))
+            if decision == END:
+                continue
+            token = d.ids[logits[j, last].argmax()] if q is None else sample(q, state.generator)
+            drafted[i].append(token.view(1))
+            qs[i].append(q)
+            if decision != LAST and done + 1 < limit:  # next: the head's own feature and this token
+                nxt.append(i)
+                next_feeds.append((preds[j, last:last + 1], [int(token)], d.cache.length))
+        live, feeds, first = nxt, next_feeds, False
+    return [DraftTree.chain(torch.cat(t), None if s.sampling.greedy else torch.stack(q)) if t else DraftTree.empty()
+            for t, q, s in zip(drafted, qs, states)]
+
+
+def _ragged_entries(p: PreparedHead, target: Transformer, feeds: list, cache: KVCache, rows: list[int],
+                    device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Head entries of several cache rows in one forward: row j feeds features # [m_j, hidden] with the
+    next tokens at slots (and RoPE positions) start_j..start_j + m_j - 1; a shorter row repeats its
+    last entry (the same keys and values, written to the same slot twice). -> (predicted features
+    # [B, T, hidden], draft-vocabulary logits # [B, T, draft_vocab])."""
+    width = max(len(fed) for _, fed, _ in feeds)
+    index = [[min(c, len(fed) - 1) for c in range(width)] for _, fed, _ in feeds]
+    tokens = torch.tensor([[fed[c] for c in ix] for (_, fed, _), ix in zip(feeds, index)], device=device)  # [B, T]
+    feats = torch.stack([f[torch.tensor(ix, device=device)] for (f, _, _), ix in zip(feeds, index)]).float()
+    slots = torch.tensor([[start + c for c in ix] for (_, _, start), ix in zip(feeds, index)], device=device)
+    mask = (torch.arange(int(slots.max()) + 1, device=device)[None, None, :] <= slots[:, :, None]).unsqueeze(1)
+    x = p.fc(torch.cat([target.model.embed_tokens(tokens).float(), feats], dim=-1))  # [B, T, hidden]
+    cos, sin = p.rope_cos[slots].unsqueeze(1), p.rope_sin[slots].unsqueeze(1)  # [B, 1, T, head_dim]
+    x = p.layer(x, cos, sin, cache.k[0], cache.v[0], Ragged(torch.tensor(rows, device=device), slots), mask)
+    return p.predict(x)
 
 
 class PreparedMedusa:

@@ -6,8 +6,8 @@ for every sequence given:
 1. plan: a drafter whose prefill was put off is started if the policy now says it pays; then the
    policy's `plan(Ask)` picks the action (plain, a chain of k, a tree), capped by the budget and
    the context, and by the step's common width where chains of many rows are verified together;
-2. propose: each drafter drafts (chains of a pooled draft model: all rows in one forward per
-   draft position);
+2. propose: each drafter drafts (the chains of pooled drafters, a draft model or a head: all rows
+   in one forward per draft position);
 3. verify: the chains of every row in ONE target forward over ragged rows; a tree, or a drafter
    with a verify forward of its own (layer skip, lookahead), alone;
 4. commit: the only place a target cache moves (`commit_cache`); then the stats, the drafter's and
@@ -236,8 +236,8 @@ def _clip(seq: Sequence, tree: DraftTree, state: DraftState) -> DraftTree:
 
 
 def _propose(rows: list[_Row], pool, failed: list) -> list[_Row]:
-    """Every row's draft; chains of a pooled draft model for all such rows in one forward per position."""
-    from specdec.drafters.draft_model import propose_chains
+    """Every row's draft; the chains of pooled drafters (a draft model, a head) for all such rows in one
+    forward per position."""
     out, pooled = [], []
     for r in rows:
         t0 = time.perf_counter()
@@ -257,8 +257,8 @@ def _propose(rows: list[_Row], pool, failed: list) -> list[_Row]:
     if pooled:
         t0 = time.perf_counter()
         try:
-            drafts = propose_chains([r.seq.drafter.pool_model for r in pooled], [r.state for r in pooled], pool,
-                                    [r.seq.row for r in pooled])
+            models = [r.seq.drafter.pool_model for r in pooled]
+            drafts = models[0].propose_pooled(models, [r.state for r in pooled], pool, [r.seq.row for r in pooled])
         except Exception as e:  # noqa: BLE001 - the pooled drafting failed as a whole: each sequence reports it
             failed.extend((r.seq, e) for r in pooled)
             return out

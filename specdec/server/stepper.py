@@ -146,12 +146,11 @@ class StepwiseGenerator:
         self.used = [0] * max_batch  # when each slot was last taken (a counter), for least-recently-used
         self.clock = 0
         self.speculative = self.drafters[0].caps.drafts
-        # Pooled drafters' draft-model caches become rows of one batched cache, so that a round
-        # drafts for every sequence in one forward per position (propose_chains).
+        # Pooled drafters' caches (a draft model's, or a head's) become rows of one batched cache, so
+        # that a round drafts for every sequence in one forward per position (propose_pooled).
         self.draft_cache = None
         if batched and all(d.caps.pooled for d in self.drafters):
-            first = self.drafters[0].pool_model
-            self.draft_cache = first.model.new_cache(first.cache.capacity, batch=max_batch)
+            self.draft_cache = self.drafters[0].pool_model.new_pool_cache(max_batch)
             for b, d in enumerate(self.drafters):
                 d.pool_model.cache = self.draft_cache.row(b)
 
