@@ -15,7 +15,8 @@ A summary's keys (only "rows" and "command" are required):
     setup     one paragraph: models, prompts, mode, what is compared
     source    the raw run(s) the rows come from (bench or loadtest summary.json files under docs/results/raw/)
     extract   how `extract` reads the rows from source (kinds: methods, matrix, policy, loadtest), or a
-              list of such specs, each naming its own "source"
+              list of such specs, each naming its own "source"; a methods spec with "drafting": true
+              adds each method's acceptance by draft position and its c
     columns   [[key, header, format], ...]; format one of x (1.234x), f1, f2, f3, pct, or none;
               default: every key of the rows, as it is
     rows      [{key: value}, ...]
@@ -144,8 +145,13 @@ def method_row(scope: str, label: str, name: str, m: dict) -> dict:
             "x_own_plain": m.get("speedup_vs_own_plain_mean"), "tau": m.get("tau") if m.get("kind") not in
             ("hf", "hf-assisted", "hf-lookup", "llama", "llama-lookup") else None,
             "alpha": m.get("alpha") or None, "plain_steps": m.get("plain_fraction"),
-            "mismatches": len(mismatches) if isinstance(mismatches, list) else None,
-            "per_position": " ".join(f"{a:.2f}" for a in m.get("per_position_acceptance") or []) or None}
+            "mismatches": len(mismatches) if isinstance(mismatches, list) else None}
+
+
+def drafting_row(m: dict, costs: dict | None) -> dict:
+    """A methods spec's "drafting": true adds the acceptance at each draft position and c."""
+    return {"per_position": " ".join(f"{a:.2f}" for a in m.get("per_position_acceptance") or []) or None,
+            "c": draft_cost(m, costs)}
 
 
 def draft_cost(m: dict, costs: dict | None) -> float | None:
@@ -163,7 +169,8 @@ def extract_methods(raw: dict, spec: dict) -> list[dict]:
     for scope in spec.get("scopes", ["all"]):
         methods = raw["methods"] if scope == "all" else raw["categories"][scope]
         rows += [{**method_row(scope, label, labels.get(label, label), methods[label]),
-                  "c": draft_cost(methods[label], raw.get("step_costs", {}).get(label) if scope == "all" else None)}
+                  **(drafting_row(methods[label], raw.get("step_costs", {}).get(label) if scope == "all" else None)
+                     if spec.get("drafting") else {})}
                  for label in spec["methods"] if label in methods]
     return rows
 

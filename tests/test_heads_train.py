@@ -14,7 +14,7 @@ from specdec.cli import main
 from specdec.heads.corpus import Chunk
 from specdec.heads.extract import extract, load_records
 from specdec.heads.modules import build_head, eagle_config, medusa_config, target_parts
-from specdec.heads.train import CHECKPOINT, Trainer, TrainConfig
+from specdec.heads.train import CHECKPOINT, Trainer, TrainConfig, lr_at
 from specdec.heads.vocab import select_vocab, token_counts
 
 
@@ -87,6 +87,40 @@ def test_training_lowers_the_loss_and_resumes_at_its_step(tmp_path, kind):
     entry = again.validate(records[:2])
     assert len(entry["alpha"]) == 4 and entry["positions"] > 0
     assert json.loads((tmp_path / "val.jsonl").read_text().splitlines()[-1])["step"] == 40
+
+
+def test_a_resume_to_more_steps_goes_on_from_the_rate_it_reached(tmp_path):
+    """Resumed to the same total: the same cosine. To a larger total: from the rate reached, down to the
+    same floor at the new end, never back up to --lr."""
+    model = tiny_model(0)
+    extract(model, chunks(4, 32), tmp_path / "f", {}, top_k=8)
+    records = load_records(tmp_path / "f")
+    vocab = select_vocab(token_counts([r.tokens.tolist() for r in records], 96), 64)
+    cfg = eagle_config(model.config, 64, 64)
+    parts, identity, tc = target_parts(model, vocab.ids), {"head_config": cfg.to_dict()}, TrainConfig(lr=1e-2, batch_tokens=128, warmup=2)
+
+    def trainer():
+        head = build_head(cfg)
+        head.d2t.copy_(vocab.d2t())
+        head.t2d.copy_(vocab.t2d(96))
+        return Trainer(head, parts, tc, tmp_path, identity)
+
+    def rates(t, total, n):
+        t.plan_schedule(total)
+        out = []
+        for _ in range(n):
+            t.train_step(records[:1], total)
+            out.append(t.opt.param_groups[0]["lr"])
+        return out
+
+    first = trainer()
+    assert rates(first, 20, 10) == pytest.approx([lr_at(s, 20, tc) for s in range(10)])
+    reached = first.opt.param_groups[0]["lr"]
+    first.save()
+    assert rates(trainer(), 20, 10) == pytest.approx([lr_at(s, 20, tc) for s in range(10, 20)])
+    longer = rates(trainer(), 60, 50)
+    assert longer[0] == pytest.approx(reached) and longer[-1] == pytest.approx(1e-3, rel=0.02)
+    assert all(b <= a for a, b in zip(longer, longer[1:]))
 
 
 def word_files(directory, n: int = 12, words: int = 120, seed: int = 0):

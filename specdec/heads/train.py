@@ -155,7 +155,13 @@ def epoch_order(n_groups: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, total: int, cfg: TrainConfig, resumed: tuple[int, float] | None = None) -> float:
+    """The learning rate at `step` of a run to `total` steps: warmup, then a cosine from --lr to a tenth
+    of it; resumed = (step, rate): a run resumed to a new total, a cosine from that rate to the floor."""
+    if resumed is not None:
+        first, rate = resumed
+        floor, progress = 0.1 * cfg.lr, (step - first) / max(1, total - first)
+        return floor + (rate - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, total - cfg.warmup)
@@ -198,17 +204,33 @@ class Trainer:
         self.draft_ids = vocab.ids.to(self.device)
         self.to_draft = vocab.target_to_draft(head.config.vocab_size)  # on the CPU, where batches are made
         self.step, self.tokens = 0, 0
+        self.schedule: dict | None = None  # {"total": steps, "resumed": None or (step, rate)}: plan_schedule
         directory.mkdir(parents=True, exist_ok=True)
         state = load_state(directory / CHECKPOINT, identity)
         if state is not None:
             head.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
             self.step, self.tokens = state["step"], state["tokens"]
+            self.schedule = state.get("schedule")
+
+    def plan_schedule(self, total: int) -> None:
+        """The learning rates of a run to `total` steps. Fresh, or resumed to the total it was saved
+        with: warmup and one cosine (lr_at). Resumed to another total (a larger --max-steps, say): a
+        cosine from the rate the run had reached down to the same floor at the new total, so the rate
+        never jumps back up."""
+        saved, rate = self.schedule, self.opt.param_groups[0]["lr"]
+        if self.step == 0 or (saved is not None and saved["total"] == total):
+            self.schedule = saved if self.step else {"total": total, "resumed": None}
+        elif saved is None and math.isclose(lr_at(self.step - 1, total, self.cfg), rate, rel_tol=1e-6):
+            self.schedule = {"total": total, "resumed": None}  # saved without a schedule, on this curve
+        else:
+            self.schedule = {"total": total, "resumed": (self.step, rate)}
 
     def save(self) -> None:
         save_state(self.directory / CHECKPOINT, {"identity": self.identity, "model": self.head.state_dict(),
                                                  "optimizer": self.opt.state_dict(), "step": self.step,
-                                                 "tokens": self.tokens, "train_config": asdict(self.cfg)})
+                                                 "tokens": self.tokens, "train_config": asdict(self.cfg),
+                                                 "schedule": self.schedule})
 
     def autocast(self):
         if not self.cfg.bf16:
@@ -217,8 +239,9 @@ class Trainer:
 
     def train_step(self, records: list[ChunkRecord], total: int) -> dict:
         batch = make_batch(records, self.to_draft).to(self.device)
+        plan = self.schedule if self.schedule is not None and self.schedule["total"] == total else None
         for group in self.opt.param_groups:
-            group["lr"] = lr_at(self.step, total, self.cfg)
+            group["lr"] = lr_at(self.step, total, self.cfg, plan["resumed"] if plan else None)
         self.head.train()
         with self.autocast():
             loss, terms = loss_terms(self.head, batch, self.parts, self.cfg)
@@ -248,6 +271,7 @@ class Trainer:
         validation entries of this run (one at the end at least). Saves on the way and when interrupted."""
         groups = batch_groups(train, self.cfg.batch_tokens, self.cfg.seed)
         total, history, start = self.total_steps(len(groups)), [], time.monotonic()
+        self.plan_schedule(total)
         tokens0, order = self.tokens, (-1, [])
         try:
             while self.step < total:
