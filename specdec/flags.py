@@ -170,7 +170,8 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
                        help="comma list from plain, draft, ngram, suffix, lookahead, layer-skip, tree, hybrid (ours; "
                             "tree:N is the draft model's dynamic token tree of N nodes, tree:auto lets the policy choose "
                             "plain, a chain or a tree of 4-16 nodes per step; hybrid is the draft model "
-                            "plus prompt lookup; eagle and medusa draft with the heads trained for --model, see --head), hf, "
+                            "plus prompt lookup; eagle and medusa draft with the heads trained for --model, see --head, and "
+                            "eagle-tree:N with the EAGLE head's dynamic tree of N nodes), hf, "
                             "hf-assisted, hf-lookup "
                             "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
                             "a drafting method may pin its k, e.g. draft:8")

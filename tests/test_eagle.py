@@ -349,3 +349,23 @@ def test_profile_with_a_head_that_is_not_there_is_a_clear_error(tiny_llama_dir, 
                  "--out", str(tmp_path / "p.json")]) == 2
     assert "no head" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_bench_runs_the_heads_chain_and_tree_exactly(tiny_llama_dir, tmp_path, capsys):
+    """`specdec bench --methods plain,eagle:2,eagle-tree:6 --head DIR`: the head's chain and its dynamic
+    tree of 6 nodes, every output plain decoding's."""
+    from specdec.cli import main
+    from specdec.heads.checkpoint import save_head, target_fingerprint
+    from specdec.model import load_model
+    loaded = load_model(str(tiny_llama_dir), device="cpu")
+    save_head(eagle_head(loaded.module), tmp_path / "eagle", target_fingerprint(loaded.module, loaded.tokenizer))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}", "id": str(i)}) + "\n" for i in range(2)))
+    out = tmp_path / "run"
+    assert main(["bench", "--model", str(tiny_llama_dir), "--device", "cpu", "--methods", "plain,eagle:2,eagle-tree:6",
+                 "--head", str(tmp_path / "eagle"), "--dataset", str(prompts), "--max-new-tokens", "10", "--no-plots",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())["methods"]
+    assert set(summary) == {"plain", "eagle:2", "eagle-tree:6"}
+    for label in ("eagle:2", "eagle-tree:6"):
+        assert summary[label]["greedy_mismatches"] == [] and summary[label]["drafted"] > 0

@@ -85,6 +85,23 @@ def test_attend_same_bits_whatever_the_query_count_and_zeros_for_no_slot():
     assert torch.equal(cpu_kernels.attend(q, k_cache, v_cache, 58, 12, mask=blind), torch.zeros(1, 8, 12 * 128))
 
 
+@pytest.mark.parametrize("head_dim", [128, 48])
+def test_a_tree_node_gets_the_bits_of_its_path_at_consecutive_slots(head_dim):
+    """A node of a token tree sees its prefix and its ancestors, with siblings masked between them; its
+    attention must be what a plain step over the same keys at consecutive slots gives, bit for bit
+    (else a near-tie can flip a greedy token and tree output stops being plain decoding's)."""
+    torch.manual_seed(3)
+    k_cache, v_cache = torch.randn(1, 2, 64, head_dim), torch.randn(1, 2, 64, head_dim)
+    q = torch.randn(1, 1, 12 * head_dim)
+    seen = list(range(37)) + [38, 41, 45]  # prefix 0..36, then ancestors; 37, 39, 40, 42-44 are siblings
+    mask = torch.zeros(1, 1, 1, 46, dtype=torch.bool)
+    mask[..., seen] = True
+    tree = cpu_kernels.attend(q, k_cache, v_cache, 46, 12, mask=mask)
+    k_path, v_path = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    k_path[:, :, :len(seen)], v_path[:, :, :len(seen)] = k_cache[:, :, seen], v_cache[:, :, seen]
+    assert torch.equal(tree, cpu_kernels.attend(q, k_path, v_path, len(seen), 12))
+
+
 def test_bad_input_is_a_clear_error():
     k_cache = torch.randn(1, 2, 16, 64)
     with pytest.raises(ValueError, match="float32 CPU"):

@@ -22,7 +22,8 @@ from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter, build_policy
 from specdec.settings import BenchSettings, ModelSettings
 
-K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "medusa", "hf-assisted",
+K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "eagle-tree", "medusa",
+           "hf-assisted",
            "hf-lookup",
            "llama-lookup")  # the ones that take a draft length
 
@@ -104,7 +105,8 @@ class Comparison:
         cache = self.cache = target.module.new_cache(capacity)
         self.draft = draft
         drafters = {}
-        for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind != "tree"}:
+        trees = ("tree", "eagle-tree")  # each tree size its own drafter
+        for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind not in trees}:
             if kind == "layer-skip":
                 from specdec.drafters.layer_skip import make_layer_skip
                 if layer_skip is None:
@@ -117,10 +119,12 @@ class Comparison:
                                                draft_window=draft_window, head=(head or {}).get(kind))
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
         for s in specs:
-            if s.kind == "tree":  # each tree size its own drafter (and draft cache)
+            if s.kind in trees:  # each tree size its own drafter (and draft cache)
                 budget = AUTO_TREE_BUDGET if s.adaptive else s.k
-                drafter = build_drafter("draft", target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min,
-                                        TreeConfig(budget, min(tree_depth, s.k), tree_topk), draft_window=draft_window)
+                tree = TreeConfig(budget, min(tree_depth, s.k), tree_topk)
+                drafter = (build_drafter("draft", target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min, tree,
+                                         draft_window=draft_window) if s.kind == "tree" else
+                           build_drafter("head", target, capacity, tree=tree, head=(head or {}).get("eagle")))
             elif s.kind in OUR_KINDS:
                 drafter = drafters[s.kind]
             else:
@@ -138,7 +142,7 @@ class Comparison:
     def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
         if spec.label in self.engines:
             # a fixed tree's k caps its depth; tree:auto may also choose chains up to AUTO_K_MAX
-            k = min(self.tree_depth, spec.k) if spec.kind == "tree" and not spec.adaptive else spec.k
+            k = min(self.tree_depth, spec.k) if spec.kind in ("tree", "eagle-tree") and not spec.adaptive else spec.k
             cfg = GenerationConfig(self.max_new_tokens, k, SamplingParams(self.temperature, seed=seed),
                                    stop_at_eos=not self.ignore_eos)
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
@@ -337,7 +341,7 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
                                 bench.tree_depth, bench.tree_topk, bench.datastore, bench.lookahead_config(),
                                 bench_layer_spec(model, bench) if "layer-skip" in pending else None, bench.ignore_eos,
                                 bench.draft_window, {kind: bench_head(model, bench, target, kind) for kind in ("eagle", "medusa")
-                                                    if kind in pending})
+                                                    if kind in pending or kind == "eagle" and "eagle-tree" in pending})
         records = comparison.run(prompts, records_path, bench.repeats)
     records, complete = complete_prompts(records, prompts, specs, bench.repeats)
     if not records:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "medusa")  # tree:N = the draft model's
+OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "eagle-tree",
+             "medusa")  # tree:N = the draft model's dynamic tree of N nodes, eagle-tree:N the EAGLE head's
 # dynamic tree of N nodes
 HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
 LLAMA_KINDS = {"llama": "plain", "llama-lookup": "lookup"}

@@ -66,39 +66,42 @@ static inline float exp_nonpos(float x) {
 }
 
 /* One task of attend(): the G = H / KV query heads q [G, D] of one position that share one kv head
- * (keys kg, values vg [S, D]), over the slots the mask row m shows (NULL: all). Writes o [G, D].
- * Scratch: p [G, S], mx [G], sum [G]. Needs D % (4 VL) == 0.
+ * (keys kg, values vg [slots, D]), over the n slots it sees, in order: slot idx[j] for j < n (idx
+ * NULL: slots 0..n-1). Writes o [G, D]. Scratch: p [G, n], mx [G], sum [G]. Needs D % (4 VL) == 0.
+ *
+ * The visible slots are taken in their order and nothing else enters a sum, so a query gets the same
+ * bits wherever its slots lie: a token tree's node (its prefix and its ancestors, siblings masked
+ * between them) gets what a plain step over the same tokens at consecutive slots gets.
  *
  * The work is a pair of tiny GEMMs; blocks of queries keep independent FMA chains in flight (one
  * query at a time waits on one chain's latency, about 5x slower). */
 #define SCORES_BLOCK(NB)                                                                            \
     static inline void scores_##NB(const float *q, const float *ks, int64_t D, float scale, float *p, \
-                                   int64_t S, int64_t s) {                                           \
+                                   int64_t n, int64_t j) {                                           \
         vec acc[NB];                                                                                \
         for (int i = 0; i < NB; i++) acc[i] = VZERO();                                              \
-        for (int64_t j = 0; j < D; j += VL) {                                                       \
-            vec kv = VLOAD(ks + j);                                                                 \
-            for (int i = 0; i < NB; i++) acc[i] = VFMA(VLOAD(q + i * D + j), kv, acc[i]);          \
+        for (int64_t c = 0; c < D; c += VL) {                                                       \
+            vec kv = VLOAD(ks + c);                                                                 \
+            for (int i = 0; i < NB; i++) acc[i] = VFMA(VLOAD(q + i * D + c), kv, acc[i]);          \
         }                                                                                           \
-        for (int i = 0; i < NB; i++) p[i * S + s] = vsum(acc[i]) * scale;                           \
+        for (int i = 0; i < NB; i++) p[i * n + j] = vsum(acc[i]) * scale;                           \
     }
 SCORES_BLOCK(4)
 SCORES_BLOCK(2)
 SCORES_BLOCK(1)
 
-/* o[i, j0 : j0 + 4 VL] = sum over shown slots s of p[i, s] v[s, j0 : j0 + 4 VL], for NB queries. */
+/* o[i, j0 : j0 + 4 VL] = sum over the seen slots j of p[i, j] v[slot j, j0 : j0 + 4 VL], for NB queries. */
 #define VALUES_BLOCK(NB)                                                                            \
-    static inline void values_##NB(const float *p, int64_t S, const float *vg, int64_t D, int64_t j0, \
-                                   const uint8_t *m, const float *inv, float *o) {                   \
+    static inline void values_##NB(const float *p, int64_t n, const float *vg, const int64_t *idx, int64_t D, \
+                                   int64_t j0, const float *inv, float *o) {                         \
         vec acc[NB][4];                                                                             \
         for (int i = 0; i < NB; i++)                                                                \
             for (int c = 0; c < 4; c++) acc[i][c] = VZERO();                                        \
-        for (int64_t s = 0; s < S; s++) {                                                           \
-            if (m && !m[s]) continue;                                                               \
-            const float *vs = vg + s * D + j0;                                                      \
+        for (int64_t j = 0; j < n; j++) {                                                           \
+            const float *vs = vg + (idx ? idx[j] : j) * D + j0;                                     \
             vec v0 = VLOAD(vs), v1 = VLOAD(vs + VL), v2 = VLOAD(vs + 2 * VL), v3 = VLOAD(vs + 3 * VL); \
             for (int i = 0; i < NB; i++) {                                                          \
-                vec e = VSET1(p[i * S + s]);                                                        \
+                vec e = VSET1(p[i * n + j]);                                                        \
                 acc[i][0] = VFMA(e, v0, acc[i][0]);                                                 \
                 acc[i][1] = VFMA(e, v1, acc[i][1]);                                                 \
                 acc[i][2] = VFMA(e, v2, acc[i][2]);                                                 \
@@ -114,9 +117,7 @@ VALUES_BLOCK(4)
 VALUES_BLOCK(2)
 VALUES_BLOCK(1)
 
-/* sum of p[0 .. S) lane-wise in steps of VL (the tail padded with zeros), then vsum: the same bits
- * for S and for S plus trailing zeros, so a query's softmax does not depend on how many masked
- * slots follow the ones it sees (a verify pass's row 0 against a one-token step). */
+/* sum of p[0 .. n) lane-wise in steps of VL (the tail padded with zeros), then vsum: a fixed order */
 static inline float lane_sum(const float *p, int64_t S) {
     vec acc = VZERO();
     int64_t s = 0;
@@ -129,66 +130,59 @@ static inline float lane_sum(const float *p, int64_t S) {
     return vsum(acc);
 }
 
-static void attend_task(const float *q, const float *kg, const float *vg, const uint8_t *m, float *o,
-                        int64_t G, int64_t D, int64_t S, float scale, float *p, float *mx, float *sum) {
-    for (int64_t s = 0; s < S; s++) {
-        if (m && !m[s]) {
-            for (int64_t i = 0; i < G; i++) p[i * S + s] = -INFINITY;
-            continue;
-        }
-        const float *ks = kg + s * D;
-        int64_t i = 0;
-        for (; i + 4 <= G; i += 4) scores_4(q + i * D, ks, D, scale, p + i * S, S, s);
-        for (; i + 2 <= G; i += 2) scores_2(q + i * D, ks, D, scale, p + i * S, S, s);
-        for (; i < G; i++) scores_1(q + i * D, ks, D, scale, p + i * S, S, s);
+static void attend_task(const float *q, const float *kg, const float *vg, const int64_t *idx, int64_t n, float *o,
+                        int64_t G, int64_t D, float scale, float *p, float *mx, float *sum) {
+    if (n == 0) { /* saw no slot: zeros */
+        for (int64_t j = 0; j < G * D; j++) o[j] = 0.f;
+        return;
     }
-    for (int64_t i = 0; i < G; i++) { /* softmax numerators in place; masked slots give exp(-inf) = 0 */
-        float *pi = p + i * S, x = -INFINITY;
-        for (int64_t s = 0; s < S; s++) x = pi[s] > x ? pi[s] : x;
+    for (int64_t j = 0; j < n; j++) {
+        const float *ks = kg + (idx ? idx[j] : j) * D;
+        int64_t i = 0;
+        for (; i + 4 <= G; i += 4) scores_4(q + i * D, ks, D, scale, p + i * n, n, j);
+        for (; i + 2 <= G; i += 2) scores_2(q + i * D, ks, D, scale, p + i * n, n, j);
+        for (; i < G; i++) scores_1(q + i * D, ks, D, scale, p + i * n, n, j);
+    }
+    for (int64_t i = 0; i < G; i++) { /* softmax numerators in place */
+        float *pi = p + i * n, x = -INFINITY;
+        for (int64_t j = 0; j < n; j++) x = pi[j] > x ? pi[j] : x;
         mx[i] = x;
-        if (x == -INFINITY) continue;
 #pragma omp simd
-        for (int64_t s = 0; s < S; s++) pi[s] = exp_nonpos(pi[s] - x);
-        sum[i] = 1.f / lane_sum(pi, S);
+        for (int64_t j = 0; j < n; j++) pi[j] = exp_nonpos(pi[j] - x);
+        sum[i] = 1.f / lane_sum(pi, n);
     }
     for (int64_t j0 = 0; j0 < D; j0 += 4 * VL) {
         int64_t i = 0;
-        for (; i + 4 <= G; i += 4) values_4(p + i * S, S, vg, D, j0, m, sum + i, o + i * D);
-        for (; i + 2 <= G; i += 2) values_2(p + i * S, S, vg, D, j0, m, sum + i, o + i * D);
-        for (; i < G; i++) values_1(p + i * S, S, vg, D, j0, m, sum + i, o + i * D);
+        for (; i + 4 <= G; i += 4) values_4(p + i * n, n, vg, idx, D, j0, sum + i, o + i * D);
+        for (; i + 2 <= G; i += 2) values_2(p + i * n, n, vg, idx, D, j0, sum + i, o + i * D);
+        for (; i < G; i++) values_1(p + i * n, n, vg, idx, D, j0, sum + i, o + i * D);
     }
-    for (int64_t i = 0; i < G; i++) /* saw no slot: zeros */
-        if (mx[i] == -INFINITY)
-            for (int64_t j = 0; j < D; j++) o[i * D + j] = 0.f;
 }
 
 /* The same for any D, one query at a time, plainly. */
-static void attend_task_any(const float *q, const float *kg, const float *vg, const uint8_t *m, float *o,
-                            int64_t G, int64_t D, int64_t S, float scale, float *p, float *mx, float *sum) {
+static void attend_task_any(const float *q, const float *kg, const float *vg, const int64_t *idx, int64_t n,
+                            float *o, int64_t G, int64_t D, float scale, float *p, float *mx, float *sum) {
     for (int64_t i = 0; i < G; i++) {
         const float *qi = q + i * D;
-        float *pi = p + i * S, *oi = o + i * D, x = -INFINITY, total = 0.f;
-        for (int64_t s = 0; s < S; s++) {
-            float dot = -INFINITY;
-            if (!m || m[s]) {
-                dot = 0.f;
-                for (int64_t j = 0; j < D; j++) dot += qi[j] * kg[s * D + j];
-                dot *= scale;
-            }
-            pi[s] = dot;
-            x = dot > x ? dot : x;
-        }
+        float *pi = p + i * n, *oi = o + i * D, x = -INFINITY, total = 0.f;
         for (int64_t j = 0; j < D; j++) oi[j] = 0.f;
+        for (int64_t j = 0; j < n; j++) {
+            const float *ks = kg + (idx ? idx[j] : j) * D;
+            float dot = 0.f;
+            for (int64_t c = 0; c < D; c++) dot += qi[c] * ks[c];
+            pi[j] = dot * scale;
+            x = pi[j] > x ? pi[j] : x;
+        }
         mx[i] = x;
-        if (x == -INFINITY) continue;
-        for (int64_t s = 0; s < S; s++) {
-            if (m && !m[s]) continue;
-            float e = exp_nonpos(pi[s] - x);
+        if (n == 0) continue;
+        for (int64_t j = 0; j < n; j++) {
+            const float *vs = vg + (idx ? idx[j] : j) * D;
+            float e = exp_nonpos(pi[j] - x);
             total += e;
-            for (int64_t j = 0; j < D; j++) oi[j] += e * vg[s * D + j];
+            for (int64_t c = 0; c < D; c++) oi[c] += e * vs[c];
         }
         sum[i] = 1.f / total;
-        for (int64_t j = 0; j < D; j++) oi[j] *= sum[i];
+        for (int64_t c = 0; c < D; c++) oi[c] *= sum[i];
     }
 }
 
@@ -208,6 +202,7 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
 #pragma omp parallel num_threads(nthreads)
     {
         float *p = malloc(sizeof(float) * (size_t)(G * (S > 0 ? S : 1) + 2 * G));
+        int64_t *idx = malloc(sizeof(int64_t) * (size_t)(S > 0 ? S : 1)); /* the slots a masked query sees */
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
             int64_t b = task / (KV * T), g = (task / T) % KV, t = task % T;
@@ -217,10 +212,17 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
             const uint8_t *m = mask ? mask + b * smb + t * smt : NULL;
             float *o = out + b * sob + t * sot + g * G * D;
             float *mx = p + G * S, *sum = mx + G;
-            if (D % (4 * VL) == 0) attend_task(qg, kg, vg, m, o, G, D, S, scale, p, mx, sum);
-            else attend_task_any(qg, kg, vg, m, o, G, D, S, scale, p, mx, sum);
+            int64_t n = S;
+            if (m) {
+                n = 0;
+                for (int64_t s = 0; s < S; s++)
+                    if (m[s]) idx[n++] = s;
+            }
+            if (D % (4 * VL) == 0) attend_task(qg, kg, vg, m ? idx : NULL, n, o, G, D, scale, p, mx, sum);
+            else attend_task_any(qg, kg, vg, m ? idx : NULL, n, o, G, D, scale, p, mx, sum);
         }
         free(p);
+        free(idx);
     }
 }
 
