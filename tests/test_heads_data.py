@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.heads.corpus import build_plan, plan_or_resume
-from specdec.heads.data import Document, RecoveryCount, iter_json_array, open_source, source_files
+from specdec.heads.corpus import build_plan, grown, load_plan, plan_or_resume
+from specdec.heads.data import Document, RecoveryCount, interleave, iter_json_array, open_source, source_files
 from specdec.heads.overlap import OverlapGuard, default_eval_texts
 from specdec.heads.vocab import DraftVocab, select_vocab, token_counts
 
@@ -103,6 +103,43 @@ def test_plan_resumes_only_with_the_same_settings(tmp_path):
     assert [c.tokens for c in again.chunks] == [c.tokens for c in first.chunks]
     with pytest.raises(SpecdecError, match="other settings"):
         plan_or_resume(tmp_path / "plan.json", {"tokens": 300}, make)
+
+
+def test_a_plan_grows_to_a_larger_budget_keeping_its_chunks(tmp_path):
+    docs = [Document(f"d{i}", "code", " ".join(f"w{j}" for j in range(40))) for i in range(20)]
+
+    def make(tokens):
+        return build_plan(iter(docs), WordTokenizer(), OverlapGuard([]), tokens, 40, 32, {"tokens": tokens})
+
+    small = plan_or_resume(tmp_path / "plan.json", {"tokens": 200}, lambda: make(200))
+    big = plan_or_resume(tmp_path / "plan.json", {"tokens": 500}, lambda: pytest.fail("planned anew"),
+                         lambda previous: grown(previous, make(500)))
+    assert [(c.id, c.split, c.tokens) for c in big.chunks[:len(small.chunks)]] == \
+           [(c.id, c.split, c.tokens) for c in small.chunks]
+    old_docs = {c.id.rpartition("#")[0] for c in small.chunks}
+    added = big.chunks[len(small.chunks):]
+    assert added and not {c.id.rpartition("#")[0] for c in added} & old_docs
+    assert big.stats["train_tokens"] == big.tokens("train") > small.tokens("train")
+    assert big.tokens("val") == small.tokens("val")
+    assert load_plan(tmp_path / "plan.json").settings == {"tokens": 500}
+    with pytest.raises(SpecdecError, match="may only grow"):
+        plan_or_resume(tmp_path / "plan.json", {"tokens": 300}, lambda: make(300), lambda p: grown(p, make(300)))
+    with pytest.raises(SpecdecError, match="other settings \\(seq_len, tokens\\)"):
+        plan_or_resume(tmp_path / "plan.json", {"tokens": 900, "seq_len": 16}, lambda: make(900),
+                       lambda p: grown(p, make(900)))
+
+
+def test_interleave_takes_about_equal_text_from_each_source():
+    big = [Document(f"b{i}", "code", "x" * 1000) for i in range(10)]
+    small = [Document(f"s{i}", "sharegpt", "y" * 100) for i in range(200)]
+    merged = list(interleave([iter(big), iter(small)]))
+    assert len(merged) == 210 and merged[0].id == "b0"
+    for n in (20, 60, 110):
+        chars = {"code": 0, "sharegpt": 0}
+        for d in merged[:n]:
+            chars[d.source] += len(d.text)
+        assert abs(chars["code"] - chars["sharegpt"]) <= 1000
+    assert [d.id for d in merged if d.source == "sharegpt"] == [f"s{i}" for i in range(200)]
 
 
 def test_vocab_takes_the_most_frequent_ids_and_the_end_tokens():

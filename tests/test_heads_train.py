@@ -84,6 +84,12 @@ def test_training_lowers_the_loss_and_resumes_at_its_step(tmp_path, kind):
     assert again.step == 40 and again.tokens == trainer.tokens
     for k, v in head.state_dict().items():
         assert torch.equal(again.head.state_dict()[k], v)
+    other = select_vocab(token_counts([list(range(30, 96))], 96), 64)  # a vocabulary counted on other text
+    fresh = build_head(cfg)
+    fresh.d2t.copy_(other.d2t())
+    resumed = Trainer(fresh, parts, TrainConfig(), tmp_path, identity)
+    assert resumed.draft_ids.tolist() == vocab.ids.tolist()
+    assert resumed.to_draft.tolist() == vocab.target_to_draft(96).tolist()
     entry = again.validate(records[:2])
     assert len(entry["alpha"]) == 4 and entry["positions"] > 0
     assert json.loads((tmp_path / "val.jsonl").read_text().splitlines()[-1])["step"] == 40
@@ -158,6 +164,26 @@ def test_train_head_end_to_end_resumes(tmp_path, tiny_llama_dir, capsys):
     assert meta["steps"] == 7 and head.config.draft_vocab_size == 64
     steps = [json.loads(line)["step"] for line in (out / "train" / "val.jsonl").read_text().splitlines()]
     assert steps == [3, 4, 6, 7]
+
+
+def test_a_grown_corpus_reuses_its_features_and_the_head_keeps_its_vocabulary(tmp_path, tiny_llama_dir, capsys):
+    from specdec.heads.checkpoint import load_head
+    from specdec.heads.corpus import load_plan
+    data, out = word_files(tmp_path / "data"), tmp_path / "head"
+    argv = train_args(tiny_llama_dir, data, out, "--max-steps", "3")
+    argv[argv.index("--tokens") + 1] = "300"
+    assert run_cli(argv, capsys)[0] == 0
+    small = load_plan(out / "work" / "plan.json")
+    shard = out / "work" / "features" / "shard-00000.safetensors"
+    stamp, d2t = shard.stat().st_mtime_ns, load_head(out, meta_target(out))[0].d2t.clone()
+    rc, err = run_cli(train_args(tiny_llama_dir, data, out, "--max-steps", "5"), capsys)
+    assert rc == 0, err
+    assert "corpus grown from" in err and "training from step 3" in err and shard.stat().st_mtime_ns == stamp
+    big = load_plan(out / "work" / "plan.json")
+    assert big.tokens("train") > small.tokens("train") and big.chunks[:len(small.chunks)] == small.chunks
+    manifest = json.loads((out / "work" / "features" / "manifest.json").read_text())
+    assert {c for s in manifest["shards"] for c in s["chunks"]} == {c.id for c in big.chunks}
+    assert torch.equal(load_head(out, meta_target(out))[0].d2t, d2t)
 
 
 def meta_target(out):

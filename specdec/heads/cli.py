@@ -108,18 +108,24 @@ def train_head(args) -> int:
 
 def prepare_corpus(args, lm, work: Path, log):
     from specdec.heads.checkpoint import target_fingerprint
-    from specdec.heads.corpus import plan_or_resume
+    from specdec.heads.corpus import load_plan, plan_or_resume
     fingerprint = target_fingerprint(lm.module, lm.tokenizer)
     val_tokens = args.val_tokens or max(1024, args.tokens // 50)
+    saved = work / "plan.json"
+    if not args.val_tokens and saved.is_file():  # a grown corpus keeps its held-out text
+        val_tokens = load_plan(saved).settings.get("val_tokens", val_tokens)
     settings = {"target": fingerprint, "data": list(args.data), "tokens": args.tokens, "val_tokens": val_tokens,
                 "seq_len": args.seq_len, "self_generate": args.self_generate, "self_max_new": args.self_max_new}
-    plan = plan_or_resume(work / "plan.json", settings, lambda: make_plan(args, lm, val_tokens, settings, log))
+    plan = plan_or_resume(saved, settings, lambda: make_plan(args, lm, val_tokens, settings, log),
+                          lambda previous: make_plan(args, lm, val_tokens, settings, log, previous))
     log(f"corpus: {json.dumps(plan.stats)}")
     return plan, fingerprint
 
 
-def make_plan(args, lm, val_tokens: int, settings: dict, log):
-    from specdec.heads.corpus import build_plan, chunk_tokens
+def make_plan(args, lm, val_tokens: int, settings: dict, log, previous=None):
+    """The corpus plan; with `previous` (a saved plan with smaller budgets), that plan grown to these:
+    its chunks kept, new documents and only the missing self-generated answers added."""
+    from specdec.heads.corpus import build_plan, chunk_tokens, grown
     from specdec.heads.data import RecoveryCount, interleave, open_source
     from specdec.heads.overlap import OverlapGuard, default_eval_texts
     texts, names = default_eval_texts()
@@ -131,21 +137,27 @@ def make_plan(args, lm, val_tokens: int, settings: dict, log):
     for spec, c in counts.items():
         if c.complete:
             log(f"{spec}: read {c.complete} complete records" + (" (the file is cut short)" if c.truncated else ""))
-    if args.self_generate:
-        plan.chunks += self_chunks(args, lm, guard, {c.id.partition("#")[0] for c in plan.chunks}, chunk_tokens)
-        plan.stats["self_generated"] = args.self_generate
+    done = 0
+    if previous is not None:
+        plan = grown(previous, plan)
+        done = previous.stats.get("self_generated", 0)
+        log(f"corpus grown from {plan.stats['grown_from']} to {plan.stats['train_tokens']} training tokens")
+    if args.self_generate > done:
+        taken = {c.id.rpartition("#")[0].removeprefix("self:") for c in plan.chunks}
+        plan.chunks += self_chunks(args, lm, guard, taken, chunk_tokens, args.self_generate - done)
+    plan.stats["self_generated"] = max(done, args.self_generate)
     plan.stats["dropped_overlap"] = dict(guard.dropped)
     return plan
 
 
-def self_chunks(args, lm, guard, taken: set[str], chunk_tokens) -> list:
+def self_chunks(args, lm, guard, taken: set[str], chunk_tokens, count: int) -> list:
     from tqdm import tqdm
     from specdec.heads.corpus import Chunk
     from specdec.heads.data import open_source
     from specdec.heads.extract import self_generated
     spec = next((s for s in args.data if s.startswith("sharegpt")), "sharegpt")
-    with tqdm(total=args.self_generate, desc="self-generate", unit="answer", file=sys.stderr) as bar:
-        answers = self_generated(lm.module, lm.tokenizer, open_source(spec, lm.tokenizer), args.self_generate,
+    with tqdm(total=count, desc="self-generate", unit="answer", file=sys.stderr) as bar:
+        answers = self_generated(lm.module, lm.tokenizer, open_source(spec, lm.tokenizer), count,
                                  args.self_max_new, lm.eos_ids, guard, taken, bar.update)
     return [Chunk(f"{cid}#{j}", "train", piece) for cid, ids in answers for j, piece in
             enumerate(chunk_tokens(ids, args.seq_len))]

@@ -94,17 +94,38 @@ def load_plan(path: Path) -> Plan:
     return Plan(chunks, data.get("settings", {}), data.get("stats", {}))
 
 
-def plan_or_resume(path: Path, settings: dict, make) -> Plan:
-    """The plan saved at path if it was made with the same settings, else make() (saved)."""
+GROWABLE = ("tokens", "self_generate")  # settings a saved plan can grow in (to larger values)
+
+
+def plan_or_resume(path: Path, settings: dict, make, grow=None) -> Plan:
+    """The plan saved at path if it was made with the same settings, else make() (saved). A saved
+    plan whose settings differ only by larger GROWABLE budgets is handed to grow(plan) instead, which
+    returns it with more chunks (its own kept, so their extracted features are reused)."""
     if path.is_file():
         plan = load_plan(path)
-        if plan.settings != settings:
-            diff = sorted(k for k in set(settings) | set(plan.settings) if settings.get(k) != plan.settings.get(k))
+        if plan.settings == settings:
+            return plan
+        diff = sorted(k for k in set(settings) | set(plan.settings) if settings.get(k) != plan.settings.get(k))
+        if grow is None or not all(k in GROWABLE and settings.get(k, 0) >= plan.settings.get(k, 0) for k in diff):
             raise SpecdecError(f"{path.parent} holds a corpus planned with other settings ({', '.join(diff)}); "
-                               "use another --out, or delete that directory to start over")
-        return plan
-    plan = make()
+                               "use another --out, or delete that directory to start over"
+                               + (" (--tokens and --self-generate may only grow)" if grow is not None else ""))
+        plan = grow(plan)
+        plan.settings = settings
+    else:
+        plan = make()
     save_plan(plan, path)
+    return plan
+
+
+def grown(previous: Plan, fresh: Plan) -> Plan:
+    """previous, plus the chunks of fresh's documents that previous holds none of (a document keeps
+    the split it had, so no held-out text moves into training)."""
+    docs = {c.id.rpartition("#")[0] for c in previous.chunks}
+    added = [c for c in fresh.chunks if c.id.rpartition("#")[0] not in docs]
+    plan = Plan(previous.chunks + added, previous.settings, dict(fresh.stats))
+    plan.stats.update(train_tokens=plan.tokens("train"), val_tokens=plan.tokens("val"),
+                      grown_from=previous.stats.get("train_tokens"))
     return plan
 
 

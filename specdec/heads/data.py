@@ -9,7 +9,6 @@ from __future__ import annotations
 import glob
 import json
 from dataclasses import dataclass
-from itertools import zip_longest
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -158,6 +157,14 @@ def open_source(spec: str, tokenizer, count: RecoveryCount | None = None) -> Ite
 
 
 def interleave(streams: Iterable[Iterator[Document]]) -> Iterator[Document]:
-    """Round-robin over the sources, so a token budget takes from each of them."""
-    for group in zip_longest(*streams):
-        yield from (d for d in group if d is not None)
+    """The sources merged so that each has given about as much text as the others: the next document
+    comes from the source that has given the fewest characters so far (the first one on a tie), so a
+    token budget takes about equal parts of each, whatever their documents' sizes."""
+    live = [(0, i, iter(s)) for i, s in enumerate(streams)]
+    while live:
+        given, i, stream = min(live, key=lambda entry: entry[:2])
+        live.remove((given, i, stream))
+        doc = next(stream, None)
+        if doc is not None:
+            live.append((given + len(doc.text), i, stream))
+            yield doc

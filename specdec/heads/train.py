@@ -199,19 +199,19 @@ class Trainer:
         self.identity = identity
         params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        vocab = DraftVocab.from_d2t(head.d2t.cpu())
         self.device = parts.lm_weight.device
-        self.draft_ids = vocab.ids.to(self.device)
-        self.to_draft = vocab.target_to_draft(head.config.vocab_size)  # on the CPU, where batches are made
         self.step, self.tokens = 0, 0
         self.schedule: dict | None = None  # {"total": steps, "resumed": None or (step, rate)}: plan_schedule
         directory.mkdir(parents=True, exist_ok=True)
         state = load_state(directory / CHECKPOINT, identity)
-        if state is not None:
+        if state is not None:  # its draft vocabulary too: a grown corpus may count another one
             head.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
             self.step, self.tokens = state["step"], state["tokens"]
             self.schedule = state.get("schedule")
+        vocab = DraftVocab.from_d2t(head.d2t.cpu())
+        self.draft_ids = vocab.ids.to(self.device)
+        self.to_draft = vocab.target_to_draft(head.config.vocab_size)  # on the CPU, where batches are made
 
     def plan_schedule(self, total: int) -> None:
         """The learning rates of a run to `total` steps. Fresh, or resumed to the total it was saved
