@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, SuffixConfig, TreeConfig
 from specdec.drafters.base import Drafter, NoDrafter
@@ -60,15 +61,17 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
     raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft, hybrid or head")
 
 
+SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"  # trained heads committed beside the package
+
+
 def load_head_for(name: str, target: LoadedModel, model_name: str, kind: str = "eagle"):
     """The head `name` (a directory, a name under $SPECDEC_HOME/heads, or 'auto': the `kind` head that
-    `specdec train-head --model MODEL` writes, else the one the package ships for MODEL), checked
-    against the target it drafts for, made ready to draft (PreparedHead for EAGLE, PreparedMedusa)."""
-    from pathlib import Path
+    `specdec train-head --model MODEL` writes, else the one this checkout ships for MODEL in heads/),
+    checked against the target it drafts for, made ready to draft (PreparedHead for EAGLE, PreparedMedusa)."""
     from specdec.heads.checkpoint import load_head, target_fingerprint
     from specdec.heads.cli import default_out, heads_home
     path = default_out(model_name, kind) if name == "auto" else Path(name)
-    shipped = Path(__file__).parent / "data" / "heads" / path.name  # a head that comes with the package
+    shipped = SHIPPED_HEADS / path.name
     if name == "auto" and not path.is_dir() and shipped.is_dir():
         path = shipped
     if not path.is_dir() and (heads_home() / name).is_dir():

@@ -47,7 +47,7 @@ def check_target(head_target: dict, target: dict, where: str) -> None:
                                f"model's is {target[key]}); train one for this model with `specdec train-head`")
 
 
-def export_config(cfg: HeadConfig) -> dict:
+def export_config(cfg: HeadConfig, dtype: torch.dtype = torch.float32) -> dict:
     """config.json as the published repositories write it."""
     if cfg.kind == "medusa":
         return {"medusa_num_heads": cfg.medusa_heads, "medusa_num_layers": cfg.medusa_layers,
@@ -59,21 +59,24 @@ def export_config(cfg: HeadConfig) -> dict:
             "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
             "max_position_embeddings": cfg.max_position_embeddings, "vocab_size": cfg.vocab_size,
             "draft_vocab_size": cfg.draft_vocab_size, "bias": cfg.fc_bias, "attention_bias": cfg.attention_bias,
-            "hidden_act": "silu", "torch_dtype": "float32"}
+            "hidden_act": "silu", "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
-def head_tensors(head) -> dict[str, torch.Tensor]:
-    return {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+def head_tensors(head, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The head's tensors; dtype: its floating-point ones in that type (the vocabulary maps as they are)."""
+    return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous()
+            for k, v in head.state_dict().items()}
 
 
-def save_head(head, directory: Path, target: dict, extra: dict | None = None) -> Path:
-    """Write config.json, model.safetensors and specdec_head.json into directory (replacing a head there)."""
+def save_head(head, directory: Path, target: dict, extra: dict | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Write config.json, model.safetensors and specdec_head.json into directory (replacing a head there);
+    dtype: store the weights in that type (bf16 halves a head; load_head reads it back into float32)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / "model.safetensors.tmp"
-    save_file(head_tensors(head), str(tmp), metadata={"format": "pt"})
+    save_file(head_tensors(head, dtype), str(tmp), metadata={"format": "pt"})
     tmp.replace(directory / "model.safetensors")
-    write_json_atomic(directory / "config.json", export_config(head.config))
+    write_json_atomic(directory / "config.json", export_config(head.config, dtype or torch.float32))
     write_json_atomic(directory / META, {"format": 1, "kind": head.config.kind, "head_config": head.config.to_dict(),
                                          "target": target, **(extra or {})})
     return directory
