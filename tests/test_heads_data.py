@@ -106,7 +106,7 @@ def test_plan_resumes_only_with_the_same_settings(tmp_path):
 
 
 def test_a_plan_grows_to_a_larger_budget_keeping_its_chunks(tmp_path):
-    docs = [Document(f"d{i}", "code", " ".join(f"w{j}" for j in range(40))) for i in range(20)]
+    docs = [Document(f"file:d{i}.py", "code", " ".join(f"w{j}" for j in range(40))) for i in range(20)]
 
     def make(tokens):
         return build_plan(iter(docs), WordTokenizer(), OverlapGuard([]), tokens, 40, 32, {"tokens": tokens})
@@ -121,6 +121,7 @@ def test_a_plan_grows_to_a_larger_budget_keeping_its_chunks(tmp_path):
     assert added and not {c.id.rpartition("#")[0] for c in added} & old_docs
     assert big.stats["train_tokens"] == big.tokens("train") > small.tokens("train")
     assert big.tokens("val") == small.tokens("val")
+    assert big.stats["tokens_by_source"] == {"code": big.tokens("train") + big.tokens("val")}
     assert load_plan(tmp_path / "plan.json").settings == {"tokens": 500}
     with pytest.raises(SpecdecError, match="may only grow"):
         plan_or_resume(tmp_path / "plan.json", {"tokens": 300}, lambda: make(300), lambda p: grown(p, make(300)))

@@ -124,7 +124,12 @@ def grown(previous: Plan, fresh: Plan) -> Plan:
     docs = {c.id.rpartition("#")[0] for c in previous.chunks}
     added = [c for c in fresh.chunks if c.id.rpartition("#")[0] not in docs]
     plan = Plan(previous.chunks + added, previous.settings, dict(fresh.stats))
-    plan.stats.update(train_tokens=plan.tokens("train"), val_tokens=plan.tokens("val"),
+    by_source = dict(previous.stats.get("tokens_by_source", {}))
+    for c in added:  # a document id starts with its source's name ("sharegpt:...", "file:..." is code)
+        source = c.id.partition(":")[0].replace("file", "code")
+        by_source[source] = by_source.get(source, 0) + len(c.tokens)
+    plan.stats.update(train_tokens=plan.tokens("train"), val_tokens=plan.tokens("val"), tokens_by_source=by_source,
+                      documents=len({c.id.rpartition("#")[0] for c in plan.chunks}),
                       grown_from=previous.stats.get("train_tokens"))
     return plan
 
