@@ -66,3 +66,28 @@ def train_briefly(target, tmp_path):
 
 def json_package_dir():
     return Path(json.__file__).parent
+
+
+def test_the_shipped_head_drafts_for_the_quantized_target_and_greedy_output_is_plain_decodings():
+    """The head committed in heads/ (bf16), on qwen2.5-coder-1.5b-instruct's default quantized path:
+    chains of 1 and 3 tokens give plain decoding's tokens exactly, and some drafts pass."""
+    from specdec.config import GenerationConfig
+    from specdec.drafters.base import NoDrafter
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.engine.generate import SpeculativeGenerator
+    from specdec.model import load_model
+    from specdec.model.tokenizer import encode_prompt
+    from specdec.runner import SHIPPED_HEADS, load_head_for
+    name = "qwen2.5-coder-1.5b-instruct"
+    if not model_path(name).is_file():
+        pytest.skip(f"{name} is not pulled (specdec pull {name})")
+    loaded = load_model(name)
+    prepared = load_head_for(str(SHIPPED_HEADS / f"{name}-eagle"), loaded, name)
+    target = loaded.module
+    prompt = encode_prompt(loaded.tokenizer, "Write a Python function that returns the n-th Fibonacci number.", True)
+    plain = SpeculativeGenerator(target, NoDrafter(), 512).generate(prompt, GenerationConfig(40, 1), loaded.eos_ids)
+    for k in (1, 3):
+        engine = SpeculativeGenerator(target, EagleDrafter(target, prepared, 512), 512)
+        out = engine.generate(prompt, GenerationConfig(40, k), loaded.eos_ids)
+        assert out.tokens == plain.tokens
+        assert out.stats.accepted > 0
