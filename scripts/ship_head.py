@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.errors import SpecdecError
 from specdec.heads.checkpoint import META, load_head, save_head
 from specdec.runner import SHIPPED_HEADS
 
@@ -23,7 +24,14 @@ def main() -> int:
     ap.add_argument("head", help="a head directory (written by specdec train-head)")
     ap.add_argument("--name", required=True, help="its name under heads/: MODEL-KIND is what --head auto finds")
     args = ap.parse_args()
-    head, meta = load_head(Path(args.head))
+    try:
+        head, meta = load_head(Path(args.head))
+    except SpecdecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if "target" not in meta:
+        print(f"error: {args.head} is not a head trained by specdec train-head (no {META})", file=sys.stderr)
+        return 2
     out = save_head(head, SHIPPED_HEADS / args.name, meta["target"],
                     {k: v for k, v in meta.items() if k not in ("format", "kind", "head_config", "target")},
                     dtype=torch.bfloat16)

@@ -173,3 +173,23 @@ def test_a_missing_head_directory_is_refused(tmp_path):
         load_head(tmp_path / "absent", TARGET)
     with pytest.raises(SpecdecError, match="no head weights"):
         load_head(tmp_path, TARGET)
+
+
+def test_ship_head_copies_a_trained_head_in_bf16_and_refuses_what_is_not_one(tmp_path, monkeypatch, capsys, eagle_dir):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import ship_head
+    monkeypatch.setattr(ship_head, "SHIPPED_HEADS", tmp_path / "heads")
+    saved = saved_head(tmp_path / "trained")
+    for argv, rc, message in (([str(tmp_path / "missing")], 2, "no head directory"),
+                              ([str(eagle_dir[0])], 2, "not a head trained by specdec train-head"),
+                              ([str(saved)], 0, '"mb"')):
+        monkeypatch.setattr(sys, "argv", ["ship_head.py", *argv, "--name", "tiny-medusa"])
+        assert ship_head.main() == rc
+        out, err = capsys.readouterr()
+        assert message in (err if rc else out) and "Traceback" not in err
+    shipped = load_head(tmp_path / "heads" / "tiny-medusa", TARGET)[0]
+    for k, v in load_head(saved, TARGET)[0].state_dict().items():
+        want = v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() else v
+        assert torch.equal(shipped.state_dict()[k], want), k
