@@ -26,6 +26,7 @@ K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybri
            "hf-assisted",
            "hf-lookup",
            "llama-lookup")  # the ones that take a draft length
+TREE_KINDS = ("tree", "eagle-tree")  # tree:N (the draft model's) and eagle-tree:N: each size its own drafter
 
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
@@ -105,8 +106,7 @@ class Comparison:
         cache = self.cache = target.module.new_cache(capacity)
         self.draft = draft
         drafters = {}
-        trees = ("tree", "eagle-tree")  # each tree size its own drafter
-        for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind not in trees}:
+        for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind not in TREE_KINDS}:
             if kind == "layer-skip":
                 from specdec.drafters.layer_skip import make_layer_skip
                 if layer_skip is None:
@@ -119,7 +119,7 @@ class Comparison:
                                                draft_window=draft_window, head=(head or {}).get(kind))
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
         for s in specs:
-            if s.kind in trees:  # each tree size its own drafter (and draft cache)
+            if s.kind in TREE_KINDS:  # each tree size its own drafter (and draft cache)
                 budget = AUTO_TREE_BUDGET if s.adaptive else s.k
                 tree = TreeConfig(budget, min(tree_depth, s.k), tree_topk)
                 drafter = (build_drafter("draft", target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min, tree,
@@ -142,7 +142,7 @@ class Comparison:
     def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
         if spec.label in self.engines:
             # a fixed tree's k caps its depth; tree:auto may also choose chains up to AUTO_K_MAX
-            k = min(self.tree_depth, spec.k) if spec.kind in ("tree", "eagle-tree") and not spec.adaptive else spec.k
+            k = min(self.tree_depth, spec.k) if spec.kind in TREE_KINDS and not spec.adaptive else spec.k
             cfg = GenerationConfig(self.max_new_tokens, k, SamplingParams(self.temperature, seed=seed),
                                    stop_at_eos=not self.ignore_eos)
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
