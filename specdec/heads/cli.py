@@ -165,11 +165,13 @@ def self_chunks(args, lm, guard, taken: set[str], chunk_tokens, count: int) -> l
 
 def extract_features(args, lm, plan, directory: Path, fingerprint: dict):
     from tqdm import tqdm
-    from specdec.heads.extract import extract, load_records
-    total = sum(len(c.tokens) for c in plan.chunks)
+    from specdec.heads.extract import extract, extracted_ids, load_records, read_manifest
     settings = {"target": fingerprint, "top_k": args.top_k, "weights": getattr(lm.module, "weight_format", "")}
-    with tqdm(total=total, desc="extract", unit="tok", unit_scale=True, file=sys.stderr) as bar:
-        extract(lm.module, plan.chunks, directory, settings, args.top_k, progress=bar.update)
+    done = extracted_ids(read_manifest(directory, settings))
+    todo = [c for c in plan.chunks if c.id not in done]  # the bar and its ETA: what is left, not what is kept
+    with tqdm(total=sum(len(c.tokens) for c in todo), desc="extract", unit="tok", unit_scale=True,
+              file=sys.stderr) as bar:
+        extract(lm.module, todo, directory, settings, args.top_k, progress=bar.update)
     return {r.id: r for r in load_records(directory)}
 
 

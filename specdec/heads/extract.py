@@ -88,12 +88,17 @@ def read_manifest(directory: Path, settings: dict) -> dict:
     return manifest
 
 
+def extracted_ids(manifest: dict) -> set[str]:
+    """The ids of the chunks the manifest's shards hold."""
+    return {cid for shard in manifest["shards"] for cid in shard["chunks"]}
+
+
 def extract(module, chunks: Iterable[Chunk], directory: Path, settings: dict, top_k: int = DEFAULT_TOP_K,
             shard_tokens: int = SHARD_TOKENS, progress: Callable[[int], None] | None = None) -> dict:
     """Extract every chunk not yet in the manifest; returns the manifest. progress(n_tokens) per chunk."""
     directory.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(directory, settings)
-    done = {cid for shard in manifest["shards"] for cid in shard["chunks"]}
+    done = extracted_ids(manifest)
     writer = ShardWriter(directory, manifest, shard_tokens)
     for chunk in chunks:
         if chunk.id in done:

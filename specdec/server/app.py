@@ -116,40 +116,109 @@ def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.scheduler = scheduler
     app.add_middleware(CountRequests, metrics=scheduler.metrics)
-    tokenizer = scheduler.tokenizer
-    vocab_size = scheduler.stepper.target.config.vocab_size
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    ends = Endpoints(scheduler, model_name)
+    app.post("/v1/completions")(ends.completions)
+    app.post("/v1/chat/completions")(ends.chat_completions)
+    app.get("/v1/models")(ends.models)
+    app.get("/health")(ends.health)
+    app.get("/stats")(ends.stats)
+    app.get("/metrics")(ends.metrics)
+    return app
 
-    @app.exception_handler(RequestValidationError)
-    async def on_validation(request: Request, exc: RequestValidationError):
-        return _validation_error(exc)
 
-    @app.exception_handler(APIError)
-    async def on_api_error(request: Request, exc: APIError):
-        return error_response(exc)
+async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _validation_error(exc)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http(request: Request, exc: StarletteHTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
 
-    def check_model(name: str) -> None:
-        if name != model_name:
-            raise APIError(404, f"The model '{name}' does not exist; this server serves '{model_name}'",
+async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+
+class Endpoints:
+    """The routes over one scheduler and model: each request is encoded, submitted, and answered
+    whole or as a stream of server-sent events; a client that goes away cancels its request."""
+
+    def __init__(self, scheduler: Scheduler, model_name: str):
+        self.scheduler, self.model_name = scheduler, model_name
+        self.tokenizer = scheduler.tokenizer
+        self.vocab_size = scheduler.stepper.target.config.vocab_size
+
+    async def completions(self, body: CompletionRequest, request: Request):
+        self.check_model(body.model)
+        if isinstance(body.prompt, str):
+            ids = await self.encode(self.tokenizer.encode, body.prompt)
+        else:
+            ids = list(body.prompt)
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise APIError(400, f"Invalid value for 'prompt': token id {bad[0]} is outside the vocabulary "
+                                    f"(0..{self.vocab_size - 1})", param="prompt")
+        if not ids:
+            raise APIError(400, "Invalid value for 'prompt': it encodes to no tokens; give some text", param="prompt")
+        return await self.run(request, body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS, chat=False)
+
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request):
+        self.check_model(body.model)
+        messages = [m.plain() for m in body.messages]
+        try:
+            ids = await self.encode(encode_messages, self.tokenizer, messages)
+        except SpecdecError as e:
+            raise APIError(400, str(e).replace("drop --chat to use a plain prompt", "use /v1/completions"),
+                           param="messages") from None
+        except Exception as e:  # noqa: BLE001 - a template may refuse a conversation (e.g. role order)
+            raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
+        max_tokens = body.token_budget
+        if max_tokens is None:  # OpenAI: as many as the context leaves
+            max_tokens = self.scheduler.context - len(ids) - self.scheduler.stepper.tree_nodes
+            if max_tokens < 1:
+                raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
+                                    f"{self.scheduler.context} tokens", param="messages",
+                               code="context_length_exceeded")
+        return await self.run(request, body, ids, max_tokens, chat=True)
+
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                            "owned_by": "specdec", "max_model_len": self.scheduler.context}]}
+
+    async def health(self):
+        if not self.scheduler.alive:
+            return JSONResponse({"status": "down"}, status_code=503)
+        if self.scheduler.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return {"status": "ok"}
+
+    async def stats(self):
+        return self.scheduler.snapshot()
+
+    async def metrics(self):
+        return Response(self.scheduler.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise APIError(404, f"The model '{name}' does not exist; this server serves '{self.model_name}'",
                            param="model", code="model_not_found", type="not_found_error")
 
-    async def encode(fn, *args) -> list[int]:
+    async def encode(self, fn, *args) -> list[int]:
         def run():
-            with scheduler.tokenizer_lock:
+            with self.scheduler.tokenizer_lock:
                 return fn(*args)
         return await asyncio.to_thread(run)
 
-    def submit(ids: list[int], body, max_tokens: int, sink):
+    def submit(self, ids: list[int], body, max_tokens: int, sink):
         try:
             sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, body.seed)
         except SpecdecError as e:
             raise APIError(400, str(e)) from None
         try:
-            return scheduler.submit(ids, RequestParams(max_tokens, sampling, body.stop_list), sink)
+            return self.scheduler.submit(ids, RequestParams(max_tokens, sampling, body.stop_list), sink)
         except QueueFull as e:
             raise APIError(429, str(e), code="queue_full", type="rate_limit_error",
                            headers={"Retry-After": str(e.retry_after)}) from None
@@ -159,15 +228,11 @@ def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
             code = "context_length_exceeded" if "context" in str(e) else None
             raise APIError(400, str(e), param="max_tokens" if code else None, code=code) from None
 
-    async def run(request: Request, body, ids: list[int], max_tokens: int, chat: bool):
+    async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool):
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def sink(ev: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, ev)
-
-        handle = submit(ids, body, max_tokens, sink)
-        rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
+        handle = self.submit(ids, body, max_tokens, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        answer = Answer(self.model_name, new_id("chatcmpl" if chat else "cmpl"), now(), chat)
 
         async def next_event() -> Event | None:
             """The next event, or None once the client has gone (then the request is cancelled)."""
@@ -180,124 +245,75 @@ def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
                         return None
 
         if not body.stream:
-            parts: list[str] = []
-            try:
-                while True:
-                    ev = await next_event()
-                    if ev is None:
-                        return Response(status_code=499)
-                    parts.append(ev.text)
-                    if ev.kind == "done":
-                        break
-            except BaseException:
-                handle.cancel()
-                raise
-            if ev.error:
-                raise APIError(500, ev.error, type="server_error", code="engine_error")
-            usage = Usage(**ev.usage)
-            text = "".join(parts)
-            if chat:
-                return ChatCompletionResponse(id=rid, created=created, model=model_name, usage=usage, choices=[
-                    ChatChoice(message=ChatMessageOut(content=text), finish_reason=ev.finish_reason)])
-            return CompletionResponse(id=rid, created=created, model=model_name, usage=usage, choices=[
-                CompletionChoice(text=text, finish_reason=ev.finish_reason)])
-
-        def chunk(text: str | None, finish: str | None = None, role: bool = False) -> str:
-            if chat:
-                delta = ({"role": "assistant", "content": ""} if role else
-                         {} if text is None else {"content": text})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                obj = "chat.completion.chunk"
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-                obj = "text_completion"
-            return sse({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]})
-
-        async def stream():
-            finished = False
-            try:
-                if chat:
-                    yield chunk(None, role=True)
-                while True:
-                    ev = await next_event()
-                    if ev is None:
-                        return
-                    if ev.error:
-                        yield sse(error_body(ev.error, "server_error", code="engine_error"))
-                        break
-                    if ev.text:
-                        yield chunk(ev.text)
-                    if ev.kind == "done":
-                        yield chunk(None, finish=ev.finish_reason)
-                        if body.include_usage:
-                            yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                                       "created": created, "model": model_name, "choices": [], "usage": ev.usage})
-                        break
-                yield "data: [DONE]\n\n"
-                finished = True
-            finally:
-                if not finished:
-                    handle.cancel()  # the client went away (or the server is closing the connection)
-
-        return StreamingResponse(stream(), media_type="text/event-stream",
+            return await answer.whole(next_event, handle)
+        return StreamingResponse(answer.stream(next_event, handle, body.include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        check_model(body.model)
-        if isinstance(body.prompt, str):
-            ids = await encode(tokenizer.encode, body.prompt)
-        else:
-            ids = list(body.prompt)
-            bad = [t for t in ids if t >= vocab_size]
-            if bad:
-                raise APIError(400, f"Invalid value for 'prompt': token id {bad[0]} is outside the vocabulary "
-                                    f"(0..{vocab_size - 1})", param="prompt")
-        if not ids:
-            raise APIError(400, "Invalid value for 'prompt': it encodes to no tokens; give some text", param="prompt")
-        return await run(request, body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        check_model(body.model)
-        messages = [m.plain() for m in body.messages]
+class Answer:
+    """One request's answer in OpenAI's shapes: a whole completion, or its stream of chunks."""
+
+    def __init__(self, model_name: str, rid: str, created: int, chat: bool):
+        self.model_name, self.rid, self.created, self.chat = model_name, rid, created, chat
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+
+    async def whole(self, next_event, handle):
+        parts: list[str] = []
         try:
-            ids = await encode(encode_messages, tokenizer, messages)
-        except SpecdecError as e:
-            raise APIError(400, str(e).replace("drop --chat to use a plain prompt", "use /v1/completions"),
-                           param="messages") from None
-        except Exception as e:  # noqa: BLE001 - a template may refuse a conversation (e.g. role order)
-            raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
-        max_tokens = body.token_budget
-        if max_tokens is None:  # OpenAI: as many as the context leaves
-            max_tokens = scheduler.context - len(ids) - scheduler.stepper.tree_nodes
-            if max_tokens < 1:
-                raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
-                                    f"{scheduler.context} tokens", param="messages", code="context_length_exceeded")
-        return await run(request, body, ids, max_tokens, chat=True)
+            while True:
+                ev = await next_event()
+                if ev is None:
+                    return Response(status_code=499)
+                parts.append(ev.text)
+                if ev.kind == "done":
+                    break
+        except BaseException:
+            handle.cancel()
+            raise
+        if ev.error:
+            raise APIError(500, ev.error, type="server_error", code="engine_error")
+        usage, text = Usage(**ev.usage), "".join(parts)
+        if self.chat:
+            return ChatCompletionResponse(id=self.rid, created=self.created, model=self.model_name, usage=usage,
+                                          choices=[ChatChoice(message=ChatMessageOut(content=text),
+                                                              finish_reason=ev.finish_reason)])
+        return CompletionResponse(id=self.rid, created=self.created, model=self.model_name, usage=usage,
+                                  choices=[CompletionChoice(text=text, finish_reason=ev.finish_reason)])
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "specdec", "max_model_len": scheduler.context}]}
+    async def stream(self, next_event, handle, include_usage: bool):
+        finished = False
+        try:
+            if self.chat:
+                yield self.chunk(None, role=True)
+            while True:
+                ev = await next_event()
+                if ev is None:
+                    return
+                if ev.error:
+                    yield sse(error_body(ev.error, "server_error", code="engine_error"))
+                    break
+                if ev.text:
+                    yield self.chunk(ev.text)
+                if ev.kind == "done":
+                    yield self.chunk(None, finish=ev.finish_reason)
+                    if include_usage:
+                        yield sse({"id": self.rid, "object": self.object, "created": self.created,
+                                   "model": self.model_name, "choices": [], "usage": ev.usage})
+                    break
+            yield "data: [DONE]\n\n"
+            finished = True
+        finally:
+            if not finished:
+                handle.cancel()  # the client went away (or the server is closing the connection)
 
-    @app.get("/health")
-    async def health():
-        if not scheduler.alive:
-            return JSONResponse({"status": "down"}, status_code=503)
-        if scheduler.draining:
-            return JSONResponse({"status": "draining"}, status_code=503)
-        return {"status": "ok"}
-
-    @app.get("/stats")
-    async def stats():
-        return scheduler.snapshot()
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(scheduler.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    return app
+    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> str:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else {} if text is None else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return sse({"id": self.rid, "object": self.object, "created": self.created, "model": self.model_name,
+                    "choices": [choice]})
 
 
 def sse(obj) -> str:

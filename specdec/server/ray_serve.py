@@ -234,73 +234,77 @@ def _replica_died(e: Exception) -> bool:
     return isinstance(e, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError))
 
 
+class FrontForwarding:
+    """What the ingress does with a request: forward it to a replica (the router picks it); a
+    request whose replica died before it answered is retried once on another; everything counted."""
+
+    def __init__(self, replica, model_name: str):
+        self.replica = replica
+        self.model_name = model_name
+        self.counts = FrontCounts()
+
+    async def forward(self, request: Request, path: str):
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = raw.decode(errors="replace")  # the replica answers it as specdec serve does
+        key = conversation_key(path, body) if isinstance(body, dict) else "none"
+        self.counts.add("sent")
+        if isinstance(body, dict) and body.get("stream") is True:
+            return StreamingResponse(self.stream(path, body, key), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        for attempt in (0, 1):
+            try:
+                out = await self.replica.call.remote(path, body, conversation=key)
+            except Exception as e:  # noqa: BLE001 - a replica failure: retried once, then a clear error
+                if attempt == 0 and _replica_died(e):
+                    self.counts.add("retried")
+                    continue
+                self.counts.add("failed")
+                return JSONResponse(_error(f"the replica failed: {type(e).__name__}: {e}"), status_code=502)
+            self.counts.add("answered" if out["status"] < 500 else "failed", out["replica"])
+            return Response(out["body"], status_code=out["status"],
+                            headers={**out["headers"], "x-specdec-replica": out["replica"]})
+
+    async def stream(self, path: str, body: dict, key: str):
+        for attempt in (0, 1):
+            streamed, replica = False, None
+            try:
+                async for item in self.replica.options(stream=True).stream.remote(path, body, conversation=key):
+                    if isinstance(item, dict):
+                        replica = item["replica"]
+                        yield f": replica {replica}\n\n"  # an SSE comment: which replica answers
+                        continue
+                    streamed = True
+                    yield item
+                self.counts.add("answered", replica)
+                return
+            except Exception as e:  # noqa: BLE001
+                if attempt == 0 and not streamed and _replica_died(e):
+                    self.counts.add("retried", replica)
+                    continue
+                self.counts.add("failed", replica)
+                yield f"data: {json.dumps(_error(f'the replica failed mid-stream: {type(e).__name__}: {e}'))}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+
+
 def make_front():
-    """The ingress class: the API's paths forwarded to a replica (the router picks it), a request
-    whose replica died before it answered retried once on another, everything counted."""
+    """The ingress class: the API's paths over FrontForwarding (Ray Serve is imported only here)."""
     from ray import serve
 
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None)
 
     @serve.ingress(app)
-    class Front:
-        def __init__(self, replica, model_name: str):
-            self.replica = replica
-            self.model_name = model_name
-            self.counts = FrontCounts()
-
-        async def _forward(self, request: Request, path: str):
-            raw = await request.body()
-            try:
-                body = json.loads(raw) if raw else {}
-            except ValueError:
-                body = raw.decode(errors="replace")  # the replica answers it as specdec serve does
-            key = conversation_key(path, body) if isinstance(body, dict) else "none"
-            self.counts.add("sent")
-            if isinstance(body, dict) and body.get("stream") is True:
-                return StreamingResponse(self._stream(path, body, key), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            for attempt in (0, 1):
-                try:
-                    out = await self.replica.call.remote(path, body, conversation=key)
-                except Exception as e:  # noqa: BLE001 - a replica failure: retried once, then a clear error
-                    if attempt == 0 and _replica_died(e):
-                        self.counts.add("retried")
-                        continue
-                    self.counts.add("failed")
-                    return JSONResponse(_error(f"the replica failed: {type(e).__name__}: {e}"), status_code=502)
-                self.counts.add("answered" if out["status"] < 500 else "failed", out["replica"])
-                return Response(out["body"], status_code=out["status"],
-                                headers={**out["headers"], "x-specdec-replica": out["replica"]})
-
-        async def _stream(self, path: str, body: dict, key: str):
-            for attempt in (0, 1):
-                streamed, replica = False, None
-                try:
-                    async for item in self.replica.options(stream=True).stream.remote(path, body, conversation=key):
-                        if isinstance(item, dict):
-                            replica = item["replica"]
-                            yield f": replica {replica}\n\n"  # an SSE comment: which replica answers
-                            continue
-                        streamed = True
-                        yield item
-                    self.counts.add("answered", replica)
-                    return
-                except Exception as e:  # noqa: BLE001
-                    if attempt == 0 and not streamed and _replica_died(e):
-                        self.counts.add("retried", replica)
-                        continue
-                    self.counts.add("failed", replica)
-                    yield f"data: {json.dumps(_error(f'the replica failed mid-stream: {type(e).__name__}: {e}'))}\n\n"
-                    yield "data: [DONE]\n\n"
-                    return
-
+    class Front(FrontForwarding):
         @app.post("/v1/completions")
         async def completions(self, request: Request):
-            return await self._forward(request, "/v1/completions")
+            return await self.forward(request, "/v1/completions")
 
         @app.post("/v1/chat/completions")
         async def chat(self, request: Request):
-            return await self._forward(request, "/v1/chat/completions")
+            return await self.forward(request, "/v1/chat/completions")
 
         @app.get("/v1/models")
         async def models(self):
