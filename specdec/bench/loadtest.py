@@ -234,32 +234,43 @@ def replica_deltas(before: dict | None, after: dict | None) -> dict:
             "front_failed": after["front"]["failed"] - before["front"]["failed"]}
 
 
-def run_loadtest(model: ModelSettings, lt: LoadtestSettings) -> dict:
+def prompt_mix(lt: LoadtestSettings) -> list:
+    """The prompts to send, categories interleaved so that every level sees a mix."""
     from specdec.bench.datasets import load_prompts
-    from specdec.runner import log
-    levels, modes = lt.levels(), lt.mode_list()
     prompts = load_prompts(lt.dataset)
     if lt.categories:
         keep = set(lt.categories.split(","))
         prompts = [p for p in prompts if p.category in keep]
     if not prompts:
         raise SpecdecError("no prompts to send")
-    # interleave categories so every level sees a mix
     groups: dict[str, list] = {}
     for p in prompts:
         groups.setdefault(p.category, []).append(p)
-    mixed = [p for row in zip(*groups.values()) for p in row] or prompts
+    return [p for row in zip(*groups.values()) for p in row] or prompts
+
+
+def server_flags(model: ModelSettings, lt: LoadtestSettings) -> list[str]:
+    """The `specdec serve` flags every mode's server shares."""
+    return ["--max-context", str(model.max_context)] + (["--device", model.device] if model.device else []) + (
+        ["--dtype", model.dtype] if model.dtype else []) + (
+        ["--weight-dtype", model.weight_dtype] if model.weight_dtype else []) + (
+        ["--ray", "--replicas", str(lt.replicas), "--cpus-per-replica", str(lt.cpus_per_replica)] if lt.ray else [])
+
+
+def run_loadtest(model: ModelSettings, lt: LoadtestSettings) -> dict:
+    from specdec.runner import log
+    levels, modes = lt.levels(), lt.mode_list()
+    mixed = prompt_mix(lt)
     out = Path(lt.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"config": {"model": model.model, "draft": "ngram" if lt.ngram else lt.draft, "draft_vocab": lt.draft_vocab, "k": lt.k, "max_tokens": lt.max_tokens,
+    summary = {"config": {"model": model.model, "draft": "ngram" if lt.ngram else lt.draft,
+                          "draft_vocab": lt.draft_vocab, "k": lt.k, "max_tokens": lt.max_tokens,
                           "max_batch": lt.max_batch, "concurrency": levels, "modes": modes, "order": lt.order,
                           "replicas": lt.replicas if lt.ray else None,
-                          "dataset": lt.dataset or "specdec/data/code_prompts.jsonl"}, "modes": {}}
+                          "dataset": lt.dataset or "specdec/data/code_prompts.jsonl"},
+               "modes": {mode: {} for mode in modes}}
     records = open(out / "records.jsonl", "w")
-    common = ["--max-context", str(model.max_context)] + (["--device", model.device] if model.device else []) + (
-        ["--dtype", model.dtype] if model.dtype else []) + (["--weight-dtype", model.weight_dtype] if model.weight_dtype else []) + (
-        ["--ray", "--replicas", str(lt.replicas), "--cpus-per-replica", str(lt.cpus_per_replica)] if lt.ray else [])
-    summary["modes"] = {mode: {} for mode in modes}
+    common = server_flags(model, lt)
 
     def drive(mode: str, run_levels: list[int], log_name: str) -> None:
         """One server in this mode, warmed up, driven at each of run_levels, then stopped."""

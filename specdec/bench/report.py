@@ -260,59 +260,71 @@ def make_plots(summary: dict, out: Path) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    plots = [(_plot_speedups, "speedup_by_category.png"), (_plot_acceptance, "acceptance_by_position.png"),
+             (_plot_tokens_per_second, "tokens_per_second_vs_k.png")]
     paths = []
+    for draw, name in plots:
+        fig = draw(plt, summary)
+        if fig is not None:
+            fig.tight_layout()
+            paths.append(out / name)
+            fig.savefig(paths[-1], dpi=110)
+            plt.close(fig)
+    return paths
+
+
+def _plot_speedups(plt, summary: dict):
     cats = list(summary["categories"]) + (["all"] if len(summary["categories"]) > 1 else [])
     scopes = {**summary["categories"], "all": summary["methods"]}
     labels = [m for m in summary["methods"] if m != "plain"]
-    if labels:
-        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(labels)) / 3), 4))
-        width = 0.8 / len(labels)
-        for j, label in enumerate(labels):
-            ys = [(scopes[c].get(label) or {}).get("speedup_vs_plain_mean") or 0 for c in cats]
-            ax.bar([i + j * width for i in range(len(cats))], ys, width, label=label)
-        ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cats))], cats, rotation=20)
-        ax.set_ylabel("speedup vs our plain decoding")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        paths.append(out / "speedup_by_category.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+    if not labels:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(labels)) / 3), 4))
+    width = 0.8 / len(labels)
+    for j, label in enumerate(labels):
+        ys = [(scopes[c].get(label) or {}).get("speedup_vs_plain_mean") or 0 for c in cats]
+        ax.bar([i + j * width for i in range(len(cats))], ys, width, label=label)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cats))], cats, rotation=20)
+    ax.set_ylabel("speedup vs our plain decoding")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def _plot_acceptance(plt, summary: dict):
     spec = {m: s for m, s in summary["methods"].items() if s.get("per_position_acceptance")}
-    if spec:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for label, s in spec.items():
-            acc = s["per_position_acceptance"]
-            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("fraction accepted")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out / "acceptance_by_position.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+    if not spec:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, s in spec.items():
+        acc = s["per_position_acceptance"]
+        ax.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("fraction accepted")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_tokens_per_second(plt, summary: dict):
     kinds: dict[str, list[tuple[int, float]]] = {}
     adaptive = {m: s for m, s in summary["methods"].items() if s.get("adaptive")}
     for s in summary["methods"].values():
         if s["kind"] not in ("plain", "hf", "llama") and not s.get("adaptive"):
             kinds.setdefault(s["kind"], []).append((s["k"], s["tokens_per_second_total"]))
-    if kinds or adaptive:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for kind, pts in kinds.items():
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
-        for label, s in adaptive.items():
-            ax.axhline(s["tokens_per_second_total"], ls=":", lw=1.2, label=f"{label} (adaptive k)")
-        for base in ("plain", "hf", "llama"):
-            if base in summary["methods"]:
-                ax.axhline(summary["methods"][base]["tokens_per_second_total"], ls="--", lw=0.8,
-                           label=f"{base} (no drafting)", color={"plain": "black", "hf": "gray", "llama": "brown"}[base])
-        ax.set_xlabel("k (draft tokens per step)")
-        ax.set_ylabel("tokens/s")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out / "tokens_per_second_vs_k.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-    return paths
+    if not (kinds or adaptive):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind, pts in kinds.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
+    for label, s in adaptive.items():
+        ax.axhline(s["tokens_per_second_total"], ls=":", lw=1.2, label=f"{label} (adaptive k)")
+    for base in ("plain", "hf", "llama"):
+        if base in summary["methods"]:
+            ax.axhline(summary["methods"][base]["tokens_per_second_total"], ls="--", lw=0.8,
+                       label=f"{base} (no drafting)", color={"plain": "black", "hf": "gray", "llama": "brown"}[base])
+    ax.set_xlabel("k (draft tokens per step)")
+    ax.set_ylabel("tokens/s")
+    ax.legend(fontsize=7)
+    return fig
