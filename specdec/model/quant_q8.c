@@ -119,6 +119,9 @@ static inline __m256i dot4_k(const __m256i *q, const __m256i *sv, const int8_t *
 #ifndef QPF_BYTES
 #define QPF_BYTES 1024 /* software prefetch distance within a row */
 #endif
+#ifndef QPF_HINT
+#define QPF_HINT _MM_HINT_T0 /* into L1 (scripts/kernel_flag_ab.py measures others) */
+#endif
 
 /* A weight block meets the C inputs in two passes, groups 0-3 then 4-7: each pass holds only its
  * half of the block's integers and scales in registers (all of them do not fit in AVX2's 16, and
@@ -133,9 +136,9 @@ static inline __m256i dot4_k(const __m256i *q, const __m256i *sv, const int8_t *
         const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             const uint8_t *blk = w + ib * Q4_K_BYTES;                                                \
-            _mm_prefetch((const char *)blk + QPF_BYTES, _MM_HINT_T0);                                \
-            _mm_prefetch((const char *)blk + QPF_BYTES + 64, _MM_HINT_T0);                           \
-            _mm_prefetch((const char *)blk + QPF_BYTES + 128, _MM_HINT_T0);                          \
+            _mm_prefetch((const char *)blk + QPF_BYTES, QPF_HINT);                                \
+            _mm_prefetch((const char *)blk + QPF_BYTES + 64, QPF_HINT);                           \
+            _mm_prefetch((const char *)blk + QPF_BYTES + 128, QPF_HINT);                          \
             const __m256 dv = _mm256_set1_ps(f16_to_f32(blk)), ndminv = _mm256_set1_ps(-f16_to_f32(blk + 2)); \
             __m256i mn, q[8], sv[8];                                                                 \
             scales_q4_k(blk, sv, &mn);                                                               \
@@ -182,7 +185,7 @@ static inline void scales_q6_k(__m256i sc16, __m256i *sv) {
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             const uint8_t *blk = w + ib * Q6_K_BYTES;                                                \
             for (int p = 0; p < Q6_K_BYTES; p += 64)                                                 \
-                _mm_prefetch((const char *)blk + QPF_BYTES + p, _MM_HINT_T0);                        \
+                _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT);                        \
             const __m256 dv = _mm256_set1_ps(f16_to_f32(blk + 208));                                 \
             const int8_t *scb = (const int8_t *)(blk + 192);                                         \
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scb));       \
@@ -278,7 +281,7 @@ static inline __m256i lane_sums8(const __m256i *p) {
         for (int64_t g = 0; g < ng; g += 8) { /* eight blocks at a time */                           \
             const uint8_t *blk = w + g * F##_BYTES;                                                  \
             for (int p = 0; p < 8 * F##_BYTES; p += 64)                                              \
-                _mm_prefetch((const char *)blk + QPF_BYTES + p, _MM_HINT_T0);                        \
+                _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT);                        \
             const __m256 dv = halves8(blk, F##_BYTES);                                               \
             _mm256_storeu_ps(ow + g, F##_M >= 0 ? halves8(blk + (F##_M >= 0 ? F##_M : 0), F##_BYTES) \
                                                 : _mm256_mul_ps(dv, _mm256_set1_ps(-F##_O)));        \
