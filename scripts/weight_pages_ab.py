@@ -28,7 +28,7 @@ def anonymous_copy(views: dict[str, np.ndarray], huge: bool):
         out[name] = buf[off:off + v.nbytes]
         out[name][:] = v.reshape(-1)
         off += (v.nbytes + 4095) // 4096 * 4096
-    return out, m
+    return out  # the arrays hold the mapping
 
 
 def anon_huge_kb() -> int:
@@ -50,8 +50,7 @@ def main() -> None:
     names = [n for n, t in f.tensors.items() if len(t.dims) == 2 and t.ggml_type in cpu_kernels.QUANT_TYPES.values()
              and (n != "token_embd.weight" or head == n)]
     views = {n: f.tensor(n) for n in names}
-    (huge, keep1), (small, keep2) = anonymous_copy(views, True), anonymous_copy(views, False)
-    sets = {"file": views, "anon_huge": huge, "anon_4k": small}
+    sets = {"file": views, "anon_huge": anonymous_copy(views, True), "anon_4k": anonymous_copy(views, False)}
     out = {"model": args.model, "anon_huge_pages_kb": anon_huge_kb(), "rows": {}}
     mats = [(f.tensors[n].ggml_type, f.tensors[n].rows, f.tensors[n].dims[0], n) for n in names]
     threads = torch.get_num_threads()
