@@ -182,6 +182,21 @@ def test_a_draft_model_loads_re_encoded(tmp_path):
     assert again.cpu_forward is not None
 
 
+@kernel
+def test_re_encoding_a_few_rows_at_a_time_keeps_every_weight(tmp_path, monkeypatch):
+    """The re-encoded layers, converted 3 rows at a time, dequantize to the stored layers' weights bit
+    for bit: every row lands in its place."""
+    from specdec.model import loading
+    monkeypatch.setattr(loading, "REENCODE_ROWS", 3)
+    path = write_tiny_gguf(tmp_path / "q5.gguf", tiny_model(2, attention_bias=True), "qwen2", "Q5_0")
+    stored, again = load_gguf_blocks(GGUFFile(path)), load_gguf_blocks(GGUFFile(path), reencode=True)
+    layers = lambda m: [x for x in m.modules() if isinstance(x, QuantLinear)]  # noqa: E731
+    weights = lambda layer: torch.cat([cpu_kernels.quant_dequantize(q, d, layer.in_features)  # noqa: E731
+                                       for q, d in layer.parts])
+    for a, b in zip(layers(stored), layers(again), strict=True):
+        assert torch.equal(weights(a).view(torch.int32), weights(b).view(torch.int32))
+
+
 def test_a_gguf_without_a_tokenizer_or_of_another_architecture_is_a_clear_error(tmp_path):
     from specdec.model import load_model
     from specdec.model.loading import gguf_hf_config

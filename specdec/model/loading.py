@@ -143,18 +143,6 @@ def _vector(gguf: GGUFFile, name: str) -> nn.Parameter:
     return nn.Parameter(torch.from_numpy(np.array(gguf.tensor(name), dtype=np.float32)), requires_grad=False)
 
 
-def _reencoded(gguf: GGUFFile, name: str, cfg: dict) -> tuple[int, np.ndarray]:
-    """A weight's (ggml type, rows) in the faster format FASTER_FORMATS names for it (a copy; its pages in
-    the map are released), or as stored."""
-    qtype = gguf.tensors[name].ggml_type
-    if qtype not in FASTER_FORMATS:
-        return qtype, _rows(gguf, name, cfg)
-    new_type, convert = FASTER_FORMATS[qtype]
-    data = convert(_tensor(_rows(gguf, name, cfg))).numpy()
-    gguf.release(name)
-    return new_type, data
-
-
 def _parts(gguf: GGUFFile, names: list[str], cfg: dict, reencode: bool = False):
     """Blocks of the weights `names` stacked in order, neighbours of one format merged into one part:
     one view where they lie side by side in the file, else a copy of their blocks. reencode: each in
@@ -184,14 +172,36 @@ def _parts(gguf: GGUFFile, names: list[str], cfg: dict, reencode: bool = False):
     return parts
 
 
+REENCODE_ROWS = 256  # rows converted at a time: the conversion's temporaries stay a few MB
+
+
 def _reencoded_parts(gguf: GGUFFile, names: list[str], cfg: dict):
-    parts = []
-    for qtype, data in (_reencoded(gguf, n, cfg) for n in names):
-        if parts and parts[-1][0] == qtype:
-            parts[-1] = (qtype, np.concatenate([parts[-1][1], data]))
+    """The blocks of `names` stacked as _parts stacks them, each weight in the faster format
+    FASTER_FORMATS names for it where there is one: neighbours of one (final) format fill one array,
+    converted a few rows at a time; the weights' pages in the map are released."""
+    final = lambda n: FASTER_FORMATS.get(gguf.tensors[n].ggml_type, (gguf.tensors[n].ggml_type,))[0]  # noqa: E731
+    runs: list[tuple[int, list[str]]] = []
+    for name in names:
+        if runs and runs[-1][0] == final(name):
+            runs[-1][1].append(name)
         else:
-            parts.append((qtype, data))
-    return [(q, _tensor(np.ascontiguousarray(d))) for q, d in parts]
+            runs.append((final(name), [name]))
+    from specdec.model import cpu_kernels
+    parts = []
+    for qtype, run in runs:
+        sources = [_rows(gguf, n, cfg) for n in run]
+        width = cpu_kernels.quant_row_bytes(qtype, gguf.tensors[run[0]].dims[0])
+        out = np.empty((sum(a.shape[0] for a in sources), width), dtype=np.uint8)
+        at = 0
+        for name, rows in zip(run, sources):
+            convert = FASTER_FORMATS.get(gguf.tensors[name].ggml_type, (None, None))[1]
+            for s in range(0, rows.shape[0], REENCODE_ROWS):
+                piece = rows[s:s + REENCODE_ROWS]
+                out[at + s:at + s + piece.shape[0]] = piece if convert is None else convert(_tensor(piece)).numpy()
+            at += rows.shape[0]
+            gguf.release(name)
+        parts.append((qtype, _tensor(out)))
+    return parts
 
 
 def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False) -> nn.Module:
