@@ -15,7 +15,7 @@
  *
  * Layout of a quantized activation row (act): q int8 [K]; d float [K / B] (the block scales);
  * s int16 [K / 16] (sums of each 16 q's: the K-quants' offsets); sa float [K / 32] (32-weight
- * formats: d * the block's q sum, their offsets).
+ * formats: d * the block's q sum, their offsets); qp, sp: see act.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,6 +25,9 @@
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 #define QMAX_C 16
+#ifndef Q8_CHUNK
+#define Q8_CHUNK QMAX_C /* inputs a kernel call takes in a long prefill (at most QMAX_C, even: whole pairs) */
+#endif
 #define QMAX_K 65536
 #ifndef Q8_TILE_BYTES
 #define Q8_TILE_BYTES (128 * 1024)
@@ -42,6 +45,19 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 
 #endif
 #define NIB8 _mm256_set1_epi8(0x0F)
 
+/* Q8_PAIRS: the K-quant kernels take two input rows in one 512-bit register (AVX-512BW with VNNI),
+ * row c in the low 256 bits and row c + 1 in the high, the weight's integers and scales the same in
+ * both halves. Each half runs the 256-bit kernel's integer and float operations on its row, so a row
+ * gets the same bits at any row count and in either build; where the vector unit is 512 bits wide,
+ * a pair costs about what one row costs. */
+#if !defined(Q8_PAIRS)
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512DQ__)
+#define Q8_PAIRS 1
+#else
+#define Q8_PAIRS 0
+#endif
+#endif
+
 static inline float hsum8(__m256 v) { /* fixed order */
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
@@ -57,6 +73,8 @@ typedef struct {
     int8_t *q;
     float *d, *sa;
     int16_t *s;
+    int8_t *qp; /* Q8_PAIRS, the K-quants: q and s again, rows 2p and 2p + 1 interleaved, 32 q or 16 s */
+    int16_t *sp; /* of each in turn (one 512-bit load takes both rows' share of a group) */
     int64_t K, B; /* row length, block size */
 } act;
 
@@ -123,6 +141,166 @@ static inline __m256i dot4_k(const __m256i *q, const __m256i *sv, const int8_t *
 #define QPF_HINT _MM_HINT_T0 /* into L1 (scripts/kernel_flag_ab.py measures others) */
 #endif
 
+/* sv[s]: Q6_K's scale 2s in int16 lanes 0-7 and scale 2s + 1 in lanes 8-15, shuffled from sc16 (the 16 scales) */
+static inline void scales_q6_k(__m256i sc16, __m256i *sv) {
+    const __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00), hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+    for (int s = 0; s < 8; s++) {
+        const int e = (2 * s) % 8; /* scale 2s is element e of its half; 2s + 1 is e + 1 */
+        const __m256i m = _mm256_setr_epi8(2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1,
+            2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1,
+            2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3,
+            2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3);
+        sv[s] = _mm256_shuffle_epi8(s < 4 ? lo : hi, m);
+    }
+}
+
+#if Q8_PAIRS
+static inline __m512i both(__m256i v) { return _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1); }
+static inline __m512 floats2(const float *p0, const float *p1) { /* *p0 in the low 8 lanes, *p1 in the high */
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_broadcast_ss(p0)), _mm256_broadcast_ss(p1), 1);
+}
+static inline __m512i load2(const uint8_t *p) { /* 32 bytes in both halves */
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+}
+/* dot4_k for a pair of rows, from their interleaved copy at xp (act's qp) */
+static inline __m512i dot4_k2(const __m512i *q, const __m512i *sv, const int8_t *xp) {
+    const __m512i p0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[0], _mm512_loadu_si512(xp)), sv[0]),
+                                           _mm512_maddubs_epi16(q[1], _mm512_loadu_si512(xp + 64)), sv[1]);
+    const __m512i p1 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[2], _mm512_loadu_si512(xp + 128)), sv[2]),
+                                           _mm512_maddubs_epi16(q[3], _mm512_loadu_si512(xp + 192)), sv[3]);
+    return _mm512_add_epi32(p0, p1);
+}
+static inline void low4(const __m512i *v, __m256i *lo) { /* the low halves: what the 256-bit kernel holds */
+    for (int g = 0; g < 4; g++) lo[g] = _mm512_castsi512_si256(v[g]);
+}
+/* Q4_K's groups 4h .. 4h + 3 in both halves: the integers q2 and the scales sv2 (from sc2: the 8
+ * scales as int16 in each 128-bit lane) */
+static inline void q4_k_pass2(const uint8_t *blk, int h, __m512i sc2, __m512i *q2, __m512i *sv2) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 2; j++) {
+        const __m512i raw = load2(blk + 16 + 32 * (2 * h + j));
+        q2[2 * j] = _mm512_and_si512(raw, nib);
+        q2[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    }
+    for (int g = 0; g < 4; g++) {
+        const int s = 4 * h + g;
+        sv2[g] = _mm512_shuffle_epi8(sc2, _mm512_set1_epi16((short)((2 * s + 1) << 8 | 2 * s)));
+    }
+}
+static inline void scales_q4_k2(const uint8_t *b, __m512i *sc2, __m512i *mn2) {
+    uint32_t u[4];
+    q4_k_scale_bytes(b, u);
+    const __m128i s8 = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+    *sc2 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(s8));
+    const __m128i m8 = _mm_unpackhi_epi64(s8, s8);
+    *mn2 = both(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
+}
+/* Q6_K's groups 4h .. 4h + 3 in both halves, as q6_k_group and scales_q6_k make them */
+static inline void q6_k_pass2(const uint8_t *blk, int h, __m256i sc16, __m512i *q2, __m512i *sv2) {
+    __m256i sv[8];
+    scales_q6_k(sc16, sv);
+    for (int g = 0; g < 4; g++) q2[g] = both(q6_k_group(blk, 4 * h + g)), sv2[g] = both(sv[4 * h + g]);
+}
+static inline float hsum_lo(__m512 v) { return hsum8(_mm512_castps512_ps256(v)); }
+static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1)); }
+#endif
+
+#if Q8_PAIRS
+#define DEFINE_Q4_K(C)                                                                               \
+    static void q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                   \
+        enum { NP = C / 2, C1 = 2 * (C / 2) }; /* rows 0 .. C1 - 1 in pairs, an odd last row alone */ \
+        __m512 f2[NP + 1];                                                                           \
+        __m512i part2[NP + 1];                                                                       \
+        __m256 f[C];                                                                                 \
+        __m256i part[C];                                                                             \
+        for (int p = 0; p < NP; p++) f2[p] = _mm512_setzero_ps();                                    \
+        for (int c = C1; c < C; c++) f[c] = _mm256_setzero_ps();                                     \
+        const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            const uint8_t *blk = w + ib * Q4_K_BYTES;                                                \
+            _mm_prefetch((const char *)blk + QPF_BYTES, QPF_HINT);                                   \
+            _mm_prefetch((const char *)blk + QPF_BYTES + 64, QPF_HINT);                              \
+            _mm_prefetch((const char *)blk + QPF_BYTES + 128, QPF_HINT);                             \
+            const __m512 dv = _mm512_set1_ps(f16_to_f32(blk)), ndminv = _mm512_set1_ps(-f16_to_f32(blk + 2)); \
+            __m512i sc2, mn2, q2[4], sv2[4];                                                         \
+            __m256i q[4], sv[4];                                                                     \
+            scales_q4_k2(blk, &sc2, &mn2);                                                           \
+            const int8_t *xq = a->q + ib * 256;                                                      \
+            const int16_t *xs = a->s + ib * 16;                                                      \
+            const int16_t *xsp = a->sp + ib * 32;                                                    \
+            const int8_t *xp = a->qp + ib * 512;                                                     \
+            q4_k_pass2(blk, 0, sc2, q2, sv2);                                                        \
+            low4(q2, q), low4(sv2, sv);                                                              \
+            for (int p = 0; p < NP; p++) part2[p] = dot4_k2(q2, sv2, xp + 2 * p * K);             \
+            for (int c = C1; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                        \
+            q4_k_pass2(blk, 1, sc2, q2, sv2);                                                        \
+            low4(q2, q), low4(sv2, sv);                                                              \
+            for (int p = 0; p < NP; p++) {                                                           \
+                const __m512i acc = _mm512_add_epi32(part2[p], dot4_k2(q2, sv2, xp + 2 * p * K + 256)); \
+                const __m512i mt = _mm512_madd_epi16(mn2, _mm512_loadu_si512(xsp + 2 * p * K16)); \
+                const __m512 da = floats2(a->d + 2 * p * nb + ib, a->d + (2 * p + 1) * nb + ib);     \
+                f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, da), f2[p]);      \
+                f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mt), _mm512_mul_ps(ndminv, da), f2[p]);   \
+            }                                                                                        \
+            for (int c = C1; c < C; c++) {                                                           \
+                const __m256i acc = _mm256_add_epi32(part[c], dot4_k(q, sv, xq + c * K + 128));      \
+                const __m256i mt = _mm256_madd_epi16(_mm512_castsi512_si256(mn2), _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
+                const __m256 da = _mm256_broadcast_ss(a->d + c * nb + ib);                           \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(_mm512_castps512_ps256(dv), da), f[c]); \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_mul_ps(_mm512_castps512_ps256(ndminv), da), f[c]); \
+            }                                                                                        \
+        }                                                                                            \
+        for (int p = 0; p < NP; p++) y[2 * p * ldy] = hsum_lo(f2[p]), y[(2 * p + 1) * ldy] = hsum_hi(f2[p]); \
+        for (int c = C1; c < C; c++) y[c * ldy] = hsum8(f[c]);                                       \
+    }
+
+#define DEFINE_Q6_K(C)                                                                               \
+    static void q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                   \
+        enum { NP = C / 2, C1 = 2 * (C / 2) };                                                       \
+        __m512 f2[NP + 1];                                                                           \
+        __m512i part2[NP + 1];                                                                       \
+        __m256 f[C];                                                                                 \
+        __m256i part[C];                                                                             \
+        for (int p = 0; p < NP; p++) f2[p] = _mm512_setzero_ps();                                    \
+        for (int c = C1; c < C; c++) f[c] = _mm256_setzero_ps();                                     \
+        const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            const uint8_t *blk = w + ib * Q6_K_BYTES;                                                \
+            for (int p = 0; p < Q6_K_BYTES; p += 64)                                                 \
+                _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT);                           \
+            const __m512 dv = _mm512_set1_ps(f16_to_f32(blk + 208));                                 \
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))); \
+            __m512i q2[4], sv2[4];                                                                   \
+            __m256i q[4], sv[4];                                                                     \
+            const int8_t *xq = a->q + ib * 256;                                                      \
+            const int16_t *xs = a->s + ib * 16;                                                      \
+            const int16_t *xsp = a->sp + ib * 32;                                                    \
+            const int8_t *xp = a->qp + ib * 512;                                                     \
+            q6_k_pass2(blk, 0, sc16, q2, sv2);                                                       \
+            low4(q2, q), low4(sv2, sv);                                                              \
+            for (int p = 0; p < NP; p++) part2[p] = dot4_k2(q2, sv2, xp + 2 * p * K);             \
+            for (int c = C1; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                        \
+            q6_k_pass2(blk, 1, sc16, q2, sv2);                                                       \
+            low4(q2, q), low4(sv2, sv);                                                              \
+            for (int p = 0; p < NP; p++) {                                                           \
+                const __m512i acc = _mm512_add_epi32(part2[p], dot4_k2(q2, sv2, xp + 2 * p * K + 256)); \
+                const __m512i off = _mm512_madd_epi16(both(sc16), _mm512_loadu_si512(xsp + 2 * p * K16)); \
+                const __m512 da = floats2(a->d + 2 * p * nb + ib, a->d + (2 * p + 1) * nb + ib);     \
+                f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_slli_epi32(off, 5))), \
+                                        _mm512_mul_ps(dv, da), f2[p]);                               \
+            }                                                                                        \
+            for (int c = C1; c < C; c++) {                                                           \
+                __m256i acc = _mm256_add_epi32(part[c], dot4_k(q, sv, xq + c * K + 128));            \
+                const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
+                acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));                              \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc),                                      \
+                                       _mm256_mul_ps(_mm512_castps512_ps256(dv), _mm256_broadcast_ss(a->d + c * nb + ib)), f[c]); \
+            }                                                                                        \
+        }                                                                                            \
+        for (int p = 0; p < NP; p++) y[2 * p * ldy] = hsum_lo(f2[p]), y[(2 * p + 1) * ldy] = hsum_hi(f2[p]); \
+        for (int c = C1; c < C; c++) y[c * ldy] = hsum8(f[c]);                                       \
+    }
+#else
 /* A weight block meets the C inputs in two passes, groups 0-3 then 4-7: each pass holds only its
  * half of the block's integers and scales in registers (all of them do not fit in AVX2's 16, and
  * reloading them for every input row made the loads, not the multiplies, the bound). The first
@@ -161,19 +339,6 @@ static inline __m256i dot4_k(const __m256i *q, const __m256i *sv, const int8_t *
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
     }
 
-/* sv[s]: Q6_K's scale 2s in int16 lanes 0-7 and scale 2s + 1 in lanes 8-15, shuffled from sc16 (the 16 scales) */
-static inline void scales_q6_k(__m256i sc16, __m256i *sv) {
-    const __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00), hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-    for (int s = 0; s < 8; s++) {
-        const int e = (2 * s) % 8; /* scale 2s is element e of its half; 2s + 1 is e + 1 */
-        const __m256i m = _mm256_setr_epi8(2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1,
-            2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1, 2 * e, 2 * e + 1,
-            2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3,
-            2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3, 2 * e + 2, 2 * e + 3);
-        sv[s] = _mm256_shuffle_epi8(s < 4 ? lo : hi, m);
-    }
-}
-
 /* Q6_K (256 weights, weight = d * sc[i] * (q - 32) per 16, q in 0..63): sum_i sc[i] * ((q . a)_i -
  * 32 (sum a)_i), all integer per activation block; in two passes over the inputs as Q4_K. */
 #define DEFINE_Q6_K(C)                                                                               \
@@ -204,6 +369,7 @@ static inline void scales_q6_k(__m256i sc16, __m256i *sv) {
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
     }
+#endif
 
 /* The 32-weight formats: weight = d * (u - o) (Q8_0: o = 0, u signed; Q4_0: o = 8; Q5_0: o = 16) or
  * d * u + m (Q4_1), u unsigned. Per block, u . a is an integer; eight blocks' dot products are
@@ -373,7 +539,9 @@ static act *act_buffer(int type, int64_t n, int64_t K) {
     static __thread act a;
     static __thread void *buf;
     static __thread size_t cap;
-    const size_t need = (size_t)(n * K + 64) + sizeof(float) * (size_t)(n * K / 32 * 2 + 16) + sizeof(int16_t) * (size_t)(n * K / 16 + 16);
+    const int64_t n2 = n + 1; /* the pair copies: room for an odd last row's partner */
+    const size_t need = (size_t)(n * K + 64) + sizeof(float) * (size_t)(n * K / 32 * 2 + 16) + sizeof(int16_t) * (size_t)(n * K / 16 + 16)
+                      + (size_t)(n2 * K + 64) + sizeof(int16_t) * (size_t)(n2 * K / 16 + 32);
     if (need > cap) {
         void *p = realloc(buf, need);
         if (!p) return 0;
@@ -385,15 +553,24 @@ static act *act_buffer(int type, int64_t n, int64_t K) {
     a.d = (float *)buf;
     a.sa = a.d + n * K / 32 + 8;
     a.s = (int16_t *)(a.sa + n * K / 32 + 8);
-    a.q = (int8_t *)(a.s + n * K / 16 + 16);
+    a.sp = a.s + n * K / 16 + 16;
+    a.q = (int8_t *)(a.sp + n2 * K / 16 + 16);
+    a.qp = a.q + n * K + 32;
     return &a;
 }
 
-/* rows [c0, c1) of X into a */
+/* rows [c0, c1) of X into a (and, for the K-quants' pair kernels, into its pair copies) */
 static void quantize_rows(const act *a, const float *X, int64_t ldx, int64_t c0, int64_t c1) {
     const int64_t K = a->K, B = a->B;
-    for (int64_t c = c0; c < c1; c++)
+    for (int64_t c = c0; c < c1; c++) {
         quantize_row(X + c * ldx, K, B, a->q + c * K, a->d + c * (K / B), a->s + c * (K / 16), a->sa + c * (K / 32));
+        if (Q8_PAIRS && B == 256) {
+            int8_t *qp = a->qp + (c & ~(int64_t)1) * K + 32 * (c & 1);
+            int16_t *sp = a->sp + (c & ~(int64_t)1) * (K / 16) + 16 * (c & 1);
+            for (int64_t j = 0; j < K / 32; j++) memcpy(qp + 64 * j, a->q + c * K + 32 * j, 32);
+            for (int64_t j = 0; j < K / 256; j++) memcpy(sp + 32 * j, a->s + c * (K / 16) + 16 * j, 32);
+        }
+    }
 }
 
 /* a's rows from c0 on, as an act of their own */
@@ -403,6 +580,8 @@ static act act_from(const act *a, int64_t c0) {
     o.d += c0 * (a->K / a->B);
     o.s += c0 * (a->K / 16);
     o.sa += c0 * (a->K / 32);
+    o.qp += c0 * a->K; /* c0 even: a pair's start */
+    o.sp += c0 * (a->K / 16);
     return o;
 }
 
@@ -440,8 +619,9 @@ int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, fl
         const int64_t tile = n <= QMAX_C ? r1 - r0 : (Q8_TILE_BYTES / rb > 1 ? Q8_TILE_BYTES / rb : 1);
         for (int64_t t0 = r0; t0 < r1; t0 += tile) {
             const int64_t t1 = t0 + tile < r1 ? t0 + tile : r1;
-            for (int64_t c0 = 0; c0 < n; c0 += QMAX_C) {
-                const int64_t C = n - c0 < QMAX_C ? n - c0 : QMAX_C;
+            const int64_t chunk = n <= QMAX_C ? QMAX_C : Q8_CHUNK;
+            for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+                const int64_t C = n - c0 < chunk ? n - c0 : chunk;
                 const act part = act_from(a, c0);
                 for (int64_t r = t0; r < t1; r++) ks->fn[C](W + r * rb, &part, Y + c0 * ldy + r, ldy);
             }
