@@ -535,13 +535,15 @@ static const q8_kernels *q8_kernels_of(int type) {
 /* Room for the quantized activations of n rows as `type`'s kernels read them, in a buffer of the
  * calling thread (kept between calls: no allocation per step); filled by quantize_rows. NULL if the
  * memory cannot be had. */
+static inline char *up64(char *p) { return (char *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 static act *act_buffer(int type, int64_t n, int64_t K) {
     static __thread act a;
     static __thread void *buf;
     static __thread size_t cap;
     const int64_t n2 = n + 1; /* the pair copies: room for an odd last row's partner */
-    const size_t need = (size_t)(n * K + 64) + sizeof(float) * (size_t)(n * K / 32 * 2 + 16) + sizeof(int16_t) * (size_t)(n * K / 16 + 16)
-                      + (size_t)(n2 * K + 64) + sizeof(int16_t) * (size_t)(n2 * K / 16 + 32);
+    /* each array starts on a cache line (the kernels' 64-byte loads then never straddle two) */
+    const size_t need = 6 * 64 + (size_t)(n * K + 64) + sizeof(float) * (size_t)(n * K / 32 * 2 + 16)
+                      + sizeof(int16_t) * (size_t)(n * K / 16 + 16) + (size_t)(n2 * K + 64) + sizeof(int16_t) * (size_t)(n2 * K / 16 + 32);
     if (need > cap) {
         void *p = realloc(buf, need);
         if (!p) return 0;
@@ -550,12 +552,12 @@ static act *act_buffer(int type, int64_t n, int64_t K) {
     }
     a.K = K;
     a.B = q8_kernels_of(type)->act_block;
-    a.d = (float *)buf;
-    a.sa = a.d + n * K / 32 + 8;
-    a.s = (int16_t *)(a.sa + n * K / 32 + 8);
-    a.sp = a.s + n * K / 16 + 16;
-    a.q = (int8_t *)(a.sp + n2 * K / 16 + 16);
-    a.qp = a.q + n * K + 32;
+    a.d = (float *)up64((char *)buf);
+    a.sa = (float *)up64((char *)(a.d + n * K / 32 + 8));
+    a.s = (int16_t *)up64((char *)(a.sa + n * K / 32 + 8));
+    a.sp = (int16_t *)up64((char *)(a.s + n * K / 16 + 16));
+    a.q = (int8_t *)up64((char *)(a.sp + n2 * K / 16 + 16));
+    a.qp = (int8_t *)up64((char *)(a.q + n * K + 32));
     return &a;
 }
 
