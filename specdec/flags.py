@@ -86,8 +86,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
     p.add_argument("--ngram", action="store_true",
-                   help="draft by n-gram prompt lookup instead of a model; with --draft MODEL: both (hybrid: "
-                        "lookup when the last 3 tokens occurred before, the model otherwise)")
+                   help="draft by n-gram prompt lookup instead of a model; with --draft MODEL or --head H: both "
+                        "(hybrid: lookup when the last 3 tokens occurred before, the model or head otherwise)")
     p.add_argument("--ngram-max", type=integer, default=3, help="largest n-gram to match")
     p.add_argument("--ngram-min", type=integer, default=1, help="smallest n-gram to match")
     p.add_argument("--suffix", action="store_true",
@@ -171,7 +171,8 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
                             "tree:N is the draft model's dynamic token tree of N nodes, tree:auto lets the policy choose "
                             "plain, a chain or a tree of 4-16 nodes per step; hybrid is the draft model "
                             "plus prompt lookup; eagle and medusa draft with the heads trained for --model, see --head, and "
-                            "eagle-tree:N with the EAGLE head's dynamic tree of N nodes), hf, "
+                            "eagle-tree:N with the EAGLE head's dynamic tree of N nodes; eagle-hybrid is the EAGLE head plus "
+                            "prompt lookup), hf, "
                             "hf-assisted, hf-lookup "
                             "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
                             "a drafting method may pin its k, e.g. draft:8")

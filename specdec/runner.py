@@ -25,8 +25,9 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
                   lookahead: LookaheadConfig = LookaheadConfig(), draft_window: int = 0, head=None) -> Drafter:
     """method: 'none', 'ngram', 'suffix', 'lookahead', 'draft' (then `draft` is the loaded draft
     model; `tree` makes it propose token trees instead of chains), 'hybrid' (the draft model and
-    prompt lookup with the n-gram sizes of `ngram`) or 'head' (`head`: an EAGLE or Medusa head
-    loaded by load_head_for; `tree` makes EAGLE draft dynamic trees, Medusa its static choices)."""
+    prompt lookup with the n-gram sizes of `ngram`), 'head' (`head`: an EAGLE or Medusa head
+    loaded by load_head_for; `tree` makes EAGLE draft dynamic trees, Medusa its static choices) or
+    'head-hybrid' (the head's chains and prompt lookup, as 'hybrid')."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
     if draft_vocab < 0:
@@ -43,6 +44,9 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
     if method == "lookahead":
         from specdec.drafters.lookahead import LookaheadDrafter
         return LookaheadDrafter(lookahead.window, lookahead.ngram, lookahead.candidates)
+    if method == "head-hybrid" and head is not None:
+        from specdec.drafters.hybrid import HybridDrafter
+        return HybridDrafter(build_drafter("head", target, capacity, head=head), max_n=ngram.max_n, min_n=ngram.min_n)
     if method == "head" and head is not None:
         from specdec.drafters.eagle import EagleDrafter, MedusaDrafter, PreparedMedusa
         if isinstance(head, PreparedMedusa):
@@ -58,7 +62,8 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
             return model
         from specdec.drafters.hybrid import HybridDrafter
         return HybridDrafter(model, max_n=ngram.max_n, min_n=ngram.min_n)
-    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft, hybrid or head")
+    raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft, hybrid, head or "
+                       "head-hybrid")
 
 
 SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"  # trained heads committed beside the package
@@ -98,8 +103,8 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
         return None
     from specdec.drafters.hybrid import HybridDrafter
     from specdec.drafters.layer_skip import LayerSkipDrafter
-    model = drafter.model if isinstance(drafter, DraftModelDrafter) else (
-        drafter.model.model if isinstance(drafter, HybridDrafter) else None)
+    inner = drafter.model if isinstance(drafter, HybridDrafter) else drafter
+    model = inner.model if isinstance(inner, DraftModelDrafter) else None
     if cost_profile:
         costs = CostModel.from_profile(load_profile(cost_profile), "draft" if model else "lookup")
     else:
@@ -151,7 +156,7 @@ class Runner:
             return Runner.layer_skip(model, drafting, cfg)
         target = model.load(progress=log)
         draft = model.load(drafting.draft, draft=True, progress=log) if method in ("draft", "hybrid") else None
-        head = load_head_for(drafting.head, target, model.model) if method == "head" else None
+        head = load_head_for(drafting.head, target, model.model) if method in ("head", "head-hybrid") else None
         drafter = build_drafter(method, target, model.max_context, draft, drafting.ngram_config(),
                                 drafting.draft_vocab, drafting.draft_p_min, drafting.tree_config(),
                                 drafting.suffix_config(), drafting.lookahead_config(), drafting.draft_window, head)
@@ -162,7 +167,8 @@ class Runner:
         label = f"draft {drafting.draft} {k_text}" if method == "draft" else (
             f"draft {drafting.draft} + prompt lookup {k_text}") if method == "hybrid" else (
             f"{method} {k_text}" if method in ("ngram", "suffix", "lookahead") else (
-            f"{head.config.kind} head {drafting.head} {k_text}") if method == "head" else "plain")
+            f"{head.config.kind} head {drafting.head} {k_text}") if method == "head" else (
+            f"{head.config.kind} head {drafting.head} + prompt lookup {k_text}") if method == "head-hybrid" else "plain")
         return Runner(target, engine, cfg, label)
 
     @staticmethod

@@ -108,13 +108,15 @@ class DraftingSettings(DrafterKnobs):
     @property
     def method(self) -> str:
         """'none', 'ngram', 'suffix', 'lookahead', 'layer-skip', 'draft', 'hybrid' (--draft with
-        --ngram) or 'head'; one at most, except that pair."""
+        --ngram), 'head' or 'head-hybrid' (--head with --ngram); one at most, except those pairs."""
         chosen = [name for name, on in (("--ngram", self.ngram), ("--suffix", self.suffix),
                                          ("--lookahead", self.lookahead), ("--layer-skip", self.layer_skip is not None),
                                          ("--draft", self.draft not in (None, "none")), ("--head", self.head is not None))
                   if on]
         if sorted(chosen) == ["--draft", "--ngram"]:
             return "hybrid"
+        if sorted(chosen) == ["--head", "--ngram"]:
+            return "head-hybrid"
         if len(chosen) > 1:
             raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
         if self.datastore and not self.suffix:

@@ -193,6 +193,9 @@ def test_generate_cli_drafts_with_a_saved_head(tiny_llama_dir, tmp_path, capsys,
     assert main(argv[:1] + ["--head", str(tmp_path / "head")] + argv[1:]) == 0
     drafted = json.loads(capsys.readouterr().out)
     assert drafted["text"] == plain["text"] and drafted["stats"]["drafted"] > 0
+    assert main(argv[:1] + ["--head", str(tmp_path / "head"), "--ngram"] + argv[1:]) == 0
+    hybrid = json.loads(capsys.readouterr().out)  # the head and prompt lookup
+    assert hybrid["text"] == plain["text"] and "prompt lookup" in hybrid["method"]
     assert main(argv[:1] + ["--head", str(tmp_path / "missing")] + argv[1:]) != 0
     assert "no head" in capsys.readouterr().err
 
@@ -323,7 +326,7 @@ def test_medusa_sampling_matches_target_distribution():
 
 
 def test_head_flags_that_do_not_fit_are_clear_errors(tiny_llama_dir, tmp_path, capsys):
-    """A static tree for an EAGLE head, a dynamic one for Medusa, --head with another drafter, and a
+    """A static tree for an EAGLE head, a dynamic one for Medusa, --head with a drafter other than --ngram, and a
     head made for another model: each a one-line error."""
     from specdec.cli import main
     from specdec.heads.checkpoint import save_head, target_fingerprint
@@ -337,7 +340,7 @@ def test_head_flags_that_do_not_fit_are_clear_errors(tiny_llama_dir, tmp_path, c
     base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "4", "--json"]
     cases = [(["--head", str(tmp_path / "eagle"), "--tree-choices", "[[0],[1]]"], "static --tree-choices"),
              (["--head", str(tmp_path / "medusa"), "--tree-budget", "8"], "not --tree-budget"),
-             (["--head", str(tmp_path / "eagle"), "--ngram"], "choose one drafting method"),
+             (["--head", str(tmp_path / "eagle"), "--suffix"], "choose one drafting method"),
              (["--head", str(tmp_path / "other")], "hidden")]
     for flags, message in cases:
         assert main(base + flags + ["hi"]) == 2, flags
@@ -378,8 +381,8 @@ def test_profile_with_a_head_that_is_not_there_is_a_clear_error(tiny_llama_dir, 
 
 
 def test_bench_runs_the_heads_chain_and_tree_exactly(tiny_llama_dir, tmp_path, capsys):
-    """`specdec bench --methods plain,eagle:2,eagle-tree:6 --head DIR`: the head's chain and its dynamic
-    tree of 6 nodes, every output plain decoding's."""
+    """`specdec bench --methods plain,eagle:2,eagle-tree:6,eagle-hybrid:2 --head DIR`: the head's chain, its dynamic
+    tree of 6 nodes and its chain with prompt lookup, every output plain decoding's."""
     from specdec.cli import main
     from specdec.heads.checkpoint import save_head, target_fingerprint
     from specdec.model import load_model
@@ -388,10 +391,57 @@ def test_bench_runs_the_heads_chain_and_tree_exactly(tiny_llama_dir, tmp_path, c
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}", "id": str(i)}) + "\n" for i in range(2)))
     out = tmp_path / "run"
-    assert main(["bench", "--model", str(tiny_llama_dir), "--device", "cpu", "--methods", "plain,eagle:2,eagle-tree:6",
-                 "--head", str(tmp_path / "eagle"), "--dataset", str(prompts), "--max-new-tokens", "10", "--no-plots",
-                 "--out", str(out)]) == 0
+    assert main(["bench", "--model", str(tiny_llama_dir), "--device", "cpu", "--methods",
+                 "plain,eagle:2,eagle-tree:6,eagle-hybrid:2", "--head", str(tmp_path / "eagle"), "--dataset", str(prompts),
+                 "--max-new-tokens", "10", "--no-plots", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())["methods"]
-    assert set(summary) == {"plain", "eagle:2", "eagle-tree:6"}
-    for label in ("eagle:2", "eagle-tree:6"):
+    assert set(summary) == {"plain", "eagle:2", "eagle-tree:6", "eagle-hybrid:2"}
+    for label in ("eagle:2", "eagle-tree:6", "eagle-hybrid:2"):
         assert summary[label]["greedy_mismatches"] == [] and summary[label]["drafted"] > 0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_head_with_prompt_lookup_is_exact_and_its_features_stay_the_targets(tiny_target, k):
+    """`--head H --ngram`: lookup chains where the text repeats, the head's otherwise; the head reads
+    the target's features on lookup steps too, so its later drafts start from the true ones."""
+    from specdec.drafters.hybrid import HybridDrafter
+    drafter = HybridDrafter(EagleDrafter(tiny_target, eagle_head(tiny_target), 256), copy_n=1)
+    assert drafter.caps.features and drafter.caps.pooled and not drafter.caps.lookup_only
+    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, GenerationConfig(30, k)).tokens
+        got = engine.generate(prompt, GenerationConfig(30, k))
+        assert got.tokens == want
+        text = prompt + got.tokens
+        torch.testing.assert_close(drafter.model.features[:len(text) - 1], full_features(tiny_target, text)[:-1],
+                                   rtol=1e-4, atol=1e-4)
+    assert drafter.lookup_steps > 0 and drafter.model_steps > 0
+
+
+def test_a_head_with_prompt_lookup_samples_the_targets_distribution():
+    from specdec.drafters.hybrid import HybridDrafter
+    sampling = SamplingParams(1.0)
+    target = tiny_model(10, vocab_size=SMALL_VOCAB, max_position_embeddings=64)
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]  # lookup drafts at the start, the head where the text stops repeating
+    joint = exact_joint(target, prompt, 3, sampling)
+    drafter = HybridDrafter(EagleDrafter(target, eagle_head(target, [0, 2], seed=3), 64), copy_n=2)
+    engine = SpeculativeGenerator(target, drafter, 64)
+    counts = {}
+    for seed in range(N_TRIALS):
+        seq = tuple(engine.generate(prompt, GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))).tokens[:3])
+        counts[seq] = counts.get(seq, 0) + 1
+    assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS)
+    assert drafter.lookup_steps > 0 and drafter.model_steps > 0
+
+
+def test_the_server_pool_drafts_a_head_with_prompt_lookup_exactly(tiny_target):
+    from specdec.drafters.hybrid import HybridDrafter
+    head = eagle_head(tiny_target)
+    factory = lambda: HybridDrafter(EagleDrafter(tiny_target, head, 256))  # noqa: E731
+    cfg = GenerationConfig(24, 3)
+    prompts = PROMPTS + [[7, 8], [9, 9, 9, 9, 9, 9]]
+    expected = [SpeculativeGenerator(tiny_target, NoDrafter(), 256).generate(p, cfg).tokens for p in prompts]
+    stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3, prefill_chunk=4)
+    got = run_stepper(stepper, prompts, cfg, set())
+    assert [got[i] for i in range(len(prompts))] == expected

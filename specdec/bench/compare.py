@@ -22,7 +22,8 @@ from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.runner import build_drafter, build_policy
 from specdec.settings import BenchSettings, ModelSettings
 
-K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "eagle-tree", "medusa",
+K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "eagle-tree", "eagle-hybrid",
+           "medusa",
            "hf-assisted",
            "hf-lookup",
            "llama-lookup")  # the ones that take a draft length
@@ -113,10 +114,11 @@ class Comparison:
                     raise SpecdecError("the layer-skip method needs --layer-skip L (or 'auto' after tune-layer-skip)")
                 drafters[kind] = make_layer_skip(target.module, layer_skip, capacity, cache)
             else:
-                method = "none" if kind == "plain" else "head" if kind in ("eagle", "medusa") else kind
+                method = {"plain": "none", "eagle": "head", "medusa": "head", "eagle-hybrid": "head-hybrid"}.get(kind, kind)
                 drafters[kind] = build_drafter(method, target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min,
                                                suffix=SuffixConfig(datastore=datastore), lookahead=lookahead,
-                                               draft_window=draft_window, head=(head or {}).get(kind))
+                                               draft_window=draft_window,
+                                               head=(head or {}).get("eagle" if kind == "eagle-hybrid" else kind))
         self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
         for s in specs:
             if s.kind in TREE_KINDS:  # each tree size its own drafter (and draft cache)
@@ -341,7 +343,7 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
                                 bench.tree_depth, bench.tree_topk, bench.datastore, bench.lookahead_config(),
                                 bench_layer_spec(model, bench) if "layer-skip" in pending else None, bench.ignore_eos,
                                 bench.draft_window, {kind: bench_head(model, bench, target, kind) for kind in ("eagle", "medusa")
-                                                    if kind in pending or kind == "eagle" and "eagle-tree" in pending})
+                                                    if kind in pending or kind == "eagle" and pending & {"eagle-tree", "eagle-hybrid"}})
         records = comparison.run(prompts, records_path, bench.repeats)
     records, complete = complete_prompts(records, prompts, specs, bench.repeats)
     if not records:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "eagle-tree",
-             "medusa")  # tree:N = the draft model's dynamic tree of N nodes, eagle-tree:N the EAGLE head's
-# dynamic tree of N nodes
+             "eagle-hybrid", "medusa")  # tree:N = the draft model's dynamic tree of N nodes, eagle-tree:N the EAGLE
+# head's dynamic tree of N nodes; eagle-hybrid: the EAGLE head's chains and prompt lookup (as hybrid)
 HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
 LLAMA_KINDS = {"llama": "plain", "llama-lookup": "lookup"}
 ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)

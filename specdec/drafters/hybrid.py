@@ -1,10 +1,13 @@
-"""A draft model and prompt lookup together: copy when the text repeats, otherwise ask the model.
+"""A model drafter and prompt lookup together: copy when the text repeats, otherwise ask the model.
 
-Each step proposes one chain from one source:
+The model drafter is a draft model (DraftModelDrafter) or a head drafting from the target's
+features (EagleDrafter, MedusaDrafter: `--head H --ngram`). Each step proposes one chain from one
+source:
 - prompt lookup (free) when the last `copy_n` tokens occurred earlier in the prompt or output;
   a match that long is a strong sign that the text copies (summaries, RAG answers, code edits),
   where lookup drafts are accepted as often as the model's and cost nothing;
-- the draft model otherwise (or when lookup finds no match).
+- the model otherwise (or when lookup finds no match). A head keeps reading the target's features
+  on every step, lookup steps included, and catches up on the committed tokens when it next drafts.
 
 A request the policy does not admit for the draft model (its prefill of a long prompt would not pay
 back, see specdec.policy) starts with `start_lookup_only`: the model never sees the request, and
@@ -28,14 +31,16 @@ from specdec.tree import DraftTree
 
 class HybridDrafter(BaseDrafter):
 
-    def __init__(self, model: DraftModelDrafter, copy_n: int = 3, max_n: int = 3, min_n: int = 1):
+    def __init__(self, model: BaseDrafter, copy_n: int = 3, max_n: int = 3, min_n: int = 1):
         if not 1 <= min_n <= max_n or copy_n < 1:
             raise SpecdecError(f"hybrid drafter: need 1 <= min_n <= max_n and copy_n >= 1, "
                                f"got {min_n}, {max_n}, {copy_n}")
         self.model = model
-        # its model's chains honour DraftState.stop; lookups draft their k as asked
-        self.caps = Capabilities(pooled=model.tree is None, lookup_only=True, knows_confidence=True)
-        self.pool_model = model if model.tree is None else None
+        # its model's chains honour DraftState.stop; lookups draft their k as asked. Only a draft model
+        # has a prefill to skip (lookup alone); a head reads the target's features
+        self.caps = Capabilities(pooled=model.caps.pooled, lookup_only=isinstance(model, DraftModelDrafter),
+                                 knows_confidence=True, features=model.caps.features)
+        self.pool_model = model.pool_model
         self.copy_n, self.max_n, self.min_n = copy_n, max_n, min_n
         self.use_model = True
         self.lookup_steps = self.model_steps = 0  # proposals per source, over this drafter's life
@@ -71,3 +76,12 @@ class HybridDrafter(BaseDrafter):
 
     def observe(self, num_accepted: int) -> None:
         self.model.observe(num_accepted)
+
+    def feed(self, position: int, features: torch.Tensor) -> None:
+        self.model.feed(position, features)
+
+    def entry(self, context: int = 256):
+        return self.model.entry(context)
+
+    def step_seconds(self, context: int = 256, repeats: int = 5) -> float:
+        return self.model.step_seconds(context, repeats)

@@ -36,7 +36,7 @@ def build_scheduler(model: ModelSettings, drafting: DraftingSettings, srv: Serve
     # the server drafts for many sequences in one draft forward (multi-row GEMMs), so the draft packs too
     draft = model.load(drafting.draft, draft=True, progress=progress) if method in ("draft", "hybrid") else None
     ngram, suffix, lookahead = drafting.ngram_config(), drafting.suffix_config(), drafting.lookahead_config()
-    head = load_head_for(drafting.head, target, model.model) if method == "head" else None
+    head = load_head_for(drafting.head, target, model.model) if method in ("head", "head-hybrid") else None
 
     def drafter_factory():
         return build_drafter(method, target, capacity, draft, ngram, drafting.draft_vocab, drafting.draft_p_min,
