@@ -37,9 +37,14 @@ def full_features(target, tokens):
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("vocab", ["full", "cut"])
-def test_greedy_equals_plain_and_features_are_the_targets(tiny_target, k, vocab):
+@pytest.mark.parametrize("lookup", [False, True])
+def test_greedy_equals_plain_and_features_are_the_targets(tiny_target, k, vocab, lookup):
+    """lookup: the head with prompt lookup (`--head H --ngram`), which hands the target's features on
+    to the head on lookup steps too, so its later drafts start from the true ones."""
+    from specdec.drafters.hybrid import HybridDrafter
     ids = None if vocab == "full" else list(range(0, TINY_VOCAB, 2))  # the head cannot draft odd ids
-    drafter = EagleDrafter(tiny_target, eagle_head(tiny_target, ids), 256)
+    head = EagleDrafter(tiny_target, eagle_head(tiny_target, ids), 256)
+    drafter = HybridDrafter(head, copy_n=1) if lookup else head
     plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
     engine = SpeculativeGenerator(tiny_target, drafter, 256)
     for prompt in PROMPTS:
@@ -49,8 +54,10 @@ def test_greedy_equals_plain_and_features_are_the_targets(tiny_target, k, vocab)
         assert got.stats.drafted > 0
         text = prompt + got.tokens
         # every committed token but the last has its feature, as a full forward computes it
-        torch.testing.assert_close(drafter.features[:len(text) - 1], full_features(tiny_target, text)[:-1],
+        torch.testing.assert_close(head.features[:len(text) - 1], full_features(tiny_target, text)[:-1],
                                    rtol=1e-4, atol=1e-4)
+    if lookup:
+        assert drafter.lookup_steps > 0 and drafter.model_steps > 0 and drafter.caps.features
 
 
 def test_a_proposal_is_cut_back_to_the_true_entries(tiny_target):
@@ -398,25 +405,6 @@ def test_bench_runs_the_heads_chain_and_tree_exactly(tiny_llama_dir, tmp_path, c
     assert set(summary) == {"plain", "eagle:2", "eagle-tree:6", "eagle-hybrid:2"}
     for label in ("eagle:2", "eagle-tree:6", "eagle-hybrid:2"):
         assert summary[label]["greedy_mismatches"] == [] and summary[label]["drafted"] > 0
-
-
-@pytest.mark.parametrize("k", [1, 3])
-def test_a_head_with_prompt_lookup_is_exact_and_its_features_stay_the_targets(tiny_target, k):
-    """`--head H --ngram`: lookup chains where the text repeats, the head's otherwise; the head reads
-    the target's features on lookup steps too, so its later drafts start from the true ones."""
-    from specdec.drafters.hybrid import HybridDrafter
-    drafter = HybridDrafter(EagleDrafter(tiny_target, eagle_head(tiny_target), 256), copy_n=1)
-    assert drafter.caps.features and drafter.caps.pooled and not drafter.caps.lookup_only
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
-    engine = SpeculativeGenerator(tiny_target, drafter, 256)
-    for prompt in PROMPTS:
-        want = plain.generate(prompt, GenerationConfig(30, k)).tokens
-        got = engine.generate(prompt, GenerationConfig(30, k))
-        assert got.tokens == want
-        text = prompt + got.tokens
-        torch.testing.assert_close(drafter.model.features[:len(text) - 1], full_features(tiny_target, text)[:-1],
-                                   rtol=1e-4, atol=1e-4)
-    assert drafter.lookup_steps > 0 and drafter.model_steps > 0
 
 
 def test_a_head_with_prompt_lookup_samples_the_targets_distribution():

@@ -206,8 +206,8 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
 #endif
 
 #if Q8_PAIRS
-#define DEFINE_Q4_K(C)                                                                               \
-    static void q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                   \
+#define DEFINE_KQ_PAIRS(fmt, BYTES, PREP, PASS, PAIR_STEP, ROW_STEP, C)                              \
+    static void fmt##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         enum { NP = C / 2, C1 = 2 * (C / 2) }; /* rows 0 .. C1 - 1 in pairs, an odd last row alone */ \
         __m512 f2[NP + 1];                                                                           \
         __m512i part2[NP + 1];                                                                       \
@@ -217,89 +217,63 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
         for (int c = C1; c < C; c++) f[c] = _mm256_setzero_ps();                                     \
         const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
-            const uint8_t *blk = w + ib * Q4_K_BYTES;                                                \
-            _mm_prefetch((const char *)blk + QPF_BYTES, QPF_HINT);                                   \
-            _mm_prefetch((const char *)blk + QPF_BYTES + 64, QPF_HINT);                              \
-            _mm_prefetch((const char *)blk + QPF_BYTES + 128, QPF_HINT);                             \
-            const __m512 dv = _mm512_set1_ps(f16_to_f32(blk)), ndminv = _mm512_set1_ps(-f16_to_f32(blk + 2)); \
-            __m512i sc2, mn2, q2[4], sv2[4];                                                         \
+            const uint8_t *blk = w + ib * BYTES;                                                     \
+            for (int b = 0; b < BYTES; b += 64) _mm_prefetch((const char *)blk + QPF_BYTES + b, QPF_HINT); \
+            PREP                                                                                     \
+            __m512i q2[4], sv2[4];                                                                   \
             __m256i q[4], sv[4];                                                                     \
-            scales_q4_k2(blk, &sc2, &mn2);                                                           \
-            const int8_t *xq = a->q + ib * 256;                                                      \
-            const int16_t *xs = a->s + ib * 16;                                                      \
-            const int16_t *xsp = a->sp + ib * 32;                                                    \
-            const int8_t *xp = a->qp + ib * 512;                                                     \
-            q4_k_pass2(blk, 0, sc2, q2, sv2);                                                        \
+            const int8_t *xq = a->q + ib * 256, *xp = a->qp + ib * 512;                              \
+            const int16_t *xs = a->s + ib * 16, *xsp = a->sp + ib * 32;                              \
+            PASS(0);                                                                                 \
             low4(q2, q), low4(sv2, sv);                                                              \
-            for (int p = 0; p < NP; p++) part2[p] = dot4_k2(q2, sv2, xp + 2 * p * K);             \
+            for (int p = 0; p < NP; p++) part2[p] = dot4_k2(q2, sv2, xp + 2 * p * K);                \
             for (int c = C1; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                        \
-            q4_k_pass2(blk, 1, sc2, q2, sv2);                                                        \
+            PASS(1);                                                                                 \
             low4(q2, q), low4(sv2, sv);                                                              \
             for (int p = 0; p < NP; p++) {                                                           \
                 const __m512i acc = _mm512_add_epi32(part2[p], dot4_k2(q2, sv2, xp + 2 * p * K + 256)); \
-                const __m512i mt = _mm512_madd_epi16(mn2, _mm512_loadu_si512(xsp + 2 * p * K16)); \
                 const __m512 da = floats2(a->d + 2 * p * nb + ib, a->d + (2 * p + 1) * nb + ib);     \
-                f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, da), f2[p]);      \
-                f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mt), _mm512_mul_ps(ndminv, da), f2[p]);   \
+                PAIR_STEP                                                                            \
             }                                                                                        \
             for (int c = C1; c < C; c++) {                                                           \
                 const __m256i acc = _mm256_add_epi32(part[c], dot4_k(q, sv, xq + c * K + 128));      \
-                const __m256i mt = _mm256_madd_epi16(_mm512_castsi512_si256(mn2), _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
                 const __m256 da = _mm256_broadcast_ss(a->d + c * nb + ib);                           \
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(_mm512_castps512_ps256(dv), da), f[c]); \
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_mul_ps(_mm512_castps512_ps256(ndminv), da), f[c]); \
+                ROW_STEP                                                                             \
             }                                                                                        \
         }                                                                                            \
         for (int p = 0; p < NP; p++) y[2 * p * ldy] = hsum_lo(f2[p]), y[(2 * p + 1) * ldy] = hsum_hi(f2[p]); \
         for (int c = C1; c < C; c++) y[c * ldy] = hsum8(f[c]);                                       \
     }
 
-#define DEFINE_Q6_K(C)                                                                               \
-    static void q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                   \
-        enum { NP = C / 2, C1 = 2 * (C / 2) };                                                       \
-        __m512 f2[NP + 1];                                                                           \
-        __m512i part2[NP + 1];                                                                       \
-        __m256 f[C];                                                                                 \
-        __m256i part[C];                                                                             \
-        for (int p = 0; p < NP; p++) f2[p] = _mm512_setzero_ps();                                    \
-        for (int c = C1; c < C; c++) f[c] = _mm256_setzero_ps();                                     \
-        const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
-            const uint8_t *blk = w + ib * Q6_K_BYTES;                                                \
-            for (int p = 0; p < Q6_K_BYTES; p += 64)                                                 \
-                _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT);                           \
-            const __m512 dv = _mm512_set1_ps(f16_to_f32(blk + 208));                                 \
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))); \
-            __m512i q2[4], sv2[4];                                                                   \
-            __m256i q[4], sv[4];                                                                     \
-            const int8_t *xq = a->q + ib * 256;                                                      \
-            const int16_t *xs = a->s + ib * 16;                                                      \
-            const int16_t *xsp = a->sp + ib * 32;                                                    \
-            const int8_t *xp = a->qp + ib * 512;                                                     \
-            q6_k_pass2(blk, 0, sc16, q2, sv2);                                                       \
-            low4(q2, q), low4(sv2, sv);                                                              \
-            for (int p = 0; p < NP; p++) part2[p] = dot4_k2(q2, sv2, xp + 2 * p * K);             \
-            for (int c = C1; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                        \
-            q6_k_pass2(blk, 1, sc16, q2, sv2);                                                       \
-            low4(q2, q), low4(sv2, sv);                                                              \
-            for (int p = 0; p < NP; p++) {                                                           \
-                const __m512i acc = _mm512_add_epi32(part2[p], dot4_k2(q2, sv2, xp + 2 * p * K + 256)); \
-                const __m512i off = _mm512_madd_epi16(both(sc16), _mm512_loadu_si512(xsp + 2 * p * K16)); \
-                const __m512 da = floats2(a->d + 2 * p * nb + ib, a->d + (2 * p + 1) * nb + ib);     \
-                f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_slli_epi32(off, 5))), \
-                                        _mm512_mul_ps(dv, da), f2[p]);                               \
-            }                                                                                        \
-            for (int c = C1; c < C; c++) {                                                           \
-                __m256i acc = _mm256_add_epi32(part[c], dot4_k(q, sv, xq + c * K + 128));            \
-                const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
-                acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));                              \
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc),                                      \
-                                       _mm256_mul_ps(_mm512_castps512_ps256(dv), _mm256_broadcast_ss(a->d + c * nb + ib)), f[c]); \
-            }                                                                                        \
-        }                                                                                            \
-        for (int p = 0; p < NP; p++) y[2 * p * ldy] = hsum_lo(f2[p]), y[(2 * p + 1) * ldy] = hsum_hi(f2[p]); \
-        for (int c = C1; c < C; c++) y[c * ldy] = hsum8(f[c]);                                       \
-    }
+/* Q4_K: weight = d * sc[j] * q - dmin * m[j]; the mins meet the 16-sums (mt) */
+#define Q4_K_PREP                                                                                    \
+    const __m512 dv = _mm512_set1_ps(f16_to_f32(blk)), ndminv = _mm512_set1_ps(-f16_to_f32(blk + 2)); \
+    __m512i sc2, mn2;                                                                                \
+    scales_q4_k2(blk, &sc2, &mn2);
+#define Q4_K_PASS(h) q4_k_pass2(blk, h, sc2, q2, sv2)
+#define Q4_K_PAIR_STEP                                                                               \
+    const __m512i mt = _mm512_madd_epi16(mn2, _mm512_loadu_si512(xsp + 2 * p * K16));                \
+    f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, da), f2[p]);                  \
+    f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mt), _mm512_mul_ps(ndminv, da), f2[p]);
+#define Q4_K_ROW_STEP                                                                                \
+    const __m256i mt = _mm256_madd_epi16(_mm512_castsi512_si256(mn2), _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
+    f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(_mm512_castps512_ps256(dv), da), f[c]); \
+    f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_mul_ps(_mm512_castps512_ps256(ndminv), da), f[c]);
+/* Q6_K: weight = d * sc[i] * (q - 32) per 16; the -32 meets the 16-sums (off) */
+#define Q6_K_PREP                                                                                    \
+    const __m512 dv = _mm512_set1_ps(f16_to_f32(blk + 208));                                         \
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+#define Q6_K_PASS(h) q6_k_pass2(blk, h, sc16, q2, sv2)
+#define Q6_K_PAIR_STEP                                                                               \
+    const __m512i off = _mm512_madd_epi16(both(sc16), _mm512_loadu_si512(xsp + 2 * p * K16));        \
+    f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_slli_epi32(off, 5))),    \
+                            _mm512_mul_ps(dv, da), f2[p]);
+#define Q6_K_ROW_STEP                                                                                \
+    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
+    f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5))),     \
+                           _mm256_mul_ps(_mm512_castps512_ps256(dv), da), f[c]);
+#define DEFINE_Q4_K(C) DEFINE_KQ_PAIRS(q4_k, Q4_K_BYTES, Q4_K_PREP, Q4_K_PASS, Q4_K_PAIR_STEP, Q4_K_ROW_STEP, C)
+#define DEFINE_Q6_K(C) DEFINE_KQ_PAIRS(q6_k, Q6_K_BYTES, Q6_K_PREP, Q6_K_PASS, Q6_K_PAIR_STEP, Q6_K_ROW_STEP, C)
 #else
 /* A weight block meets the C inputs in two passes, groups 0-3 then 4-7: each pass holds only its
  * half of the block's integers and scales in registers (all of them do not fit in AVX2's 16, and
