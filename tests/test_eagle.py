@@ -92,13 +92,17 @@ def test_sampling_matches_target_distribution():
         assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS), ids
 
 
-def test_the_server_pool_gives_the_engines_tokens(tiny_target):
-    """Batched verify over ragged rows hands each row its own features."""
+@pytest.mark.parametrize("lookup", [False, True])
+def test_the_server_pool_gives_the_engines_tokens(tiny_target, lookup):
+    """Batched verify over ragged rows hands each row its own features (lookup: the head with prompt
+    lookup, its head chains drafted by the pool); every row's tokens are plain decoding's."""
+    from specdec.drafters.hybrid import HybridDrafter
     head = eagle_head(tiny_target)
-    factory = lambda: EagleDrafter(tiny_target, head, 256)  # noqa: E731
+    factory = lambda: (HybridDrafter(EagleDrafter(tiny_target, head, 256), copy_n=1) if lookup  # noqa: E731
+                       else EagleDrafter(tiny_target, head, 256))
     cfg = GenerationConfig(24, 3)
     prompts = PROMPTS + [[7, 8], [9, 9, 9, 9, 9, 9]]
-    expected = [SpeculativeGenerator(tiny_target, factory(), 256).generate(p, cfg).tokens for p in prompts]
+    expected = [SpeculativeGenerator(tiny_target, NoDrafter(), 256).generate(p, cfg).tokens for p in prompts]
     stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3, prefill_chunk=4)
     got = run_stepper(stepper, prompts, cfg, set())
     assert [got[i] for i in range(len(prompts))] == expected
@@ -421,15 +425,3 @@ def test_a_head_with_prompt_lookup_samples_the_targets_distribution():
         counts[seq] = counts.get(seq, 0) + 1
     assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS)
     assert drafter.lookup_steps > 0 and drafter.model_steps > 0
-
-
-def test_the_server_pool_drafts_a_head_with_prompt_lookup_exactly(tiny_target):
-    from specdec.drafters.hybrid import HybridDrafter
-    head = eagle_head(tiny_target)
-    factory = lambda: HybridDrafter(EagleDrafter(tiny_target, head, 256))  # noqa: E731
-    cfg = GenerationConfig(24, 3)
-    prompts = PROMPTS + [[7, 8], [9, 9, 9, 9, 9, 9]]
-    expected = [SpeculativeGenerator(tiny_target, NoDrafter(), 256).generate(p, cfg).tokens for p in prompts]
-    stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3, prefill_chunk=4)
-    got = run_stepper(stepper, prompts, cfg, set())
-    assert [got[i] for i in range(len(prompts))] == expected
