@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
-HEADERS = [Path(__file__).with_name("simd.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "quant_kq.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 # GGUF block formats the kernels read (ggml type ids: gguf.GGMLQuantizationType)
 QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
