@@ -10,7 +10,7 @@ from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
-from specdec.policy import (AdaptivePolicy, CostModel, PolicyConfig, best_k, expected_tokens, fit_prefill,
+from specdec.policy import (AdaptivePolicy, CostModel, Outcome, PolicyConfig, best_k, expected_tokens, fit_prefill,
                             interpolate, measure_costs, parse_schedule)
 from tests.conftest import TINY_VOCAB, tiny_model
 
@@ -906,3 +906,21 @@ def test_a_slow_spell_of_the_host_while_plain_does_not_make_drafting_look_cheap(
     assert policy.rho_v == pytest.approx(1.0, rel=0.01)
     assert policy.rho_spec == pytest.approx(1.0, rel=0.01)
     assert policy.draft_cost == pytest.approx(costs.draft_cost, rel=0.01)
+
+
+def test_a_requests_first_drafting_step_does_not_price_draft_tokens():
+    """A head's first drafting step of a request also runs it over the whole prompt (its catch-up),
+    which can take many draft tokens' time: measured as the price of a draft token, that locked
+    drafting out for good (no probe runs while even a 0.9 drafter is predicted to lose). Later
+    drafting steps of the request calibrate c_eff."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, step_seconds=0.1)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=4))
+    for _ in range(5):  # five requests, each with a long catch-up at its first drafting step
+        policy.reset()
+        before = policy.draft_cost
+        policy.observe(Outcome(1, 1, draft_seconds=3.0, verify_seconds=0.1 * costs.v(2)))
+        assert policy.draft_cost == before
+        policy.observe(Outcome(1, 1, draft_seconds=2 * 0.1 * costs.draft_cost, verify_seconds=0.1 * costs.v(2)))
+    assert policy.draft_cost > 1.2 * costs.draft_cost  # the later steps' price (2x the curve's) moved it
+    assert policy.draft_cost < 2.5 * costs.draft_cost
+    assert policy._best_k([0.9] * 4, 4)[0] > 0

@@ -49,6 +49,8 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
         self.plain_run = 0  # plain steps since the last drafted step
         self.interval = self.cfg.probe_every
         self.probed = False  # the last drafting step came right after plain steps
+        self.drafted = False  # a step of this request has drafted
+        self.first_draft = False  # the last drafting step was the request's first: it caught up on the text
         self.opening = True  # no step of this request has run yet
         self.opening_probe = False  # the first step drafts as a probe although the estimate says plain
         self.rate = 0.0  # the predicted tokens per unit time of the last choice that drafted by estimate
@@ -150,6 +152,7 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
         self._count(self.positions, num_drafted, num_accepted)
         was_plain = self.plain_run > 0
         self.probed = was_plain
+        self.first_draft, self.drafted = not self.drafted, True
         self.plain_run = 0
         if was_plain or opening_probe:  # that was a probe
             pays = self._best_k(self.beta, self.cfg.k_max)[0] > 0

@@ -7,8 +7,9 @@ step's measured draft and verify seconds, and the policy keeps three moving aver
 rho_v, measured over predicted seconds of plain steps; rho_spec, the same for drafted steps (a
 multi-position verify: sampled verification's softmax over the vocabulary at every position, for
 one, makes it dearer relative to a plain step than the bare forwards say); and c_eff, the measured
-draft seconds per draft token (drafting steps that follow a drafting step; a probe also pays the
-catch-up on the plain steps' tokens). A step of k then costs rho_spec v(k + 1) + k c_eff against
+draft seconds per draft token (drafting steps that follow a drafting step of the same request: a
+probe also pays the catch-up on the plain steps' tokens, and a request's first drafting step a
+head's catch-up on the whole prompt). A step of k then costs rho_spec v(k + 1) + k c_eff against
 rho_v for plain, so a drafter dearer than the curve says loses its steps to plain decoding, and a
 longer context alone (which slows both alike) does not. A plain step of a plain run that moves
 rho_v moves every drafting price (rho_spec, c_eff, the prefill's scale) by the same factor: a host
@@ -90,7 +91,7 @@ class Calibration:
         if nodes and k > 0 and draft_seconds is not None:
             c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
             self.tree_cost[nodes] = (1 - d) * self.tree_cost[nodes] + d * c
-        elif max(k, self.last_looked) > 0 and draft_seconds is not None and not self.probed:
+        elif max(k, self.last_looked) > 0 and draft_seconds is not None and not (self.probed or self.first_draft):
             c = min(max(draft_seconds / (t1 * max(k, self.last_looked)), 0.0), 4.0)  # per draft forward
             self.draft_cost = (1 - d) * self.draft_cost + d * self._median3("draft_cost", c)
 
