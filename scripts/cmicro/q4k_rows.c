@@ -28,7 +28,7 @@ int main(void) {
     }
     for (int64_t i = 0; i < 16 * K; i++) X[i] = (float)(rand() % 2001 - 1000) / 1000.0f;
     act *a = act_buffer(T_Q4_K, 16, K);
-    quantize_rows(a, X, K, 0, 16);
+    quantize_rows(a, X, K, 0, 16, 1);
     const int Cs[] = {1, 2, 3, 4, 8, 16};
     for (int ci = 0; ci < 6; ci++) {
         const int C = Cs[ci];

@@ -307,12 +307,13 @@ static act *act_buffer(int type, int64_t n, int64_t K) {
     return &a;
 }
 
-/* rows [c0, c1) of X into a (and, for the K-quants' pair kernels, into its pair copies) */
-static void quantize_rows(const act *a, const float *X, int64_t ldx, int64_t c0, int64_t c1) {
+/* rows [c0, c1) of X into a (and, for the K-quants' pair kernels, into its pair copies where `pairs`:
+ * a GEMM of one row has no pair to read them) */
+static void quantize_rows(const act *a, const float *X, int64_t ldx, int64_t c0, int64_t c1, int pairs) {
     const int64_t K = a->K, B = a->B;
     for (int64_t c = c0; c < c1; c++) {
         quantize_row(X + c * ldx, K, B, a->q + c * K, a->d + c * (K / B), a->s + c * (K / 16), a->sa + c * (K / 32));
-        if (Q8_PAIRS && B == 256) {
+        if (Q8_PAIRS && pairs && B == 256) {
             int8_t *qp = a->qp + (c & ~(int64_t)1) * K + 32 * (c & 1);
             int16_t *sp = a->sp + (c & ~(int64_t)1) * (K / 16) + 16 * (c & 1);
             for (int64_t j = 0; j < K / 32; j++) memcpy(qp + 64 * j, a->q + c * K + 32 * j, 32);
@@ -358,7 +359,7 @@ int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, fl
     {
         int64_t t, T;
         thread_index(&t, &T);
-        quantize_rows(a, X, ldx, n * t / T, n * (t + 1) / T);
+        quantize_rows(a, X, ldx, n * t / T, n * (t + 1) / T, n > 1);
 #pragma omp barrier
         int64_t r0, r1;
         thread_rows(N, 8, &r0, &r1);
