@@ -352,6 +352,8 @@ def test_head_flags_that_do_not_fit_are_clear_errors(tiny_llama_dir, tmp_path, c
     cases = [(["--head", str(tmp_path / "eagle"), "--tree-choices", "[[0],[1]]"], "static --tree-choices"),
              (["--head", str(tmp_path / "medusa"), "--tree-budget", "8"], "not --tree-budget"),
              (["--head", str(tmp_path / "eagle"), "--suffix"], "choose one drafting method"),
+             (["--head", str(tmp_path / "eagle"), "--ngram", "--tree-budget", "8"], "need a draft model"),
+             (["--head", str(tmp_path / "missing"), "--ngram"], "no head"),
              (["--head", str(tmp_path / "other")], "hidden")]
     for flags, message in cases:
         assert main(base + flags + ["hi"]) == 2, flags
