@@ -260,3 +260,77 @@ def test_lm_rows_read_any_lm_head():
     assert torch.equal(lm_rows(model, ids), expected)
     model.lm_head = OpaqueLinear(model.lm_head.weight.detach().clone())
     torch.testing.assert_close(lm_rows(model, ids), expected)
+
+
+def test_answers_generated_together_are_each_prompts_greedy_answer_with_its_features():
+    """Rows of one batched cache, refilled as answers end, give each prompt the answer it gets alone,
+    and the features and top-k of a one-row read of prompt + answer."""
+    from specdec.heads.extract import answer_records, teacher
+    model = tiny_model(0)
+    rng = random.Random(1)
+    prompts = [(f"self:p{i}#0", [rng.randrange(90) for _ in range(rng.randrange(3, 12))]) for i in range(7)]
+    end = {5}
+    records = list(answer_records(model, iter(prompts), 12, 9, end, top_k=6, batch=3))
+    assert sorted(r.id for r in records) == sorted(cid for cid, _ in prompts)
+    for r in records:
+        prompt = dict(prompts)[r.id]
+        tokens, cache = list(prompt), model.new_cache(32)
+        with torch.inference_mode():
+            while len(tokens) - len(prompt) < 9 and (len(tokens) == len(prompt) or tokens[-1] not in end):
+                logits = model(torch.tensor([tokens]), cache, 0)
+                tokens.append(int(logits[0, -1].argmax()))
+        assert r.tokens.tolist() == tokens[:-1]  # the last token was chosen, never read
+        features, top, probs = teacher(model, tokens[:-1], 6)
+        assert torch.equal(r.top_ids.long(), top) and torch.allclose(r.top_probs, probs, atol=1e-5)
+        assert torch.allclose(r.features.float(), features.float(), atol=2e-2, rtol=2e-2)
+
+
+def sharegpt_file(path, n: int = 12, seed: int = 0):
+    rng = random.Random(seed)
+    words = lambda k: " ".join(f"w{rng.randrange(90)}" for _ in range(k))  # noqa: E731
+    rows = [{"id": f"r{i}", "conversations": [{"from": "human", "value": words(8)}, {"from": "gpt", "value": words(30)}]}
+            for i in range(n)]
+    path.write_text(json.dumps(rows))
+    return f"sharegpt:{path}"
+
+
+def test_self_generated_answers_are_trained_on_and_survive_a_kill(tmp_path, tiny_llama_dir, capsys, monkeypatch):
+    import specdec.heads.extract as extract_mod
+    from specdec.heads.corpus import load_plan
+    data = sharegpt_file(tmp_path / "sg.json", 40)
+    out = tmp_path / "head"
+    argv = train_args(tiny_llama_dir, data, out, "--max-steps", "2", "--self-generate", "6", "--self-max-new", "8")
+    argv[argv.index("--tokens") + 1] = "200"
+    real, made = extract_mod._Answer.record, []
+
+    def killed_after_four(self):
+        if len(made) == 4:
+            raise KeyboardInterrupt
+        made.append(self.id)
+        return real(self)
+
+    monkeypatch.setattr(extract_mod, "SELF_BATCH", 2)
+    monkeypatch.setattr(extract_mod._Answer, "record", killed_after_four)
+    monkeypatch.setattr("specdec.heads.cli.SELF_SHARD_TOKENS", 1)  # every answer is saved as it ends
+    rc, err = run_cli(argv, capsys)
+    assert rc == 130, err
+    first = list(made)
+    made.clear()
+    monkeypatch.setattr(extract_mod._Answer, "record", lambda self: made.append(self.id) or real(self))
+    rc, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    assert len(made) == 2 and not set(made) & set(first)  # the four saved answers were not generated again
+    plan = load_plan(out / "work" / "plan.json")
+    answers = [c for c in plan.chunks if c.id.startswith("self:")]
+    assert sorted(c.id for c in answers) == sorted(first + made) and plan.stats["self_generated"] == 6
+    assert not {c.id.rpartition("#")[0].removeprefix("self:") for c in answers} & {
+        c.id.rpartition("#")[0] for c in plan.chunks if not c.id.startswith("self:")}
+    manifest = json.loads((out / "work" / "features" / "manifest.json").read_text())
+    assert {c.id for c in plan.chunks} == {c for s in manifest["shards"] for c in s["chunks"]}
+
+
+def test_an_answer_longer_than_the_sequence_is_a_clear_error(tmp_path, tiny_llama_dir, capsys):
+    argv = train_args(tiny_llama_dir, sharegpt_file(tmp_path / "sg.json"), tmp_path / "head", "--self-generate", "2",
+                      "--self-max-new", "60")
+    rc, err = run_cli(argv, capsys)
+    assert rc == 2 and "--self-max-new 60 leaves prompts under" in err and "Traceback" not in err

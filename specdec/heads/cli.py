@@ -34,8 +34,11 @@ def add_parsers(sub, default_model: str) -> None:
     t.add_argument("--out", default=None, help="head directory (default: $SPECDEC_HOME/heads/MODEL-KIND)")
     t.add_argument("--draft-vocab", type=_int, default=32768, help="draft vocabulary: the N most frequent training tokens")
     t.add_argument("--self-generate", type=_int, default=0, metavar="N",
-                   help="add the target's own greedy answers to N ShareGPT prompts")
-    t.add_argument("--self-max-new", type=_int, default=256, help="--self-generate: tokens per answer at most")
+                   help="add the target's own greedy answers to N ShareGPT prompts (generated 16 at a time; "
+                        "their features come from the forwards that chose them)")
+    t.add_argument("--self-max-new", type=_int, default=256,
+                   help="--self-generate: tokens per answer at most (prompts longer than --seq-len minus this "
+                        "are skipped)")
     t.add_argument("--seq-len", type=_int, default=512, help="training sequences: documents cut into pieces this long")
     t.add_argument("--top-k", type=_int, default=32, help="teacher distribution: its top-k ids and probabilities")
     t.add_argument("--intermediate-size", type=_int, default=0, help="EAGLE: the head's MLP width (default: the target's)")
@@ -60,6 +63,9 @@ def run(args) -> int:
     return train_head(args) if args.command == "train-head" else list_heads()
 
 
+MIN_SELF_PROMPT = 16
+
+
 def check_args(args) -> None:
     if args.tokens < 1:
         raise SpecdecError(f"--tokens must be >= 1, got {args.tokens}")
@@ -69,6 +75,10 @@ def check_args(args) -> None:
             raise SpecdecError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.self_generate < 0 or args.epochs <= 0:
         raise SpecdecError("--self-generate must be >= 0 and --epochs > 0")
+    if args.self_generate and args.seq_len - args.self_max_new < MIN_SELF_PROMPT:
+        raise SpecdecError(f"--self-max-new {args.self_max_new} leaves prompts under {MIN_SELF_PROMPT} tokens in "
+                           f"--seq-len {args.seq_len} (a prompt and its answer are one sequence); lower it or "
+                           "raise --seq-len")
 
 
 def log(msg: str) -> None:
@@ -116,16 +126,17 @@ def prepare_corpus(args, lm, work: Path, log):
         val_tokens = load_plan(saved).settings.get("val_tokens", val_tokens)
     settings = {"target": fingerprint, "data": list(args.data), "tokens": args.tokens, "val_tokens": val_tokens,
                 "seq_len": args.seq_len, "self_generate": args.self_generate, "self_max_new": args.self_max_new}
-    plan = plan_or_resume(saved, settings, lambda: make_plan(args, lm, val_tokens, settings, log),
-                          lambda previous: make_plan(args, lm, val_tokens, settings, log, previous))
+    store = (work / "features", feature_settings(args, lm, fingerprint))  # self-generated answers go straight in
+    plan = plan_or_resume(saved, settings, lambda: make_plan(args, lm, val_tokens, settings, store, log),
+                          lambda previous: make_plan(args, lm, val_tokens, settings, store, log, previous))
     log(f"corpus: {json.dumps(plan.stats)}")
     return plan, fingerprint
 
 
-def make_plan(args, lm, val_tokens: int, settings: dict, log, previous=None):
+def make_plan(args, lm, val_tokens: int, settings: dict, store: tuple[Path, dict], log, previous=None):
     """The corpus plan; with `previous` (a saved plan with smaller budgets), that plan grown to these:
     its chunks kept, new documents and only the missing self-generated answers added."""
-    from specdec.heads.corpus import build_plan, chunk_tokens, grown
+    from specdec.heads.corpus import build_plan, grown
     from specdec.heads.data import RecoveryCount, interleave, open_source
     from specdec.heads.overlap import OverlapGuard, default_eval_texts
     texts, names = default_eval_texts()
@@ -144,29 +155,56 @@ def make_plan(args, lm, val_tokens: int, settings: dict, log, previous=None):
         log(f"corpus grown from {plan.stats['grown_from']} to {plan.stats['train_tokens']} training tokens")
     if args.self_generate > done:
         taken = {c.id.rpartition("#")[0].removeprefix("self:") for c in plan.chunks}
-        plan.chunks += self_chunks(args, lm, guard, taken, chunk_tokens, args.self_generate - done)
+        plan.chunks += self_chunks(args, lm, guard, taken, args.self_generate - done, *store)
     plan.stats["self_generated"] = max(done, args.self_generate)
     plan.stats["dropped_overlap"] = dict(guard.dropped)
     return plan
 
 
-def self_chunks(args, lm, guard, taken: set[str], chunk_tokens, count: int) -> list:
+SELF_SHARD_TOKENS = 8192  # answers are saved this often: a killed run loses at most this much generation
+
+
+def self_chunks(args, lm, guard, taken: set[str], count: int, features: Path, settings: dict) -> list:
+    """Chunks of `count` answers of the target to ShareGPT prompts not in `taken`; their features are
+    written into the feature store as they are generated (answers already there, from a killed run,
+    are kept, not generated again)."""
+    import zlib
     from tqdm import tqdm
     from specdec.heads.corpus import Chunk
     from specdec.heads.data import open_source
-    from specdec.heads.extract import self_generated
+    from specdec.heads.extract import (SELF_VAL_EVERY, ShardWriter, answer_records, load_records, read_manifest,
+                                       self_prompts)
+    features.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(features, settings)
+    saved = {cid for shard in manifest["shards"] for cid in shard["chunks"] if cid.startswith("self:")}
+    doc = lambda cid: cid.rpartition("#")[0].removeprefix("self:")  # noqa: E731
+    records = [r for r in load_records(features, saved) if doc(r.id) not in taken][:count] if saved else []
     spec = next((s for s in args.data if s.startswith("sharegpt")), "sharegpt")
-    with tqdm(total=count, desc="self-generate", unit="answer", file=sys.stderr) as bar:
-        answers = self_generated(lm.module, lm.tokenizer, open_source(spec, lm.tokenizer), count,
-                                 args.self_max_new, lm.eos_ids, guard, taken, bar.update)
-    return [Chunk(f"{cid}#{j}", "train", piece) for cid, ids in answers for j, piece in
-            enumerate(chunk_tokens(ids, args.seq_len))]
+    prompts = self_prompts(lm.tokenizer, open_source(spec, lm.tokenizer), count - len(records),
+                           args.seq_len - args.self_max_new, guard, taken | {doc(r.id) for r in records})
+    writer = ShardWriter(features, manifest, SELF_SHARD_TOKENS)
+    with tqdm(total=count, initial=len(records), desc="self-generate", unit="answer", file=sys.stderr) as bar:
+        for record in answer_records(lm.module, prompts, args.seq_len - args.self_max_new, args.self_max_new,
+                                     lm.eos_ids, args.top_k):
+            writer.add(record)
+            records.append(record)
+            bar.update(1)
+        writer.flush()
+    if len(records) < count:
+        log(f"self-generate: {len(records)} answers (the prompts ran out before {count})")
+    split = lambda cid: "val" if zlib.crc32(cid.encode()) % SELF_VAL_EVERY == 0 else "train"  # noqa: E731
+    return [Chunk(r.id, split(r.id), r.tokens.tolist()) for r in records]
+
+
+def feature_settings(args, lm, fingerprint: dict) -> dict:
+    """What the feature store's manifest must match: the target, its weights and the top-k kept."""
+    return {"target": fingerprint, "top_k": args.top_k, "weights": getattr(lm.module, "weight_format", "")}
 
 
 def extract_features(args, lm, plan, directory: Path, fingerprint: dict):
     from tqdm import tqdm
     from specdec.heads.extract import extract, extracted_ids, load_records, read_manifest
-    settings = {"target": fingerprint, "top_k": args.top_k, "weights": getattr(lm.module, "weight_format", "")}
+    settings = feature_settings(args, lm, fingerprint)
     done = extracted_ids(read_manifest(directory, settings))
     todo = [c for c in plan.chunks if c.id not in done]  # the bar and its ETA: what is left, not what is kept
     with tqdm(total=sum(len(c.tokens) for c in todo), desc="extract", unit="tok", unit_scale=True,

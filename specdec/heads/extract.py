@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 from safetensors import SafetensorError
@@ -136,38 +136,97 @@ def unpack(data: dict, ids: list[str], wanted: set[str] | None) -> list[ChunkRec
     return out
 
 
+SELF_BATCH = 16  # answers generated together: a 16-row decode step yields about 5x the tokens of one row on 2 cores
+SELF_VAL_EVERY = 25  # every 25th answer is held out for validation
+
+
+def top_of(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, vocab] -> the teacher's top-k (ids [T, k], probabilities [T, k]), as teacher() takes them."""
+    probs, top = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+    return top, probs
+
+
+class _Answer:
+    """One answer being generated in a row of the batched cache: its tokens, and the features and
+    top-k of every position read so far (position i's predict token i + 1)."""
+
+    def __init__(self, cid: str, prompt: list[int], logits: torch.Tensor, h: torch.Tensor, top_k: int):
+        self.id, self.tokens, self.prompt_len = cid, list(prompt), len(prompt)
+        top, probs = top_of(logits, top_k)
+        self.features, self.top_ids, self.top_probs = [h.to(torch.bfloat16)], [top], [probs]
+
+    def read(self, logits: torch.Tensor, h: torch.Tensor, top_k: int) -> None:  # one more position: [1, vocab], [1, hidden]
+        top, probs = top_of(logits, top_k)
+        self.features.append(h.to(torch.bfloat16))
+        self.top_ids.append(top)
+        self.top_probs.append(probs)
+
+    def next_token(self) -> int:
+        return int(self.top_ids[-1][-1, 0])
+
+    def record(self) -> ChunkRecord:
+        """The positions read: prompt + answer but the last token (it was chosen, never read)."""
+        n = len(self.tokens) - 1
+        return ChunkRecord(self.id, torch.tensor(self.tokens[:n]), torch.cat(self.features)[:n].cpu(),
+                           torch.cat(self.top_ids)[:n].cpu(), torch.cat(self.top_probs)[:n].cpu())
+
+
 @torch.inference_mode()
-def greedy_answer(module, prompt: list[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
-    """The target's own greedy continuation of prompt (stops after an end token)."""
-    device = module.device
-    cache = module.new_cache(len(prompt) + max_new_tokens)
-    logits = module(torch.tensor([prompt], device=device), cache, 0, last_only=True)  # [1, 1, vocab]
-    out: list[int] = []
-    while len(out) < max_new_tokens:
-        token = int(logits[0, -1].argmax())
-        out.append(token)
-        if token in eos_ids or len(prompt) + len(out) >= cache.capacity:
-            break
-        logits = module(torch.tensor([[token]], device=device), cache, len(prompt) + len(out) - 1)
-    return out
+def answer_records(module, prompts: Iterable[tuple[str, list[int]]], max_prompt: int, max_new_tokens: int,
+                   eos_ids: set[int], top_k: int, batch: int | None = None) -> Iterator[ChunkRecord]:
+    """The target's greedy answers to (id, prompt tokens) (each at most max_prompt tokens), `batch` at
+    a time (default SELF_BATCH) in one batched cache, each as a ChunkRecord of prompt + answer: the features and top-k come
+    from the very forwards that chose the tokens (the prompt's prefill, then one decode row per token),
+    so an answer is never read twice. A finished row takes the next prompt; records come out as their
+    answers end."""
+    from specdec.engine.verify import ragged_inputs
+    device, queue, batch = module.device, iter(prompts), batch or SELF_BATCH
+    cache = module.new_cache(max_prompt + max_new_tokens + 1, batch=batch)
+    rows: list[_Answer | None] = [None] * batch  # the answer in each cache row
+    while True:
+        for b in range(batch):
+            if rows[b] is None and (item := next(queue, None)) is not None:
+                cid, prompt = item
+                if len(prompt) > max_prompt:
+                    raise SpecdecError(f"a prompt of {len(prompt)} tokens is longer than max_prompt ({max_prompt})")
+                logits, h = module(torch.tensor([prompt], device=device), cache.row(b), 0, hidden=True)
+                rows[b] = _Answer(cid, prompt, logits[0], h[0], top_k)
+        live = [b for b in range(batch) if rows[b] is not None]
+        if not live:
+            return
+        for b in live:  # each row's next token; a row whose answer ended leaves the batch
+            a = rows[b]
+            a.tokens.append(a.next_token())
+            if a.tokens[-1] in eos_ids or len(a.tokens) - a.prompt_len >= max_new_tokens:
+                rows[b] = None
+                yield a.record()
+        live = [b for b in live if rows[b] is not None]
+        if not live:
+            continue
+        lengths = [len(rows[b].tokens) - 1 for b in live]  # slots written: all but the newest token
+        tokens, slots, positions, mask = ragged_inputs(lengths, [[rows[b].tokens[-1]] for b in live], device)
+        logits, h = module(tokens, cache, 0, positions=positions, mask=mask, slots=slots,
+                           rows=torch.tensor(live, device=device), hidden=True)  # [B, 1, vocab], [B, 1, hidden]
+        for i, b in enumerate(live):
+            rows[b].read(logits[i], h[i], top_k)
 
 
-def self_generated(module, tokenizer, documents, count: int, max_new_tokens: int, eos_ids: set[int], guard,
-                   taken: set[str], progress=None) -> list[tuple[str, list[int]]]:
-    """The target's greedy answers to the first user turns of `count` conversations (not in `taken`,
-    not overlapping the evaluation sets): [(id, prompt + answer tokens)]."""
+def self_prompts(tokenizer, documents, count: int, max_prompt: int, guard, taken: set[str]) -> Iterator[tuple[str, list[int]]]:
+    """(id, prompt tokens) for the first user turns of up to `count` conversations: not in `taken`,
+    not overlapping the evaluation sets, at most max_prompt tokens through the chat template (a longer
+    one is skipped: cut, it would lose the template's assistant turn)."""
     from specdec.model.tokenizer import encode_messages
-    out = []
+    made = 0
     for doc in documents:
-        if len(out) >= count:
-            break
+        if made >= count:
+            return
         first = next((c for r, c in doc.messages if r == "user"), None)
         if first is None or doc.id in taken or not guard.admit(first, "self"):
             continue
         messages = [{"role": "user", "content": first}]
         prompt = (encode_messages(tokenizer, messages) if getattr(tokenizer, "chat_template", None)
-                  else tokenizer.encode(first, add_special_tokens=False))[:max_new_tokens * 2]
-        out.append((f"self:{doc.id}", prompt + greedy_answer(module, prompt, max_new_tokens, eos_ids)))
-        if progress is not None:
-            progress(1)
-    return out
+                  else tokenizer.encode(first, add_special_tokens=False))
+        if len(prompt) > max_prompt:
+            continue
+        made += 1
+        yield f"self:{doc.id}#0", prompt
