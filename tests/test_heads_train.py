@@ -36,17 +36,17 @@ def test_extraction_writes_shards_and_resumes(tmp_path):
     model = tiny_model(0)
     todo, seen = chunks(6), []
 
-    def stop_after_four(n):
+    def stop_after_three(n):
         seen.append(n)
-        if len(seen) == 4:
+        if len(seen) == 3:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        extract(model, todo, tmp_path, {"m": 1}, top_k=8, shard_tokens=48, progress=stop_after_four)
-    assert len(load_records(tmp_path)) == 4  # two shards of two chunks were finished
+        extract(model, todo, tmp_path, {"m": 1}, top_k=8, shard_tokens=48, progress=stop_after_three)
+    assert len(load_records(tmp_path)) == 3  # a shard of two chunks, and the third saved as the run stopped
     seen.clear()
     extract(model, todo, tmp_path, {"m": 1}, top_k=8, shard_tokens=48, progress=seen.append)
-    assert len(seen) == 2
+    assert len(seen) == 3
     records = {r.id: r for r in load_records(tmp_path)}
     assert sorted(records) == sorted(c.id for c in todo)
     r = records["c3#0"]
@@ -190,12 +190,17 @@ def meta_target(out):
     return json.loads((out / "specdec_head.json").read_text())["target"]
 
 
-def test_a_killed_training_run_resumes(tmp_path, tiny_llama_dir, capsys, monkeypatch):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_killed_training_run_resumes(tmp_path, tiny_llama_dir, capsys, monkeypatch, how):
+    import os
+    import signal
     data, out = word_files(tmp_path / "data"), tmp_path / "head"
     real = Trainer.train_step
 
     def killed_at_three(self, records, total):
         if self.step == 3:
+            if how == "sigterm":  # `kill PID` of a background run
+                os.kill(os.getpid(), signal.SIGTERM)
             raise KeyboardInterrupt
         return real(self, records, total)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -94,9 +96,29 @@ def default_out(model: str, kind: str) -> Path:
     return heads_home() / f"{Path(model).name.removesuffix('.gguf')}-{kind}"
 
 
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """`kill` (SIGTERM) stops a run as Ctrl-C does: what is done is saved (the training checkpoint,
+    the answers and features finished). A job started in the background (`nohup ... &`) ignores
+    SIGINT, so SIGTERM is the way to stop it."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train_head(args) -> int:
-    from specdec.heads.data import open_source
     check_args(args)
+    with sigterm_interrupts():
+        return _train_head(args)
+
+
+def _train_head(args) -> int:
+    from specdec.heads.data import open_source
     if args.threads > 0:
         import torch
         torch.set_num_threads(args.threads)
@@ -184,12 +206,14 @@ def self_chunks(args, lm, guard, taken: set[str], count: int, features: Path, se
                            args.seq_len - args.self_max_new, guard, taken | {doc(r.id) for r in records})
     writer = ShardWriter(features, manifest, SELF_SHARD_TOKENS)
     with tqdm(total=count, initial=len(records), desc="self-generate", unit="answer", file=sys.stderr) as bar:
-        for record in answer_records(lm.module, prompts, args.seq_len - args.self_max_new, args.self_max_new,
-                                     lm.eos_ids, args.top_k):
-            writer.add(record)
-            records.append(record)
-            bar.update(1)
-        writer.flush()
+        try:
+            for record in answer_records(lm.module, prompts, args.seq_len - args.self_max_new, args.self_max_new,
+                                         lm.eos_ids, args.top_k):
+                writer.add(record)
+                records.append(record)
+                bar.update(1)
+        finally:  # an interrupted run keeps every finished answer
+            writer.flush()
     if len(records) < count:
         log(f"self-generate: {len(records)} answers (the prompts ran out before {count})")
     split = lambda cid: "val" if zlib.crc32(cid.encode()) % SELF_VAL_EVERY == 0 else "train"  # noqa: E731

@@ -2,7 +2,8 @@
 planned chunk once; its final-norm features (bf16) and top-k next-token distribution go into shards.
 
 work/features/manifest.json lists the shards and the chunks each holds; a chunk not in it is
-extracted again, so a killed run resumes at its last finished shard.
+extracted again, so a killed run resumes at its last finished shard (an interrupted one, Ctrl-C or
+SIGTERM, first saves the chunks it finished).
 """
 
 from __future__ import annotations
@@ -100,14 +101,16 @@ def extract(module, chunks: Iterable[Chunk], directory: Path, settings: dict, to
     manifest = read_manifest(directory, settings)
     done = extracted_ids(manifest)
     writer = ShardWriter(directory, manifest, shard_tokens)
-    for chunk in chunks:
-        if chunk.id in done:
-            continue
-        features, top_ids, top_probs = teacher(module, chunk.tokens, top_k)
-        writer.add(ChunkRecord(chunk.id, torch.tensor(chunk.tokens), features, top_ids, top_probs))
-        if progress is not None:
-            progress(len(chunk.tokens))
-    writer.flush()
+    try:
+        for chunk in chunks:
+            if chunk.id in done:
+                continue
+            features, top_ids, top_probs = teacher(module, chunk.tokens, top_k)
+            writer.add(ChunkRecord(chunk.id, torch.tensor(chunk.tokens), features, top_ids, top_probs))
+            if progress is not None:
+                progress(len(chunk.tokens))
+    finally:  # an interrupted run keeps every finished chunk
+        writer.flush()
     return manifest
 
 
