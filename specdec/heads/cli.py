@@ -176,7 +176,7 @@ def make_plan(args, lm, val_tokens: int, settings: dict, store: tuple[Path, dict
         done = previous.stats.get("self_generated", 0)
         log(f"corpus grown from {plan.stats['grown_from']} to {plan.stats['train_tokens']} training tokens")
     if args.self_generate > done:
-        taken = {c.id.rpartition("#")[0].removeprefix("self:") for c in plan.chunks}
+        taken = {self_doc(c.id) for c in plan.chunks}
         plan.chunks += self_chunks(args, lm, guard, taken, args.self_generate - done, *store)
     plan.stats["self_generated"] = max(done, args.self_generate)
     plan.stats["dropped_overlap"] = dict(guard.dropped)
@@ -186,10 +186,16 @@ def make_plan(args, lm, val_tokens: int, settings: dict, store: tuple[Path, dict
 SELF_SHARD_TOKENS = 8192  # answers are saved this often: a killed run loses at most this much generation
 
 
+def self_doc(chunk_id: str) -> str:
+    """The ShareGPT document of a chunk (an answer's chunk: the conversation it answers)."""
+    from specdec.heads.corpus import document_of
+    return document_of(chunk_id).removeprefix("self:")
+
+
 def self_chunks(args, lm, guard, taken: set[str], count: int, features: Path, settings: dict) -> list:
     """Chunks of `count` answers of the target to ShareGPT prompts not in `taken`; their features are
     written into the feature store as they are generated (answers already there, from a killed run,
-    are kept, not generated again)."""
+    are kept, not generated again). Only ids and tokens stay in memory."""
     import zlib
     from tqdm import tqdm
     from specdec.heads.corpus import Chunk
@@ -199,25 +205,25 @@ def self_chunks(args, lm, guard, taken: set[str], count: int, features: Path, se
     features.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(features, settings)
     saved = {cid for shard in manifest["shards"] for cid in shard["chunks"] if cid.startswith("self:")}
-    doc = lambda cid: cid.rpartition("#")[0].removeprefix("self:")  # noqa: E731
-    records = [r for r in load_records(features, saved) if doc(r.id) not in taken][:count] if saved else []
+    answers = [(r.id, r.tokens.tolist()) for r in (load_records(features, saved) if saved else [])
+               if self_doc(r.id) not in taken][:count]
     spec = next((s for s in args.data if s.startswith("sharegpt")), "sharegpt")
-    prompts = self_prompts(lm.tokenizer, open_source(spec, lm.tokenizer), count - len(records),
-                           args.seq_len - args.self_max_new, guard, taken | {doc(r.id) for r in records})
+    max_prompt = args.seq_len - args.self_max_new
+    prompts = self_prompts(lm.tokenizer, open_source(spec, lm.tokenizer), count - len(answers), max_prompt, guard,
+                           taken | {self_doc(cid) for cid, _ in answers})
     writer = ShardWriter(features, manifest, SELF_SHARD_TOKENS)
-    with tqdm(total=count, initial=len(records), desc="self-generate", unit="answer", file=sys.stderr) as bar:
+    with tqdm(total=count, initial=len(answers), desc="self-generate", unit="answer", file=sys.stderr) as bar:
         try:
-            for record in answer_records(lm.module, prompts, args.seq_len - args.self_max_new, args.self_max_new,
-                                         lm.eos_ids, args.top_k):
+            for record in answer_records(lm.module, prompts, max_prompt, args.self_max_new, lm.eos_ids, args.top_k):
                 writer.add(record)
-                records.append(record)
+                answers.append((record.id, record.tokens.tolist()))
                 bar.update(1)
         finally:  # an interrupted run keeps every finished answer
             writer.flush()
-    if len(records) < count:
-        log(f"self-generate: {len(records)} answers (the prompts ran out before {count})")
+    if len(answers) < count:
+        log(f"self-generate: {len(answers)} answers (the prompts ran out before {count})")
     split = lambda cid: "val" if zlib.crc32(cid.encode()) % SELF_VAL_EVERY == 0 else "train"  # noqa: E731
-    return [Chunk(r.id, split(r.id), r.tokens.tolist()) for r in records]
+    return [Chunk(cid, split(cid), tokens) for cid, tokens in answers]
 
 
 def feature_settings(args, lm, fingerprint: dict) -> dict:

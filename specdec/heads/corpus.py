@@ -37,6 +37,11 @@ class Plan:
         return sum(len(c.tokens) for c in self.chunks if c.split == split)
 
 
+def document_of(chunk_id: str) -> str:
+    """The document a chunk comes from: its id without the chunk index."""
+    return chunk_id.rpartition("#")[0]
+
+
 def chunk_tokens(ids: list[int], seq_len: int) -> list[list[int]]:
     """Consecutive pieces of at most seq_len tokens (a tail shorter than MIN_CHUNK is dropped)."""
     return [ids[i:i + seq_len] for i in range(0, len(ids), seq_len) if len(ids) - i >= MIN_CHUNK]
@@ -121,15 +126,15 @@ def plan_or_resume(path: Path, settings: dict, make, grow=None) -> Plan:
 def grown(previous: Plan, fresh: Plan) -> Plan:
     """previous, plus the chunks of fresh's documents that previous holds none of (a document keeps
     the split it had, so no held-out text moves into training)."""
-    docs = {c.id.rpartition("#")[0] for c in previous.chunks}
-    added = [c for c in fresh.chunks if c.id.rpartition("#")[0] not in docs]
+    docs = {document_of(c.id) for c in previous.chunks}
+    added = [c for c in fresh.chunks if document_of(c.id) not in docs]
     plan = Plan(previous.chunks + added, previous.settings, dict(fresh.stats))
     by_source = dict(previous.stats.get("tokens_by_source", {}))
     for c in added:  # a document id starts with its source's name ("sharegpt:...", "file:..." is code)
         source = c.id.partition(":")[0].replace("file", "code")
         by_source[source] = by_source.get(source, 0) + len(c.tokens)
     plan.stats.update(train_tokens=plan.tokens("train"), val_tokens=plan.tokens("val"), tokens_by_source=by_source,
-                      documents=len({c.id.rpartition("#")[0] for c in plan.chunks}),
+                      documents=len({document_of(c.id) for c in plan.chunks}),
                       grown_from=previous.stats.get("train_tokens"))
     return plan
 

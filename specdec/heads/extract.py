@@ -35,13 +35,19 @@ class ChunkRecord:
     top_probs: torch.Tensor  # [T, top_k] float16 (float32 fresh from the teacher): their probabilities
 
 
+def top_of(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, vocab] -> the teacher's top-k (ids [T, k], probabilities [T, k])."""
+    probs, top = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+    return top, probs
+
+
 @torch.inference_mode()
 def teacher(module, tokens: list[int], top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One forward over a chunk -> features [T, hidden] bf16, top ids [T, k], top probs [T, k]."""
     ids = torch.tensor([tokens], dtype=torch.int64, device=module.device)  # [1, T]
     cache = module.new_cache(len(tokens))
     logits, h = module(ids, cache, 0, hidden=True)  # [1, T, vocab], [1, T, hidden]
-    probs, top = torch.softmax(logits[0].float(), dim=-1).topk(top_k, dim=-1)  # [T, k]
+    top, probs = top_of(logits[0], top_k)  # [T, k]
     return h[0].to(torch.bfloat16).cpu(), top.cpu(), probs.cpu()
 
 
@@ -143,22 +149,17 @@ SELF_BATCH = 16  # answers generated together: 2.7x the tokens/s of one at a tim
 SELF_VAL_EVERY = 25  # every 25th answer is held out for validation
 
 
-def top_of(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, vocab] -> the teacher's top-k (ids [T, k], probabilities [T, k]), as teacher() takes them."""
-    probs, top = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
-    return top, probs
-
-
 class _Answer:
     """One answer being generated in a row of the batched cache: its tokens, and the features and
     top-k of every position read so far (position i's predict token i + 1)."""
 
     def __init__(self, cid: str, prompt: list[int], logits: torch.Tensor, h: torch.Tensor, top_k: int):
         self.id, self.tokens, self.prompt_len = cid, list(prompt), len(prompt)
-        top, probs = top_of(logits, top_k)
-        self.features, self.top_ids, self.top_probs = [h.to(torch.bfloat16)], [top], [probs]
+        self.features, self.top_ids, self.top_probs = [], [], []
+        self.read(logits, h, top_k)
 
-    def read(self, logits: torch.Tensor, h: torch.Tensor, top_k: int) -> None:  # one more position: [1, vocab], [1, hidden]
+    def read(self, logits: torch.Tensor, h: torch.Tensor, top_k: int) -> None:
+        """Positions read: logits [n, vocab], h [n, hidden] (the prompt's n, then one at a time)."""
         top, probs = top_of(logits, top_k)
         self.features.append(h.to(torch.bfloat16))
         self.top_ids.append(top)
@@ -177,9 +178,9 @@ class _Answer:
 @torch.inference_mode()
 def answer_records(module, prompts: Iterable[tuple[str, list[int]]], max_prompt: int, max_new_tokens: int,
                    eos_ids: set[int], top_k: int, batch: int | None = None) -> Iterator[ChunkRecord]:
-    """The target's greedy answers to (id, prompt tokens) (each at most max_prompt tokens), `batch` at
-    a time (default SELF_BATCH) in one batched cache, each as a ChunkRecord of prompt + answer: the features and top-k come
-    from the very forwards that chose the tokens (the prompt's prefill, then one decode row per token),
+    """The target's greedy answers to (id, prompt tokens) (each at most max_prompt tokens), `batch`
+    at a time (default SELF_BATCH) in one batched cache, each as a ChunkRecord of prompt + answer: the
+    features and top-k come from the very forwards that chose the tokens (the prompt's prefill, then one decode row per token),
     so an answer is never read twice. A finished row takes the next prompt; records come out as their
     answers end."""
     from specdec.engine.verify import ragged_inputs
