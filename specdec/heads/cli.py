@@ -122,7 +122,8 @@ def _train_head(args) -> int:
     if args.threads > 0:
         import torch
         torch.set_num_threads(args.threads)
-    for spec in args.data:  # a missing source fails before the model loads
+    # a missing source (the prompts of --self-generate too) fails before the model loads
+    for spec in args.data + ([self_source(args)] if args.self_generate else []):
         open_source(spec, None)
     from specdec.model import load_model
     lm = load_model(args.model, device=args.device)
@@ -186,6 +187,11 @@ def make_plan(args, lm, val_tokens: int, settings: dict, store: tuple[Path, dict
 SELF_SHARD_TOKENS = 8192  # answers are saved this often: a killed run loses at most this much generation
 
 
+def self_source(args) -> str:
+    """Where --self-generate takes its prompts: the ShareGPT source of --data, else the package's."""
+    return next((s for s in args.data if s.startswith("sharegpt")), "sharegpt")
+
+
 def self_doc(chunk_id: str) -> str:
     """The ShareGPT document of a chunk (an answer's chunk: the conversation it answers)."""
     from specdec.heads.corpus import document_of
@@ -207,7 +213,7 @@ def self_chunks(args, lm, guard, taken: set[str], count: int, features: Path, se
     saved = {cid for shard in manifest["shards"] for cid in shard["chunks"] if cid.startswith("self:")}
     answers = [(r.id, r.tokens.tolist()) for r in (load_records(features, saved) if saved else [])
                if self_doc(r.id) not in taken][:count]
-    spec = next((s for s in args.data if s.startswith("sharegpt")), "sharegpt")
+    spec = self_source(args)
     max_prompt = args.seq_len - args.self_max_new
     prompts = self_prompts(lm.tokenizer, open_source(spec, lm.tokenizer), count - len(answers), max_prompt, guard,
                            taken | {self_doc(cid) for cid, _ in answers})

@@ -191,8 +191,8 @@ def answer_records(module, prompts: Iterable[tuple[str, list[int]]], max_prompt:
         for b in range(batch):
             if rows[b] is None and (item := next(queue, None)) is not None:
                 cid, prompt = item
-                if len(prompt) > max_prompt:
-                    raise SpecdecError(f"a prompt of {len(prompt)} tokens is longer than max_prompt ({max_prompt})")
+                if not 1 <= len(prompt) <= max_prompt:
+                    raise SpecdecError(f"a prompt of {len(prompt)} tokens: an answer needs 1 to {max_prompt}")
                 logits, h = module(torch.tensor([prompt], device=device), cache.row(b), 0, hidden=True)
                 rows[b] = _Answer(cid, prompt, logits[0], h[0], top_k)
         live = [b for b in range(batch) if rows[b] is not None]
@@ -218,7 +218,7 @@ def answer_records(module, prompts: Iterable[tuple[str, list[int]]], max_prompt:
 def self_prompts(tokenizer, documents, count: int, max_prompt: int, guard, taken: set[str]) -> Iterator[tuple[str, list[int]]]:
     """(id, prompt tokens) for the first user turns of up to `count` conversations: not in `taken`,
     not overlapping the evaluation sets, at most max_prompt tokens through the chat template (a longer
-    one is skipped: cut, it would lose the template's assistant turn)."""
+    one is skipped: cut, it would lose the template's assistant turn; so is one of no tokens)."""
     from specdec.model.tokenizer import encode_messages
     made = 0
     for doc in documents:
@@ -230,7 +230,7 @@ def self_prompts(tokenizer, documents, count: int, max_prompt: int, guard, taken
         messages = [{"role": "user", "content": first}]
         prompt = (encode_messages(tokenizer, messages) if getattr(tokenizer, "chat_template", None)
                   else tokenizer.encode(first, add_special_tokens=False))
-        if len(prompt) > max_prompt:
+        if not prompt or len(prompt) > max_prompt:
             continue
         made += 1
         yield f"self:{doc.id}#0", prompt
