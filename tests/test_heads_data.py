@@ -157,3 +157,64 @@ def test_vocab_takes_the_most_frequent_ids_and_the_end_tokens():
 def test_vocab_larger_than_the_models_is_refused():
     with pytest.raises(SpecdecError, match="larger than the model's vocabulary"):
         select_vocab(torch.zeros(10, dtype=torch.int64), 11)
+
+
+TASK_SOURCE = '''
+def documented(a, b: int = 2) -> int:
+    """Add b to a.
+
+    More words that the request leaves out.
+    """
+    total = a + b
+    return total
+
+
+def undocumented(a):
+    total = a * 2
+    total += 1
+    return total
+
+
+def _private(a):
+    """A private helper."""
+    total = a * 2
+    return total
+
+
+class Box:
+    def size(self) -> int:
+        """The box's size."""
+        width = self.width
+        height = self.height
+        return width * height
+'''
+
+
+def test_documented_functions_become_coding_requests(tmp_path):
+    from specdec.heads.tasks import TEMPLATES, task_documents
+    (tmp_path / "mod.py").write_text(TASK_SOURCE)
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    docs = list(task_documents(sorted(tmp_path.glob("*.py"))))
+    assert [d.id.rpartition(":")[2] for d in docs] == ["documented", "size"]
+    again = list(task_documents([tmp_path / "mod.py"]))
+    assert [d.text for d in docs] == [d.text for d in again]  # the same template every run
+    for doc in docs:
+        assert doc.source == "task" and doc.messages == (("user", doc.text),)
+        assert any(doc.text.startswith(t.partition("{")[0]) for t in TEMPLATES)
+        assert "More words" not in doc.text or "```python" in doc.text
+
+
+def test_a_request_without_the_docstring_keeps_the_code():
+    import ast
+    from specdec.heads.tasks import bare_code, function_task
+    node = ast.parse(TASK_SOURCE).body[0]
+    assert bare_code(node) == "def documented(a, b=2):\n    total = a + b\n    return total"
+    doc = function_task(__import__("pathlib").Path("m.py"), node, TASK_SOURCE.splitlines())
+    assert doc is not None and "documented" in doc.text
+
+
+def test_take_turns_alternates_until_every_stream_ends():
+    from specdec.heads.data import take_turns
+    doc = lambda name: Document(name, "x", name)  # noqa: E731
+    got = [d.id for d in take_turns([iter([doc("a1"), doc("a2"), doc("a3")]), iter([doc("b1")])])]
+    assert got == ["a1", "b1", "a2", "a3"]

@@ -371,3 +371,25 @@ def test_empty_and_too_long_prompts_are_not_answered():
     for prompt in ([], list(range(11))):
         with pytest.raises(SpecdecError, match="an answer needs 1 to 10"):
             list(answer_records(tiny_model(0), iter([("p", prompt)]), 10, 4, set(), top_k=4, batch=2))
+
+
+def test_self_generation_answers_coding_requests_from_the_source_files(tmp_path, tiny_llama_dir, capsys):
+    from specdec.heads.corpus import load_plan
+    code = tmp_path / "code"
+    code.mkdir()
+    for i in range(30):
+        (code / f"m{i}.py").write_text("".join(
+            f'def f{i}_{j}(x):\n    """w{i} w{j} w{i + j}."""\n    y = x + {j}\n    return y\n\n\n' for j in range(3)))
+    out = tmp_path / "head"
+    argv = train_args(tiny_llama_dir, sharegpt_file(tmp_path / "sg.json", 40), out, "--max-steps", "1",
+                      "--self-generate", "8", "--self-max-new", "8")
+    argv[argv.index("--data") + 1:argv.index("--data") + 1] = [str(code)]
+    argv[argv.index("--tokens") + 1] = "300"
+    rc, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    plan = load_plan(out / "work" / "plan.json")
+    answered = [c.id.removeprefix("self:").rpartition("#")[0] for c in plan.chunks if c.id.startswith("self:")]
+    tasks = [a for a in answered if a.startswith("task:")]
+    assert len(answered) == 8 and len(tasks) == 4  # a ShareGPT turn and a coding request in turn
+    files_in_plan = {c.id.rpartition("#")[0].removeprefix("file:") for c in plan.chunks if c.id.startswith("file:")}
+    assert files_in_plan and not {t.split(":")[1] for t in tasks} & files_in_plan

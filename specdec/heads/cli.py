@@ -36,8 +36,9 @@ def add_parsers(sub, default_model: str) -> None:
     t.add_argument("--out", default=None, help="head directory (default: $SPECDEC_HOME/heads/MODEL-KIND)")
     t.add_argument("--draft-vocab", type=_int, default=32768, help="draft vocabulary: the N most frequent training tokens")
     t.add_argument("--self-generate", type=_int, default=0, metavar="N",
-                   help="add the target's own greedy answers to N ShareGPT prompts (generated 16 at a time; "
-                        "their features come from the forwards that chose them)")
+                   help="add the target's own greedy answers to N prompts (generated 16 at a time; their "
+                        "features come from the forwards that chose them): ShareGPT first turns, taking turns with "
+                        "coding requests made from the functions of the --data source files")
     t.add_argument("--self-max-new", type=_int, default=256,
                    help="--self-generate: tokens per answer at most (prompts longer than --seq-len minus this "
                         "are skipped)")
@@ -192,6 +193,16 @@ def self_source(args) -> str:
     return next((s for s in args.data if s.startswith("sharegpt")), "sharegpt")
 
 
+def self_requests(args, tokenizer, taken: set[str]) -> list:
+    """The prompts' sources, to take turns: ShareGPT conversations and, when --data names source
+    files, coding requests made from their functions (none from a file the plan holds)."""
+    from specdec.heads.data import open_source, source_files
+    from specdec.heads.tasks import task_documents
+    files = [f for spec in args.data if not spec.startswith("sharegpt") for f in source_files(spec)
+             if f"file:{f}" not in taken]
+    return [open_source(self_source(args), tokenizer)] + ([task_documents(files)] if files else [])
+
+
 def self_doc(chunk_id: str) -> str:
     """The ShareGPT document of a chunk (an answer's chunk: the conversation it answers)."""
     from specdec.heads.corpus import document_of
@@ -199,13 +210,14 @@ def self_doc(chunk_id: str) -> str:
 
 
 def self_chunks(args, lm, guard, taken: set[str], count: int, features: Path, settings: dict) -> list:
-    """Chunks of `count` answers of the target to ShareGPT prompts not in `taken`; their features are
+    """Chunks of `count` answers of the target to prompts (self_requests) not in `taken`; their features are
     written into the feature store as they are generated (answers already there, from a killed run,
     are kept, not generated again). Only ids and tokens stay in memory."""
+    import itertools
     import zlib
     from tqdm import tqdm
     from specdec.heads.corpus import Chunk
-    from specdec.heads.data import open_source
+    from specdec.heads.data import take_turns
     from specdec.heads.extract import (SELF_VAL_EVERY, ShardWriter, answer_records, load_records, read_manifest,
                                        self_prompts)
     features.mkdir(parents=True, exist_ok=True)
@@ -213,10 +225,10 @@ def self_chunks(args, lm, guard, taken: set[str], count: int, features: Path, se
     saved = {cid for shard in manifest["shards"] for cid in shard["chunks"] if cid.startswith("self:")}
     answers = [(r.id, r.tokens.tolist()) for r in (load_records(features, saved) if saved else [])
                if self_doc(r.id) not in taken][:count]
-    spec = self_source(args)
     max_prompt = args.seq_len - args.self_max_new
-    prompts = self_prompts(lm.tokenizer, open_source(spec, lm.tokenizer), count - len(answers), max_prompt, guard,
-                           taken | {self_doc(cid) for cid, _ in answers})
+    skip, wanted = taken | {self_doc(cid) for cid, _ in answers}, count - len(answers)
+    prompts = itertools.islice(take_turns([self_prompts(lm.tokenizer, docs, wanted, max_prompt, guard, skip)
+                                           for docs in self_requests(args, lm.tokenizer, taken)]), wanted)
     writer = ShardWriter(features, manifest, SELF_SHARD_TOKENS)
     with tqdm(total=count, initial=len(answers), desc="self-generate", unit="answer", file=sys.stderr) as bar:
         try:

@@ -168,3 +168,15 @@ def interleave(streams: Iterable[Iterator[Document]]) -> Iterator[Document]:
         if doc is not None:
             live.append((given + len(doc.text), i, stream))
             yield doc
+
+
+def take_turns(streams: list[Iterator]) -> Iterator:
+    """One item from each stream in turn, until every stream has ended."""
+    live = [iter(s) for s in streams]
+    while live:
+        for stream in list(live):
+            item = next(stream, None)
+            if item is None:
+                live.remove(stream)
+            else:
+                yield item
