@@ -393,3 +393,41 @@ def test_self_generation_answers_coding_requests_from_the_source_files(tmp_path,
     assert len(answered) == 8 and len(tasks) == 4  # a ShareGPT turn and a coding request in turn
     files_in_plan = {c.id.rpartition("#")[0].removeprefix("file:") for c in plan.chunks if c.id.startswith("file:")}
     assert files_in_plan and not {t.split(":")[1] for t in tasks} & files_in_plan
+
+
+def test_init_fine_tunes_a_head_keeping_its_draft_vocabulary(tmp_path, tiny_llama_dir, capsys, monkeypatch):
+    from specdec.heads.checkpoint import load_head
+    import specdec.heads.train as train_mod
+    first = tmp_path / "first"
+    rc, err = run_cli(train_args(tiny_llama_dir, word_files(tmp_path / "a"), first, "--max-steps", "2"), capsys)
+    assert rc == 0, err
+    start, _ = load_head(first)
+    seen = []
+    real = train_mod.Trainer.__init__
+
+    def spy(self, head, *rest, **kw):  # the weights the second run starts from
+        seen.append({k: v.clone() for k, v in head.state_dict().items()})
+        real(self, head, *rest, **kw)
+
+    monkeypatch.setattr(train_mod.Trainer, "__init__", spy)
+    second = tmp_path / "second"
+    argv = train_args(tiny_llama_dir, word_files(tmp_path / "b", seed=1), second, "--max-steps", "2",
+                      "--init", str(first), "--draft-vocab", "32")
+    rc, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    assert all(torch.equal(seen[0][k].float(), v.float()) for k, v in start.state_dict().items())
+    tuned, _ = load_head(second)
+    assert torch.equal(tuned.d2t, start.d2t)  # its vocabulary, not one of --draft-vocab 32 from the new text
+    assert not torch.equal(tuned.fc.weight.float(), start.fc.weight.float())
+
+
+def test_a_missing_or_mismatched_init_head_is_a_clear_error(tmp_path, tiny_llama_dir, capsys):
+    argv = train_args(tiny_llama_dir, word_files(tmp_path / "a"), tmp_path / "h", "--init", str(tmp_path / "none"))
+    rc, err = run_cli(argv, capsys)
+    assert rc == 2 and "--init" in err and "no such head directory" in err and "head directory:" not in err
+    first = tmp_path / "first"
+    assert run_cli(train_args(tiny_llama_dir, word_files(tmp_path / "a"), first, "--max-steps", "1"), capsys)[0] == 0
+    argv = train_args(tiny_llama_dir, word_files(tmp_path / "a"), tmp_path / "m", "--kind", "medusa",
+                      "--init", str(first))
+    rc, err = run_cli(argv, capsys)
+    assert rc == 2 and "holds an eagle head; this run trains --kind medusa" in err and "Traceback" not in err

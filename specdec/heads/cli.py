@@ -42,6 +42,9 @@ def add_parsers(sub, default_model: str) -> None:
     t.add_argument("--self-max-new", type=_int, default=256,
                    help="--self-generate: tokens per answer at most (prompts longer than --seq-len minus this "
                         "are skipped)")
+    t.add_argument("--init", default=None, metavar="DIR",
+                   help="start from this head's weights and draft vocabulary (a head trained here, or one in "
+                        "EAGLE's or Medusa's published layout) instead of a new head: fine-tune it on this corpus")
     t.add_argument("--seq-len", type=_int, default=512, help="training sequences: documents cut into pieces this long")
     t.add_argument("--top-k", type=_int, default=32, help="teacher distribution: its top-k ids and probabilities")
     t.add_argument("--intermediate-size", type=_int, default=0, help="EAGLE: the head's MLP width (default: the target's)")
@@ -126,6 +129,8 @@ def _train_head(args) -> int:
     # a missing source (the prompts of --self-generate too) fails before the model loads
     for spec in args.data + ([self_source(args)] if args.self_generate else []):
         open_source(spec, None)
+    if args.init and not Path(args.init).is_dir():
+        raise SpecdecError(f"--init {args.init}: no such head directory")
     from specdec.model import load_model
     lm = load_model(args.model, device=args.device)
     if args.draft_vocab > lm.module.config.vocab_size:
@@ -267,7 +272,7 @@ def train_on(args, lm, plan, records: dict, out: Path, fingerprint: dict, log) -
     from specdec.heads.train import Trainer, TrainConfig, batch_groups
     train = [records[c.id] for c in plan.chunks if c.split == "train" and c.id in records]
     val = [records[c.id] for c in plan.chunks if c.split == "val" and c.id in records]
-    head, parts = new_head(args, lm, train)
+    head, parts = init_head(args, lm, fingerprint) if args.init else new_head(args, lm, train)
     cfg = TrainConfig(lr=args.lr, batch_tokens=args.batch_tokens, epochs=args.epochs, feat_weight=args.feat_weight,
                       unroll=args.unroll, val_k=args.val_k, eval_every=args.eval_every, save_every=args.save_every,
                       bf16=args.bf16, seed=args.seed, max_steps=args.max_steps)
@@ -281,6 +286,18 @@ def train_on(args, lm, plan, records: dict, out: Path, fingerprint: dict, log) -
                                        "validation": final, "corpus": plan.stats})
     return {"head": str(out), "steps": trainer.step, "trained_tokens": trainer.tokens, "alpha": final["alpha"],
             "tau_estimate": final["tau"]}
+
+
+def init_head(args, lm, fingerprint: dict):
+    """The head of --init (checked against the target and --kind), to train on, with its draft vocabulary."""
+    from specdec.heads.checkpoint import load_head
+    from specdec.heads.modules import target_parts
+    from specdec.heads.vocab import DraftVocab
+    head, _ = load_head(args.init, fingerprint)
+    if head.config.kind != args.kind:
+        raise SpecdecError(f"--init {args.init} holds an {head.config.kind} head; this run trains --kind {args.kind}")
+    parts = target_parts(lm.module, DraftVocab.from_d2t(head.d2t).ids)
+    return head.float().train().to(parts.lm_weight.device), parts
 
 
 def new_head(args, lm, train: list):
