@@ -9,7 +9,9 @@ from its signature and docstring, or add hints to it, explain, test or refactor 
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
+import textwrap
 import zlib
 from pathlib import Path
 from typing import Iterator
@@ -39,18 +41,17 @@ def task_documents(files: list[Path]) -> Iterator[Document]:
             tree = ast.parse(text)
         except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
             continue
+        lines = text.splitlines()
         nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        tasks = (function_task(path, n, text.splitlines()) for n in nodes)
+        tasks = (function_task(path, n, lines) for n in nodes)
         yield from itertools.islice((t for t in tasks if t is not None), PER_FILE)
 
 
 def function_task(path: Path, node, lines: list[str]) -> Document | None:
     docstring = ast.get_docstring(node)
-    code = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    code = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno]))
     if not docstring or node.name.startswith("_") or not MIN_LINES <= code.count("\n") + 1 <= MAX_LINES:
         return None
-    indent = len(code) - len(code.lstrip())
-    code = "\n".join(line[indent:] for line in code.splitlines())
     tid = f"task:{path}:{node.lineno}:{node.name}"
     template = TEMPLATES[zlib.crc32(tid.encode()) % len(TEMPLATES)]
     fields = {"signature": f"{node.name}({ast.unparse(node.args)})", "code": code, "bare": bare_code(node),
@@ -66,7 +67,7 @@ def summary(docstring: str) -> str:
 
 def bare_code(node) -> str:
     """The function's code without its docstring and annotations (comments are lost)."""
-    node = ast.parse(ast.unparse(node)).body[0]
+    node = copy.deepcopy(node)
     node.body = node.body[1:] or [ast.Pass()]
     node.returns = None
     for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
