@@ -70,6 +70,7 @@ def bare_code(node) -> str:
     node = copy.deepcopy(node)
     node.body = node.body[1:] or [ast.Pass()]
     node.returns = None
-    for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+    params = node.args  # ast.arguments
+    for a in params.posonlyargs + params.args + params.kwonlyargs:
         a.annotation = None
     return ast.unparse(node)
