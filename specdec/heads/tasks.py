@@ -54,9 +54,9 @@ def function_task(path: Path, node, lines: list[str]) -> Document | None:
         return None
     tid = f"task:{path}:{node.lineno}:{node.name}"
     template = TEMPLATES[zlib.crc32(tid.encode()) % len(TEMPLATES)]
-    fields = {"signature": f"{node.name}({ast.unparse(node.args)})", "code": code, "bare": bare_code(node),
-              "summary": summary(docstring)}
-    text = template.format(**fields)
+    fields = {"signature": lambda: f"{node.name}({ast.unparse(node.args)})", "code": lambda: code,
+              "bare": lambda: bare_code(node), "summary": lambda: summary(docstring)}
+    text = template.format(**{k: make() for k, make in fields.items() if "{" + k + "}" in template})
     return Document(tid, "task", text, (("user", text),))
 
 
