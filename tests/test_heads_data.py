@@ -130,6 +130,68 @@ def test_a_plan_grows_to_a_larger_budget_keeping_its_chunks(tmp_path):
                        lambda p: grown(p, make(900)))
 
 
+def test_a_grown_plan_may_change_the_prompt_families_of_its_new_answers(tmp_path):
+    docs = [Document(f"file:d{i}.py", "code", " ".join(f"w{j}" for j in range(40))) for i in range(20)]
+
+    def make(tokens):
+        return build_plan(iter(docs), WordTokenizer(), OverlapGuard([]), tokens, 40, 32, {"tokens": tokens})
+
+    plan_or_resume(tmp_path / "plan.json", {"tokens": 200}, lambda: make(200))
+    with pytest.raises(SpecdecError, match="other settings \\(self_prompts\\)"):  # nothing grows: nothing added
+        plan_or_resume(tmp_path / "plan.json", {"tokens": 200, "self_prompts": "text"}, lambda: make(200),
+                       lambda p: grown(p, make(200)))
+    big = plan_or_resume(tmp_path / "plan.json", {"tokens": 500, "self_prompts": "text"}, lambda: make(500),
+                         lambda p: grown(p, make(500)))
+    assert big.tokens("train") > 200 and load_plan(tmp_path / "plan.json").settings["self_prompts"] == "text"
+
+
+def conversation(cid, *turns):
+    return Document(f"sharegpt:{cid}", "sharegpt", "", tuple(turns))
+
+
+PROSE = ("The river rises in the hills and runs to the sea. " * 12).strip()
+
+
+def test_text_requests_are_made_from_prose_answers_only():
+    from specdec.heads.tasks import PASSAGE_CHARS, TEXT_TEMPLATES, text_documents
+    code = "```python\nprint(1)\n```\n" + PROSE
+    convs = [conversation("c0", ("user", "What does it do?"), ("assistant", code)),  # code: none
+             conversation("c1", ("user", "Short?"), ("assistant", "Yes.")),  # too short: none
+             *[conversation(f"p{i}", ("user", f"Tell me about river {i}."), ("assistant", PROSE),
+                            ("user", "And then?")) for i in range(40)],
+             conversation("long", ("user", "x" * 400), ("assistant", PROSE * 3))]
+    docs = list(text_documents(iter(convs)))
+    assert len(docs) == 41 and all(d.source == "text" for d in docs)
+    assert [d.id for d in docs] == [d.id for d in text_documents(iter(convs))]  # the same kinds every run
+    kinds = {d.id.rpartition(":")[2] for d in docs}
+    assert kinds == {"summary", "translate", "context", "followup"}
+    for d in docs:
+        kind = d.id.rpartition(":")[2]
+        assert d.messages[-1][0] == "user"
+        if kind == "followup":
+            assert [r for r, _ in d.messages] == ["user", "assistant", "user"] and d.messages[2][1] == "And then?"
+        else:
+            assert d.messages == (("user", d.text),) and d.text.startswith(TEXT_TEMPLATES[kind].partition("{")[0])
+    long = next(d for d in docs if d.id.startswith("text:sharegpt:long:"))
+    assert long.id.rpartition(":")[2] in ("summary", "translate")  # its question is too long to ask
+    passage = long.text.partition("\n\n")[2]
+    assert PASSAGE_CHARS[0] <= len(passage) <= PASSAGE_CHARS[1] and passage.endswith(".")
+
+
+def test_a_request_prompt_holds_all_its_turns_a_conversation_its_first():
+    from specdec.heads.extract import self_prompts
+
+    class Words:  # no chat template: a prompt is its words' ids
+        def encode(self, text, add_special_tokens=False):
+            return [int(w[1:]) for w in text.split()]
+
+    docs = [conversation("r0", ("user", "w1 w2"), ("assistant", "w3"), ("user", "w4")),
+            Document("text:sharegpt:r0:followup", "text", "", (("user", "w1 w2"), ("assistant", "w3"), ("user", "w4"))),
+            Document("text:sharegpt:r1:followup", "text", "", (("user", "w1"), ("assistant", "w3")))]  # no user turn last
+    got = list(self_prompts(Words(), docs, 5, 10, OverlapGuard([]), set()))
+    assert got == [("self:sharegpt:r0#0", [1, 2]), ("self:text:sharegpt:r0:followup#0", [1, 2, 3, 4])]
+
+
 def test_interleave_takes_about_equal_text_from_each_source():
     big = [Document(f"b{i}", "code", "x" * 1000) for i in range(10)]
     small = [Document(f"s{i}", "sharegpt", "y" * 100) for i in range(200)]

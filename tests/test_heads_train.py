@@ -218,10 +218,11 @@ def test_a_killed_training_run_resumes(tmp_path, tiny_llama_dir, capsys, monkeyp
     (["--data", "/nonexistent/dir/*.py"], "no such file"),
     (["--draft-vocab", "97"], "larger than the model's vocabulary"),
     (["--data", "EMPTY"], "corpus is empty"),
+    (["--self-prompts", "chat,poems"], "--self-prompts takes a comma list of chat, code, text"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path, tiny_llama_dir, capsys, change, message):
     (tmp_path / "empty.txt").write_text("   \n")
-    argv = train_args(tiny_llama_dir, word_files(tmp_path / "data"), tmp_path / "head")
+    argv = train_args(tiny_llama_dir, word_files(tmp_path / "data"), tmp_path / "head", "--self-prompts", "chat,code")
     flag, value = change
     argv[argv.index(flag) + 1] = str(tmp_path / "empty.txt") if value == "EMPTY" else value
     rc, err = run_cli(argv, capsys)
@@ -393,6 +394,25 @@ def test_self_generation_answers_coding_requests_from_the_source_files(tmp_path,
     assert len(answered) == 8 and len(tasks) == 4  # a ShareGPT turn and a coding request in turn
     files_in_plan = {c.id.rpartition("#")[0].removeprefix("file:") for c in plan.chunks if c.id.startswith("file:")}
     assert files_in_plan and not {t.split(":")[1] for t in tasks} & files_in_plan
+
+
+def test_self_generation_answers_text_requests_about_sharegpt_answers(tmp_path, tiny_llama_dir, capsys):
+    from specdec.heads.corpus import load_plan
+    rng = random.Random(3)
+    prose = lambda: ". ".join(" ".join(f"w{rng.randrange(90)}" for _ in range(8)) for _ in range(14)) + "."  # noqa: E731
+    rows = [{"id": f"r{i}", "conversations": [{"from": "human", "value": "w1 w2 w3"}, {"from": "gpt", "value": prose()},
+                                              {"from": "human", "value": "w4 w5"}]} for i in range(30)]
+    (tmp_path / "sg.json").write_text(json.dumps(rows))
+    out = tmp_path / "head"
+    argv = train_args(tiny_llama_dir, f"sharegpt:{tmp_path / 'sg.json'}", out, "--max-steps", "1",
+                      "--self-generate", "6", "--self-max-new", "8", "--self-prompts", "text")
+    argv[argv.index("--seq-len") + 1] = "512"
+    rc, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    plan = load_plan(out / "work" / "plan.json")
+    answered = [c for c in plan.chunks if c.id.startswith("self:")]
+    assert len(answered) == 6 and all(c.id.startswith("self:text:sharegpt:r") for c in answered)
+    assert plan.settings["self_prompts"] == "text"
 
 
 def test_init_fine_tunes_a_head_keeping_its_draft_vocabulary(tmp_path, tiny_llama_dir, capsys, monkeypatch):

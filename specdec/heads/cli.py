@@ -38,7 +38,13 @@ def add_parsers(sub, default_model: str) -> None:
     t.add_argument("--self-generate", type=_int, default=0, metavar="N",
                    help="add the target's own greedy answers to N prompts (generated 16 at a time; their "
                         "features come from the forwards that chose them): ShareGPT first turns, taking turns with "
-                        "coding requests made from the functions of the --data source files")
+                        "coding requests made from the functions of the --data source files (see --self-prompts)")
+    t.add_argument("--self-prompts", default=DEFAULT_SELF_PROMPTS, metavar="FAMILIES",
+                   help="--self-generate: where the prompts come from, taking turns: comma list of chat (ShareGPT "
+                        "first turns), code (coding requests made from the functions of the --data source "
+                        "files), text (requests about ShareGPT's prose answers: summarize, translate, answer "
+                        "from the text, the conversation's second turn). A grown corpus keeps the answers it "
+                        "has; new ones come from these")
     t.add_argument("--self-max-new", type=_int, default=256,
                    help="--self-generate: tokens per answer at most (prompts longer than --seq-len minus this "
                         "are skipped)")
@@ -70,6 +76,16 @@ def run(args) -> int:
 
 
 MIN_SELF_PROMPT = 16
+DEFAULT_SELF_PROMPTS = "chat,code"
+
+
+def self_families(args) -> list[str]:
+    from specdec.heads.tasks import FAMILIES
+    families = [f.strip() for f in args.self_prompts.split(",") if f.strip()]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise SpecdecError(f"--self-prompts takes a comma list of {', '.join(FAMILIES)}; got {args.self_prompts!r}")
+    return list(dict.fromkeys(families))
 
 
 def check_args(args) -> None:
@@ -81,6 +97,7 @@ def check_args(args) -> None:
             raise SpecdecError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.self_generate < 0 or args.epochs <= 0:
         raise SpecdecError("--self-generate must be >= 0 and --epochs > 0")
+    self_families(args)
     if args.self_generate and args.seq_len - args.self_max_new < MIN_SELF_PROMPT:
         raise SpecdecError(f"--self-max-new {args.self_max_new} leaves prompts under {MIN_SELF_PROMPT} tokens in "
                            f"--seq-len {args.seq_len} (a prompt and its answer are one sequence); lower it or "
@@ -155,6 +172,8 @@ def prepare_corpus(args, lm, work: Path, log):
         val_tokens = load_plan(saved).settings.get("val_tokens", val_tokens)
     settings = {"target": fingerprint, "data": list(args.data), "tokens": args.tokens, "val_tokens": val_tokens,
                 "seq_len": args.seq_len, "self_generate": args.self_generate, "self_max_new": args.self_max_new}
+    if self_families(args) != DEFAULT_SELF_PROMPTS.split(","):  # a plan made before the flag has no such key
+        settings["self_prompts"] = ",".join(self_families(args))
     store = (work / "features", feature_settings(args, lm, fingerprint))  # self-generated answers go straight in
     plan = plan_or_resume(saved, settings, lambda: make_plan(args, lm, val_tokens, settings, store, log),
                           lambda previous: make_plan(args, lm, val_tokens, settings, store, log, previous))
@@ -199,13 +218,23 @@ def self_source(args) -> str:
 
 
 def self_requests(args, tokenizer, taken: set[str]) -> list:
-    """The prompts' sources, to take turns: ShareGPT conversations and, when --data names source
-    files, coding requests made from their functions (none from a file the plan holds)."""
+    """The prompts' sources (--self-prompts), to take turns: ShareGPT conversations, coding requests
+    made from the functions of the --data source files (none from a file the plan holds; none when
+    --data names no files), text requests about ShareGPT's answers."""
     from specdec.heads.data import open_source, source_files
-    from specdec.heads.tasks import task_documents
-    files = [f for spec in args.data if not spec.startswith("sharegpt") for f in source_files(spec)
-             if f"file:{f}" not in taken]
-    return [open_source(self_source(args), tokenizer)] + ([task_documents(files)] if files else [])
+    from specdec.heads.tasks import task_documents, text_documents
+    streams = []
+    for family in self_families(args):
+        if family == "chat":
+            streams.append(open_source(self_source(args), tokenizer))
+        elif family == "text":
+            streams.append(text_documents(open_source(self_source(args), tokenizer)))
+        else:
+            files = [f for spec in args.data if not spec.startswith("sharegpt") for f in source_files(spec)
+                     if f"file:{f}" not in taken]
+            if files:
+                streams.append(task_documents(files))
+    return streams
 
 
 def self_doc(chunk_id: str) -> str:

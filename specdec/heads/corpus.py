@@ -100,18 +100,22 @@ def load_plan(path: Path) -> Plan:
 
 
 GROWABLE = ("tokens", "self_generate")  # settings a saved plan can grow in (to larger values)
+CHANGEABLE = ("self_prompts",)  # settings a grown plan may change: they only choose what is added
 
 
 def plan_or_resume(path: Path, settings: dict, make, grow=None) -> Plan:
     """The plan saved at path if it was made with the same settings, else make() (saved). A saved
-    plan whose settings differ only by larger GROWABLE budgets is handed to grow(plan) instead, which
-    returns it with more chunks (its own kept, so their extracted features are reused)."""
+    plan whose settings differ only by larger GROWABLE budgets (and CHANGEABLE choices of what to
+    add) is handed to grow(plan) instead, which returns it with more chunks (its own kept, so their
+    extracted features are reused)."""
     if path.is_file():
         plan = load_plan(path)
         if plan.settings == settings:
             return plan
         diff = sorted(k for k in set(settings) | set(plan.settings) if settings.get(k) != plan.settings.get(k))
-        if grow is None or not all(k in GROWABLE and settings.get(k, 0) >= plan.settings.get(k, 0) for k in diff):
+        grows = [k for k in diff if k not in CHANGEABLE]
+        if grow is None or not grows or not all(k in GROWABLE and settings.get(k, 0) >= plan.settings.get(k, 0)
+                                                for k in grows):
             raise SpecdecError(f"{path.parent} holds a corpus planned with other settings ({', '.join(diff)}); "
                                "use another --out, or delete that directory to start over"
                                + (" (--tokens and --self-generate may only grow)" if grow is not None else ""))

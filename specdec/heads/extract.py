@@ -216,21 +216,32 @@ def answer_records(module, prompts: Iterable[tuple[str, list[int]]], max_prompt:
 
 
 def self_prompts(tokenizer, documents, count: int, max_prompt: int, guard, taken: set[str]) -> Iterator[tuple[str, list[int]]]:
-    """(id, prompt tokens) for the first user turns of up to `count` conversations: not in `taken`,
-    not overlapping the evaluation sets, at most max_prompt tokens through the chat template (a longer
-    one is skipped: cut, it would lose the template's assistant turn; so is one of no tokens)."""
+    """(id, prompt tokens) for up to `count` documents: a ShareGPT conversation's first user turn, a
+    request made here (specdec.heads.tasks) all its turns; not in `taken`, not overlapping the
+    evaluation sets, at most max_prompt tokens through the chat template (a longer one is skipped:
+    cut, it would lose the template's assistant turn; so is one of no tokens)."""
     from specdec.model.tokenizer import encode_messages
     made = 0
     for doc in documents:
         if made >= count:
             return
-        first = next((c for r, c in doc.messages if r == "user"), None)
-        if first is None or doc.id in taken or not guard.admit(first, "self"):
+        turns = prompt_turns(doc)
+        text = "\n\n".join(c for _, c in turns)
+        if not turns or doc.id in taken or not guard.admit(text, "self"):
             continue
-        messages = [{"role": "user", "content": first}]
+        messages = [{"role": r, "content": c} for r, c in turns]
         prompt = (encode_messages(tokenizer, messages) if getattr(tokenizer, "chat_template", None)
-                  else tokenizer.encode(first, add_special_tokens=False))
+                  else tokenizer.encode(text, add_special_tokens=False))
         if not prompt or len(prompt) > max_prompt:
             continue
         made += 1
         yield f"self:{doc.id}#0", prompt
+
+
+def prompt_turns(doc) -> tuple:
+    """The turns a self-generated answer replies to: a ShareGPT conversation's first user turn, or a
+    request's own turns (they end with the user's); () if there is none."""
+    if doc.source != "sharegpt":
+        return doc.messages if doc.messages and doc.messages[-1][0] == "user" else ()
+    first = next((c for r, c in doc.messages if r == "user"), None)
+    return (("user", first),) if first is not None else ()

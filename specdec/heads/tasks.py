@@ -1,9 +1,12 @@
-"""Coding requests built from the functions of source files: prompts for --self-generate.
+"""Requests built here, prompts for --self-generate besides ShareGPT's first turns (mostly chat).
 
-The target's own answers to coding requests teach a head the text it drafts on code; ShareGPT's first
-turns are mostly chat. Each documented function of a file gives one request, phrased by one of a few
-templates (chosen by a hash of the function's id, so a run picks the same ones every time): write it
-from its signature and docstring, or add hints to it, explain, test or refactor its code.
+- Coding requests (`code`): each documented function of a source file gives one, phrased by one of a
+  few templates (chosen by a hash of the function's id, so a run picks the same ones every time):
+  write it from its signature and docstring, or add hints to it, explain, test or refactor its code.
+- Text requests (`text`): each ShareGPT conversation with a prose answer gives one about that
+  answer: summarize it, translate it, answer a question from it (the question that asked for it),
+  or the conversation's own second turn after its first exchange. The target's answers to these
+  teach a head the drafting of summaries, translations and answers that copy from a given text.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from specdec.heads.data import Document
+
+FAMILIES = ("chat", "code", "text")  # --self-prompts: ShareGPT first turns, coding and text requests
 
 MIN_LINES, MAX_LINES = 4, 40  # a function's source: long enough to ask about, short enough to answer
 PER_FILE = 3
@@ -74,3 +79,61 @@ def bare_code(node) -> str:
     for a in params.posonlyargs + params.args + params.kwonlyargs:
         a.annotation = None
     return ast.unparse(node)
+
+
+PASSAGE_CHARS = (300, 900)  # a text request's passage: long enough to work on, short enough for its prompt
+QUESTION_CHARS = 300
+LANGUAGES = ("German", "French", "Spanish", "Italian", "Chinese")
+TEXT_TEMPLATES = {
+    "summary": "Summarize the following text in two or three sentences.\n\n{passage}",
+    "translate": "Translate the following text into {language}.\n\n{passage}",
+    "context": "Answer the question using the text below.\n\nText: {passage}\n\nQuestion: {question}",
+}
+
+
+def text_documents(conversations: Iterator[Document]) -> Iterator[Document]:
+    """One text request per ShareGPT conversation that has a prose answer of PASSAGE_CHARS (code
+    answers are the coding requests' part): its kind by a hash of the conversation's id, among the
+    kinds it allows (`followup` and `context` need a short question before the answer, `followup` a
+    second user turn after it)."""
+    for doc in conversations:
+        turns = doc.messages
+        at = next((i for i, (role, text) in enumerate(turns) if role == "assistant" and is_prose(text)), None)
+        if at is None:
+            continue
+        passage = cut(turns[at][1], PASSAGE_CHARS[1])
+        if len(passage) < PASSAGE_CHARS[0]:
+            continue
+        question = turns[at - 1][1] if at > 0 and turns[at - 1][0] == "user" else ""
+        short = question and len(question) <= QUESTION_CHARS
+        kinds = ["summary", "translate"] + (["context"] if short else [])
+        after = turns[at + 1] if at + 1 < len(turns) else None
+        if short and after is not None and after[0] == "user" and len(after[1]) <= QUESTION_CHARS:
+            kinds.append("followup")
+        h = zlib.crc32(doc.id.encode())
+        kind = kinds[h % len(kinds)]
+        tid = f"text:{doc.id}:{kind}"
+        if kind == "followup":
+            messages = (("user", question), ("assistant", passage), after)
+            yield Document(tid, "text", "\n\n".join(c for _, c in messages), messages)
+            continue
+        text = TEXT_TEMPLATES[kind].format(passage=passage, question=question,
+                                           language=LANGUAGES[(h >> 8) % len(LANGUAGES)])
+        yield Document(tid, "text", text, (("user", text),))
+
+
+def is_prose(text: str) -> bool:
+    """An answer of sentences, not code or a table: no code fence, few lines that look like code."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    codeish = sum(line.startswith(("    ", "\t", "|")) or line.rstrip().endswith((";", "{", "}")) for line in lines)
+    return "```" not in text and codeish <= len(lines) // 5
+
+
+def cut(text: str, limit: int) -> str:
+    """text up to `limit` characters, ending at the last paragraph or sentence end before it."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = max(head.rfind("\n\n"), head.rfind(". ") + 1, head.rfind(".\n") + 1)
+    return head[:end].strip() if end > 0 else head.rsplit(" ", 1)[0]
