@@ -2,7 +2,8 @@
 1..k (its own chains, the teacher being the target's top token) on the held-out chunks of one head's
 training run: the features that run extracted (work/plan.json and work/features), so every head is
 measured on the same positions, free of the host's speed. Rows by source: ShareGPT text, Python
-source, and the target's own answers ("self": to ShareGPT prompts; "self-code": to coding requests).
+source, and the target's own answers ("self": to ShareGPT prompts; "self-code": to coding requests;
+"self-text": to text requests about ShareGPT's answers).
 
     python scripts/head_acceptance.py --work HEADS/NAME/work --heads heads/MODEL-eagle HEADS/NAME \
         [--model qwen2.5-coder-1.5b-instruct] > runs/head-acceptance.json
@@ -28,6 +29,8 @@ from specdec.model import load_model
 def source_of(chunk_id: str) -> str:
     if chunk_id.startswith("self:task:"):  # the target's answers to coding requests
         return "self-code"
+    if chunk_id.startswith("self:text:"):  # to text requests (summaries, translations, answers from a text)
+        return "self-text"
     return chunk_id.partition(":")[0].replace("file", "code")
 
 
