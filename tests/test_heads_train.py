@@ -413,6 +413,8 @@ def test_self_generation_answers_text_requests_about_sharegpt_answers(tmp_path, 
     answered = [c for c in plan.chunks if c.id.startswith("self:")]
     assert len(answered) == 6 and all(c.id.startswith("self:text:sharegpt:r") for c in answered)
     assert plan.settings["self_prompts"] == "text"
+    assert plan.stats["train_tokens"] == plan.tokens("train") and plan.stats["val_tokens"] == plan.tokens("val")
+    assert plan.stats["tokens_by_source"]["self"] == sum(len(c.tokens) for c in answered)
 
 
 def test_init_fine_tunes_a_head_keeping_its_draft_vocabulary(tmp_path, tiny_llama_dir, capsys, monkeypatch):

@@ -203,7 +203,11 @@ def make_plan(args, lm, val_tokens: int, settings: dict, store: tuple[Path, dict
         log(f"corpus grown from {plan.stats['grown_from']} to {plan.stats['train_tokens']} training tokens")
     if args.self_generate > done:
         taken = {self_doc(c.id) for c in plan.chunks}
-        plan.chunks += self_chunks(args, lm, guard, taken, args.self_generate - done, *store)
+        answers = self_chunks(args, lm, guard, taken, args.self_generate - done, *store)
+        plan.chunks += answers
+        by_source = plan.stats.setdefault("tokens_by_source", {})
+        by_source["self"] = by_source.get("self", 0) + sum(len(c.tokens) for c in answers)
+        plan.stats.update(train_tokens=plan.tokens("train"), val_tokens=plan.tokens("val"))
     plan.stats["self_generated"] = max(done, args.self_generate)
     plan.stats["dropped_overlap"] = dict(guard.dropped)
     return plan
