@@ -417,6 +417,13 @@ def test_self_generation_answers_text_requests_about_sharegpt_answers(tmp_path, 
     assert plan.stats["tokens_by_source"]["self"] == sum(len(c.tokens) for c in answered)
 
 
+def test_coding_requests_without_source_files_are_a_clear_error(tmp_path, tiny_llama_dir, capsys):
+    argv = train_args(tiny_llama_dir, sharegpt_file(tmp_path / "sg.json"), tmp_path / "head", "--self-generate", "4",
+                      "--self-max-new", "8", "--self-prompts", "code")
+    rc, err = run_cli(argv, capsys)
+    assert rc == 2 and "--data names none" in err and "Traceback" not in err and not (tmp_path / "head").exists()
+
+
 def test_init_fine_tunes_a_head_keeping_its_draft_vocabulary(tmp_path, tiny_llama_dir, capsys, monkeypatch):
     from specdec.heads.checkpoint import load_head
     import specdec.heads.train as train_mod

@@ -97,7 +97,9 @@ def check_args(args) -> None:
             raise SpecdecError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.self_generate < 0 or args.epochs <= 0:
         raise SpecdecError("--self-generate must be >= 0 and --epochs > 0")
-    self_families(args)
+    if self_families(args) == ["code"] and args.self_generate and all(s.startswith("sharegpt") for s in args.data):
+        raise SpecdecError("--self-prompts code makes coding requests from the --data source files, and --data names "
+                           "none; add a file, directory or glob, or another family")
     if args.self_generate and args.seq_len - args.self_max_new < MIN_SELF_PROMPT:
         raise SpecdecError(f"--self-max-new {args.self_max_new} leaves prompts under {MIN_SELF_PROMPT} tokens in "
                            f"--seq-len {args.seq_len} (a prompt and its answer are one sequence); lower it or "
@@ -172,8 +174,9 @@ def prepare_corpus(args, lm, work: Path, log):
         val_tokens = load_plan(saved).settings.get("val_tokens", val_tokens)
     settings = {"target": fingerprint, "data": list(args.data), "tokens": args.tokens, "val_tokens": val_tokens,
                 "seq_len": args.seq_len, "self_generate": args.self_generate, "self_max_new": args.self_max_new}
-    if self_families(args) != DEFAULT_SELF_PROMPTS.split(","):  # a plan made before the flag has no such key
-        settings["self_prompts"] = ",".join(self_families(args))
+    families = self_families(args)
+    if families != DEFAULT_SELF_PROMPTS.split(","):  # a plan made before the flag has no such key
+        settings["self_prompts"] = ",".join(families)
     store = (work / "features", feature_settings(args, lm, fingerprint))  # self-generated answers go straight in
     plan = plan_or_resume(saved, settings, lambda: make_plan(args, lm, val_tokens, settings, store, log),
                           lambda previous: make_plan(args, lm, val_tokens, settings, store, log, previous))
