@@ -20,9 +20,7 @@ import torch
 from specdec.heads.checkpoint import load_head, target_fingerprint
 from specdec.heads.corpus import load_plan
 from specdec.heads.extract import load_records
-from specdec.heads.modules import target_parts
-from specdec.heads.train import acceptance
-from specdec.heads.vocab import DraftVocab
+from specdec.heads.train import head_acceptance
 from specdec.model import load_model
 
 
@@ -55,12 +53,8 @@ def main() -> None:
     fingerprint = target_fingerprint(lm.module, lm.tokenizer)
     for directory in args.heads:
         head, meta = load_head(directory, fingerprint)
-        head = head.float()
-        vocab = DraftVocab.from_d2t(head.d2t.cpu())
-        parts = target_parts(lm.module, vocab.ids)
-        to_draft = vocab.target_to_draft(head.config.vocab_size)
-        out["heads"][directory] = {"trained_tokens": meta.get("trained_tokens"), **{
-            g: acceptance(head, rs, parts, to_draft, vocab.ids, args.k) for g, rs in groups.items()}}
+        out["heads"][directory] = {"trained_tokens": meta.get("trained_tokens"),
+                                   **head_acceptance(head.float(), lm.module, groups, args.k)}
     print(json.dumps(out, indent=1))
 
 

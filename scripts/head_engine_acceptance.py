@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -17,9 +18,7 @@ from specdec.config import GenerationConfig
 from specdec.heads.checkpoint import load_head, target_fingerprint
 from specdec.heads.corpus import load_plan
 from specdec.heads.extract import ChunkRecord, load_records
-from specdec.heads.modules import target_parts
-from specdec.heads.train import acceptance
-from specdec.heads.vocab import DraftVocab
+from specdec.heads.train import head_acceptance
 from specdec.runner import Runner
 from specdec.settings import DraftingSettings, ModelSettings
 
@@ -35,7 +34,6 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    from pathlib import Path
     work = Path(args.work)
     chunks = [c for c in load_plan(work / "plan.json").chunks if c.split == "val" and c.id.startswith("self:")]
     chunks = chunks[:args.answers]
@@ -43,26 +41,24 @@ def main() -> None:
                           GenerationConfig(max_new_tokens=args.max_new_tokens, k=1))
     lm = runner.target
     head, _ = load_head(args.head, target_fingerprint(lm.module, lm.tokenizer))
-    head = head.float()
-    vocab = DraftVocab.from_d2t(head.d2t.cpu())
-    parts, to_draft = target_parts(lm.module, vocab.ids), vocab.target_to_draft(head.config.vocab_size)
     records = {r.id: r for r in load_records(work / "features", {c.id for c in chunks})}
-    rows, drafted, accepted, reach, passed = [], 0, 0, 0, 0
+    answers, engine = {}, {}
     for c in chunks:
         toks = c.tokens
         start = max(i for i in range(len(toks) - 2) if toks[i:i + 3] == ASSISTANT) + 3
         result = runner.engine.generate(toks[:start], runner.cfg, lm.eos_ids, None)
         n = min(len(toks), start + args.max_new_tokens)
         r = records[c.id]
-        answer = ChunkRecord(r.id, r.tokens[start - 2:n], r.features[start - 2:n], r.top_ids[start - 2:n],
-                             r.top_probs[start - 2:n])
-        offline = acceptance(head, [answer], parts, to_draft, vocab.ids, 1)
-        s = result.stats
-        drafted, accepted = drafted + s.drafted, accepted + s.accepted
-        reach, passed = reach + offline["positions"], passed + round(offline["alpha"][0] * offline["positions"])
-        rows.append({"id": c.id, "same_answer": result.tokens == toks[start:start + len(result.tokens)],
-                     "engine_drafted": s.drafted, "engine_alpha": s.accepted / max(1, s.drafted),
-                     "offline_positions": offline["positions"], "offline_alpha": offline["alpha"][0]})
+        answers[c.id] = [ChunkRecord(r.id, r.tokens[start - 2:n], r.features[start - 2:n], r.top_ids[start - 2:n],
+                                     r.top_probs[start - 2:n])]
+        engine[c.id] = (result.tokens == toks[start:start + len(result.tokens)], result.stats)
+    offline = head_acceptance(head.float(), lm.module, answers, 1)
+    rows = [{"id": cid, "same_answer": same, "engine_drafted": s.drafted, "engine_alpha": s.accepted / max(1, s.drafted),
+             "offline_positions": offline[cid]["positions"], "offline_alpha": offline[cid]["alpha"][0]}
+            for cid, (same, s) in engine.items()]
+    drafted, accepted = sum(s.drafted for _, s in engine.values()), sum(s.accepted for _, s in engine.values())
+    reach = sum(o["positions"] for o in offline.values())
+    passed = sum(round(o["alpha"][0] * o["positions"]) for o in offline.values())
     print(json.dumps({"head": args.head, "work": args.work, "answers": rows,
                       "engine_alpha": accepted / max(1, drafted), "offline_alpha": passed / max(1, reach)}, indent=1))
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
 from specdec.heads.extract import ChunkRecord
-from specdec.heads.modules import TargetParts
+from specdec.heads.modules import TargetParts, target_parts
 from specdec.heads.vocab import DraftVocab
 
 CHECKPOINT = "checkpoint.pt"
@@ -133,6 +133,14 @@ def acceptance(head, records: list[ChunkRecord], parts: TargetParts, to_draft, d
             live = live & match & greedy
     alpha = [a / r if r else 0.0 for a, r in zip(accept, reach)]
     return {"alpha": alpha, "tau": 1.0 + sum(math.prod(alpha[:j + 1]) for j in range(len(alpha))), "positions": reach[0]}
+
+
+def head_acceptance(head, module, groups: dict[str, list[ChunkRecord]], k: int) -> dict[str, dict]:
+    """acceptance() of a loaded head (fp32) for a loaded target module on each group of records, the
+    target's parts for its draft vocabulary made once."""
+    vocab = DraftVocab.from_d2t(head.d2t.cpu())
+    parts, to_draft = target_parts(module, vocab.ids), vocab.target_to_draft(head.config.vocab_size)
+    return {name: acceptance(head, records, parts, to_draft, vocab.ids, k) for name, records in groups.items()}
 
 
 def batch_groups(records: list[ChunkRecord], batch_tokens: int, seed: int) -> list[list[int]]:
