@@ -6,7 +6,7 @@ TARGET ?= qwen2.5-coder-1.5b-instruct
 DRAFT  ?= qwen2.5-coder-0.5b-instruct
 PROMPT ?= Write a Python function that merges two sorted lists into one sorted list.
 
-.PHONY: venv run test bench head results docs clean
+.PHONY: venv run test bench head results docs fuzz clean
 
 # torch is pinned to the CPU build that lies on this machine's disk; an open range pulls a CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -45,6 +45,19 @@ head: venv
 	$(VENV)/bin/specdec train-head --model $(TARGET) --kind eagle --data sharegpt $(STDLIB) --tokens 8000 \
 	  --self-generate 960 --self-max-new 192 --seq-len 512 --init runs/head-base/heads/$(TARGET)-eagle \
 	  --batch-tokens 1024 --unroll 2 --epochs 2 --lr 1e-4 --bf16 --eval-every 20 --save-every 20
+
+# schemathesis over every route of /openapi.json (FUZZ_EXAMPLES requests each) against a server started
+# here on a small model, stopped at the end; long, and not part of `make test`
+FUZZ_MODEL ?= smollm2-135m-instruct
+FUZZ_PORT  ?= 8765
+FUZZ_EXAMPLES ?= 1000
+fuzz: venv
+	$(VENV)/bin/specdec pull $(FUZZ_MODEL)
+	$(VENV)/bin/specdec serve --model $(FUZZ_MODEL) --max-context 512 --port $(FUZZ_PORT) & server=$$!; \
+	trap 'kill $$server' EXIT; \
+	until $(PY) -c 'import sys, httpx; httpx.get(sys.argv[1]).raise_for_status()' \
+	    http://127.0.0.1:$(FUZZ_PORT)/health 2>/dev/null; do kill -0 $$server || exit 1; sleep 1; done; \
+	$(VENV)/bin/schemathesis run http://127.0.0.1:$(FUZZ_PORT)/openapi.json --max-examples=$(FUZZ_EXAMPLES)
 
 # docs/performance.md from the summaries in docs/results/*.json, and docs/cli.md from the parsers
 results: venv docs

@@ -10,9 +10,10 @@ one from a parsed namespace, field by field: the namespace ends here and in the 
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import fields
 
-from specdec.settings import DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET
+from specdec.settings import API_KEY_ENV, DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_DRAFT_VOCAB", "DEFAULT_TARGET", "integer", "settings"]
 
@@ -144,6 +145,17 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM, seconds in-flight requests may still run before they end with 'abort'")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="every path but /health needs the header 'Authorization: Bearer KEY' (else 401); "
+                        "$SPECDEC_API_KEY gives it too, out of the process list (default: no key, all open)")
+    p.add_argument("--api-key-protects-stats", action="store_true",
+                   help="/stats and /metrics need the API key too (default: they stay open, for monitoring)")
+    p.add_argument("--max-body-bytes", type=integer, default=4 * 1024 * 1024,
+                   help="a request body longer than this is refused with 413 (default: 4 MiB)")
+    p.add_argument("--max-stop-length", type=integer, default=256,
+                   help="characters a stop string may have (a longer one is a 400)")
+    p.add_argument("--max-messages", type=integer, default=512,
+                   help="messages a chat request may have (more is a 400)")
 
 
 def add_ray_flags(p: argparse.ArgumentParser) -> None:
@@ -239,6 +251,9 @@ def add_all_serve_flags(p: argparse.ArgumentParser) -> None:
 
 
 def serve_settings(args: argparse.Namespace) -> tuple:
-    """(ModelSettings, DraftingSettings, ServeSettings, RaySettings) from `specdec serve`'s flags."""
+    """(ModelSettings, DraftingSettings, ServeSettings, RaySettings) from `specdec serve`'s flags; the
+    API key from $SPECDEC_API_KEY when --api-key is not given."""
     from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
+    if args.api_key is None and os.environ.get(API_KEY_ENV):
+        args = argparse.Namespace(**{**vars(args), "api_key": os.environ[API_KEY_ENV]})
     return tuple(settings(cls, args) for cls in (ModelSettings, DraftingSettings, ServeSettings, RaySettings))

@@ -11,7 +11,7 @@ Sampling is config.SamplingParams, whose fields are the sampling flags'.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdec.config import LookaheadConfig, NgramConfig, SuffixConfig, TreeConfig
 from specdec.errors import SpecdecError
@@ -20,6 +20,7 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_DRAFT_VOCAB = 32768  # the draft scores ids < 32768: faster drafts for the Qwen2.5 pair, the output unchanged
 LOADTEST_MODES = ("off", "on", "policy")  # speculation off, on at a fixed k, the policy's choice
+API_KEY_ENV = "SPECDEC_API_KEY"  # serve's --api-key, kept out of the process list
 
 
 def at_least(flag: str, value, low) -> None:
@@ -175,11 +176,20 @@ class ServeSettings:
     prefix_cache: bool = True
     shutdown_grace: float = 10.0
     served_model_name: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # or $SPECDEC_API_KEY (flags.serve_settings)
+    api_key_protects_stats: bool = False
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_stop_length: int = 256
+    max_messages: int = 512
 
     def __post_init__(self):
         for flag, value, low in (("--max-batch", self.max_batch, 1), ("--max-queue", self.max_queue, 0),
-                                 ("--prefill-chunk", self.prefill_chunk, 1)):
+                                 ("--prefill-chunk", self.prefill_chunk, 1),
+                                 ("--max-body-bytes", self.max_body_bytes, 1),
+                                 ("--max-stop-length", self.max_stop_length, 1),
+                                 ("--max-messages", self.max_messages, 1)):
             at_least(flag, value, low)
+        self.check_api_key()
         if self.spec_off_batch is not None:
             at_least("--spec-off-batch", self.spec_off_batch, 0)
         if self.request_timeout < 0:
@@ -191,6 +201,24 @@ class ServeSettings:
     def schedule(self) -> dict[int, int] | None:
         from specdec.policy import parse_schedule
         return parse_schedule(self.k_schedule) if self.k_schedule else None
+
+    def check_api_key(self) -> None:
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()
+                                             and self.api_key and " " not in self.api_key):
+            raise SpecdecError("--api-key (or $SPECDEC_API_KEY) must be non-empty printable ASCII without spaces")
+        if self.api_key_protects_stats and self.api_key is None:
+            raise SpecdecError("--api-key-protects-stats needs an API key: give --api-key KEY or set "
+                               "$SPECDEC_API_KEY")
+
+    def access(self):
+        """Who may call what (server.guard.Access)."""
+        from specdec.server.guard import Access
+        return Access(self.api_key, self.api_key_protects_stats)
+
+    def limits(self):
+        """The caps on a request (server.guard.RequestLimits)."""
+        from specdec.server.guard import RequestLimits
+        return RequestLimits(self.max_body_bytes, self.max_stop_length, self.max_messages)
 
 
 @dataclass(frozen=True)

@@ -74,11 +74,34 @@ def test_the_default_flags_build_valid_settings(command):
     (["--ray", "--replicas", "2", "--autoscale", "1:3"], "not both"),
     (["--ray", "--autoscale", "3:1"], "1 <= MIN <= MAX"),
     (["--ray", "--cpus-per-replica", "0"], "--cpus-per-replica must be > 0"),
+    (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),
+    (["--max-stop-length", "0"], "--max-stop-length must be >= 1"),
+    (["--max-messages", "0"], "--max-messages must be >= 1"),
+    (["--api-key", ""], "must be non-empty printable ASCII without spaces"),
+    (["--api-key", "two words"], "must be non-empty printable ASCII without spaces"),
+    (["--api-key", "clé"], "must be non-empty printable ASCII without spaces"),
+    (["--api-key", "tab\there"], "must be non-empty printable ASCII without spaces"),
+    (["--api-key-protects-stats"], "--api-key-protects-stats needs an API key"),
 ])
-def test_bad_serve_values_are_clear_errors_before_anything_loads(argv, message):
+def test_bad_serve_values_are_clear_errors_before_anything_loads(argv, message, monkeypatch):
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
     args = build_parser().parse_args(["serve", "--model", "/nonexistent", *argv])
     with pytest.raises(SpecdecError, match=re.escape(message)):
         serve_settings(args)
+
+
+def test_the_api_key_comes_from_the_flag_or_the_environment_and_never_shows(monkeypatch):
+    def key(*argv):
+        return serve_settings(build_parser().parse_args(["serve", *argv]))[2].api_key
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
+    assert key() is None and key("--api-key", "k1") == "k1"
+    monkeypatch.setenv("SPECDEC_API_KEY", "")
+    assert key() is None
+    monkeypatch.setenv("SPECDEC_API_KEY", "k2")
+    assert key() == "k2" and key("--api-key", "k1") == "k1"
+    srv = serve_settings(build_parser().parse_args(["serve", "--api-key-protects-stats"]))[2]
+    assert srv.access().protects_stats and srv.access().needs_key("/stats")
+    assert "k2" not in repr(srv) and "k2" not in repr(srv.access())
 
 
 @pytest.mark.parametrize("argv, message", [

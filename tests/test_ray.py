@@ -1,6 +1,7 @@
 """`specdec serve --ray`: two SmolLM2-135M replicas (n-gram drafting, 1 CPU each) under Ray Serve on a
 local cluster bound to loopback. The API through the official client, conversation-aware routing,
-a replica killed under load (nothing lost, the replica comes back), and the bad-input errors."""
+a replica killed under load (nothing lost, the replica comes back), the bad-input errors, and the
+front's API-key and body-size checks."""
 
 import json
 import socket
@@ -22,6 +23,8 @@ from specdec.server import ray_serve  # noqa: E402
 pytestmark = pytest.mark.real
 MODEL = "smollm2-135m-instruct"
 MAX_NEW = 12
+KEY = "ray-sekret"  # the cluster's front needs it on /v1/ (guard.py)
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def free_port() -> int:
@@ -46,7 +49,8 @@ def replicas_running() -> int:
 @pytest.fixture(scope="module")
 def cluster(smollm2_path):
     port = free_port()
-    model, drafting, srv, ray_settings = serve_settings(serve_args("--replicas", "2", "--port", str(port)))
+    model, drafting, srv, ray_settings = serve_settings(serve_args("--replicas", "2", "--port", str(port),
+                                                                   "--api-key", KEY))
     lo, hi = ray_serve.check_ray(ray_settings)
     ray_serve.start_ray(None)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -79,7 +83,7 @@ def reference(smollm2):
 
 
 def client(base):
-    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 def test_concurrent_streaming_and_whole_answers(cluster, reference):
@@ -96,11 +100,12 @@ def test_concurrent_streaming_and_whole_answers(cluster, reference):
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(one, range(len(prompts))))
     assert got == [reference(p) for p in prompts]
-    models = httpx.get(cluster + "/v1/models").json()
+    models = httpx.get(cluster + "/v1/models", headers=AUTH).json()
     assert models["data"][0]["id"] == MODEL and httpx.get(cluster + "/health").status_code == 200
     chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=4)
     assert chat.choices[0].message.content
-    bad = httpx.post(cluster + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": None}]})
+    bad = httpx.post(cluster + "/v1/chat/completions", headers=AUTH,
+                     json={"model": MODEL, "messages": [{"role": "user", "content": None}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages.0"
 
 
@@ -109,7 +114,7 @@ def test_a_conversations_turns_land_on_one_replica(cluster):
     for conversation in range(4):
         messages = [{"role": "user", "content": f"Tell me about the number {conversation}."}]
         for turn in range(3):
-            r = httpx.post(cluster + "/v1/chat/completions", timeout=120,
+            r = httpx.post(cluster + "/v1/chat/completions", timeout=120, headers=AUTH,
                            json={"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0})
             assert r.status_code == 200, r.text
             homes.setdefault(conversation, set()).add(r.headers["x-specdec-replica"])
@@ -128,11 +133,12 @@ def test_a_replica_killed_under_load_loses_no_request(cluster):
     def one(i):
         body = {"model": MODEL, "prompt": f"Write a list of {i + 3} fruits:", "max_tokens": 24, "temperature": 0}
         if i % 2:
-            with httpx.stream("POST", cluster + "/v1/completions", json=body | {"stream": True}, timeout=180) as r:
+            with httpx.stream("POST", cluster + "/v1/completions", json=body | {"stream": True}, timeout=180,
+                              headers=AUTH) as r:
                 events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
             errors = [e for e in events if e != "[DONE]" and "error" in json.loads(e)]
             return "error" if errors else ("ok" if events and events[-1] == "[DONE]" else "lost")
-        r = httpx.post(cluster + "/v1/completions", json=body, timeout=180)
+        r = httpx.post(cluster + "/v1/completions", json=body, timeout=180, headers=AUTH)
         return "ok" if r.status_code == 200 else ("error" if r.json().get("error", {}).get("message") else "lost")
 
     with ThreadPoolExecutor(8) as pool:
@@ -151,7 +157,18 @@ def test_a_replica_killed_under_load_loses_no_request(cluster):
         time.sleep(1)
     assert replicas_running() == 2  # Ray brought the replica back
     assert httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
-                      timeout=120).status_code == 200
+                      timeout=120, headers=AUTH).status_code == 200
+
+
+def test_the_front_needs_the_api_key(cluster):
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.post(cluster + "/v1/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(cluster + "/v1/models", headers=headers).status_code == 401
+    assert httpx.get(cluster + "/health").status_code == 200 and httpx.get(cluster + "/stats").status_code == 200
+    r = httpx.post(cluster + "/v1/completions", content=b"x" * (5 << 20), headers=AUTH, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
 def test_bad_ray_input_is_a_clear_error(cluster, capsys, monkeypatch):
@@ -166,3 +183,27 @@ def test_bad_ray_input_is_a_clear_error(cluster, capsys, monkeypatch):
     monkeypatch.setattr(ray_serve, "ray_installed", lambda: False)
     assert main(["serve", "--ray", "--model", MODEL]) != 0
     assert "pip install -e '.[ray]'" in capsys.readouterr().err
+
+
+def test_the_front_checks_the_api_key_and_the_body_cap():
+    """The front's app (no cluster: a route it reaches cannot answer outside Ray, a 500 here) turns
+    away a request without the key (401) and a body over the cap (413) before any route."""
+    import asyncio
+    from specdec.server.guard import Access
+    app = ray_serve.front_app(Access("sekret"), 100)
+    ray_serve.make_front(app)
+
+    async def status(method, path, key=None, body=b""):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(transport=transport, base_url="http://front", headers=headers) as c:
+            return (await c.request(method, path, content=body)).status_code
+
+    calls = [("GET", "/v1/models"), ("POST", "/v1/completions", "wrong"), ("GET", "/v1/nothing"),
+             ("POST", "/v1/chat/completions", "sekret", b"x" * 101), ("GET", "/health"), ("GET", "/stats"),
+             ("GET", "/v1/models", "sekret")]
+
+    async def statuses():
+        return [await status(*call) for call in calls]
+
+    assert asyncio.run(statuses()) == [401, 401, 401, 413, 500, 500, 500]

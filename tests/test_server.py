@@ -31,6 +31,7 @@ from specdec.model.tokenizer import encode_messages
 from specdec.runner import build_drafter
 from specdec.server import build_scheduler
 from specdec.server.app import create_app, make_server
+from specdec.server.guard import Access, RequestLimits, exposure_warning
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler, TextTracker, k_schedule
 from specdec.server.stepper import StepwiseGenerator
@@ -70,9 +71,10 @@ def serve_args(*argv: str) -> tuple:
 
 
 @contextmanager
-def running(scheduler: Scheduler, name: str = "tiny", grace: float = 5.0):
+def running(scheduler: Scheduler, name: str = "tiny", grace: float = 5.0, access: Access = Access(),
+            limits: RequestLimits = RequestLimits()):
     """The real server on a free loopback port, in a thread; yields (base_url, uvicorn server)."""
-    app = create_app(scheduler, name)
+    app = create_app(scheduler, name, access, limits)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -240,6 +242,9 @@ BAD = [  # (endpoint, body changes, param named in the error)
     ("chat/completions", {"logprobs": True}, "logprobs"),
     ("chat/completions", {"n": 3}, "n"),
     ("chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+    ("completions", {"stop": ["w" * 257]}, "stop"),  # the default limits: 256 characters, 512 messages
+    ("chat/completions", {"stop": "w" * 257}, "stop"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "w1"}] * 513}, "messages"),
 ]
 
 
@@ -301,6 +306,124 @@ def test_metrics_series(main):
                    "specdec_tau", "specdec_time_per_output_token_seconds_bucket", "specdec_speculation_on 1.0",
                    'specdec_finished_total{reason="length"}', "specdec_draft_k 3.0"):
         assert series in text, series
+
+
+def test_message_content_is_text(main):
+    """A special token's string in a message is text: '</s>' inside a word is part of that word (an
+    unknown word here), not the end-of-sequence token; this word-level vocabulary would make the token
+    from '</s>' standing alone, so that is refused rather than let through."""
+    base, sched = main
+    messages = [{"role": "user", "content": "w1</s>w2"}]
+    ids = encode_messages(sched.tokenizer, messages)
+    assert ids == sched.tokenizer.encode("w90 w1</s>w2 w91 w92", add_special_tokens=False, split_special_tokens=True)
+    assert sched.tokenizer.eos_token_id not in ids
+    out = client(base).chat.completions.create(model="tiny", messages=messages, max_tokens=2, temperature=0)
+    assert out.usage.prompt_tokens == len(ids) == 4
+    r = httpx.post(base + "/v1/chat/completions", json={"model": "tiny", "max_tokens": 2,
+                                                         "messages": [{"role": "user", "content": "w1 </s> w2"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert "makes the control token '</s>' from plain text" in r.json()["error"]["message"]
+
+
+# ---- a server with an API key and small limits ----
+
+@pytest.fixture(scope="module")
+def guarded(chat_dir):
+    model, drafting, srv = serve_args("--model", str(chat_dir), "--device", "cpu", "--max-context", str(CONTEXT),
+                                      "--max-batch", "2", "--api-key", "sekret", "--max-body-bytes", "3000",
+                                      "--max-stop-length", "5", "--max-messages", "3")
+    sched = build_scheduler(model, drafting, srv, progress=lambda m: None)
+    with running(sched, access=srv.access(), limits=srv.limits()) as (base, server):
+        yield base, sched
+
+
+def assert_openai_error(r: httpx.Response, status: int, code: str, param: str | None = None) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["type"] == "invalid_request_error" and err["code"] == code and err["param"] == param
+
+
+def test_the_api_key_guards_every_path_but_health(guarded):
+    base, _ = guarded
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
+    completion = {"model": "tiny", "prompt": "w1", "max_tokens": 2}
+    for method, path, body in (("GET", "/v1/models", None), ("POST", "/v1/completions", completion),
+                               ("POST", "/v1/chat/completions", chat), ("GET", "/v1/nothing", None),
+                               ("GET", "/openapi.json", None)):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic sekret"},
+                        {"Authorization": "Bearer sekret2"}, {"Authorization": "sekret"}):
+            r = httpx.request(method, base + path, json=body, headers=headers, timeout=30)
+            assert_openai_error(r, 401, "invalid_api_key")
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = httpx.request(method, base + path, json=body, headers={"Authorization": "Bearer sekret"}, timeout=60)
+        assert r.status_code == (404 if path == "/v1/nothing" else 200), (path, r.text)
+    for path in ("/health", "/stats", "/metrics"):  # open without --api-key-protects-stats
+        assert httpx.get(base + path).status_code == 200, path
+    assert 'specdec_requests_total{status="401"}' in httpx.get(base + "/metrics").text
+    out = openai.OpenAI(base_url=base + "/v1", api_key="sekret", max_retries=0, timeout=60).chat.completions.create(
+        model="tiny", messages=chat["messages"], max_tokens=2, temperature=0)
+    assert out.choices[0].message.content is not None
+    with pytest.raises(openai.AuthenticationError):
+        client(base).models.list()
+
+
+def test_stats_and_metrics_need_the_key_with_the_flag(main):
+    """Over main's running scheduler in-process (no lifespan: its thread is main's)."""
+    base, sched = main
+    _, _, srv = serve_args("--api-key", "sekret", "--api-key-protects-stats")
+    app = create_app(sched, "tiny", srv.access(), srv.limits())
+
+    async def statuses(headers):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app", headers=headers) as c:
+            return [(await c.get(p)).status_code for p in ("/health", "/stats", "/metrics", "/v1/models")]
+
+    import asyncio
+    assert asyncio.run(statuses({})) == [200, 401, 401, 401]
+    assert asyncio.run(statuses({"Authorization": "Bearer sekret"})) == [200, 200, 200, 200]
+
+
+def test_a_body_over_the_cap_is_413_and_other_limits_are_400s(guarded):
+    base, _ = guarded
+    key = {"Authorization": "Bearer sekret"}
+    big = {"model": "tiny", "prompt": "w1 " * 1200, "max_tokens": 2}
+    assert_openai_error(httpx.post(base + "/v1/completions", json=big, headers=key), 413, "request_too_large")
+    raw = json.dumps(big).encode()
+
+    def chunks():  # no Content-Length: the cap applies as the body arrives
+        for i in range(0, len(raw), 500):
+            yield raw[i:i + 500]
+    r = httpx.post(base + "/v1/completions", content=chunks(), headers={**key, "content-type": "application/json"})
+    assert_openai_error(r, 413, "request_too_large")
+    assert httpx.post(base + "/v1/completions", headers=key, timeout=60,
+                      json={"model": "tiny", "prompt": "w1 " * 100, "max_tokens": 2}).status_code == 200
+    messages = [{"role": "user", "content": "w1"}]
+    for body, param in (({"prompt": "w1", "stop": ["w1 w2"]}, None), ({"prompt": "w1", "stop": "w1 w23"}, "stop"),
+                        ({"messages": messages * 3, "stop": ["w3", "w1 w2"]}, None),
+                        ({"messages": messages * 4}, "messages"),
+                        ({"messages": messages, "stop": ["w3", "w1 w23"]}, "stop")):
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        r = httpx.post(base + path, json={"model": "tiny", "max_tokens": 2, **body}, headers=key, timeout=60)
+        if param is None:
+            assert r.status_code == 200, r.text
+        else:
+            assert_openai_error(r, 400, "limit_exceeded", param)
+            assert param in r.json()["error"]["message"]
+
+
+def test_a_server_beyond_loopback_without_a_key_warns(capsys, monkeypatch):
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
+    assert exposure_warning("127.0.0.1", Access()) is None and exposure_warning("::1", Access()) is None
+    assert exposure_warning("localhost", Access()) is None and exposure_warning("0.0.0.0", Access("k")) is None
+    for host in ("0.0.0.0", "::", "192.168.1.7", "example.org"):
+        assert host in exposure_warning(host, Access()) and "--api-key" in exposure_warning(host, Access())
+    from specdec.cli import main as cli_main
+    assert cli_main(["serve", "--host", "0.0.0.0", "--model", "/nonexistent/model"]) != 0
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith("specdec: warning: serving on 0.0.0.0 with no API key")
+    assert cli_main(["serve", "--model", "/nonexistent/model"]) != 0
+    assert "warning" not in capsys.readouterr().err
 
 
 # ---- a slow server: 2 slots, a queue of 1, speculation off above 1 active sequence ----

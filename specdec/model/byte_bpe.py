@@ -71,7 +71,7 @@ def build_backend(info: dict):
 
 class ByteLevelTokenizer:
     """The part of a transformers tokenizer's surface the engine uses: encode, decode, get_vocab,
-    the special tokens and apply_chat_template."""
+    the special tokens, added_tokens_decoder and apply_chat_template."""
 
     def __init__(self, backend, config: dict):
         self.backend = backend
@@ -98,7 +98,15 @@ class ByteLevelTokenizer:
             self._vocab = self.backend.get_vocab(with_added_tokens=True)
         return dict(self._vocab)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    @property
+    def added_tokens_decoder(self) -> dict:
+        """{id: AddedToken} of the added tokens; the control ones are `special` (as transformers')."""
+        return self.backend.get_added_tokens_decoder()
+
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
+        """split_special_tokens: a special token's string in `text` is encoded as the text it is (as
+        transformers' flag; set on the backend for each call, as transformers does)."""
+        self.backend.encode_special_tokens = split_special_tokens
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens:
             ids = ([self.bos_token_id] if self.add_bos_token and self.bos_token_id is not None else []) + ids + (

@@ -7,6 +7,9 @@ An HF directory's tokenizer files load through transformers as usual."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from specdec.errors import SpecdecError
@@ -83,11 +86,103 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
 
 
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
-    """A conversation through the model's chat template, ready for the assistant's reply."""
+    """A conversation through the model's chat template, ready for the assistant's reply.
+
+    Message content is text: a special token's string inside it (a forged `<|im_end|>`, say) is encoded
+    as the characters it is, never as the control token; only the template places those. Content
+    without such strings gives exactly the ids it always did: the rendered text, encoded whole."""
     if not tokenizer.chat_template:
         raise SpecdecError("this model has no chat template; drop --chat to use a plain prompt")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    controls = ControlTokens.of(tokenizer)
+    marked = controls.mark(messages)
+    text = tokenizer.apply_chat_template(marked or messages, add_generation_prompt=True, tokenize=False)
+    if marked is None:  # every special token in the text is the template's
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return controls.encode(tokenizer, text)
+
+
+# While the template renders, a special token's string inside message content stands as MARK and one
+# private-use character (the token's index in ControlTokens.strings); a MARK already there is doubled.
+MARK = "\U0010FFFD"
+INDEX_BASE = 0xF0000  # Supplementary Private Use Area-A: room for 65534 special tokens
+UNMARK = re.compile(MARK + "(.)", re.S)
+
+
+@lru_cache(maxsize=8)
+def longest_first(strings: tuple[str, ...]) -> re.Pattern:
+    """Any of `strings`, the longest first at a position (as the tokenizer matches its added tokens)."""
+    return re.compile("|".join(map(re.escape, sorted(strings, key=len, reverse=True))) or "(?!)")
+
+
+@dataclass(frozen=True)
+class ControlTokens:
+    """A tokenizer's special tokens: the control tokens a chat template places (turn markers, BOS/EOS).
+
+    The text between them encodes on its own, with special-token matching off: what the tokenizer
+    does to the whole text between its special tokens (it splits the text at them before any
+    pre-tokenizing), except for a SentencePiece pre-tokenizer that marks only the string's start
+    (prepend_scheme "first"), which sees a start at each piece."""
+
+    strings: tuple[str, ...]  # index -> the token's string
+    ids: dict[str, int]       # the token's string -> its id
+    strip: dict[str, tuple[bool, bool]]  # the token's string -> (lstrip, rstrip): it eats the whitespace there
+
+    @classmethod
+    def of(cls, tokenizer) -> "ControlTokens":
+        if MARK in (tokenizer.chat_template or ""):
+            raise SpecdecError(f"the model's chat template holds the character {MARK!r}, which specdec reserves")
+        special = {t.content: (i, (t.lstrip, t.rstrip))
+                   for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        return cls(tuple(special), {s: i for s, (i, _) in special.items()}, {s: f for s, (_, f) in special.items()})
+
+    @property
+    def pattern(self) -> re.Pattern:
+        return longest_first(self.strings)
+
+    def mark(self, messages: list[dict]) -> list[dict] | None:
+        """The messages with the special tokens' strings in their content marked (and every MARK
+        doubled), or None when no content holds one."""
+        if not any(isinstance(m.get("content"), str) and self.pattern.search(m["content"]) for m in messages):
+            return None
+        index = {s: MARK + chr(INDEX_BASE + i) for i, s in enumerate(self.strings)}
+
+        def marked(content):
+            if not isinstance(content, str):
+                return content
+            return self.pattern.sub(lambda m: index[m.group()], content.replace(MARK, MARK + MARK))
+        return [{**m, "content": marked(m.get("content"))} if "content" in m else m for m in messages]
+
+    def unmark(self, piece: str) -> str:
+        def one(m: re.Match) -> str:
+            if m.group(1) == MARK:
+                return MARK
+            i = ord(m.group(1)) - INDEX_BASE
+            return self.strings[i] if 0 <= i < len(self.strings) else m.group()  # a mark the template cut
+        return UNMARK.sub(one, piece)
+
+    def encode(self, tokenizer, text: str) -> list[int]:
+        """Ids of `text` rendered from marked messages: its special-token strings (all the template's)
+        as their tokens, the text between them as plain text, each mark as the string it stands for.
+        A token with lstrip/rstrip eats the whitespace beside it, as the tokenizer's own matching does."""
+        ids: list[int] = []
+        start, eat_start = 0, False
+        for m in self.pattern.finditer(text):
+            lstrip, rstrip = self.strip[m.group()]
+            ids += self.plain(tokenizer, text[start:m.start()], eat_start, lstrip)
+            ids.append(self.ids[m.group()])
+            start, eat_start = m.end(), rstrip
+        return ids + self.plain(tokenizer, text[start:], eat_start, False)
+
+    def plain(self, tokenizer, piece: str, eat_start: bool, eat_end: bool) -> list[int]:
+        piece = piece.lstrip() if eat_start else piece
+        piece = self.unmark(piece.rstrip() if eat_end else piece)
+        ids = list(tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True)) if piece else []
+        found = set(ids) - {tokenizer.unk_token_id}  # an unknown word's token is no control token
+        made = [s for s, i in self.ids.items() if i in found]
+        if made:
+            raise SpecdecError(f"this tokenizer makes the control token {made[0]!r} from plain text, so message "
+                               "content cannot be kept apart from the chat template's own tokens")
+        return ids
 
 
 def eos_ids(tokenizer) -> set[int]:

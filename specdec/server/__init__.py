@@ -7,6 +7,8 @@ memory (the start-up budget check), app (FastAPI endpoints and the graceful-shut
 
 from __future__ import annotations
 
+import sys
+
 from specdec.errors import SpecdecError
 from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
 
@@ -69,13 +71,18 @@ def build_scheduler(model: ModelSettings, drafting: DraftingSettings, srv: Serve
 
 def serve(model: ModelSettings, drafting: DraftingSettings, srv: ServeSettings = ServeSettings(),
           ray: RaySettings = RaySettings()) -> int:
-    """Build everything, then serve until SIGTERM/SIGINT (graceful: see app.Server)."""
+    """Build everything, then serve until SIGTERM/SIGINT (graceful: see app.Server). Beyond loopback
+    with no API key, a one-line warning first."""
+    from specdec.server.guard import exposure_warning
+    warning = exposure_warning(srv.host, srv.access())
+    if warning:
+        print(warning, file=sys.stderr)
     if ray.ray:
         from specdec.server.ray_serve import serve_ray
         return serve_ray(model, drafting, srv, ray)
     from specdec.server.app import create_app, make_server
     scheduler = build_scheduler(model, drafting, srv)
-    app = create_app(scheduler, srv.served_model_name or model.model)
+    app = create_app(scheduler, srv.served_model_name or model.model, srv.access(), srv.limits())
     server = make_server(app, scheduler, srv.host, srv.port, srv.shutdown_grace)
     server.run()
     return 0

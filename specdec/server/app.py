@@ -1,10 +1,11 @@
 """The FastAPI app: OpenAI-compatible endpoints over a Scheduler; plus /health, /metrics and /stats.
 
 Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}}. Validation errors
-are 400 and name the field in `param`. A request the queue cannot take is 429 with Retry-After; a
-request that arrives while the server shuts down is 503. Streaming answers are server-sent events
-(`data: {...}` chunks in OpenAI's format, then `data: [DONE]`); an error after the stream began
-is sent as `data: {"error": {...}}` before `[DONE]`.
+are 400 and name the field in `param`, the limits on stop strings and messages included. Without the
+API key where one is needed: 401; a body over the size cap: 413 (guard.py). A request the queue
+cannot take is 429 with Retry-After; a request that arrives while the server shuts down is 503.
+Streaming answers are server-sent events (`data: {...}` chunks in OpenAI's format, then
+`data: [DONE]`); an error after the stream began is sent as `data: {"error": {...}}` before `[DONE]`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.config import SamplingParams
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages
+from specdec.server.guard import Access, Guard, RequestLimits
 from specdec.server.metrics import CONTENT_TYPE_LATEST
 from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, ChatChoice, ChatMessageOut,
                                      CompletionChoice, CompletionRequest, CompletionResponse, ErrorBody,
@@ -102,8 +104,10 @@ class CountRequests:
             self.metrics.requests.labels(status=str(status[0])).inc()
 
 
-def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
-    """The app around a Scheduler (started with the app, stopped when it shuts down)."""
+def create_app(scheduler: Scheduler, model_name: str, access: Access = Access(),
+               limits: RequestLimits = RequestLimits()) -> FastAPI:
+    """The app around a Scheduler (started with the app, stopped when it shuts down); `access` says
+    which paths need the API key, `limits` caps each request."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -115,11 +119,12 @@ def create_app(scheduler: Scheduler, model_name: str) -> FastAPI:
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.scheduler = scheduler
-    app.add_middleware(CountRequests, metrics=scheduler.metrics)
+    app.add_middleware(Guard, access=access, max_body_bytes=limits.max_body_bytes)
+    app.add_middleware(CountRequests, metrics=scheduler.metrics)  # the outer one: 401s and 413s count too
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(APIError, _on_api_error)
     app.add_exception_handler(StarletteHTTPException, _on_http)
-    ends = Endpoints(scheduler, model_name)
+    ends = Endpoints(scheduler, model_name, limits)
     app.post("/v1/completions")(ends.completions)
     app.post("/v1/chat/completions")(ends.chat_completions)
     app.get("/v1/models")(ends.models)
@@ -146,13 +151,14 @@ class Endpoints:
     """The routes over one scheduler and model: each request is encoded, submitted, and answered
     whole or as a stream of server-sent events; a client that goes away cancels its request."""
 
-    def __init__(self, scheduler: Scheduler, model_name: str):
-        self.scheduler, self.model_name = scheduler, model_name
+    def __init__(self, scheduler: Scheduler, model_name: str, limits: RequestLimits = RequestLimits()):
+        self.scheduler, self.model_name, self.limits = scheduler, model_name, limits
         self.tokenizer = scheduler.tokenizer
         self.vocab_size = scheduler.stepper.target.config.vocab_size
 
     async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
+        self.check_limits(body.stop_list)
         if isinstance(body.prompt, str):
             ids = await self.encode(self.tokenizer.encode, body.prompt)
         else:
@@ -167,6 +173,7 @@ class Endpoints:
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
+        self.check_limits(body.stop_list, len(body.messages))
         messages = [m.plain() for m in body.messages]
         try:
             ids = await self.encode(encode_messages, self.tokenizer, messages)
@@ -205,6 +212,11 @@ class Endpoints:
         if name != self.model_name:
             raise APIError(404, f"The model '{name}' does not exist; this server serves '{self.model_name}'",
                            param="model", code="model_not_found", type="not_found_error")
+
+    def check_limits(self, stops: tuple[str, ...], messages: int = 0) -> None:
+        problem = self.limits.violation(stops, messages)
+        if problem is not None:
+            raise APIError(400, problem[1], param=problem[0], code="limit_exceeded")
 
     async def encode(self, fn, *args) -> list[int]:
         def run():

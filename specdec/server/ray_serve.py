@@ -4,7 +4,9 @@
   engine (target, drafter, policy, slots, prefix cache) with its own app; the front hands it each
   request as it came (method, path, JSON body) and gets the app's answer back, streamed or whole.
   So every replica answers exactly as one `specdec serve` would, validation errors included.
-- `Front` (the ingress): the API's paths; it routes, retries and counts.
+- `Front` (the ingress): the API's paths; it routes, retries and counts. It checks the API key and
+  the body-size cap as `specdec serve` does (guard.Guard); the replicas, reached only through it,
+  check the other request limits.
 - `ConversationRouter` (the replicas' Ray Serve request router): a request of a conversation goes
   to the replica that served the conversation before, while that replica has a free slot (its
   prefix cache and suffix cache hold the conversation); otherwise to the replica with the fewest
@@ -31,6 +33,7 @@ from fastapi import FastAPI, Request  # at module level: the routes' annotations
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specdec.errors import SpecdecError
+from specdec.server.guard import Access, Guard
 from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
 
 log = logging.getLogger("specdec.ray")
@@ -124,8 +127,9 @@ def build_app(model: ModelSettings, drafting: DraftingSettings, srv: ServeSettin
     threads = max(1, int(ray.cpus_per_replica))  # a replica computes on its share of the CPUs
     replica = replica_cls.options(ray_actor_options={"num_cpus": ray.cpus_per_replica}, **router,
                                   **scaling).bind(model, drafting, srv, threads)
+    ingress = make_front(front_app(srv.access(), srv.max_body_bytes))
     front = serve.deployment(name="specdec-front", ray_actor_options={"num_cpus": 0},
-                             max_ongoing_requests=100_000)(make_front())
+                             max_ongoing_requests=100_000)(ingress)
     return front.bind(replica, srv.served_model_name or model.model)
 
 
@@ -142,7 +146,7 @@ class Replica:
         self.grace = srv.shutdown_grace
         self.scheduler = build_scheduler(model, drafting, srv, progress=lambda m: log.info("%s", m))
         self.scheduler.start()
-        app = self.app = create_app(self.scheduler, srv.served_model_name or model.model)
+        app = self.app = create_app(self.scheduler, srv.served_model_name or model.model, limits=srv.limits())
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://replica", timeout=None)
         self.id = serve.get_replica_context().replica_id.unique_id
 
@@ -290,11 +294,17 @@ class FrontForwarding:
                 return
 
 
-def make_front():
-    """The ingress class: the API's paths over FrontForwarding (Ray Serve is imported only here)."""
-    from ray import serve
-
+def front_app(access: Access, max_body_bytes: int) -> FastAPI:
+    """The front's FastAPI app, behind the same Guard as `specdec serve` (the API key, the body cap)."""
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None)
+    app.add_middleware(Guard, access=access, max_body_bytes=max_body_bytes)
+    return app
+
+
+def make_front(app: FastAPI):
+    """The ingress class: the API's paths, on `app` (front_app), over FrontForwarding (Ray Serve is
+    imported only here)."""
+    from ray import serve
 
     @serve.ingress(app)
     class Front(FrontForwarding):

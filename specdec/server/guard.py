@@ -1,0 +1,150 @@
+"""What a request passes before the API reads it, and the limits on what it may ask.
+
+- Access: with an API key (`--api-key`, or $SPECDEC_API_KEY), every path but /health (every /v1/
+  route, /openapi.json, unknown paths) needs the header `Authorization: Bearer KEY`, else 401 in
+  OpenAI's error shape; /stats and /metrics need it only with `--api-key-protects-stats`. The key is
+  compared in constant time.
+- RequestLimits: a body longer than `--max-body-bytes` is 413 (at once by its Content-Length, else
+  as it arrives); a stop string longer than `--max-stop-length` characters and more than
+  `--max-messages` messages are 400s naming the field (the endpoints ask `violation`).
+
+`specdec serve` and the Ray front (ray_serve.py) install the same Guard middleware.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from dataclasses import dataclass, field
+
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse
+
+from specdec.settings import API_KEY_ENV
+
+STATS_PATHS = ("/stats", "/metrics")
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may call what: no key, everything is open."""
+
+    api_key: str | None = field(default=None, repr=False)
+    protects_stats: bool = False
+
+    def needs_key(self, path: str) -> bool:
+        """Every path but /health (and /stats, /metrics unless protects_stats), when there is a key."""
+        if self.api_key is None or path == "/health":
+            return False
+        return self.protects_stats or path not in STATS_PATHS
+
+    def allows(self, authorization: str | None) -> bool:
+        """Whether an Authorization header value carries the key (compared in constant time)."""
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or self.api_key is None:
+            return False
+        return hmac.compare_digest(given.strip().encode(), self.api_key.encode())
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The caps on one request (the serve flags of the same names)."""
+
+    max_body_bytes: int = 4 * MIB
+    max_stop_length: int = 256  # characters of one stop string
+    max_messages: int = 512  # messages of one chat request
+
+    def violation(self, stops: tuple[str, ...] = (), messages: int = 0) -> tuple[str, str] | None:
+        """(param, message) of the first limit a request's stop strings or message count exceed, or None."""
+        long = [s for s in stops if len(s) > self.max_stop_length]
+        if long:
+            return "stop", (f"Invalid value for 'stop': a stop string may have at most {self.max_stop_length} "
+                            f"characters; one has {len(long[0])}")
+        if messages > self.max_messages:
+            return "messages", (f"Invalid value for 'messages': at most {self.max_messages} messages per request, "
+                                f"got {messages}")
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (a name other than localhost may resolve anywhere)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, access: Access) -> str | None:
+    """One line to print when the API listens beyond loopback with no key; None otherwise."""
+    if access.api_key is not None or is_loopback(host):
+        return None
+    return (f"specdec: warning: serving on {host} with no API key: anyone who can reach it can use the API; "
+            f"set --api-key or ${API_KEY_ENV}")
+
+
+def error_json(status: int, message: str, code: str, headers: dict | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class Guard:
+    """ASGI middleware: the API key where Access needs one (401), then the body-size cap (413). The
+    body is read here, up to the cap, and handed on whole; later receives (a client's disconnect)
+    go straight through."""
+
+    def __init__(self, app, access: Access, max_body_bytes: int):
+        self.app, self.access, self.max_body_bytes = app, access, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.access.needs_key(scope["path"]) and not self.access.allows(headers.get("authorization")):
+            return await self.unauthorized(headers)(scope, receive, send)
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return await self.too_large()(scope, receive, send)
+        try:
+            body = await read_body(receive, self.max_body_bytes)
+        except ClientDisconnect:
+            return  # no one to answer
+        if body is None:
+            return await self.too_large()(scope, receive, send)
+        await self.app(scope, replay(body, receive), send)
+
+    @staticmethod
+    def unauthorized(headers: dict) -> JSONResponse:
+        message = ("incorrect API key provided" if headers.get("authorization") else
+                   "this server needs an API key: send the header 'Authorization: Bearer KEY'")
+        return error_json(401, message, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def too_large(self) -> JSONResponse:
+        return error_json(413, f"the request body is larger than this server's limit of {self.max_body_bytes} "
+                               "bytes", "request_too_large")
+
+
+async def read_body(receive, limit: int) -> bytes | None:
+    """The request's body, or None once it passes `limit` bytes (the rest is left unread)."""
+    parts, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        parts.append(message.get("body", b""))
+        size += len(parts[-1])
+        if size > limit:
+            return None
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def replay(body: bytes, receive):
+    """A receive that gives `body` first, then whatever the client sends next."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed():
+        return pending.pop() if pending else await receive()
+    return replayed
