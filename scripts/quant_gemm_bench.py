@@ -1,10 +1,11 @@
 """Our GEMM on GGUF blocks against 8-bit activations (quant_q8.c) alone, over every matrix a model's
 decode step reads (the file's matrices, unfused), per block format and per row count; with
---reencode, each Q5_0 matrix also re-encoded as Q8_0 (the same weights, 1.55x the bytes), timed side
-by side in the same rounds. Prints JSON.
+--reencode, each Q5_0 matrix also re-encoded as Q8_0 (the same weights, 1.55x the bytes), and with
+--repacked each Q4_K, Q6_K and Q8_0 matrix also in the tiles it is repacked into at load
+(quant_rp.h), timed side by side in the same rounds. Prints JSON.
 
 Usage: python scripts/quant_gemm_bench.py [--model qwen2.5-coder-0.5b-instruct] [--rows 1,2,3,5,9,16] \
-    [--rounds 5] [--reencode] > runs/quant-gemm.json
+    [--rounds 5] [--reencode] [--repacked] > runs/quant-gemm.json
 """
 
 import argparse
@@ -60,12 +61,16 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,5,9,16")
     ap.add_argument("--rounds", type=int, default=5, help="timed passes per measurement (median)")
     ap.add_argument("--reencode", action="store_true", help="also time each Q5_0 matrix re-encoded as Q8_0")
+    ap.add_argument("--repacked", action="store_true", help="also time each repackable matrix in its repacked tiles")
     args = ap.parse_args()
     if not cpu_kernels.available():
         raise SystemExit(f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
     mats = step_matrices(GGUFFile(pull(args.model)))
     if args.reencode and "Q5_0" in mats:
         mats["Q5_0 as Q8_0"] = [(Q8_0, reencode_q5_0_as_q8_0(d), N, K) for _, d, N, K in mats["Q5_0"]]
+    if args.repacked:
+        for name in [n for n in mats if cpu_kernels.repacked_type(cpu_kernels.QUANT_TYPES.get(n, 0))]:
+            mats[f"{name} repacked"] = [(*cpu_kernels.repack(q, d, K), N, K) for q, d, N, K in mats[name]]
     out = {"model": args.model, "threads": torch.get_num_threads(), "rounds": args.rounds, "formats": {}}
     for name, ms in mats.items():
         nbytes = sum(d.numel() for _, d, *_ in ms)

@@ -36,14 +36,20 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None,
                    help="CUDA: bfloat16 (default) or float16; the CPU runs float32 activations")
     p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
-    p.add_argument("--weight-dtype", default=None, choices=("auto", "gguf-q8", "float32"),
+    p.add_argument("--weight-dtype", default=None, choices=("auto", "gguf-q8", "gguf-q8-mapped", "float32"),
                    help="how the weights are read. gguf-q8: on the CPU, the GGUF file's own quantized blocks "
-                        "(Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) through its memory map, against activations "
-                        "quantized to 8 bits per block (llama.cpp's arithmetic): no fp32 copy in memory or on "
-                        "disk; the output is close to float32's, not equal (speculative output still equals "
-                        "plain decoding's). float32: the torch reference, the weights dequantized to fp32 in "
-                        "memory at load (on CUDA: to --dtype). auto (default): gguf-q8 for a .gguf model on the "
-                        "CPU, else the torch reference")
+                        "(Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) against activations quantized to 8 bits per block "
+                        "(llama.cpp's arithmetic), the Q4_K, Q6_K and Q8_0 ones repacked at load into tiles of 16 "
+                        "output rows for the kernels (private memory, about the file's size; no fp32 copy); the "
+                        "output is close to float32's, not equal (speculative output still equals plain "
+                        "decoding's). gguf-q8-mapped: the same blocks read through the file's memory map as they "
+                        "lie (pages shared between processes; slower prefill and verification). float32: the "
+                        "torch reference, the weights dequantized to fp32 in memory at load (on CUDA: to "
+                        "--dtype). auto (default): gguf-q8 for a .gguf model on the CPU, else the torch reference")
+    p.add_argument("--draft-bits", type=integer, default=4, choices=(4, 8),
+                   help="a draft model's 32-weight blocks (Q8_0, Q5_0, Q4_0, Q4_1) on the CPU backend: 4 (default) "
+                        "re-encodes them at load as Q4_0 (half the bytes a draft step reads; the output is still "
+                        "exactly the target's), 8 keeps 8 bits (Q5_0 as Q8_0)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
 
@@ -85,7 +91,8 @@ def add_drafter_knobs(p: argparse.ArgumentParser) -> None:
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     """Which drafter generate and serve use, k, trees and the policy (DraftingSettings)."""
     p.add_argument("--draft", default=None,
-                   help="draft model (registry name, .gguf or HF dir), or 'none' for plain decoding")
+                   help="draft model (registry name, .gguf or HF dir), 'self' (the target's own weights re-encoded "
+                        "at load in --draft-bits: no second file), or 'none' for plain decoding")
     p.add_argument("--ngram", action="store_true",
                    help="draft by n-gram prompt lookup instead of a model; with --draft MODEL or --head H: both "
                         "(hybrid: lookup when the last 3 tokens occurred before, the model or head otherwise)")

@@ -28,6 +28,9 @@ def at_least(flag: str, value, low) -> None:
         raise SpecdecError(f"{flag} must be >= {low}, got {value}")
 
 
+SELF_DRAFT = "self"  # --draft self: the target's own weights, re-encoded at load, draft for it
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     model: str = DEFAULT_TARGET
@@ -36,15 +39,22 @@ class ModelSettings:
     max_context: int = 4096
     weight_dtype: str | None = None
     cuda_graphs: bool = False
+    draft_bits: int = 4
 
     def __post_init__(self):
         at_least("--max-context", self.max_context, 1)
+        if self.draft_bits not in (4, 8):
+            raise SpecdecError(f"--draft-bits must be 4 or 8, got {self.draft_bits}")
 
     def load(self, spec: str | None = None, draft: bool = False, progress=None):
-        """load_model(spec or the model) with these settings."""
+        """load_model(spec or the model) with these settings; a draft named "self" is the model itself,
+        loaded again as a draft (its blocks re-encoded in --draft-bits)."""
         from specdec.model import load_model
+        if draft and spec == SELF_DRAFT:
+            spec = self.model
         return load_model(spec or self.model, device=self.device, dtype=self.dtype, cuda_graphs=self.cuda_graphs,
-                          weight_dtype=self.weight_dtype, draft=draft, progress=progress or print)
+                          weight_dtype=self.weight_dtype, draft=draft, draft_bits=self.draft_bits,
+                          progress=progress or print)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def test_the_backend_is_close_to_the_reference_and_rows_are_steps(tiny_gguf):
 @kernel
 def test_layers_read_the_map_without_fp32_copies(tiny_gguf):
     f = GGUFFile(tiny_gguf)
-    q8 = load_gguf_blocks(f)
+    q8 = load_gguf_blocks(f, repack=False)
     linears = [m for m in q8.modules() if isinstance(m, QuantLinear)]
     assert len(linears) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the head
     assert not any(isinstance(m, torch.nn.Linear) for m in q8.modules())
@@ -107,6 +107,28 @@ def test_layers_read_the_map_without_fp32_copies(tiny_gguf):
     assert isinstance(q8.model.embed_tokens, QuantEmbedding) and in_map(q8.model.embed_tokens.blocks)
     if q8.config.tie_word_embeddings:
         assert q8.lm_head.parts[0][1].data_ptr() == q8.model.embed_tokens.blocks.data_ptr()
+
+
+@kernel
+def test_repacked_layers_are_the_mapped_ones_in_tiles(tiny_gguf):
+    """By default the Q4_K, Q6_K and Q8_0 matrices are repacked at load (new memory, not the map); the
+    model's logits stay within fp32 rounding of the mapped blocks' (the same integers, other float
+    order), and a verify row is still a one-token step, bit for bit."""
+    f = GGUFFile(tiny_gguf)
+    mapped, packed = load_gguf_blocks(GGUFFile(tiny_gguf), repack=False), load_gguf_blocks(f)
+    base, size = f.map.ctypes.data, f.map.size
+    layers = [m for m in packed.modules() if isinstance(m, QuantLinear)]
+    repackable = {cpu_kernels.QUANT_TYPES[n] for n in ("Q4_K", "Q6_K", "Q8_0")}
+    for m, o in zip(layers, [m for m in mapped.modules() if isinstance(m, QuantLinear)]):
+        for (t, d), (ot, _) in zip(m.parts, o.parts):
+            assert (t == cpu_kernels.repacked_type(ot)) == (ot in repackable)
+            assert t not in cpu_kernels.REPACKED_TYPES.values() or not base <= d.data_ptr() < base + size
+    torch.manual_seed(0)
+    prompt, new = torch.randint(0, TINY_VOCAB, (1, 20)), torch.randint(0, TINY_VOCAB, (1, 5))
+    a, b = mapped(prompt, mapped.new_cache(32), 0), packed(prompt, cq := packed.new_cache(32), 0)
+    assert (a - b).abs().max().item() <= 1e-4 * a.abs().max().item()
+    verify = packed(new, cq, 20)
+    assert torch.equal(verify, torch.cat([packed(new[:, i:i + 1], cq, 20 + i) for i in range(5)], dim=1))
 
 
 @kernel
@@ -173,7 +195,7 @@ def test_a_draft_model_loads_re_encoded(tmp_path):
     """load_gguf_blocks(reencode=True): the Q5_0 layers become Q8_0 holding the same weights; the
     logits stay close to the stored format's (only the order of float operations differs)."""
     path = write_tiny_gguf(tmp_path / "q5.gguf", tiny_model(4, attention_bias=True), "qwen2", "Q5_0")
-    stored, again = load_gguf_blocks(GGUFFile(path)), load_gguf_blocks(GGUFFile(path), reencode=True)
+    stored, again = load_gguf_blocks(GGUFFile(path), repack=False), load_gguf_blocks(GGUFFile(path), reencode=True, repack=False)
     types = lambda m: {q for x in m.modules() if isinstance(x, QuantLinear) for q, _ in x.parts}  # noqa: E731
     assert types(stored) == {cpu_kernels.QUANT_TYPES["Q5_0"]} and types(again) == {cpu_kernels.QUANT_TYPES["Q8_0"]}
     x = torch.randint(0, TINY_VOCAB, (1, 12))
@@ -189,7 +211,7 @@ def test_re_encoding_a_few_rows_at_a_time_keeps_every_weight(tmp_path, monkeypat
     from specdec.model import loading
     monkeypatch.setattr(loading, "REENCODE_ROWS", 3)
     path = write_tiny_gguf(tmp_path / "q5.gguf", tiny_model(2, attention_bias=True), "qwen2", "Q5_0")
-    stored, again = load_gguf_blocks(GGUFFile(path)), load_gguf_blocks(GGUFFile(path), reencode=True)
+    stored, again = load_gguf_blocks(GGUFFile(path), repack=False), load_gguf_blocks(GGUFFile(path), reencode=True, repack=False)
     layers = lambda m: [x for x in m.modules() if isinstance(x, QuantLinear)]  # noqa: E731
     weights = lambda layer: torch.cat([cpu_kernels.quant_dequantize(q, d, layer.in_features)  # noqa: E731
                                        for q, d in layer.parts])

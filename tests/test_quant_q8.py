@@ -204,3 +204,86 @@ def test_real_model_q8_speculation_gives_plain_tokens(smollm2_q8):
     for k in (3, 8):
         out = SpeculativeGenerator(q8.module, drafter, 512).generate(ids, GenerationConfig(40, k), q8.eos_ids)
         assert out.tokens == plain.tokens
+
+
+REPACKABLE = ["Q4_K", "Q6_K", "Q8_0"]
+
+
+@kernel
+@pytest.mark.parametrize("fmt,K", [("Q4_K", 768), ("Q6_K", 768), ("Q8_0", 768), ("Q8_0", 32 * 27)])
+def test_repacked_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt, K):
+    """The weights repacked into tiles of 16 rows (quant_rp.h) give the same arithmetic's value, each row
+    the same bits at any row count (N = 200: a last tile of 8 valid rows) and in a prefill of any length."""
+    torch.manual_seed(0)
+    N = 200
+    qtype = cpu_kernels.QUANT_TYPES[fmt]
+    data = torch.from_numpy(random_blocks(fmt, 208, K, seed=1))
+    rtype, packed = cpu_kernels.repack(qtype, data, K)
+    packed, data = packed[:N], data[:N]
+    assert rtype == cpu_kernels.REPACKED_TYPES[fmt + "_R16"] and cpu_kernels.quant_q8_supported(rtype, K)
+    w = gguf_py_dequantize(fmt, data.numpy(), K).double()
+    bias = torch.randn(N)
+    x = torch.randn(1, 16, K)
+    full = cpu_kernels.quant_linear(x, [(rtype, packed)], bias)
+    xq = torch.from_numpy(np.stack([(lambda q, d: q.reshape(-1, act_block(fmt)).astype(np.float64) * d[:, None])(
+        *reference_activations(r, act_block(fmt))).reshape(-1) for r in x[0].numpy()]))
+    ref = xq @ w.T + bias.double()
+    scale = (xq.abs() @ w.abs().T).max().item()
+    assert (full[0].double() - ref).abs().max().item() < 1e-6 * scale
+    for n in range(1, 16 + 1):
+        assert torch.equal(cpu_kernels.quant_linear(x[:, :n], [(rtype, packed)], bias), full[:, :n])
+        assert torch.equal(cpu_kernels.quant_linear(x[:, n - 1:n], [(rtype, packed)], bias), full[:, n - 1:n])
+    long = torch.cat([x, x[:, :7] * 2, x[:, :14] - 1], dim=1)  # 37 rows: chunks of 8 and a rest
+    y = cpu_kernels.quant_linear(long, [(rtype, packed)], bias)
+    assert torch.equal(y[:, :16], full)
+    assert torch.equal(y[:, 16:23], cpu_kernels.quant_linear(x[:, :7] * 2, [(rtype, packed)], bias))
+    assert torch.equal(y[:, 23:], cpu_kernels.quant_linear(x[:, :14] - 1, [(rtype, packed)], bias))
+
+
+@kernel
+def test_repacked_rows_gather_and_cut_as_the_matrix():
+    from specdec.model.quant import QuantLinear
+    K = 512
+    for fmt in REPACKABLE:
+        layer = QuantLinear([cpu_kernels.repack(cpu_kernels.QUANT_TYPES[fmt],
+                                                torch.from_numpy(random_blocks(fmt, 64, K, seed=2)), K)], K)
+        x = torch.randn(3, K)
+        y = layer(x)
+        ids = torch.tensor([5, 63, 0, 17, 17, 40, 2])
+        assert torch.equal(layer.rows(ids)(x), y[:, ids]), fmt
+        assert torch.equal(layer.first_rows(21)(x), y[:, :21]), fmt
+        assert torch.equal(layer.first_rows(21).rows(torch.tensor([20, 3]))(x), y[:, [20, 3]]), fmt
+
+
+@kernel
+def test_repacking_refuses_what_it_cannot_take():
+    data = torch.from_numpy(random_blocks("Q4_K", 20, 256))
+    with pytest.raises(ValueError, match="rows in 16s"):
+        cpu_kernels.repack(cpu_kernels.QUANT_TYPES["Q4_K"], data, 256)
+    q41 = torch.from_numpy(random_blocks("Q4_1", 16, 256))
+    with pytest.raises(ValueError, match="not repackable"):
+        cpu_kernels.repack(cpu_kernels.QUANT_TYPES["Q4_1"], q41, 256)
+    rtype, packed = cpu_kernels.repack(cpu_kernels.QUANT_TYPES["Q4_K"], data[:16].contiguous(), 256)
+    with pytest.raises(ValueError, match="repacked layout"):
+        cpu_kernels.quant_dequantize(rtype, packed, 256)
+
+
+@kernel
+def test_the_avx2_build_gives_the_repacked_kernels_same_bits():
+    """The AVX2 build runs each tile as two 8-lane halves (and, without VNNI, Q8_0 as |w| . sign(a, w)):
+    the same integers and float steps per row as the AVX-512 build's 16 lanes."""
+    try:
+        avx2 = cpu_kernels.load(["-mno-avx512f", "-mno-avxvnni"])
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"no AVX2 build here: {e}")
+    torch.manual_seed(0)
+    for fmt in REPACKABLE:
+        qtype, K = cpu_kernels.QUANT_TYPES[fmt], 512
+        data = torch.from_numpy(random_blocks(fmt, 64, K, seed=3))
+        data.view(-1)[2::7] = 0x80  # extreme bytes (Q8_0: -128); an fp16 scale stays finite
+        packed = cpu_kernels.repack(qtype, data, K)
+        again = cpu_kernels.repack(qtype, data, K, lib=avx2)
+        assert torch.equal(packed[1], again[1]), fmt  # one layout for both builds
+        for n in (1, 3, 8, 13):
+            x = torch.randn(n, K) * 10
+            assert torch.equal(cpu_kernels.quant_linear(x, [packed]), cpu_kernels.quant_linear(x, [packed], lib=avx2)), fmt

@@ -60,8 +60,7 @@ def lm_head_rows(target: Transformer, ids: torch.Tensor) -> nn.Module:
     from specdec.model.quant import QuantEmbedding, QuantLinear
     head = target.lm_head
     if isinstance(head, QuantLinear) and len(head.parts) == 1:
-        qtype, data = head.parts[0]
-        return QuantLinear([(qtype, data[ids].contiguous())], head.in_features)
+        return head.rows(ids)
     embed = target.model.embed_tokens
     if target.config.tie_word_embeddings and isinstance(embed, QuantEmbedding):
         return QuantLinear([(embed.qtype, embed.blocks[ids].contiguous())], embed.embedding_dim)

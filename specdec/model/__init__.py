@@ -24,16 +24,20 @@ class LoadedModel:
 
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
-               cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False) -> LoadedModel:
+               cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False,
+               draft_bits: int = 4) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     The backend is chosen here, once. On the CPU a .gguf model runs on the file's own quantized
     blocks through its memory map, against 8-bit activations (loading.load_gguf_blocks; `weight_dtype`
     None or "auto"), where our kernels build. Otherwise, and with weight_dtype "float32", it is the
     torch reference: fp32 on the CPU, bf16 (or --dtype) on CUDA, the weights dequantized at load on
-    the device. The module's `weight_format` says which: "gguf-q8" or "torch".
+    the device. The module's `weight_format` says which: "gguf-q8" or "torch". On the CPU backend the
+    blocks are repacked at load into the kernels' tiles; weight_dtype "gguf-q8-mapped" reads them
+    through the map as they lie in the file instead (shared pages, slower multi-row GEMMs).
     draft: the model only drafts, so its numerics never reach the output: the CPU backend may re-encode
-    its blocks into the format our kernels run fastest (loading.FASTER_FORMATS).
+    its blocks into the format our kernels run fastest (loading.FASTER_FORMATS), and with draft_bits 4
+    its 32-weight blocks (Q8_0, Q5_0, ...) into 4-bit Q4_0 tiles (lossy: fewer bytes a draft step).
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
     engine/cuda_graphs.py).
     """
@@ -59,7 +63,9 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         gguf = open_gguf(source)
         tokenizer = load_tokenizer(source, gguf)
         gguf.forget_strings()
-        module = load_gguf_blocks(gguf, reencode=draft) if blocks else load_gguf_reference(gguf, dev, torch_dtype)
+        repack = weight_dtype != "gguf-q8-mapped"
+        module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=draft_bits if draft else 8) if blocks \
+            else load_gguf_reference(gguf, dev, torch_dtype)
     if cuda_graphs:
         from specdec.engine.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(module)

@@ -26,10 +26,13 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
-HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "quant_kq.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "quant_kq.h", "quant_rp.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 # GGUF block formats the kernels read (ggml type ids: gguf.GGMLQuantizationType)
 QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+# the layouts weights are repacked into at load (quant_rp.h: tiles of 16 output rows); ids of our own, not GGUF's
+REPACKED_TYPES = {"Q4_0_R16": 102, "Q8_0_R16": 108, "Q4_K_R16": 112, "Q6_K_R16": 114}
+REPACK_ROWS = 16  # a repacked matrix's rows come in tiles of this many
 
 _lib = None
 _error: str | None = None
@@ -86,6 +89,12 @@ def load(extra_flags: list[str] | None = None):
     lib.quant_gemm_q8.restype = ctypes.c_int
     lib.quant_q8_supported.argtypes = [ctypes.c_int, i64]
     lib.quant_q8_supported.restype = ctypes.c_int
+    lib.quant_repack.argtypes = [ctypes.c_int, p, p, i64, i64, ctypes.c_int]
+    lib.quant_repack.restype = ctypes.c_int
+    lib.quant_requant_q4_0.argtypes = [ctypes.c_int, p, p, i64, i64, ctypes.c_int]
+    lib.quant_requant_q4_0.restype = ctypes.c_int
+    lib.quant_repacked_type.argtypes = [ctypes.c_int]
+    lib.quant_repacked_type.restype = ctypes.c_int
     lib.quant_q8_activations.argtypes = [p, i64, i64, p, p, p, p]
     lib.quant_q8_activations.restype = None
     f32 = ctypes.c_float
@@ -161,6 +170,8 @@ def quant_q8_supported(qtype: int, K: int, lib=None) -> bool:
 def quant_dequantize(qtype: int, data: torch.Tensor, K: int, lib=None) -> torch.Tensor:
     """The fp32 weights [rows, K] of quantized rows data # uint8 [rows, quant_row_bytes(qtype, K)]."""
     lib = _lib_or_raise(lib)
+    if qtype in REPACKED_TYPES.values():
+        raise ValueError(f"quant_dequantize reads GGUF blocks; type {qtype} is a repacked layout")
     _check_quant(qtype, data, K, lib)
     out = torch.empty(data.shape[0], K)
     lib.quant_dequantize(qtype, data.data_ptr(), out.data_ptr(), data.shape[0], K)
@@ -175,6 +186,45 @@ def _check_quant(qtype: int, data: torch.Tensor, K: int, lib) -> None:
             or not data.is_cpu:
         raise ValueError(f"quantized weights of type {qtype}, K = {K}: need contiguous uint8 CPU rows of {rb} bytes, "
                          f"not {data.dtype} {tuple(data.shape)} on {data.device}")
+
+
+def repacked_type(qtype: int, lib=None) -> int:
+    """The layout quant_repack turns GGUF format `qtype` into, 0 if none."""
+    return int(_lib_or_raise(lib).quant_repacked_type(qtype))
+
+
+def repack(qtype: int, data: torch.Tensor, K: int, lib=None) -> tuple[int, torch.Tensor]:
+    """GGUF blocks data # uint8 [rows, row bytes] (rows a multiple of REPACK_ROWS) rewritten into the
+    kernels' tiles of 16 output rows: (repacked type, uint8 [rows, quant_row_bytes(repacked type, K)]),
+    in new memory; the same weights, and quant_linear gives each row within fp32 rounding of the GGUF
+    kernel's value. ValueError where the format or the shape cannot be repacked."""
+    lib = _lib_or_raise(lib)
+    _check_quant(qtype, data, K, lib)
+    rtype = repacked_type(qtype, lib)
+    rows = data.shape[0]
+    if not rtype or rows % REPACK_ROWS:
+        raise ValueError(f"quantized weights of type {qtype}, {rows} rows: not repackable (formats "
+                         f"{sorted(k for k, v in QUANT_TYPES.items() if repacked_type(v, lib))}, rows in {REPACK_ROWS}s)")
+    out = torch.empty(rows, _row_bytes(lib, rtype, K), dtype=torch.uint8)
+    if lib.quant_repack(qtype, data.data_ptr(), out.data_ptr(), rows, K, torch.get_num_threads()) != rtype:
+        raise ValueError(f"quantized weights of type {qtype}, K = {K}: repacking failed")
+    return rtype, out
+
+
+def requant_q4_0(qtype: int, data: torch.Tensor, K: int, lib=None) -> tuple[int, torch.Tensor]:
+    """GGUF blocks of any format (rows a multiple of REPACK_ROWS, K of 32s) re-encoded as Q4_0 (4 bits
+    and an fp16 scale per 32 weights, llama.cpp's rounding) in Q4_0_R16 tiles: lossy, for a draft model,
+    whose numerics never reach the output. Returns (Q4_0_R16, uint8 [rows, row bytes])."""
+    lib = _lib_or_raise(lib)
+    _check_quant(qtype, data, K, lib)
+    rtype, rows = REPACKED_TYPES["Q4_0_R16"], data.shape[0]
+    if rows % REPACK_ROWS or K % 32:
+        raise ValueError(f"re-encoding as Q4_0 takes rows in {REPACK_ROWS}s of a multiple of 32 weights, not "
+                         f"{rows} x {K}")
+    out = torch.empty(rows, _row_bytes(lib, rtype, K), dtype=torch.uint8)
+    if lib.quant_requant_q4_0(qtype, data.data_ptr(), out.data_ptr(), rows, K, torch.get_num_threads()) != rtype:
+        raise ValueError(f"quantized weights of type {qtype}, K = {K}: re-encoding as Q4_0 failed (memory)")
+    return rtype, out
 
 
 def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: torch.Tensor | None = None,

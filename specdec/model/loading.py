@@ -204,9 +204,33 @@ def _reencoded_parts(gguf: GGUFFile, names: list[str], cfg: dict):
     return parts
 
 
-def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False) -> nn.Module:
+FOUR_BIT_SOURCES = {2, 3, 6, 8, 14}  # Q4_0, Q4_1, Q5_0, Q8_0, Q6_K: what a 4-bit draft takes as Q4_0 (Q4_K stays)
+
+
+def _repacked(gguf: GGUFFile, names: list[str], parts, K: int, bits: int = 8):
+    """Each part in the kernels' tiles of 16 output rows where its format has such a layout (quant_rp.h;
+    in new private memory), the others as they are; the weights' pages in the map are released.
+    bits 4 (a draft model): the 32-weight formats and Q6_K re-encoded as Q4_0 (lossy; Q4_K is already 4-bit)."""
+    from specdec.model import cpu_kernels
+
+    def one(qtype, data):
+        if data.shape[0] % cpu_kernels.REPACK_ROWS:
+            return qtype, data
+        if bits == 4 and qtype in FOUR_BIT_SOURCES:
+            return cpu_kernels.requant_q4_0(qtype, data, K)
+        return cpu_kernels.repack(qtype, data, K) if cpu_kernels.repacked_type(qtype) else (qtype, data)
+    out = [one(qtype, data) for qtype, data in parts]
+    if all(o[1] is not p[1] for o, p in zip(out, parts)):
+        for n in names:
+            gguf.release(n)
+    return out
+
+
+def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False, repack: bool = True,
+            bits: int = 8) -> nn.Module:
     """One linear layer over the weights `bases` (GGUF names without ".weight") stacked along the outputs:
-    a QuantLinear where our kernels read every part's format, else an fp32 nn.Linear (dequantized)."""
+    a QuantLinear where our kernels read every part's format (repack: in their tiles, where the format
+    has them), else an fp32 nn.Linear (dequantized)."""
     names = [f"{b}.weight" for b in bases]
     K = gguf.tensors[names[0]].dims[0]
     biases = [f"{b}.bias" for b in bases]
@@ -215,7 +239,8 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False)
         bias = torch.cat([dequantize(gguf, n, cfg) if n in gguf.tensors else torch.zeros(gguf.tensors[w].rows)
                           for n, w in zip(biases, names)])
     if all(supported(gguf.tensors[n].ggml_type, K) for n in names):
-        return QuantLinear(_parts(gguf, names, cfg, reencode), K, bias)
+        parts = _parts(gguf, names, cfg, reencode)
+        return QuantLinear(_repacked(gguf, names, parts, K, bits) if repack else parts, K, bias)
     weight = torch.cat([dequantize(gguf, n, cfg) for n in names])
     layer = nn.Linear(K, weight.shape[0], bias=bias is not None, device="meta")
     layer.weight = nn.Parameter(weight, requires_grad=False)
@@ -232,12 +257,16 @@ def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
     return nn.Embedding.from_pretrained(dequantize(gguf, info.name, cfg), freeze=True)
 
 
-def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False) -> Transformer:
+def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True, bits: int = 8) -> Transformer:
     """The CPU backend's model of a GGUF file: linear layers on the file's own blocks (q/k/v and
     gate/up fused into one GEMM each), the embedding dequantized row by row, norms and biases read
     as they are, our fused ops for RMSNorm, RoPE, attention and SiLU, and the layer loop in C
     (cpu_forward.py) where every layer qualifies. reencode: the linear layers' blocks in the faster
-    format FASTER_FORMATS names for them, where there is one (for a draft model)."""
+    format FASTER_FORMATS names for them, where there is one (for a draft model). repack: the linear
+    layers' Q4_K, Q6_K and Q8_0 blocks rewritten at load into the kernels' tiles of 16 output rows
+    (quant_rp.h: prefill and verification run several times faster; private memory instead of the
+    file's shared pages), else read through the map as they lie in the file. bits 4 (with repack, for a
+    draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1) and Q6_K re-encoded as Q4_0, lossy."""
     from specdec.model import cpu_forward, cpu_kernels
     if not cpu_kernels.available():
         raise SpecdecError(f"the CPU backend needs our kernels, which cannot be built here "
@@ -253,16 +282,16 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False) -> Transformer:
         layer.input_layernorm.weight = _vector(gguf, p + "attn_norm.weight")
         layer.post_attention_layernorm.weight = _vector(gguf, p + "ffn_norm.weight")
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = _linear(gguf, [p + "attn_q", p + "attn_k", p + "attn_v"], cfg, reencode)
+        attn.qkv_proj = _linear(gguf, [p + "attn_q", p + "attn_k", p + "attn_v"], cfg, reencode, repack, bits)
         attn.q_proj = attn.k_proj = attn.v_proj = None
-        attn.o_proj = _linear(gguf, [p + "attn_output"], cfg, reencode)
-        mlp.gate_up_proj = _linear(gguf, [p + "ffn_gate", p + "ffn_up"], cfg, reencode)
+        attn.o_proj = _linear(gguf, [p + "attn_output"], cfg, reencode, repack, bits)
+        mlp.gate_up_proj = _linear(gguf, [p + "ffn_gate", p + "ffn_up"], cfg, reencode, repack, bits)
         mlp.gate_proj = mlp.up_proj = None
-        mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode)
+        mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, bits)
         attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
         layer.input_layernorm.cpu_ops = layer.post_attention_layernorm.cpu_ops = True
     backbone.norm.cpu_ops = True
-    model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode)
+    model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode, repack, bits)
     model.weight_format = "gguf-q8"
     cpu_forward.enable(model)
     return model.eval()
@@ -282,7 +311,7 @@ def resolve_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
     return names[dtype]
 
 
-WEIGHT_DTYPES = ("auto", "gguf-q8", "float32")
+WEIGHT_DTYPES = ("auto", "gguf-q8", "gguf-q8-mapped", "float32")
 
 
 def use_gguf_blocks(device: torch.device, weight_dtype: str | None, source: Path) -> bool:
@@ -295,7 +324,7 @@ def use_gguf_blocks(device: torch.device, weight_dtype: str | None, source: Path
     if weight_dtype == "float32":
         return False
     possible = device.type == "cpu" and source.suffix == ".gguf" and cpu_kernels.available()
-    if weight_dtype == "gguf-q8" and not possible:
+    if weight_dtype in ("gguf-q8", "gguf-q8-mapped") and not possible:
         if source.suffix != ".gguf":
             raise SpecdecError(f"--weight-dtype gguf-q8 reads a GGUF file's quantized blocks; {source} is not a .gguf file")
         if device.type != "cpu":

@@ -39,6 +39,19 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         return cpu_kernels.quant_linear(x, self.parts, self.bias)
 
+    def rows(self, ids: torch.Tensor) -> "QuantLinear":
+        """The layer restricted to the outputs `ids` # int64 [n], in that order (a copy of their blocks)."""
+        out = []
+        for qtype, data in self.parts:
+            if qtype in cpu_kernels.REPACKED_TYPES.values():
+                out.append((qtype, gather_repacked(qtype, data, self.in_features, ids)))
+            else:
+                out.append((qtype, data[ids].contiguous()))
+            break
+        if len(self.parts) != 1:
+            raise ValueError("QuantLinear.rows takes a layer of one part")
+        return QuantLinear(out, self.in_features, None if self.bias is None else self.bias[ids].clone())
+
     def first_rows(self, rows: int) -> "QuantLinear":
         """The layer restricted to its first `rows` outputs (views, no copy): a truncated LM head."""
         out, left = [], rows
@@ -64,6 +77,34 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [...] int64 -> [..., dim] fp32
         rows = self.blocks[ids.reshape(-1)]
         return cpu_kernels.quant_dequantize(self.qtype, rows, self.embedding_dim).view(*ids.shape, self.embedding_dim)
+
+
+# each repacked layout's block of 16 rows as runs of (units, bytes a row per unit): a row's bytes of a
+# unit lie at row * width within it (quant_rp.h)
+REPACKED_UNITS = {102: [(4, 4), (1, 2)], 108: [(8, 4), (1, 2)], 112: [(32, 4), (8, 1), (4, 2), (2, 2)],
+                  114: [(48, 4), (16, 1), (1, 2)]}
+
+
+def gather_repacked(qtype: int, data: torch.Tensor, K: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` # int64 [n] of a repacked matrix data # uint8 [rows, row bytes] as a repacked matrix of
+    their own: uint8 [n, row bytes], a view of the first n rows of storage in whole tiles of 16."""
+    R = cpu_kernels.REPACK_ROWS
+    rb, n = data.shape[1], ids.numel()
+    nb = K // (256 if qtype in (112, 114) else 32)
+    tile = rb * R // nb  # bytes of one block of 16 rows
+    # every tile whole, though a view of first rows may end inside one (its storage holds the tile)
+    src = torch.as_strided(data, ((data.shape[0] + R - 1) // R, nb, tile), (nb * tile, tile, 1))
+    padded = torch.cat([ids, ids.new_zeros((-n) % R)])
+    out = torch.empty(padded.numel() * rb, dtype=torch.uint8).view(-1, src.shape[1], tile)
+    off = 0
+    for units, width in REPACKED_UNITS[qtype]:
+        span = units * R * width
+        s = src[:, :, off:off + span].reshape(src.shape[0], src.shape[1], units, R, width)
+        o = out[:, :, off:off + span].view(out.shape[0], out.shape[1], units, R, width)
+        picked = s[padded // R, :, :, padded % R, :]  # [n', blocks, units, width]
+        o.copy_(picked.view(-1, R, *picked.shape[1:]).permute(0, 2, 3, 1, 4))
+        off += span
+    return out.view(-1, rb)[:n]
 
 
 def first_rows(linear: nn.Module, rows: int) -> nn.Module:

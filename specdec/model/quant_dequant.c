@@ -204,7 +204,9 @@ static const qkernels *kernels_of(int type) {
 }
 
 /* Bytes of one row of K weights in `type`, or 0 if the type is not supported or K does not fit it. */
+int64_t quant_rp_row_bytes(int rtype, int64_t K); /* quant_q8.c: the repacked types */
 int64_t quant_row_bytes(int type, int64_t K) {
+    if (type >= 100) return quant_rp_row_bytes(type, K);
     const qkernels *ks = kernels_of(type);
     return ks && K % ks->qk == 0 ? K / ks->qk * ks->bytes : 0;
 }

@@ -75,7 +75,9 @@ typedef struct {
     int16_t *s;
     int8_t *qp; /* Q8_PAIRS, the K-quants: q and s again, rows 2p and 2p + 1 interleaved, 32 q or 16 s */
     int16_t *sp; /* of each in turn (one 512-bit load takes both rows' share of a group) */
+    int32_t *o; /* repacked formats: [K / 16] a row, their offsets ready (quant_rp.h) */
     int64_t K, B; /* row length, block size */
+    int o_kind; /* what o holds (quant_rp.h's O_*), 0: nothing */
 } act;
 
 /* One row of K floats in blocks of B (32 or 256): d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|). */
@@ -241,6 +243,8 @@ static inline __m256i lane_sums8(const __m256i *p) {
     }
 
 typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
+int64_t quant_row_bytes(int type, int64_t K);
+#include "quant_rp.h"
 #define Q_ALL_C(X, a, b, c) X(a, b, c, 1) X(a, b, c, 2) X(a, b, c, 3) X(a, b, c, 4) X(a, b, c, 5) X(a, b, c, 6) \
     X(a, b, c, 7) X(a, b, c, 8) X(a, b, c, 9) X(a, b, c, 10) X(a, b, c, 11) X(a, b, c, 12) X(a, b, c, 13)          \
     X(a, b, c, 14) X(a, b, c, 15) X(a, b, c, 16)
@@ -289,21 +293,25 @@ static act *act_buffer(int type, int64_t n, int64_t K) {
     const int64_t n2 = n + 1; /* the pair copies: room for an odd last row's partner */
     /* each array starts on a cache line (the kernels' 64-byte loads then never straddle two) */
     const size_t need = 6 * 64 + (size_t)(n * K + 64) + sizeof(float) * (size_t)(n * K / 32 * 2 + 16)
-                      + sizeof(int16_t) * (size_t)(n * K / 16 + 16) + (size_t)(n2 * K + 64) + sizeof(int16_t) * (size_t)(n2 * K / 16 + 32);
+                      + sizeof(int16_t) * (size_t)(n * K / 16 + 16) + (size_t)(n2 * K + 64) + sizeof(int16_t) * (size_t)(n2 * K / 16 + 32)
+                      + 64 + sizeof(int32_t) * (size_t)(n * K / 16 + 16);
     if (need > cap) {
         void *p = realloc(buf, need);
         if (!p) return 0;
         buf = p;
         cap = need;
     }
+    const rp_kernels *rk = rp_kernels_of(type);
     a.K = K;
-    a.B = q8_kernels_of(type)->act_block;
+    a.B = rk ? rk->act_block : q8_kernels_of(type)->act_block;
+    a.o_kind = rk ? rk->o_kind : 0;
     a.d = (float *)up64((char *)buf);
     a.sa = (float *)up64((char *)(a.d + n * K / 32 + 8));
     a.s = (int16_t *)up64((char *)(a.sa + n * K / 32 + 8));
     a.sp = (int16_t *)up64((char *)(a.s + n * K / 16 + 16));
     a.q = (int8_t *)up64((char *)(a.sp + n2 * K / 16 + 16));
     a.qp = (int8_t *)up64((char *)(a.q + n * K + 32));
+    a.o = (int32_t *)up64((char *)(a.qp + n2 * K + 32));
     return &a;
 }
 
@@ -313,6 +321,7 @@ static void quantize_rows(const act *a, const float *X, int64_t ldx, int64_t c0,
     const int64_t K = a->K, B = a->B;
     for (int64_t c = c0; c < c1; c++) {
         quantize_row(X + c * ldx, K, B, a->q + c * K, a->d + c * (K / B), a->s + c * (K / 16), a->sa + c * (K / 32));
+        if (a->o_kind) rp_offsets(a->o_kind, a->s + c * (K / 16), K, a->o + c * (K / 16));
         if (Q8_PAIRS && pairs && B == 256) {
             int8_t *qp = a->qp + (c & ~(int64_t)1) * K + 32 * (c & 1);
             int16_t *sp = a->sp + (c & ~(int64_t)1) * (K / 16) + 16 * (c & 1);
@@ -331,11 +340,13 @@ static act act_from(const act *a, int64_t c0) {
     o.sa += c0 * (a->K / 32);
     o.qp += c0 * a->K; /* c0 even: a pair's start */
     o.sp += c0 * (a->K / 16);
+    o.o += c0 * (a->K / 16);
     return o;
 }
 
 /* 1 if quant_gemm_q8 takes `type` with rows of K weights. */
 int quant_q8_supported(int type, int64_t K) {
+    if (rp_kernels_of(type)) return quant_rp_row_bytes(type, K) > 0 && K <= QMAX_K;
     const q8_kernels *ks = q8_kernels_of(type);
     return ks && K > 0 && K % ks->qk == 0 && K <= QMAX_K;
 }
@@ -348,8 +359,54 @@ void quant_q8_activations(const float *x, int64_t K, int64_t B, int8_t *q, float
 /* Y[n, N] (row stride ldy) ~= X[n, K] (row stride ldx) . deq(W)[N, K]^T + b (b may be NULL), any n
  * (a prefill too: each weight row meets the inputs 16 at a time while it is in L1), W: N rows of
  * quant_row_bytes(type, K) bytes. Returns 0, or -1 for what it cannot take (or no memory). */
+/* one tile's kernel call, into Y directly or, for a last tile of fewer than 16 valid rows, through a buffer */
+static void rp_tile(const rp_kernels *rk, int64_t C, const uint8_t *w, const act *a, float *Y, int64_t ldy,
+                    int64_t rows) {
+    if (rows >= RP_ROWS) {
+        rk->fn[C](w, a, Y, ldy);
+        return;
+    }
+    float t[RP_MAXC * RP_ROWS];
+    rk->fn[C](w, a, t, RP_ROWS);
+    for (int64_t c = 0; c < C; c++) memcpy(Y + c * ldy, t + c * RP_ROWS, sizeof(float) * (size_t)rows);
+}
+
+/* quant_gemm_q8 on repacked weights: each thread takes whole tiles; a panel of tiles (about
+ * Q8_TILE_BYTES) meets every chunk of RP_MAXC inputs while it is in L2. N need not be a multiple
+ * of 16: the last tile's storage is whole (a view of a repacked matrix's first rows). */
+static int rp_gemm(int type, const rp_kernels *rk, const uint8_t *W, const float *X, const float *b, float *Y,
+                   int64_t N, int64_t K, int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
+    const act *a = act_buffer(type, n, K);
+    if (!a) return -1;
+    const int64_t rb = quant_rp_row_bytes(type, K), tb = RP_ROWS * rb;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t t, T;
+        thread_index(&t, &T);
+        quantize_rows(a, X, ldx, n * t / T, n * (t + 1) / T, 0);
+#pragma omp barrier
+        int64_t r0, r1;
+        thread_rows(N, RP_ROWS, &r0, &r1);
+        const int64_t panel = n <= RP_MAXC ? r1 - r0 : (Q8_TILE_BYTES / tb > 1 ? Q8_TILE_BYTES / tb : 1) * RP_ROWS;
+        for (int64_t p0 = r0; p0 < r1; p0 += panel) {
+            const int64_t p1 = p0 + panel < r1 ? p0 + panel : r1;
+            for (int64_t c0 = 0; c0 < n; c0 += RP_MAXC) {
+                const int64_t C = n - c0 < RP_MAXC ? n - c0 : RP_MAXC;
+                const act part = act_from(a, c0);
+                for (int64_t r = p0; r < p1; r += RP_ROWS) rp_tile(rk, C, W + r * rb, &part, Y + c0 * ldy + r, ldy, p1 - r);
+            }
+        }
+        if (b && r0 < r1)
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t i = r0; i < r1; i++) Y[c * ldy + i] += b[i];
+    }
+    return 0;
+}
+
 int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
                   int64_t n, int64_t ldx, int64_t ldy, int nthreads) {
+    const rp_kernels *rk = rp_kernels_of(type);
+    if (rk) return quant_q8_supported(type, K) && n >= 1 ? rp_gemm(type, rk, W, X, b, Y, N, K, n, ldx, ldy, nthreads) : -1;
     const q8_kernels *ks = q8_kernels_of(type);
     if (!ks || !quant_q8_supported(type, K) || n < 1) return -1;
     const act *a = act_buffer(type, n, K);

@@ -1,0 +1,454 @@
+/* Repacked weights and their kernels (included by quant_q8.c only, after its act type, DPBUSD and
+ * DPWSSD).
+ *
+ * At load, a GGUF matrix in Q4_K, Q6_K or Q8_0 (and the 4-bit draft's Q4_0) is rewritten in memory
+ * into tiles of 16 output rows: for each block of K (256 or 32 weights) a tile holds the 16 rows'
+ * integers interleaved four weights at a time (one 32-bit lane a row), so one 512-bit load carries
+ * four consecutive weights of all 16 rows and one vpdpbusd against four broadcast activation bytes
+ * adds them into 16 per-row sums. The sub-block scales and mins are expanded to a byte a row and the
+ * block scales kept as 16 halves, so the scale work runs across the 16 rows in one register and no
+ * horizontal sum is left at the end: each lane is one output.
+ *
+ * A kernel takes one tile against C <= RP_MAXC activation rows; the weights are unpacked once for
+ * all C rows. Per output lane the integer sums are exact and the float operations (one conversion and
+ * two FMAs a block for Q4_K, one for the others) run in block order whatever C is, and in the same
+ * order in the AVX2 build (two 8-lane halves) as in the AVX-512 one: a row's bits depend on neither
+ * the row count nor the build.
+ *
+ * Tile layouts, per block (bytes; row i of the tile is lane i; "chunk" = 64 bytes, 4 per row):
+ *   Q4_K_R16 (2368 = 16 x 148): chunk 4s + r (s = sub-block 0..7, r = 0..3): row i's byte b holds
+ *     q[32s + 4r + b] in its low nibble and q[32s + 16 + 4r + b] in its high one; @2048 the scales
+ *     u8 [8][16]; @2176 the mins u8 [4][16][2] (row i: m[2p], m[2p + 1]); @2304 d f16 [16];
+ *     @2336 dmin f16 [16].
+ *   Q6_K_R16 (3360 = 16 x 210): per 16 weights u (0..15) 192 bytes at 192u: a chunk with groups
+ *     (16u + b, 16u + 4 + b) in its low / high nibbles, a chunk with (16u + 8 + b, 16u + 12 + b),
+ *     and a chunk with the four groups' two high bits (bits 2g, 2g + 1 for group g); @3072 the
+ *     scales i8 [16][16]; @3328 d f16 [16].
+ *   Q8_0_R16 (544 = 16 x 34): chunk g (0..7): row i's byte b is w[4g + b] + 128 (unsigned);
+ *     @512 d f16 [16].
+ *   Q4_0_R16 (288 = 16 x 18): chunk g (0..3): row i's byte b holds q[4g + b] (low nibble) and
+ *     q[16 + 4g + b] (high), q = w / d + 8 in 0..15; @256 d f16 [16].
+ * The offsets meet the activations' sums: act.o holds them per 16 activations, made ready for each
+ * format (Q4_K: the 32-sums in int16 pairs; Q6_K: -32 x the 16-sums; the 32-weight formats: -o x
+ * the 32-sums, the start value of each block's dot product). */
+#ifndef SPECDEC_QUANT_RP_H
+#define SPECDEC_QUANT_RP_H
+
+enum { T_Q4_0_R16 = 102, T_Q8_0_R16 = 108, T_Q4_K_R16 = 112, T_Q6_K_R16 = 114 };
+#define RP_ROWS 16
+#define RP_MAXC 8
+#define RP_Q4_K_TILE 2368
+#define RP_Q6_K_TILE 3360
+#define RP_Q8_0_TILE 544
+#define RP_Q4_0_TILE 288
+
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define RP_W 16
+typedef __m512i rvi;
+typedef __m512 rvf;
+#define R_LOAD(p) _mm512_loadu_si512((const void *)(p))
+#define R_SET1(x) _mm512_set1_epi32(x)
+#define R_SET1B(x) _mm512_set1_epi8(x)
+#define R_ZERO() _mm512_setzero_si512()
+#define R_AND(a, b) _mm512_and_si512(a, b)
+#define R_OR(a, b) _mm512_or_si512(a, b)
+#define R_SRLI16(a, n) _mm512_srli_epi16(a, n)
+#define R_SLLI16(a, n) _mm512_slli_epi16(a, n)
+#define R_ADD(a, b) _mm512_add_epi32(a, b)
+#define R_MULLO(a, b) _mm512_mullo_epi32(a, b)
+#define R_DPBUSD(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+#define R_DPWSSD(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+#define R_U8_32(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define R_S8_32(p) _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define R_U8_16(p) _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
+#define R_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define R_CVT(a) _mm512_cvtepi32_ps(a)
+#define R_FZERO() _mm512_setzero_ps()
+#define R_FSET1(x) _mm512_set1_ps(x)
+#define R_FMUL(a, b) _mm512_mul_ps(a, b)
+#define R_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define R_STOREF(p, v) _mm512_storeu_ps(p, v)
+#define R_VNNI 1
+#else
+#define RP_W 8
+typedef __m256i rvi;
+typedef __m256 rvf;
+#define R_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define R_SET1(x) _mm256_set1_epi32(x)
+#define R_SET1B(x) _mm256_set1_epi8(x)
+#define R_ZERO() _mm256_setzero_si256()
+#define R_AND(a, b) _mm256_and_si256(a, b)
+#define R_OR(a, b) _mm256_or_si256(a, b)
+#define R_SRLI16(a, n) _mm256_srli_epi16(a, n)
+#define R_SLLI16(a, n) _mm256_slli_epi16(a, n)
+#define R_ADD(a, b) _mm256_add_epi32(a, b)
+#define R_MULLO(a, b) _mm256_mullo_epi32(a, b)
+#define R_DPBUSD(acc, u, s) DPBUSD(acc, u, s)
+#define R_DPWSSD(acc, a, b) DPWSSD(acc, a, b)
+#define R_U8_32(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define R_S8_32(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define R_U8_16(p) _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p)))
+#define R_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define R_CVT(a) _mm256_cvtepi32_ps(a)
+#define R_FZERO() _mm256_setzero_ps()
+#define R_FSET1(x) _mm256_set1_ps(x)
+#define R_FMUL(a, b) _mm256_mul_ps(a, b)
+#define R_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define R_STOREF(p, v) _mm256_storeu_ps(p, v)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+#define R_VNNI 1
+#else
+#define R_VNNI 0 /* DPBUSD is maddubs + madd: exact only while a pair of products fits int16 */
+#endif
+#endif
+#define RP_H (RP_ROWS / RP_W) /* register widths a tile takes: 1 (AVX-512) or 2 (AVX2) */
+
+#ifndef RP_PF
+#define RP_PF 8192 /* software prefetch distance (bytes ahead in the tile's stream) */
+#endif
+/* lines [l0, l0 + nl) of the stream RP_PF bytes ahead of p, into L1 (only the first half prefetches) */
+#define RP_PREFETCH(p, l0, nl, h)                                                                    \
+    do {                                                                                             \
+        if ((h) == 0)                                                                                \
+            for (int l_ = (l0); l_ < (l0) + (nl); l_++) _mm_prefetch((const char *)(p) + RP_PF + 64 * l_, _MM_HINT_T0); \
+    } while (0)
+
+static inline int32_t ld32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Q4_K: per sub-block s, dot = q . a (exact), isum += sc[s] x dot; mt = sum m[j] x (32-sum a)_j;
+ * f += isum x (d da) - ... as two FMAs (the K-quant kernel's float steps). Up to two activation rows
+ * keep two dot chains (the low and high nibbles) so the latency does not bind. */
+#define DEFINE_RP_Q4_K(C)                                                                            \
+    static void rp_q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {               \
+        enum { TWO = C <= 2 };                                                                       \
+        const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
+        const rvi nib = R_SET1B(0x0F);                                                               \
+        for (int h = 0; h < RP_H; h++) {                                                             \
+            rvf f[C];                                                                                \
+            for (int c = 0; c < C; c++) f[c] = R_FZERO();                                            \
+            for (int64_t ib = 0; ib < nb; ib++) {                                                    \
+                const uint8_t *blk = w + ib * RP_Q4_K_TILE;                                          \
+                rvi is[C];                                                                           \
+                for (int c = 0; c < C; c++) is[c] = R_ZERO();                                        \
+                for (int s = 0; s < 8; s++) {                                                        \
+                    RP_PREFETCH(blk, 5 * s, 5, h);                                                   \
+                    rvi dot[C], dot2[C];                                                             \
+                    for (int c = 0; c < C; c++) dot[c] = R_ZERO(), dot2[c] = R_ZERO();               \
+                    for (int r = 0; r < 4; r++) {                                                    \
+                        const rvi raw = R_LOAD(blk + (4 * s + r) * 64 + 4 * RP_W * h);               \
+                        const rvi lo = R_AND(raw, nib), hi = R_AND(R_SRLI16(raw, 4), nib);           \
+                        for (int c = 0; c < C; c++) {                                                \
+                            const int8_t *x = a->q + c * K + 256 * ib + 32 * s + 4 * r;              \
+                            dot[c] = R_DPBUSD(dot[c], lo, R_SET1(ld32(x)));                          \
+                            if (TWO) dot2[c] = R_DPBUSD(dot2[c], hi, R_SET1(ld32(x + 16)));          \
+                            else dot[c] = R_DPBUSD(dot[c], hi, R_SET1(ld32(x + 16)));                \
+                        }                                                                            \
+                    }                                                                                \
+                    const rvi sc = R_U8_32(blk + 2048 + 16 * s + RP_W * h);                          \
+                    for (int c = 0; c < C; c++)                                                      \
+                        is[c] = R_ADD(is[c], R_MULLO(TWO ? R_ADD(dot[c], dot2[c]) : dot[c], sc));    \
+                }                                                                                    \
+                rvi mn[4];                                                                           \
+                for (int p = 0; p < 4; p++) mn[p] = R_U8_16(blk + 2176 + 32 * p + 2 * RP_W * h);     \
+                const rvf dv = R_F16(blk + 2304 + 2 * RP_W * h);                                     \
+                const rvf ndv = R_FMUL(R_F16(blk + 2336 + 2 * RP_W * h), R_FSET1(-1.0f));           \
+                for (int c = 0; c < C; c++) {                                                        \
+                    const int32_t *o = a->o + c * K16 + 4 * ib;                                      \
+                    rvi mt = R_DPWSSD(R_ZERO(), mn[0], R_SET1(o[0]));                                \
+                    for (int p = 1; p < 4; p++) mt = R_DPWSSD(mt, mn[p], R_SET1(o[p]));              \
+                    const rvf da = R_FSET1(a->d[c * nb + ib]);                                       \
+                    f[c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, da), f[c]);                                \
+                    f[c] = R_FMA(R_CVT(mt), R_FMUL(ndv, da), f[c]);                                  \
+                }                                                                                    \
+            }                                                                                        \
+            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[c]);                      \
+        }                                                                                            \
+    }
+
+/* Q6_K: per 16 weights u, dot = -32 (16-sum a)_u + q . a, isum += sc[u] x dot; f += isum x (d da). */
+#define DEFINE_RP_Q6_K(C)                                                                            \
+    static void rp_q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {               \
+        const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
+        const rvi nib = R_SET1B(0x0F), m30 = R_SET1B(0x30);                                          \
+        for (int h = 0; h < RP_H; h++) {                                                             \
+            rvf f[C];                                                                                \
+            for (int c = 0; c < C; c++) f[c] = R_FZERO();                                            \
+            for (int64_t ib = 0; ib < nb; ib++) {                                                    \
+                const uint8_t *blk = w + ib * RP_Q6_K_TILE;                                          \
+                rvi is[C];                                                                           \
+                for (int c = 0; c < C; c++) is[c] = R_ZERO();                                        \
+                for (int u = 0; u < 16; u++) {                                                       \
+                    const uint8_t *b = blk + 192 * u + 4 * RP_W * h;                                 \
+                    RP_PREFETCH(blk, 4 * u, 4, h);                                                   \
+                    const rvi n0 = R_LOAD(b), n1 = R_LOAD(b + 64), hb = R_LOAD(b + 128);             \
+                    const rvi q0 = R_OR(R_AND(n0, nib), R_AND(R_SLLI16(hb, 4), m30));                \
+                    const rvi q1 = R_OR(R_AND(R_SRLI16(n0, 4), nib), R_AND(R_SLLI16(hb, 2), m30));   \
+                    const rvi q2 = R_OR(R_AND(n1, nib), R_AND(hb, m30));                             \
+                    const rvi q3 = R_OR(R_AND(R_SRLI16(n1, 4), nib), R_AND(R_SRLI16(hb, 2), m30));   \
+                    const rvi sc = R_S8_32(blk + 3072 + 16 * u + RP_W * h);                          \
+                    for (int c = 0; c < C; c++) {                                                    \
+                        const int8_t *x = a->q + c * K + 256 * ib + 16 * u;                          \
+                        rvi dot = R_DPBUSD(R_SET1(a->o[c * K16 + 16 * ib + u]), q0, R_SET1(ld32(x))); \
+                        dot = R_DPBUSD(dot, q1, R_SET1(ld32(x + 4)));                                \
+                        dot = R_DPBUSD(dot, q2, R_SET1(ld32(x + 8)));                                \
+                        dot = R_DPBUSD(dot, q3, R_SET1(ld32(x + 12)));                               \
+                        is[c] = R_ADD(is[c], R_MULLO(dot, sc));                                      \
+                    }                                                                                \
+                }                                                                                    \
+                const rvf dv = R_F16(blk + 3328 + 2 * RP_W * h);                                     \
+                for (int c = 0; c < C; c++)                                                          \
+                    f[c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[c]);        \
+            }                                                                                        \
+            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[c]);                      \
+        }                                                                                            \
+    }
+
+/* The 32-weight formats: dot = q . a from the start value -o (32-sum a) (act.o), f += dot x (d da).
+ * Q8_0's unsigned w + 128 against signed activations overflows AVX2's maddubs pairs, so without
+ * VNNI it meets them as |w| . sign(a, w) from 0: the same integer. */
+#if R_VNNI
+#define R_Q8_DOT(dot, raw, xv) R_DPBUSD(dot, raw, xv)
+#define R_Q8_START(o) R_SET1(o)
+#else
+#define R_Q8_DOT(dot, raw, xv)                                                                       \
+    _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(_mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80))), \
+        _mm256_sign_epi8(xv, _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80)))), _mm256_set1_epi16(1)))
+#define R_Q8_START(o) R_ZERO()
+#endif
+#define DEFINE_RP_B32(NAME, TILE, GROUPS, BODY)                                                      \
+    static void NAME(const uint8_t *w, const act *a, float *y, int64_t ldy, int C) {                 \
+        const int64_t K = a->K, nb = K / 32, K16 = K / 16;                                           \
+        (void)K16;                                                                                   \
+        for (int h = 0; h < RP_H; h++) {                                                             \
+            rvf f[RP_MAXC];                                                                          \
+            for (int c = 0; c < C; c++) f[c] = R_FZERO();                                            \
+            for (int64_t ib = 0; ib < nb; ib++) {                                                    \
+                const uint8_t *blk = w + ib * TILE;                                                  \
+                RP_PREFETCH(blk, 0, (TILE + 63) / 64, h);                                            \
+                rvi dot[RP_MAXC];                                                                    \
+                BODY                                                                                 \
+                const rvf dv = R_F16(blk + GROUPS * 64 + 2 * RP_W * h);                              \
+                for (int c = 0; c < C; c++)                                                          \
+                    f[c] = R_FMA(R_CVT(dot[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[c]);       \
+            }                                                                                        \
+            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[c]);                      \
+        }                                                                                            \
+    }
+#define RP_Q8_0_BODY                                                                                 \
+    for (int c = 0; c < C; c++) dot[c] = R_Q8_START(a->o[c * K16 + 2 * ib]);                         \
+    for (int g = 0; g < 8; g++) {                                                                    \
+        const rvi raw = R_LOAD(blk + 64 * g + 4 * RP_W * h);                                         \
+        for (int c = 0; c < C; c++) dot[c] = R_Q8_DOT(dot[c], raw, R_SET1(ld32(a->q + c * K + 32 * ib + 4 * g))); \
+    }
+#define RP_Q4_0_BODY                                                                                 \
+    for (int c = 0; c < C; c++) dot[c] = R_SET1(a->o[c * K16 + 2 * ib]);                             \
+    for (int g = 0; g < 4; g++) {                                                                    \
+        const rvi raw = R_LOAD(blk + 64 * g + 4 * RP_W * h);                                         \
+        const rvi lo = R_AND(raw, R_SET1B(0x0F)), hi = R_AND(R_SRLI16(raw, 4), R_SET1B(0x0F));       \
+        for (int c = 0; c < C; c++) {                                                                \
+            const int8_t *x = a->q + c * K + 32 * ib + 4 * g;                                        \
+            dot[c] = R_DPBUSD(dot[c], lo, R_SET1(ld32(x)));                                          \
+            dot[c] = R_DPBUSD(dot[c], hi, R_SET1(ld32(x + 16)));                                     \
+        }                                                                                            \
+    }
+/* the 32-weight kernels take C at run time (their loops over C are short; one body for every C) */
+DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY)
+DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
+#define DEFINE_RP_B32_C(f, C) \
+    static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) { f##_any(w, a, y, ldy, C); }
+
+#define RP_ALL_C(X, f) X(f, 1) X(f, 2) X(f, 3) X(f, 4) X(f, 5) X(f, 6) X(f, 7) X(f, 8)
+#define RP_DEF_Q4_K(f, C) DEFINE_RP_Q4_K(C)
+#define RP_DEF_Q6_K(f, C) DEFINE_RP_Q6_K(C)
+#define RP_FN_OF(f, C) f##_c##C,
+RP_ALL_C(RP_DEF_Q4_K, 0)
+RP_ALL_C(RP_DEF_Q6_K, 0)
+RP_ALL_C(DEFINE_RP_B32_C, rp_q8_0)
+RP_ALL_C(DEFINE_RP_B32_C, rp_q4_0)
+
+/* O_*: what act.o holds for a format */
+enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4 };
+typedef struct {
+    q8_fn fn[RP_MAXC + 1];
+    int64_t qk, tile, act_block;
+    int o_kind;
+} rp_kernels;
+static const rp_kernels RP_Q4_K = {{0, RP_ALL_C(RP_FN_OF, rp_q4_k)}, 256, RP_Q4_K_TILE, 256, O_PAIRS32};
+static const rp_kernels RP_Q6_K = {{0, RP_ALL_C(RP_FN_OF, rp_q6_k)}, 256, RP_Q6_K_TILE, 256, O_NEG32_16};
+static const rp_kernels RP_Q8_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q8_0)}, 32, RP_Q8_0_TILE, 32, O_NEG128_32};
+static const rp_kernels RP_Q4_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q4_0)}, 32, RP_Q4_0_TILE, 32, O_NEG8_32};
+
+static const rp_kernels *rp_kernels_of(int type) {
+    switch (type) {
+    case T_Q4_K_R16: return &RP_Q4_K;
+    case T_Q6_K_R16: return &RP_Q6_K;
+    case T_Q8_0_R16: return &RP_Q8_0;
+    case T_Q4_0_R16: return &RP_Q4_0;
+    default: return 0;
+    }
+}
+
+/* act.o of one activation row from its 16-sums s [K / 16] */
+static void rp_offsets(int o_kind, const int16_t *s, int64_t K, int32_t *o) {
+    const int64_t K16 = K / 16;
+    if (o_kind == O_PAIRS32) { /* per 256: four int32 lanes, each two 32-sums as int16 */
+        for (int64_t j = 0; j < K16 / 4; j++) {
+            const int32_t lo = s[4 * j] + s[4 * j + 1], hi = s[4 * j + 2] + s[4 * j + 3];
+            o[j] = (int32_t)((uint32_t)(uint16_t)(int16_t)lo | (uint32_t)(uint16_t)(int16_t)hi << 16);
+        }
+    } else if (o_kind == O_NEG32_16) {
+        for (int64_t i = 0; i < K16; i++) o[i] = -32 * s[i];
+    } else { /* per 32 at o[2b] */
+        const int32_t off = o_kind == O_NEG128_32 ? 128 : 8;
+        for (int64_t b = 0; b < K16 / 2; b++) o[2 * b] = -off * (s[2 * b] + s[2 * b + 1]);
+    }
+}
+
+/* ---- repacking (at load, once) ---- */
+
+/* Q4_K block -> q[256] (0..15), sc[8], mn[8] */
+static void unpack_q4_k(const uint8_t *b, uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    uint32_t u[4];
+    q4_k_scale_bytes(b, u);
+    memcpy(sc, u, 8);
+    memcpy(mn, u + 2, 8);
+    for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 32; t++) {
+            const uint8_t v = b[16 + 32 * j + t];
+            q[64 * j + t] = v & 0x0F;
+            q[64 * j + 32 + t] = v >> 4;
+        }
+}
+
+static void repack_q4_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) { /* one block of 16 rows */
+    uint8_t q[16][256], sc[16][8], mn[16][8];
+    for (int i = 0; i < 16; i++) unpack_q4_k(src + i * rb, q[i], sc[i], mn[i]);
+    for (int s = 0; s < 8; s++)
+        for (int r = 0; r < 4; r++)
+            for (int i = 0; i < 16; i++)
+                for (int e = 0; e < 4; e++)
+                    dst[(4 * s + r) * 64 + 4 * i + e] = (uint8_t)(q[i][32 * s + 4 * r + e] | q[i][32 * s + 16 + 4 * r + e] << 4);
+    for (int s = 0; s < 8; s++)
+        for (int i = 0; i < 16; i++) dst[2048 + 16 * s + i] = sc[i][s];
+    for (int p = 0; p < 4; p++)
+        for (int i = 0; i < 16; i++) dst[2176 + 32 * p + 2 * i] = mn[i][2 * p], dst[2176 + 32 * p + 2 * i + 1] = mn[i][2 * p + 1];
+    for (int i = 0; i < 16; i++) memcpy(dst + 2304 + 2 * i, src + i * rb, 2), memcpy(dst + 2336 + 2 * i, src + i * rb + 2, 2);
+}
+
+static void repack_q6_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
+    uint8_t q[16][256];
+    for (int i = 0; i < 16; i++)
+        for (int s = 0; s < 8; s++) _mm256_storeu_si256((__m256i *)(q[i] + 32 * s), q6_k_group(src + i * rb, s));
+    for (int u = 0; u < 16; u++)
+        for (int i = 0; i < 16; i++)
+            for (int e = 0; e < 4; e++) {
+                const uint8_t *g = q[i] + 16 * u + e; /* g[0], g[4], g[8], g[12]: the four groups' e-th weights */
+                uint8_t *o = dst + 192 * u + 4 * i + e;
+                o[0] = (uint8_t)((g[0] & 15) | (g[4] & 15) << 4);
+                o[64] = (uint8_t)((g[8] & 15) | (g[12] & 15) << 4);
+                o[128] = (uint8_t)(g[0] >> 4 | (g[4] >> 4) << 2 | (g[8] >> 4) << 4 | (g[12] >> 4) << 6);
+            }
+    for (int u = 0; u < 16; u++)
+        for (int i = 0; i < 16; i++) dst[3072 + 16 * u + i] = src[i * rb + 192 + u];
+    for (int i = 0; i < 16; i++) memcpy(dst + 3328 + 2 * i, src + i * rb + 208, 2);
+}
+
+static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
+    for (int g = 0; g < 8; g++)
+        for (int i = 0; i < 16; i++)
+            for (int e = 0; e < 4; e++) dst[64 * g + 4 * i + e] = src[i * rb + 2 + 4 * g + e] ^ 0x80;
+    for (int i = 0; i < 16; i++) memcpy(dst + 512 + 2 * i, src + i * rb, 2);
+}
+
+/* the repacked type of a GGUF type, 0 if none */
+int quant_repacked_type(int type) {
+    switch (type) {
+    case T_Q4_K: return T_Q4_K_R16;
+    case T_Q6_K: return T_Q6_K_R16;
+    case T_Q8_0: return T_Q8_0_R16;
+    default: return 0;
+    }
+}
+
+/* Bytes a row takes in repacked `rtype` (a tile's bytes over 16), 0 if not a repacked type or K does not fit */
+int64_t quant_rp_row_bytes(int rtype, int64_t K) {
+    const rp_kernels *rk = rp_kernels_of(rtype);
+    return rk && K > 0 && K % rk->qk == 0 ? K / rk->qk * rk->tile / RP_ROWS : 0;
+}
+
+/* rows (a multiple of 16) rows of K weights in GGUF `type` at src -> repacked at dst
+ * (rows x quant_rp_row_bytes bytes). Returns the repacked type, or -1. */
+int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
+    const int rtype = quant_repacked_type(type);
+    const rp_kernels *rk = rp_kernels_of(rtype);
+    if (!rk || rows % RP_ROWS || K <= 0 || K % rk->qk) return -1;
+    const int64_t nb = K / rk->qk, rb = quant_row_bytes(type, K), tiles = rows / RP_ROWS;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t ib = 0; ib < nb; ib++) {
+            const uint8_t *s = src + t * RP_ROWS * rb + ib * (rb / nb);
+            uint8_t *d = dst + (t * nb + ib) * rk->tile;
+            if (type == T_Q4_K) repack_q4_k_tile(s, rb, d);
+            else if (type == T_Q6_K) repack_q6_k_tile(s, rb, d);
+            else repack_q8_0_tile(s, rb, d);
+        }
+    return rtype;
+}
+
+
+/* ---- the 4-bit draft: any 32-weight or K-quant format re-encoded as Q4_0 and repacked ---- */
+
+void quant_dequantize(int type, const uint8_t *W, float *out, int64_t rows, int64_t K);
+
+/* one block of 32 weights as Q4_0 (llama.cpp's rounding): d = the largest-magnitude weight / -8,
+ * q = min(15, trunc(w / d + 8.5)) */
+static void q4_0_block(const float *x, uint16_t *d16, uint8_t *q) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (amax < (x[j] < 0 ? -x[j] : x[j])) amax = x[j] < 0 ? -x[j] : x[j], max = x[j];
+    const float d = max / -8.0f;
+    *d16 = _cvtss_sh(d, 0);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const int v = (int)(x[j] * id + 8.5f);
+        q[j] = (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
+    }
+}
+
+/* rows (a multiple of 16) rows of K weights in GGUF `type` -> Q4_0_R16 at dst (rows x quant_rp_row_bytes).
+ * Returns T_Q4_0_R16, or -1. Lossy: a draft's weights only (its numerics never reach the output). */
+int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
+    const int64_t rb = quant_row_bytes(type, K);
+    if (!rb || rows % RP_ROWS || K % 32) return -1;
+    const int64_t nb = K / 32, tiles = rows / RP_ROWS;
+    int bad = 0;
+#pragma omp parallel num_threads(nthreads) reduction(| : bad)
+    {
+        float *x = malloc(sizeof(float) * (size_t)(RP_ROWS * K));
+        if (!x) bad = 1;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            if (!x) continue;
+            quant_dequantize(type, src + t * RP_ROWS * rb, x, RP_ROWS, K);
+            for (int64_t ib = 0; ib < nb; ib++) {
+                uint8_t *o = dst + (t * nb + ib) * RP_Q4_0_TILE;
+                for (int i = 0; i < RP_ROWS; i++) {
+                    uint8_t q[32];
+                    uint16_t d16;
+                    q4_0_block(x + i * K + 32 * ib, &d16, q);
+                    memcpy(o + 256 + 2 * i, &d16, 2);
+                    for (int g = 0; g < 4; g++)
+                        for (int e = 0; e < 4; e++) o[64 * g + 4 * i + e] = (uint8_t)(q[4 * g + e] | q[16 + 4 * g + e] << 4);
+                }
+            }
+        }
+        free(x);
+    }
+    return bad ? -1 : T_Q4_0_R16;
+}
+
+#endif
