@@ -228,3 +228,32 @@ def test_a_gguf_without_a_tokenizer_or_of_another_architecture_is_a_clear_error(
     other = write_tiny_gguf(tmp_path / "gemma.gguf", tiny_model(4), "gemma", "Q8_0")
     with pytest.raises(SpecdecError, match="unsupported GGUF architecture 'gemma'"):
         gguf_hf_config(GGUFFile(other))
+
+
+@kernel
+def test_a_4_bit_draft_and_the_self_draft(tmp_path):
+    """bits=4: a draft's 32-weight blocks become Q4_0 tiles (K-quants other than Q6_K keep theirs); its
+    logits stay near the 8-bit model's. --draft self loads the target's own file as that draft."""
+    from specdec.settings import ModelSettings
+    path = write_tiny_gguf(tmp_path / "q8.gguf", tiny_model(4), "llama", "Q8_0")
+    eight, four = load_gguf_blocks(GGUFFile(path), reencode=True), load_gguf_blocks(GGUFFile(path), reencode=True, bits=4)
+    types = lambda m: {q for x in m.modules() if isinstance(x, QuantLinear) for q, _ in x.parts}  # noqa: E731
+    assert types(eight) == {cpu_kernels.REPACKED_TYPES["Q8_0_R16"]}
+    assert types(four) == {cpu_kernels.REPACKED_TYPES["Q4_0_R16"]}
+    x = torch.randint(0, TINY_VOCAB, (1, 12))
+    a, b = eight(x, eight.new_cache(16), 0), four(x, four.new_cache(16), 0)
+    cos = torch.nn.functional.cosine_similarity(a[0] - a[0].mean(-1, keepdim=True), b[0] - b[0].mean(-1, keepdim=True))
+    assert cos.min().item() > 0.5  # 4 bits on a random tiny model: correlated logits (a wrong layout: ~0)
+    with pytest.raises(SpecdecError, match="--draft-bits must be 4 or 8"):
+        ModelSettings(draft_bits=6)
+
+
+@kernel
+def test_the_self_draft_is_the_target_re_encoded(smollm2_path):
+    from specdec.settings import SELF_DRAFT, ModelSettings
+    settings = ModelSettings(model=str(smollm2_path), device="cpu")
+    quiet = lambda *a: None  # noqa: E731
+    target, drafted = settings.load(progress=quiet), settings.load(SELF_DRAFT, draft=True, progress=quiet)
+    types = lambda m: {q for x in m.modules() if isinstance(x, QuantLinear) for q, _ in x.parts}  # noqa: E731
+    assert types(drafted.module) == {cpu_kernels.REPACKED_TYPES["Q4_0_R16"]} != types(target.module)
+    assert drafted.tokenizer.get_vocab() == target.tokenizer.get_vocab()

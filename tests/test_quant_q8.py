@@ -287,3 +287,41 @@ def test_the_avx2_build_gives_the_repacked_kernels_same_bits():
         for n in (1, 3, 8, 13):
             x = torch.randn(n, K) * 10
             assert torch.equal(cpu_kernels.quant_linear(x, [packed]), cpu_kernels.quant_linear(x, [packed], lib=avx2)), fmt
+
+
+def reference_q4_0(w: np.ndarray) -> np.ndarray:
+    """llama.cpp's Q4_0 of fp32 weights [rows, K], dequantized: per 32, d = (the largest-magnitude
+    weight) / -8 in fp16, q = min(15, trunc(w / d + 8.5)), weight = d (q - 8)."""
+    b = w.reshape(-1, 32).astype(np.float32)
+    mx = b[np.arange(b.shape[0]), np.abs(b).argmax(1)]
+    d = (mx / np.float32(-8)).astype(np.float16).astype(np.float32)
+    d32 = (mx / np.float32(-8)).astype(np.float32)  # the scale the rounding uses (before fp16)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d32 != 0, np.float32(1) / d32, np.float32(0)).astype(np.float32)
+    q = np.clip((b * inv[:, None] + np.float32(8.5)).astype(np.int32), 0, 15)
+    return (d[:, None] * (q - 8)).reshape(w.shape)
+
+
+@kernel
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0", "Q6_K"])
+def test_a_4_bit_draft_is_llama_cpp_q4_0_of_its_weights(fmt):
+    """requant_q4_0: the weights re-encoded with llama.cpp's Q4_0 rounding, in Q4_0_R16 tiles; the GEMM
+    is the quantized arithmetic on those weights, row-count free, and the AVX2 build's bits."""
+    K, N = 512, 48
+    qtype = cpu_kernels.QUANT_TYPES[fmt]
+    data = torch.from_numpy(random_blocks(fmt, N, K, seed=4))
+    rtype, packed = cpu_kernels.requant_q4_0(qtype, data, K)
+    assert rtype == cpu_kernels.REPACKED_TYPES["Q4_0_R16"] and packed.numel() == N * K // 32 * 18
+    w = torch.from_numpy(reference_q4_0(gguf_py_dequantize(fmt, data.numpy(), K).numpy())).double()
+    x = torch.randn(9, K)
+    y = cpu_kernels.quant_linear(x, [(rtype, packed)])
+    xq = torch.from_numpy(np.stack([(lambda q, d: q.reshape(-1, 32).astype(np.float64) * d[:, None])(
+        *reference_activations(r, 32)).reshape(-1) for r in x.numpy()]))
+    scale = (xq.abs() @ w.abs().T).max().item()
+    assert (y.double() - xq @ w.T).abs().max().item() < 1e-6 * scale
+    assert torch.equal(cpu_kernels.quant_linear(x[3:4], [(rtype, packed)]), y[3:4])
+    try:
+        avx2 = cpu_kernels.load(["-mno-avx512f", "-mno-avxvnni"])
+    except (RuntimeError, OSError):
+        return
+    assert torch.equal(cpu_kernels.quant_linear(x, [(rtype, packed)], lib=avx2), y)
