@@ -205,10 +205,7 @@ def repack(qtype: int, data: torch.Tensor, K: int, lib=None) -> tuple[int, torch
     if not rtype or rows % REPACK_ROWS:
         raise ValueError(f"quantized weights of type {qtype}, {rows} rows: not repackable (formats "
                          f"{sorted(k for k, v in QUANT_TYPES.items() if repacked_type(v, lib))}, rows in {REPACK_ROWS}s)")
-    out = torch.empty(rows, _row_bytes(lib, rtype, K), dtype=torch.uint8)
-    if lib.quant_repack(qtype, data.data_ptr(), out.data_ptr(), rows, K, torch.get_num_threads()) != rtype:
-        raise ValueError(f"quantized weights of type {qtype}, K = {K}: repacking failed")
-    return rtype, out
+    return rtype, _tiles(lib.quant_repack, qtype, data, K, rtype, lib, "repacking")
 
 
 def requant_q4_0(qtype: int, data: torch.Tensor, K: int, lib=None) -> tuple[int, torch.Tensor]:
@@ -221,10 +218,15 @@ def requant_q4_0(qtype: int, data: torch.Tensor, K: int, lib=None) -> tuple[int,
     if rows % REPACK_ROWS or K % 32:
         raise ValueError(f"re-encoding as Q4_0 takes rows in {REPACK_ROWS}s of a multiple of 32 weights, not "
                          f"{rows} x {K}")
-    out = torch.empty(rows, _row_bytes(lib, rtype, K), dtype=torch.uint8)
-    if lib.quant_requant_q4_0(qtype, data.data_ptr(), out.data_ptr(), rows, K, torch.get_num_threads()) != rtype:
-        raise ValueError(f"quantized weights of type {qtype}, K = {K}: re-encoding as Q4_0 failed (memory)")
-    return rtype, out
+    return rtype, _tiles(lib.quant_requant_q4_0, qtype, data, K, rtype, lib, "re-encoding as Q4_0")
+
+
+def _tiles(convert, qtype: int, data: torch.Tensor, K: int, rtype: int, lib, what: str) -> torch.Tensor:
+    """data's rows converted by the C function `convert` into new `rtype` tiles, uint8 [rows, row bytes]."""
+    out = torch.empty(data.shape[0], _row_bytes(lib, rtype, K), dtype=torch.uint8)
+    if convert(qtype, data.data_ptr(), out.data_ptr(), data.shape[0], K, torch.get_num_threads()) != rtype:
+        raise ValueError(f"quantized weights of type {qtype}, K = {K}: {what} failed (memory)")
+    return out
 
 
 def quant_linear(x: torch.Tensor, parts: list[tuple[int, torch.Tensor]], bias: torch.Tensor | None = None,
