@@ -193,8 +193,13 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
                             "eagle-tree:N with the EAGLE head's dynamic tree of N nodes; eagle-hybrid is the EAGLE head plus "
                             "prompt lookup), hf, "
                             "hf-assisted, hf-lookup "
-                            "(HF transformers), llama, llama-lookup (llama.cpp, needs llama-cpp-python); "
+                            "(HF transformers), llama, llama-spec, llama-lookup (llama.cpp's llama-server on the same "
+                            "files: plain, its speculation with --draft at its defaults or pinned as llama-spec:K or "
+                            "llama-spec:K@P (draft length, p_min), its prompt lookup); "
                             "a drafting method may pin its k, e.g. draft:8")
+    bench.add_argument("--llama-bin", default=None,
+                       help="llama.cpp's llama-server (or its directory) for the llama methods (default: "
+                            "$SPECDEC_LLAMA_BIN, PATH, then the build of scripts/llama_cpp.sh build)")
     bench.add_argument("--dataset", default=None,
                        help="JSONL with 'prompt' or 'turns' (and optional 'category', 'id'); default: shipped code prompts")
     bench.add_argument("--limit", type=integer, default=None, help="first N prompts of each category")

@@ -98,7 +98,8 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     """An AdaptivePolicy for this drafter: costs from a `specdec profile` JSON or measured now
     (v(n) up to n = max(k_max + 1, max_rows): a server measures up to max_batch (k_max + 1) rows)."""
     from specdec.drafters.draft_model import DraftModelDrafter
-    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, load_profile, measure_costs
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, load_profile
+    from specdec.policy.measure import cached_costs
     if isinstance(drafter, NoDrafter):
         return None
     from specdec.drafters.hybrid import HybridDrafter
@@ -110,7 +111,7 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
     else:
         top = max(k_max + 1, max_rows)
         sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}
-        costs = measure_costs(target.module, model, sizes=sorted(sizes))
+        costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log)
     if isinstance(drafter, LayerSkipDrafter):  # a draft token is a pass through L of the target's layers
         costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
     if drafter.caps.features and not cost_profile and costs.step_seconds:  # a head: one entry, timed

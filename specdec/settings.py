@@ -273,6 +273,7 @@ def parse_autoscale(text: str) -> tuple[int, int]:
 class BenchSettings(DrafterKnobs):
     draft: str = DEFAULT_DRAFT
     methods: str = "plain,draft,ngram,hf"
+    llama_bin: str | None = None
     dataset: str | None = None
     limit: int | None = None
     categories: str | None = None

@@ -113,11 +113,27 @@ def test_records_cut_short_by_an_interrupt_are_run_again(tmp_path):
     assert len(read_records(path)) == 1
 
 
-def test_llama_methods_without_llama_cpp_are_a_clear_error(monkeypatch, capsys):
-    import specdec.bench.baselines as baselines
-    monkeypatch.setattr(baselines, "llama_cpp_available", lambda: False)
+def test_llama_methods_without_a_llama_cpp_build_are_a_clear_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.delenv("SPECDEC_LLAMA_BIN", raising=False)
     assert main(["bench", "--methods", "plain,llama-lookup"]) == 2
-    assert "llama-cpp-python" in capsys.readouterr().err
+    assert "scripts/llama_cpp.sh build" in capsys.readouterr().err
+    assert main(["bench", "--methods", "plain,llama", "--llama-bin", str(tmp_path / "nowhere")]) == 2
+    assert "--llama-bin: no executable llama-server" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("methods, error", [("llama-spec:0", "K >= 1"), ("llama-spec:4@2", "0 <= P <= 1"),
+                                            ("llama-spec:x", "llama-spec takes :K or :K@P")])
+def test_llama_spec_pins_are_checked(methods, error):
+    with pytest.raises(SpecdecError, match=error):
+        parse_methods(methods, [2])
+
+
+def test_llama_spec_pins_its_draft_length_and_p_min():
+    specs = parse_methods("llama,llama-spec,llama-spec:4,llama-spec:6@0.75", [2])
+    assert [(s.kind, s.k, s.p_min) for s in specs] == [("llama", 1, None), ("llama-spec", 0, None),
+                                                       ("llama-spec", 4, None), ("llama-spec", 6, 0.75)]
 
 
 def test_profile_reports_the_verify_curve(tiny_target, tiny_draft):

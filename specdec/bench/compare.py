@@ -2,8 +2,8 @@
 after one untimed warm-up pass.
 
 A method is a drafting kind and its k: our engine (plain, draft, ngram), HF transformers (hf,
-hf-assisted, hf-lookup) and llama.cpp (llama, llama-lookup). Every record goes to a JSONL file as it
-finishes, so an interrupted run resumes where it stopped. The numbers are made in `report.py`.
+hf-assisted, hf-lookup) and llama.cpp's llama-server (llama, llama-spec, llama-lookup). Every record
+goes to a JSONL file as it finishes, so an interrupted run resumes where it stopped. The numbers are made in `report.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench.datasets import Prompt
+from specdec.bench.llama_server import parse_spec_pin
 from specdec.bench.records import ALL_KINDS, HF_KINDS, LLAMA_KINDS, OUR_KINDS, Record  # noqa: F401 (re-exported)
 from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
 from specdec.engine.generate import SpeculativeGenerator
@@ -42,6 +43,7 @@ class MethodSpec:
     k: int  # the draft length, or the largest one for an adaptive method
     adaptive: bool = False  # k chosen per step by specdec.policy ('draft:auto')
     confidence: bool = True  # adaptive: with the policy's confidence rule ('auto'), or k only ('auto-k')
+    p_min: float | None = None  # llama-spec:K@P: llama.cpp's draft-confidence cut
 
 
 def parse_k_list(text: str) -> list[int | str]:
@@ -75,6 +77,10 @@ def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
         if kind not in ALL_KINDS:
             raise SpecdecError(f"unknown method {kind!r}; choose from {', '.join(ALL_KINDS)} "
                                f"(a drafting method may pin its k, e.g. draft:8)")
+        if kind == "llama-spec":  # llama.cpp's defaults, or :K / :K@P pinned
+            k, p_min = parse_spec_pin(pinned) if pinned else (0, None)
+            specs.append(MethodSpec(item, kind, k, p_min=p_min))
+            continue
         if pinned and kind not in K_KINDS:
             raise SpecdecError(f"method {kind!r} takes no k, got {item!r}")
         if kind not in K_KINDS:
@@ -150,7 +156,8 @@ class Comparison:
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
             return res.tokens, res.stats.seconds, res.stats.summary()
         peer, mode = self._peer(spec)
-        tokens, seconds = peer.generate(ids, self.max_new_tokens, mode, spec.k, self.temperature, seed)
+        extra = {"p_min": spec.p_min} if spec.kind == "llama-spec" else {}
+        tokens, seconds = peer.generate(ids, self.max_new_tokens, mode, spec.k, self.temperature, seed, **extra)
         return tokens, seconds, None
 
     def _peer(self, spec: MethodSpec) -> tuple:
@@ -175,7 +182,8 @@ class Comparison:
             if spec.kind not in OUR_KINDS:
                 peer, mode = self._peer(spec)
                 try:
-                    peer.generate(ids, 2, mode, spec.k, self.temperature, self.seed)
+                    extra = {"p_min": spec.p_min} if spec.kind == "llama-spec" else {}
+                    peer.generate(ids, 2, mode, spec.k, self.temperature, self.seed, **extra)
                 except Exception:  # noqa: BLE001 - recorded by the timed run
                     pass
 
@@ -291,8 +299,12 @@ def make_peers(model: ModelSettings, bench: BenchSettings, target, draft, kinds:
         assistant = resolve_model(bench.draft) if "hf-assisted" in kinds else None
         peers.hf = HFBaseline(resolve_model(model.model), target.eos_ids, assistant, share=target.module)
     if kinds & set(LLAMA_KINDS):
-        from specdec.bench.baselines import LlamaCppBaseline
-        peers.llama = LlamaCppBaseline(resolve_model(model.model), target.eos_ids, model.max_context)
+        import torch
+
+        from specdec.bench.llama_server import LlamaServerPeer, find_binary
+        draft_path = resolve_model(bench.draft) if "llama-spec" in kinds else None
+        peers.llama = LlamaServerPeer(find_binary(bench.llama_bin), resolve_model(model.model), draft_path,
+                                      target.eos_ids, model.max_context, torch.get_num_threads(), Path(bench.out))
     return peers
 
 
@@ -316,11 +328,9 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     peers = sorted(s.label for s in specs if s.kind in HF_KINDS or s.kind in LLAMA_KINDS)
     if bench.ignore_eos and peers:
         raise SpecdecError(f"--ignore-eos applies to our methods only; drop it or the peers {peers}")
-    if {s.kind for s in specs} & set(LLAMA_KINDS):
-        from specdec.bench.baselines import llama_cpp_available
-        if not llama_cpp_available():
-            raise SpecdecError("the llama and llama-lookup methods need llama-cpp-python "
-                               "(pip install 'specdec[llamacpp]'; it compiles llama.cpp, about 10 minutes)")
+    if {s.kind for s in specs} & set(LLAMA_KINDS) and not bench.report_only:
+        from specdec.bench.llama_server import find_binary
+        find_binary(bench.llama_bin)  # a missing build fails now, not after the models load
     prompts = select_prompts(load_prompts(bench.dataset), bench.categories, bench.limit)
     out = Path(bench.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -330,6 +340,7 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
                                              for p in prompts for rep in range(bench.repeats))}
     t0 = time.time()
     weight_format = None  # what the target's weights were read as (load_model's weight_format), when loaded
+    llama_info = None  # the llama.cpp build that ran (its version, compiler, system_info, threads)
     if bench.report_only:  # summarize what the run directory holds; load and run nothing
         records = read_records(records_path)
     else:
@@ -344,7 +355,12 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
                                 bench_layer_spec(model, bench) if "layer-skip" in pending else None, bench.ignore_eos,
                                 bench.draft_window, {kind: bench_head(model, bench, target, kind) for kind in ("eagle", "medusa")
                                                     if kind in pending or kind == "eagle" and pending & {"eagle-tree", "eagle-hybrid"}})
-        records = comparison.run(prompts, records_path, bench.repeats)
+        try:
+            records = comparison.run(prompts, records_path, bench.repeats)
+        finally:
+            if peers.llama is not None:
+                llama_info = peers.llama.info
+                peers.llama.close()
     records, complete = complete_prompts(records, prompts, specs, bench.repeats)
     if not records:
         raise SpecdecError(f"no prompt in {out} has a record for every method yet; nothing to summarize")
@@ -358,7 +374,7 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
               "dataset": bench.dataset or "specdec/data/code_prompts.jsonl", "temperature": bench.temperature,
               "seed": bench.seed, "greedy": bench.temperature == 0, "ignore_eos": bench.ignore_eos,
               "weight_dtype": model.weight_dtype or "auto", "weight_format": weight_format,
-              "cost_profile": bench.cost_profile,
+              "cost_profile": bench.cost_profile, "llama_cpp": llama_info,
               "wall_seconds_last_invocation": round(time.time() - t0, 1)}
     cost_profile = report.read_cost_profile(bench.cost_profile) if bench.cost_profile else None
     summary = report.build_summary(records, config, cost_profile)

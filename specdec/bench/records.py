@@ -8,7 +8,7 @@ OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tr
              "eagle-hybrid", "medusa")  # tree:N = the draft model's dynamic tree of N nodes, eagle-tree:N the EAGLE
 # head's dynamic tree of N nodes; eagle-hybrid: the EAGLE head's chains and prompt lookup (as hybrid)
 HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
-LLAMA_KINDS = {"llama": "plain", "llama-lookup": "lookup"}
+LLAMA_KINDS = {"llama": "plain", "llama-spec": "spec", "llama-lookup": "lookup"}  # llama-server (bench/llama_server.py)
 ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
 
 

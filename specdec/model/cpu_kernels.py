@@ -36,6 +36,7 @@ REPACK_ROWS = 16  # a repacked matrix's rows come in tiles of this many
 
 _lib = None
 _error: str | None = None
+_so_name: str | None = None
 
 
 def _cpu_flags() -> str:
@@ -78,8 +79,11 @@ def _build(extra_flags: list[str] | None = None) -> Path:
 
 def load(extra_flags: list[str] | None = None):
     """The loaded library (built if needed); raises RuntimeError with the reason if it cannot be."""
+    global _so_name
     so = _build(extra_flags)
     lib = ctypes.CDLL(str(so))
+    if not extra_flags:
+        _so_name = so.stem
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.quant_row_bytes.argtypes = [ctypes.c_int, i64]
     lib.quant_row_bytes.restype = i64
@@ -113,6 +117,12 @@ def load(extra_flags: list[str] | None = None):
     lib.forward_layers.argtypes = [p, i64, p] + [i64] * 6 + [f32, p, p, p, p, i64, i64, p, i64, p, ctypes.c_int]
     lib.forward_layers.restype = ctypes.c_int
     return lib
+
+
+def build_id() -> str:
+    """The loaded kernel library's name (a hash of its sources, flags, compiler and this CPU's flags), or
+    'none' where the kernels are unavailable."""
+    return _so_name if available() and _so_name else "none"
 
 
 def available() -> bool:

@@ -1,10 +1,19 @@
 """Costs measured on this machine: v(n) for the target and, for a draft model, c and the prefill's
-price (fixed + per token), timed with bare forwards in a few seconds."""
+price (fixed + per token), timed with bare forwards in a few seconds, and kept per host, model pair,
+weight format and kernel build under $SPECDEC_HOME/costs (`cached_costs`), so a start with a draft
+does not pay the measurement again.
+
+Every ratio is taken against plain steps timed right beside it (t1, the step, t1, the step, ...), so a
+busy spell of the host while measuring scales both sides alike instead of pricing one of them high."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import statistics
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -42,13 +51,19 @@ def forward_seconds(model: Transformer, n: int, context: int, repeats: int, last
     return statistics.median(timed(lambda: model(x, cache, context, last_only=last_only), device, repeats))
 
 
-@torch.inference_mode()
 def measure_costs(target: Transformer, draft: Transformer | None = None, sizes=(1, 2, 3, 5, 9), context: int = 256,
                   repeats: int = 3) -> CostModel:
     """v(n) for the target, and c and the prefill cost per prompt token for a draft model, timed on
     this machine (a few seconds: no forward here is a long prefill).
 
     target/draft: Transformer modules. Each forward runs at `context` cached positions."""
+    return _measure(target, draft, sizes, context, repeats)[0]
+
+
+@torch.inference_mode()
+def _measure(target: Transformer, draft: Transformer | None, sizes, context: int = 256,
+             repeats: int = 3) -> tuple[CostModel, float]:
+    """measure_costs, and the spread of its plain steps (slowest over fastest)"""
     caches = {}
 
     def step_seconds(model, n: int) -> float:
@@ -60,14 +75,105 @@ def measure_costs(target: Transformer, draft: Transformer | None = None, sizes=(
         times = sorted(timed(lambda: model(x, cache, context), cache.k.device, repeats))
         return times[len(times) // 2]
 
-    t1 = step_seconds(target, 1)
-    curve, floor = {}, 1.0
-    for n in sorted(sizes):  # more positions never cost less: timing noise must not make v(n) dip
-        floor = curve[n] = 1.0 if n == 1 else max(floor, step_seconds(target, n) / t1)
+    ones: list[float] = []  # every plain step timed, beside each other measurement
+
+    def relative(seconds: Callable[[], float]) -> float:
+        """seconds() over the plain steps timed just before and just after it"""
+        before = step_seconds(target, 1)
+        value = seconds()
+        after = step_seconds(target, 1)
+        ones.extend((before, after))
+        return value / ((before + after) / 2)
+
+    curve, floor = {1: 1.0}, 1.0
+    for n in sorted(set(sizes) - {1}):  # more positions never cost less: timing noise must not make v(n) dip
+        floor = curve[n] = max(floor, relative(lambda: step_seconds(target, n)))
     if draft is None:
-        return CostModel(curve, 0.0, t1)
-    c = step_seconds(draft, 1) / t1
+        if not ones:
+            ones.append(step_seconds(target, 1))
+        return CostModel(curve, 0.0, statistics.median(ones)), max(ones) / min(ones)
+    c = relative(lambda: step_seconds(draft, 1))
     short, long = max(context // 8, 1), max(context // 2, 2)  # the prefill's price: fixed + per token,
-    fixed, per_token = fit_prefill(*((n, forward_seconds(draft, n, 0, 1, last_only=True) / t1)  # through two lengths
-                                     for n in (short, long)))
-    return CostModel(curve, c, t1, per_token, fixed)
+    fixed, per_token = fit_prefill(*((n, relative(lambda: forward_seconds(draft, n, 0, 1, last_only=True)))
+                                     for n in (short, long)))  # through two lengths
+    return CostModel(curve, c, statistics.median(ones), per_token, fixed), max(ones) / min(ones)
+
+
+def fingerprint(model: Transformer) -> str:
+    """What identifies a loaded model's step time: its shape, its weight format and each layer's block
+    types and first bytes (the same file loaded the same way gives the same string)."""
+    h = hashlib.sha256(repr((model.config, getattr(model, "weight_format", None))).encode())
+    for name, module in model.named_modules():
+        parts = getattr(module, "parts", None)
+        if parts:
+            for qtype, data in parts:
+                h.update(f"{name}:{qtype}:{tuple(data.shape)}".encode())
+                h.update(data.reshape(-1)[:64].cpu().numpy().tobytes())
+        elif isinstance(module, torch.nn.Linear):
+            h.update(f"{name}:{module.weight.dtype}:{tuple(module.weight.shape)}".encode())
+            h.update(module.weight.reshape(-1)[:16].detach().cpu().float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def host_key(device: torch.device) -> str:
+    """The host as far as speed goes: the CPU's model name and flags, its threads, the kernel build."""
+    from specdec.model import cpu_kernels
+    cpu = ""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = "\n".join(sorted({line for line in info if line.startswith(("model name", "flags"))}))
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    return f"{cpu}|{os.cpu_count()}|{torch.get_num_threads()}|{cpu_kernels.build_id()}|{gpu}|{torch.__version__}"
+
+
+COSTS_VERSION = 1
+RECHECK = 1.5  # a cached plain step this far off a fresh one (either way) is measured again
+
+
+def _cost_path(target: Transformer, draft: Transformer | None, sizes) -> Path:
+    from specdec.model.registry import specdec_home
+    key = json.dumps([COSTS_VERSION, host_key(target.device), fingerprint(target),
+                      fingerprint(draft) if draft is not None else None, sorted(sizes)])
+    return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+@torch.inference_mode()
+def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1, 2, 3, 5, 9),
+                 progress: Callable[[str], None] = lambda m: None) -> CostModel:
+    """measure_costs, kept in $SPECDEC_HOME/costs under the host, both models' fingerprints, the kernel
+    build and the sizes. A cached entry is used after a check of three plain steps: one that is off the
+    cached step time by RECHECK either way (another build, a changed host) is measured again. A
+    measurement whose plain steps spread by more than RECHECK (a busy host) is used but not kept. The
+    policy's calibration corrects either by the live step times from the first steps on."""
+    path = _cost_path(target, draft, sizes)
+    try:
+        data = json.loads(path.read_text())
+        cached = CostModel({int(n): v for n, v in data["verify_cost"].items()}, data["draft_cost"],
+                           data["step_seconds"], data["prefill_cost"], data["prefill_fixed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        cached = None
+    if cached is not None and cached.step_seconds:
+        cache = target.new_cache(256 + 2)
+        cache.advance(256)
+        x = torch.randint(0, target.config.vocab_size, (1, 1), device=cache.k.device)
+        now = statistics.median(timed(lambda: target(x, cache, 256), cache.k.device, 3))
+        if 1 / RECHECK <= now / cached.step_seconds <= RECHECK:
+            progress(f"policy costs: from {path}")
+            return cached
+        progress(f"policy costs: a plain step takes {now * 1e3:.1f} ms against the cached {cached.step_seconds * 1e3:.1f}; "
+                 "measuring again")
+    t0 = time.perf_counter()
+    costs, spread = _measure(target, draft, sizes)
+    if spread <= RECHECK:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"verify_cost": costs.verify_cost, "draft_cost": costs.draft_cost,
+                                   "step_seconds": costs.step_seconds, "prefill_cost": costs.prefill_cost,
+                                   "prefill_fixed": costs.prefill_fixed, "measured_seconds":
+                                   round(time.perf_counter() - t0, 2), "measured_at": time.time()}))
+        os.replace(tmp, path)
+    else:
+        progress(f"policy costs: plain steps spread {spread:.2f}x while measuring (a busy host); not kept")
+    return costs

@@ -1,0 +1,216 @@
+"""llama.cpp's own programs as a bench peer: `llama-server` on the same GGUF files, driven over HTTP.
+
+- `llama`: plain decoding (a server without a draft).
+- `llama-spec`: its speculative decoding with the same draft model (`llama-server -md DRAFT`), at its
+  defaults, or `llama-spec:K` / `llama-spec:K@P` with its draft length capped at K
+  (`speculative.n_max`) and its draft-confidence cut at P (`speculative.p_min`), per request, so one
+  server sweeps every setting.
+- `llama-lookup`: its prompt-lookup drafter (`speculative.type` ngram-simple, K tokens).
+
+Every request sends the prompt as token ids, with prompt caching off (each run prefills, as ours do), and is
+timed from send to the last byte; the same thread count as our engine. A build is found by `--llama-bin
+DIR`, $SPECDEC_LLAMA_BIN, PATH, or `$SPECDEC_HOME/llama.cpp/src/build/bin` (`scripts/llama_cpp.sh build`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+BINARY = "llama-server"
+BUILD_HINT = "build one offline with `scripts/llama_cpp.sh build` (llama.cpp from the llama-cpp-python sdist)"
+
+
+def find_binary(where: str | None = None) -> Path:
+    """llama-server from --llama-bin (a directory or the binary), $SPECDEC_LLAMA_BIN, PATH, or the build
+    `scripts/llama_cpp.sh build` makes; a clear error naming where it looked."""
+    from specdec.model.registry import specdec_home
+    tried = []
+    for source in (where, os.environ.get("SPECDEC_LLAMA_BIN")):
+        if source:
+            path = Path(source).expanduser()
+            path = path / BINARY if path.is_dir() else path
+            if path.is_file() and os.access(path, os.X_OK):
+                return path
+            tried.append(str(path))
+            if source == where:
+                raise SpecdecError(f"--llama-bin: no executable {BINARY} at {path}; {BUILD_HINT}")
+    on_path = shutil.which(BINARY)
+    if on_path:
+        return Path(on_path)
+    built = specdec_home() / "llama.cpp" / "src" / "build" / "bin" / BINARY
+    if built.is_file():
+        return built
+    tried += ["PATH", str(built)]
+    raise SpecdecError(f"the llama.cpp methods need {BINARY} (looked in {', '.join(tried)}); {BUILD_HINT}, "
+                       f"or pass --llama-bin DIR")
+
+
+def build_info(binary: Path) -> dict:
+    """The build's version line (its commit) and compiler, from `llama-server --version`."""
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SpecdecError(f"{binary} --version failed: {e}") from None
+    text = (out.stdout + out.stderr).strip().splitlines()
+    info = {"binary": str(binary)}
+    for line in text:
+        if line.startswith("version:"):
+            info["version"] = line.split(":", 1)[1].strip()
+        elif line.startswith("built with"):
+            info["built_with"] = line[len("built with"):].strip()
+    return info
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_spec_pin(pinned: str) -> tuple[int, float | None]:
+    """'4' -> (4, None); '4@0.75' -> (4, 0.75): llama-spec's draft length and its p_min."""
+    k, _, p = pinned.partition("@")
+    try:
+        k_val, p_val = int(k), (float(p) if p else None)
+    except ValueError:
+        raise SpecdecError(f"llama-spec takes :K or :K@P (its --spec-draft-n-max and --spec-draft-p-min), "
+                           f"e.g. llama-spec:4@0.75; got {pinned!r}") from None
+    if k_val < 1 or p_val is not None and not 0 <= p_val <= 1:
+        raise SpecdecError(f"llama-spec:K@P needs K >= 1 and 0 <= P <= 1, got {pinned!r}")
+    return k_val, p_val
+
+
+class LlamaServer:
+    """One llama-server process (a model, and a draft or none), started at construction, stopped by close()."""
+
+    def __init__(self, binary: Path, model: Path, draft: Path | None, n_ctx: int, threads: int, log_path: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(binary), "-m", str(model), "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads),
+               "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-webui"]
+        if draft is not None:
+            cmd += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads)]
+        self.cmd = cmd
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 300.0) -> None:
+        import httpx
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SpecdecError(f"llama-server exited with {self.proc.returncode}; its log: {self.log_path}\n"
+                                   + self.log_tail())
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.close()
+        raise SpecdecError(f"llama-server did not become ready in {timeout:.0f} s; its log: {self.log_path}")
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def system_info(self) -> str | None:
+        """The 'system_info: ...' line the server logs at start (its CPU features and threads)."""
+        try:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if "system_info:" in line:
+                    return re.sub(r"^.*?system_info:\s*", "", line).strip()
+        except OSError:
+            pass
+        return None
+
+    def complete(self, body: dict, timeout: float = 1800.0) -> dict:
+        import httpx
+        r = httpx.post(self.url + "/completion", json=body, timeout=timeout)
+        if r.status_code != 200:
+            raise SpecdecError(f"llama-server answered {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class LlamaServerPeer:
+    """The llama, llama-spec and llama-lookup methods: a plain server (plain, lookup) and, when a
+    llama-spec method runs, a second one holding the draft; started when first needed."""
+
+    def __init__(self, binary: Path, model: Path, draft: Path | None, eos_ids: set[int], n_ctx: int,
+                 threads: int, log_dir: Path):
+        for path, what in ((model, "model"), (draft, "draft")):
+            if path is not None and not str(path).endswith(".gguf"):
+                raise SpecdecError(f"the llama.cpp methods need a .gguf {what}, got {path}")
+        self.binary, self.model, self.draft, self.n_ctx, self.threads = binary, model, draft, n_ctx, threads
+        self.eos = set(eos_ids)
+        self.log_dir = log_dir
+        self.servers: dict[str, LlamaServer] = {}
+        self.info = build_info(binary) | {"threads": threads}
+
+    def server(self, with_draft: bool) -> LlamaServer:
+        key = "spec" if with_draft else "plain"
+        if key not in self.servers:
+            if with_draft and self.draft is None:
+                raise SpecdecError("the llama-spec method needs --draft MODEL")
+            srv = LlamaServer(self.binary, self.model, self.draft if with_draft else None, self.n_ctx, self.threads,
+                              self.log_dir / f"llama-server-{key}.log")
+            self.servers[key] = srv
+            self.info.setdefault("system_info", srv.system_info())
+        return self.servers[key]
+
+    def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
+                 temperature: float = 0.0, seed: int | None = None,
+                 p_min: float | None = None) -> tuple[list[int], float]:
+        """mode: plain, spec (k = 0: the server's own draft settings) or lookup."""
+        body = {"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": False, "return_tokens": True,
+                "stream": False, "seed": -1 if seed is None else seed}
+        if temperature > 0:
+            body.update(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
+        else:
+            body.update(temperature=0.0, top_k=1, repeat_penalty=1.0)
+        if mode == "spec" and k:
+            body["speculative.n_max"] = k
+            body["speculative.n_min"] = 0
+        if mode == "spec" and p_min is not None:
+            body["speculative.p_min"] = p_min
+        if mode == "lookup":
+            body.update({"speculative.type": "ngram-simple", "speculative.n_max": k})
+        srv = self.server(mode == "spec")
+        t0 = time.perf_counter()
+        out = srv.complete(body)
+        seconds = time.perf_counter() - t0
+        tokens = list(out.get("tokens") or [])
+        # the server stops at its end-of-generation tokens; cut at ours as our engine does
+        for i, t in enumerate(tokens):
+            if t in self.eos:
+                tokens = tokens[:i + 1]
+                break
+        return tokens[:max_new_tokens], seconds
+
+    def close(self) -> None:
+        for srv in self.servers.values():
+            srv.close()
+        self.servers.clear()
