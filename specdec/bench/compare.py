@@ -189,16 +189,19 @@ class Comparison:
 
     def run_one(self, prompt: Prompt, spec: MethodSpec, repeat: int = 0, seed: int | None = None) -> Record:
         """All turns of a prompt; later turns see the method's own earlier answers (Spec-Bench)."""
-        messages, tokens, seconds, stats = [], [], 0.0, []
+        messages, tokens, seconds, stats, counts = [], [], 0.0, [], {}
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
             new, secs, st = self.generate(self.encode(messages), spec, seed)
+            if spec.kind in LLAMA_KINDS:
+                for key, n in self.llama.last_counts.items():
+                    counts[key] = counts.get(key, 0) + n
             answer = self.target.tokenizer.decode(new, skip_special_tokens=True)
             messages.append({"role": "assistant", "content": answer})
             tokens, seconds = tokens + new, seconds + secs
             stats.append(st)
         return Record(prompt.id, prompt.category, spec.label, tokens, seconds,
-                      stats if spec.kind in OUR_KINDS else None, repeat, spec.k, spec.kind)
+                      stats if spec.kind in OUR_KINDS else None, repeat, spec.k, spec.kind, peer=counts or None)
 
     def run(self, prompts: list[Prompt], out: Path, repeats: int = 1) -> list[Record]:
         """Appends to out (JSONL); (prompt, method, repeat) triples already there are not run again."""

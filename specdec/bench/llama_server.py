@@ -168,6 +168,7 @@ class LlamaServerPeer:
         self.eos = set(eos_ids)
         self.log_dir = log_dir
         self.servers: dict[str, LlamaServer] = {}
+        self.last_counts: dict[str, int] = {}  # the last request's drafted and accepted tokens, as the server counts
         self.info = build_info(binary) | {"threads": threads}
 
     def server(self, with_draft: bool) -> LlamaServer:
@@ -202,6 +203,8 @@ class LlamaServerPeer:
         t0 = time.perf_counter()
         out = srv.complete(body)
         seconds = time.perf_counter() - t0
+        timings = out.get("timings") or {}
+        self.last_counts = {key: int(timings[key]) for key in ("draft_n", "draft_n_accepted") if key in timings}
         tokens = list(out.get("tokens") or [])
         # the server stops at its end-of-generation tokens; cut at ours as our engine does
         for i, t in enumerate(tokens):

@@ -24,6 +24,7 @@ class Record:
     k: int | None = None
     kind: str | None = None
     error: str | None = None  # a peer that failed on this prompt (the run goes on; the summary lists it)
+    peer: dict | None = None  # a peer's own counts, summed over turns (llama-server: draft_n, draft_n_accepted)
 
     @property
     def tokens_per_second(self) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 from specdec.bench.records import LLAMA_KINDS, OUR_KINDS, Record
 from specdec.policy import interpolate
 
-OWN_PLAIN = {"hf-assisted": "hf", "hf-lookup": "hf", "llama-lookup": "llama"}
+OWN_PLAIN = {"hf-assisted": "hf", "hf-lookup": "hf", "llama-spec": "llama", "llama-lookup": "llama"}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -73,6 +73,10 @@ def summarize(records: list[Record], greedy: bool = True) -> dict:
             s["greedy_mismatches"] = mismatches(recs, by_method[reference])
         if kind in OUR_KINDS:
             s.update(acceptance_summary([turn for r in recs for turn in r.stats]))
+        elif any(r.peer for r in recs):  # llama-server's own count of drafted and accepted tokens
+            drafted = sum((r.peer or {}).get("draft_n", 0) for r in recs)
+            accepted = sum((r.peer or {}).get("draft_n_accepted", 0) for r in recs)
+            s.update(drafted=drafted, accepted=accepted, alpha=round(accepted / drafted, 3) if drafted else 0.0)
         out[method] = s
     return out
 
