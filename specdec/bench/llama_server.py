@@ -95,7 +95,8 @@ class LlamaServer:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [str(binary), "-m", str(model), "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads),
-               "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-webui"]
+               "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-webui",
+               "-lv", "4"]  # verbosity 4: its system_info line (CPU features, threads); nothing per token
         if draft is not None:
             cmd += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads)]
         self.cmd = cmd
