@@ -91,7 +91,8 @@ def parse_spec_pin(pinned: str) -> tuple[int, float | None]:
 class LlamaServer:
     """One llama-server process (a model, and a draft or none), started at construction, stopped by close()."""
 
-    def __init__(self, binary: Path, model: Path, draft: Path | None, n_ctx: int, threads: int, log_path: Path):
+    def __init__(self, binary: Path, model: Path, draft: Path | None, n_ctx: int, threads: int, log_path: Path,
+                 spec_type: str | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [str(binary), "-m", str(model), "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads),
@@ -99,6 +100,8 @@ class LlamaServer:
                "-lv", "4"]  # verbosity 4: its system_info line (CPU features, threads); nothing per token
         if draft is not None:
             cmd += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads)]
+        if spec_type is not None:
+            cmd += ["--spec-type", spec_type]
         self.cmd = cmd
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
@@ -157,8 +160,8 @@ class LlamaServer:
 
 
 class LlamaServerPeer:
-    """The llama, llama-spec and llama-lookup methods: a plain server (plain, lookup) and, when a
-    llama-spec method runs, a second one holding the draft; started when first needed."""
+    """The llama, llama-spec and llama-lookup methods: a server each (plain; with the draft model,
+    --spec-type draft-simple; with prompt lookup, --spec-type ngram-simple), started when first needed."""
 
     def __init__(self, binary: Path, model: Path, draft: Path | None, eos_ids: set[int], n_ctx: int,
                  threads: int, log_dir: Path):
@@ -172,16 +175,17 @@ class LlamaServerPeer:
         self.last_counts: dict[str, int] = {}  # the last request's drafted and accepted tokens, as the server counts
         self.info = build_info(binary) | {"threads": threads}
 
-    def server(self, with_draft: bool) -> LlamaServer:
-        key = "spec" if with_draft else "plain"
-        if key not in self.servers:
-            if with_draft and self.draft is None:
+    SPEC_TYPES = {"plain": None, "spec": "draft-simple", "lookup": "ngram-simple"}
+
+    def server(self, mode: str) -> LlamaServer:
+        if mode not in self.servers:
+            if mode == "spec" and self.draft is None:
                 raise SpecdecError("the llama-spec method needs --draft MODEL")
-            srv = LlamaServer(self.binary, self.model, self.draft if with_draft else None, self.n_ctx, self.threads,
-                              self.log_dir / f"llama-server-{key}.log")
-            self.servers[key] = srv
+            srv = LlamaServer(self.binary, self.model, self.draft if mode == "spec" else None, self.n_ctx,
+                              self.threads, self.log_dir / f"llama-server-{mode}.log", self.SPEC_TYPES[mode])
+            self.servers[mode] = srv
             self.info.setdefault("system_info", srv.system_info())
-        return self.servers[key]
+        return self.servers[mode]
 
     def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
                  temperature: float = 0.0, seed: int | None = None,
@@ -199,8 +203,8 @@ class LlamaServerPeer:
         if mode == "spec" and p_min is not None:
             body["speculative.p_min"] = p_min
         if mode == "lookup":
-            body.update({"speculative.type": "ngram-simple", "speculative.n_max": k})
-        srv = self.server(mode == "spec")
+            body["speculative.n_max"] = k
+        srv = self.server(mode)
         t0 = time.perf_counter()
         out = srv.complete(body)
         seconds = time.perf_counter() - t0
