@@ -1,11 +1,11 @@
-"""Prefill (prompt processing) speed against llama.cpp on the same GGUF file, side by side in one
-process: for each prompt length, our forward over the prompt (the CPU backend, logits of the last
-position only) and llama-cpp-python's eval of the same token ids, alternating, both on the same
-thread count. Prompts are real text (the Spec-Bench questions, concatenated and cut to length), so
-the tokens are those of a real prompt. Prints JSON with tokens/s and our speed over llama.cpp's.
+"""Prefill (prompt processing) speed against llama.cpp on the same GGUF file, side by side: for each
+prompt length, our forward over the prompt (the CPU backend, logits of the last position only) and
+llama-server's prompt processing of the same token ids (its own `timings.prompt_ms`, prompt cache off),
+alternating, both on the same thread count. Prompts are real text (the Spec-Bench questions,
+concatenated and cut to length). Prints JSON with tokens/s and our speed over llama.cpp's.
 
-Usage: python scripts/prefill_vs_llama.py [--model qwen2.5-coder-1.5b-instruct] [--lengths 128,512,680] \
-    [--rounds 3] > runs/prefill-vs-llama.json
+Usage: python scripts/prefill_vs_llama.py [--model qwen2.5-coder-1.5b-instruct] [--lengths 128,512,2048] \
+    [--rounds 3] [--llama-bin DIR] > runs/prefill-vs-llama.json
 """
 
 import argparse
@@ -38,28 +38,27 @@ def ours_seconds(module, ids: list[int]) -> float:
         return time.perf_counter() - t0
 
 
-def llama_seconds(llm, ids: list[int]) -> float:
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    return time.perf_counter() - t0
+def llama_seconds(server, ids: list[int]) -> float:
+    out = server.complete({"prompt": ids, "n_predict": 1, "cache_prompt": False, "temperature": 0.0, "top_k": 1})
+    return out["timings"]["prompt_ms"] / 1000
 
 
 def main() -> None:
-    from llama_cpp import Llama
+    from specdec.bench.llama_server import LlamaServer, build_info, find_binary
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--lengths", default="128,512,680")
+    ap.add_argument("--lengths", default="128,512,2048")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--n-batch", type=int, default=512, help="llama.cpp's batch (its default)")
+    ap.add_argument("--llama-bin", default=None, help="llama-server or its directory (default: as specdec bench)")
     args = ap.parse_args()
     lm = load_model(args.model, progress=lambda *a: None)
     threads = torch.get_num_threads()
     lengths = [int(x) for x in args.lengths.split(",")]
-    llm = Llama(model_path=str(pull(args.model)), n_ctx=max(lengths) + 8, n_threads=threads,
-                n_threads_batch=threads, n_batch=args.n_batch, verbose=False)
-    out = {"model": args.model, "threads": threads, "rounds": args.rounds, "n_batch": args.n_batch,
-           "weight_format": lm.module.weight_format, "lengths": {}}
+    binary = find_binary(args.llama_bin)
+    llm = LlamaServer(binary, pull(args.model), None, max(lengths) + 16, threads,
+                      Path("runs") / "prefill-vs-llama-server.log")
+    out = {"model": args.model, "threads": threads, "rounds": args.rounds, "llama_cpp": build_info(binary)
+           | {"system_info": llm.system_info()}, "weight_format": lm.module.weight_format, "lengths": {}}
     for n in lengths:
         ids = prompt_tokens(lm.tokenizer, n)
         ours_seconds(lm.module, ids[:32]), llama_seconds(llm, ids[:32])  # warm-up
@@ -72,6 +71,7 @@ def main() -> None:
         out["lengths"][str(n)] = {"ours_tok_s": round(n / o, 2), "llama_tok_s": round(n / t, 2),
                                   "ours_over_llama": round(statistics.median(b / a for a, b in zip(ours, theirs)), 4),
                                   "ours_s": [round(x, 3) for x in ours], "llama_s": [round(x, 3) for x in theirs]}
+    llm.close()
     print(json.dumps(out, indent=1))
 
 

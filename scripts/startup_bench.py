@@ -4,8 +4,8 @@ the total time, the child's peak RSS, and the disk that SPECDEC_HOME holds beyon
 the kernel build. Setups run interleaved, round by round. Prints JSON.
 
 Setups: `ours` (specdec generate, this checkout), `ours@DIR` (the same command run in another checkout,
-e.g. a `git worktree` of an older commit: `python -m` there imports that checkout's package), `llama` (llama-cpp-python on the
-same GGUF file). A `+draft` suffix adds the draft model (ours only).
+e.g. a `git worktree` of an older commit: `python -m` there imports that checkout's package), `llama` (llama.cpp's
+llama-completion on the same GGUF file, the raw prompt). A `+draft` suffix adds the draft model (ours only).
 
 Usage: python scripts/startup_bench.py --setups ours,ours+draft,llama [--rounds 3] [--max-new-tokens 32] \
     > runs/startup.json
@@ -21,27 +21,17 @@ import time
 from pathlib import Path
 
 PROMPT = "Write a Python function that merges two sorted lists into one sorted list."
-LLAMA = """
-import sys
-from llama_cpp import Llama
-llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=2, n_threads_batch=2, verbose=False)
-out = llm.create_chat_completion([{"role": "user", "content": sys.argv[3]}], max_tokens=int(sys.argv[4]),
-                                 temperature=0.0, top_k=1, stream=True)
-for chunk in out:
-    text = chunk["choices"][0]["delta"].get("content")
-    if text:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-"""
 
 
 def command(setup: str, args) -> tuple[list[str], dict, str]:
     from specdec.model.registry import pull
     base, draft = setup.split("+")[0], setup.endswith("+draft")
     env, cwd = dict(os.environ), str(Path(__file__).resolve().parents[1])
-    if base == "llama":
-        return [sys.executable, "-c", LLAMA, str(pull(args.model)), str(args.max_context), PROMPT,
-                str(args.max_new_tokens)], env, cwd
+    if base == "llama":  # llama.cpp's llama-completion, greedy, the raw prompt (its own chat mode off)
+        from specdec.bench.llama_server import find_binary
+        binary = find_binary(args.llama_bin).parent / "llama-completion"
+        return [str(binary), "-m", str(pull(args.model)), "-c", str(args.max_context), "-t", "2", "-tb", "2",
+                "-n", str(args.max_new_tokens), "--temp", "0", "-no-cnv", "--no-display-prompt", "-p", PROMPT], env, cwd
     cmd = [sys.executable, "-m", "specdec.cli", "generate", "--model", args.model, "--chat",
            "--max-new-tokens", str(args.max_new_tokens), "--max-context", str(args.max_context),
            "--draft", args.draft if draft else "none", PROMPT]
@@ -80,6 +70,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--setups", default="ours,ours+draft,llama")
+    ap.add_argument("--llama-bin", default=None, help="llama.cpp's build (as specdec bench --llama-bin)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--max-context", type=int, default=2048)
