@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -69,6 +71,17 @@ def build_info(binary: Path) -> dict:
     return info
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, a SIGTERM when the bench's process dies (a killed bench must
+    not leave servers spinning on the cores the next run measures)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,7 +119,8 @@ class LlamaServer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self._log = log_path.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 300.0) -> None:
