@@ -89,14 +89,16 @@ def test_c_loop_declines_what_it_does_not_serve(smollm2):
     fast = smollm2.cpu_forward
     cache, batch2 = smollm2.new_cache(64), smollm2.new_cache(64, batch=2)
     tok = torch.zeros(1, 1, dtype=torch.long)
-    assert fast.takes(tok, cache, 3, None)
-    assert not fast.takes(torch.zeros(1, 17, dtype=torch.long), cache, 0, None)  # more than 16 positions
-    assert not fast.takes(torch.zeros(2, 1, dtype=torch.long), batch2, 3, None)  # a batch
-    assert not fast.takes(tok, cache, torch.tensor([3]), None)  # per-row slots
-    assert not fast.takes(tok, cache, 3, torch.ones(1, 4))  # a float mask
+
+    def inputs(t, mask=None):
+        return smollm2.layer_inputs(torch.arange(t)[None], 0, mask)
+    assert fast.takes(tok, cache, 3, inputs(1))
+    assert not fast.takes(torch.zeros(1, 17, dtype=torch.long), cache, 0, inputs(17))  # more than 16 positions
+    assert not fast.takes(torch.zeros(2, 1, dtype=torch.long), batch2, 3, inputs(1))  # a batch
+    assert not fast.takes(tok, cache, torch.tensor([3]), inputs(1))  # per-row slots
+    assert not fast.takes(tok, cache, 3, inputs(1, torch.ones(1, 4)))  # a float mask
     with pytest.raises(RuntimeError, match="refused"):  # past the cache: a clear error, nothing written
-        fast.run(torch.zeros(1, 2, smollm2.config.hidden_size), torch.zeros(1, 2, smollm2.config.head_dim),
-                 torch.zeros(1, 2, smollm2.config.head_dim), cache, 63, None)
+        fast.run(torch.zeros(1, 2, smollm2.config.hidden_size), inputs(2), cache, 63)
 
 
 @pytest.mark.real

@@ -104,7 +104,7 @@ def test_smollm2_chunked_prefill_matches_one_shot(smollm2, smollm2_tokens):
     ("blk.29.ffn_up.weight", "model.layers.29.mlp.up_proj.weight"),
     ("blk.29.ffn_down.weight", "model.layers.29.mlp.down_proj.weight"),
     ("rope_freqs.weight", None),
-    ("blk.0.attn_q_norm.weight", None),
+    ("blk.0.attn_q_norm.weight", "model.layers.0.self_attn.q_norm.weight"),
     ("blk.0.unknown.weight", None),
     ("blk.attn_q.weight", None),
 ])

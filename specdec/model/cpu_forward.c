@@ -6,7 +6,9 @@
  *
  * Scope: one sequence (batch 1), new positions written at slots start .. start + T - 1, T <= 16,
  * every linear layer on GGUF blocks, a Llama-shaped layer (RMSNorm, rotate-half RoPE, grouped-query
- * attention, SiLU-gated MLP). The caller falls back to the Python loop for anything else.
+ * attention, gated MLP) with the switches of its family: per-head q/k norms, norms on the attention's
+ * and the MLP's outputs, SiLU or GELU-tanh gate, sliding-window layers with their own RoPE rows and
+ * mask, the attention's scale. The caller falls back to the Python loop for anything else.
  */
 #include <stdint.h>
 #include <string.h>
@@ -16,8 +18,10 @@ void rope(float *x, const float *cos, const float *sin, int64_t B, int64_t T, in
           int64_t sxb, int64_t sxt, int64_t scb, int64_t sct);
 void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
-            int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, int nthreads);
-void silu_mul(const float *g, const float *u, float *out, int64_t n);
+            int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, float scale,
+            int nthreads);
+void head_norm(float *y, const float *w, int64_t T, int64_t heads, int64_t hd, int64_t ldy, float eps);
+void gate_mul(const float *g, const float *u, float *out, int64_t n, int act);
 int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
                   int64_t n, int64_t ldx, int64_t ldy, int nthreads);
 
@@ -37,7 +41,11 @@ typedef struct {
 } fw_linear;
 
 typedef struct {
-    const float *ln1, *ln2; /* input_layernorm, post_attention_layernorm weights [D] */
+    const float *ln1, *ln2; /* the attention's and the MLP's input norm weights [D] */
+    const float *attn_post, *mlp_post; /* norms of the attention's and the MLP's outputs [D], or NULL */
+    const float *q_norm, *k_norm; /* per-head norms of q and k [hd], or NULL */
+    int32_t local; /* a sliding-window layer: the local RoPE rows and mask */
+    int32_t act; /* the gate's activation: 0 SiLU, 1 GELU-tanh */
     fw_linear qkv, o, gate_up, down;
 } fw_layer;
 
@@ -64,32 +72,44 @@ int64_t forward_scratch_floats(int64_t T, int64_t D, int64_t H, int64_t KV, int6
  * cos, sin [T, hd]: the RoPE rows of the T positions. kc, vc: the caches [L, KV, cap, hd] (batch 1);
  * the new keys and values go to slots start .. start + T - 1, and position t attends to slots
  * 0 .. start + t under mask [T, >= start + T] (bool, row stride mask_stride) or to all of them (NULL).
- * Returns 0, or -1 (bad sizes, or a GEMM that refused: nothing was written past the failing layer). */
+ * A sliding-window layer takes lcos, lsin and lmask (row stride lmask_stride) instead. q.k is scaled
+ * by `scale`. Returns 0, or -1 (bad sizes, or a GEMM that refused: nothing was written past the
+ * failing layer). */
 int forward_layers(const fw_layer *layers, int64_t L, float *x, int64_t T, int64_t D, int64_t H, int64_t KV,
-                   int64_t hd, int64_t I, float eps, const float *cos, const float *sin, float *kc, float *vc,
-                   int64_t cap, int64_t start, const uint8_t *mask, int64_t mask_stride, float *scratch,
-                   int nthreads) {
+                   int64_t hd, int64_t I, float eps, float scale, const float *cos, const float *sin,
+                   const float *lcos, const float *lsin, float *kc, float *vc, int64_t cap, int64_t start,
+                   const uint8_t *mask, int64_t mask_stride, const uint8_t *lmask, int64_t lmask_stride,
+                   float *scratch, int nthreads) {
     if (T < 1 || T > FW_MAX_T || start < 0 || start + T > cap || H % KV) return -1;
     const int64_t nq = (H + 2 * KV) * hd, S = start + T;
     float *h = scratch, *y = h + T * D, *att = y + T * nq, *t = att + T * H * hd, *gu = t + T * D, *a = gu + T * 2 * I;
     for (int64_t l = 0; l < L; l++) {
         const fw_layer *ly = &layers[l];
         float *kl = kc + l * KV * cap * hd, *vl = vc + l * KV * cap * hd;
+        const float *c = ly->local ? lcos : cos, *s = ly->local ? lsin : sin;
+        const uint8_t *m = ly->local ? lmask : mask;
+        const int64_t ms = ly->local ? lmask_stride : mask_stride;
         rms_norm(x, ly->ln1, h, T, D, D, eps);
         if (linear(&ly->qkv, h, y, T, nthreads)) return -1;
-        rope(y, cos, sin, 1, T, H + KV, hd, 0, nq, 0, hd); /* q and k, in place */
+        if (ly->q_norm) {
+            head_norm(y, ly->q_norm, T, H, hd, nq, eps);
+            head_norm(y + H * hd, ly->k_norm, T, KV, hd, nq, eps);
+        }
+        rope(y, c, s, 1, T, H + KV, hd, 0, nq, 0, hd); /* q and k, in place */
         for (int64_t i = 0; i < T; i++)
             for (int64_t g = 0; g < KV; g++) {
                 memcpy(kl + (g * cap + start + i) * hd, y + i * nq + (H + g) * hd, sizeof(float) * hd);
                 memcpy(vl + (g * cap + start + i) * hd, y + i * nq + (H + KV + g) * hd, sizeof(float) * hd);
             }
-        attend(y, kl, vl, 0, mask, att, 1, T, H, KV, hd, S, 0, nq, 0, cap * hd, 0, mask_stride, 0, H * hd, nthreads);
+        attend(y, kl, vl, 0, m, att, 1, T, H, KV, hd, S, 0, nq, 0, cap * hd, 0, ms, 0, H * hd, scale, nthreads);
         if (linear(&ly->o, att, t, T, nthreads)) return -1;
+        if (ly->attn_post) rms_norm(t, ly->attn_post, t, T, D, D, eps);
         for (int64_t i = 0; i < T * D; i++) x[i] += t[i];
         rms_norm(x, ly->ln2, h, T, D, D, eps);
         if (linear(&ly->gate_up, h, gu, T, nthreads)) return -1;
-        for (int64_t i = 0; i < T; i++) silu_mul(gu + i * 2 * I, gu + i * 2 * I + I, a + i * I, I);
+        for (int64_t i = 0; i < T; i++) gate_mul(gu + i * 2 * I, gu + i * 2 * I + I, a + i * I, I, ly->act);
         if (linear(&ly->down, a, t, T, nthreads)) return -1;
+        if (ly->mlp_post) rms_norm(t, ly->mlp_post, t, T, D, D, eps);
         for (int64_t i = 0; i < T * D; i++) x[i] += t[i];
     }
     return 0;

@@ -36,7 +36,9 @@ class _Linear(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
+    _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("attn_post", ctypes.c_void_p),
+                ("mlp_post", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("local", ctypes.c_int32), ("act", ctypes.c_int32), ("qkv", _Linear), ("o", _Linear),
                 ("gate_up", _Linear), ("down", _Linear)]
 
 
@@ -66,29 +68,37 @@ class CpuForward:
         self.n_layers = len(layers)
         self.dims = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size)
         self.eps = float(model.model.layers[0].input_layernorm.eps)
+        self.scale = float(model.model.layers[0].self_attn.scale)
         self._keep = [t for layer in model.model.layers for t in (*layer.parameters(), *layer.buffers())]  # the pointers' owners
         self._scratch = threading.local()  # per thread: two threads may step two sequences of one model
 
-    def takes(self, tokens: torch.Tensor, cache, start, mask) -> bool:
+    def takes(self, tokens: torch.Tensor, cache, start, inputs) -> bool:
+        """Whether a forward of tokens [batch, T] at `start` with inputs (transformer.LayerInputs) fits."""
         b, t = tokens.shape
         return (b == 1 and 1 <= t <= MAX_T and isinstance(start, int) and cache.k.shape[1] == 1
                 and cache.k.dtype is torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
-                and (mask is None or (mask.dtype is torch.bool and mask.dim() == 2 and mask.shape[0] == t
-                                      and mask.shape[1] >= start + t and mask.stride(1) == 1)))
+                and all(m is None or (m.dtype is torch.bool and m.dim() == 2 and m.shape[0] == t
+                                      and m.shape[1] >= start + t and m.stride(1) == 1)
+                        for m in (inputs.mask, inputs.local_mask)))
 
-    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, start: int,
-            mask: torch.Tensor | None) -> torch.Tensor:
-        """x [1, T, D] (embeddings; written in place) through every layer; cos, sin [1, T, head_dim]."""
+    def run(self, x: torch.Tensor, inputs, cache, start: int) -> torch.Tensor:
+        """x [1, T, D] (embeddings; written in place) through every layer; inputs: the layers' RoPE rows
+        [1, 1, T, head_dim] and masks (transformer.LayerInputs)."""
         D, H, KV, hd, inter = self.dims
         T = x.shape[1]
         scratch = getattr(self._scratch, "buf", None)
         if scratch is None:
             scratch = self._scratch.buf = torch.empty(int(self.lib.forward_scratch_floats(MAX_T, D, H, KV, hd, inter)))
-        x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+        x = x.contiguous()
+        cos, sin, lcos, lsin = (t.contiguous() for t in (inputs.cos, inputs.sin, inputs.local_cos, inputs.local_sin))
+        mask, lmask = inputs.mask, inputs.local_mask
         rc = self.lib.forward_layers(self.layers, self.n_layers, x.data_ptr(), T, D, H, KV, hd, inter, self.eps,
-                                     cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
-                                     cache.k.shape[3], start, mask.data_ptr() if mask is not None else None,
-                                     mask.stride(0) if mask is not None else 0, scratch.data_ptr(),
+                                     self.scale, cos.data_ptr(), sin.data_ptr(), lcos.data_ptr(), lsin.data_ptr(),
+                                     cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[3], start,
+                                     mask.data_ptr() if mask is not None else None,
+                                     mask.stride(0) if mask is not None else 0,
+                                     lmask.data_ptr() if lmask is not None else None,
+                                     lmask.stride(0) if lmask is not None else 0, scratch.data_ptr(),
                                      torch.get_num_threads())
         if rc:
             raise RuntimeError(f"forward_layers refused T = {T} at slot {start} (capacity {cache.k.shape[3]})")
@@ -105,14 +115,18 @@ def enable(model: nn.Module) -> bool:
     layers = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        attn_in, attn_out, mlp_in, mlp_out = layer.norms()
+        norms = [n for n in (attn_in, attn_out, mlp_in, mlp_out, attn.q_norm, attn.k_norm) if n is not None]
         if not (attn.cpu_ops and attn.cpu_rows >= MAX_T and attn.qkv_proj is not None and mlp.gate_up_proj is not None
                 and all(isinstance(n, RMSNorm) and n.cpu_ops and n.weight.is_contiguous()
-                        and n.weight.dtype is torch.float32 for n in norms)):
+                        and n.weight.dtype is torch.float32 and n.eps == attn_in.eps for n in norms)
+                and mlp.activation in cpu_kernels.ACTIVATIONS):
             return False
         parts = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
         if any(p is None for p in parts):
             return False
-        layers.append(_Layer(norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), *parts))
+        ptr = lambda n: n.weight.data_ptr() if n is not None else None  # noqa: E731
+        layers.append(_Layer(ptr(attn_in), ptr(mlp_in), ptr(attn_out), ptr(mlp_out), ptr(attn.q_norm),
+                             ptr(attn.k_norm), int(layer.local), cpu_kernels.ACTIVATIONS[mlp.activation], *parts))
     model.cpu_forward = CpuForward(model, layers)
     return True

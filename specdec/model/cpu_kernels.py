@@ -1,6 +1,6 @@
 """Our own CPU kernels, built on first use: the GEMM on a GGUF file's blocks against 8-bit
 activations (`quant_q8.c`), the blocks' dequantizer (`quant_dequant.c`), RMSNorm, RoPE, attention
-and SiLU (`fused_ops.c`), and the layer loop in one call (`cpu_forward.c`).
+and the MLP's gates (`fused_ops.c`), and the layer loop in one call (`cpu_forward.c`).
 
 The C sources ship in the package; the first call compiles them with the system C compiler
 (`-O3 -march=native -fopenmp`) into `SPECDEC_HOME/kernels/` (or `$SPECDEC_KERNEL_DIR`), keyed by
@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
@@ -104,7 +105,11 @@ def load(extra_flags: list[str] | None = None):
     f32 = ctypes.c_float
     lib.rms_norm.argtypes = [p, p, p, i64, i64, i64, f32]
     lib.rope.argtypes = [p, p, p] + [i64] * 8
-    lib.attend.argtypes = [p] * 6 + [i64] * 14 + [ctypes.c_int]
+    lib.attend.argtypes = [p] * 6 + [i64] * 14 + [f32, ctypes.c_int]
+    lib.head_norm.argtypes = [p, p, i64, i64, i64, i64, f32]
+    lib.head_norm.restype = None
+    lib.gate_mul_rows.argtypes = [p, p, i64, i64, ctypes.c_int, ctypes.c_int]
+    lib.gate_mul_rows.restype = None
     lib.silu_mul.argtypes = [p, p, p, i64]
     lib.silu_mul_scalar.argtypes = [p, p, p, i64]
     lib.silu_mul_scalar.restype = None
@@ -114,7 +119,8 @@ def load(extra_flags: list[str] | None = None):
         f.restype = None
     lib.forward_scratch_floats.argtypes = [i64] * 6
     lib.forward_scratch_floats.restype = i64
-    lib.forward_layers.argtypes = [p, i64, p] + [i64] * 6 + [f32, p, p, p, p, i64, i64, p, i64, p, ctypes.c_int]
+    lib.forward_layers.argtypes = [p, i64, p] + [i64] * 6 + [f32, f32, p, p, p, p, p, p, i64, i64, p, i64, p, i64, p,
+                                                             ctypes.c_int]
     lib.forward_layers.restype = ctypes.c_int
     return lib
 
@@ -299,6 +305,40 @@ def silu_mul_rows(gu: torch.Tensor, lib=None) -> torch.Tensor:
     return out
 
 
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # fused_ops.c's gate_mul
+
+
+def gated_rows(gu: torch.Tensor, activation: str, lib=None) -> torch.Tensor:
+    """act(gate) * up for gu [..., 2 I] holding gate then up, into a new [..., I] tensor; activation
+    "silu" (silu_mul_rows' bits) or "gelu_tanh" (PyTorch's gelu with approximate="tanh")."""
+    if activation == "silu":
+        return silu_mul_rows(gu, lib)
+    lib = _lib_or_raise(lib)
+    if not _plain(gu) or gu.shape[-1] % 2:
+        _check("gated_rows", gu=gu)
+        if gu.shape[-1] % 2:
+            raise ValueError(f"gated_rows: an odd last dimension {gu.shape[-1]} cannot be gate and up")
+        gu = gu.contiguous()
+    I = gu.shape[-1] // 2
+    out = gu.new_empty((*gu.shape[:-1], I))
+    lib.gate_mul_rows(gu.data_ptr(), out.data_ptr(), gu.numel() // (2 * I), I, ACTIVATIONS[activation],
+                      torch.get_num_threads())
+    return out
+
+
+def head_norm_(y: torch.Tensor, weight: torch.Tensor, first: int, heads: int, head_dim: int, eps: float,
+               lib=None) -> None:
+    """In place: rms_norm with weight [head_dim] on heads first .. first + heads - 1 of every row of
+    y [..., >= (first + heads) * head_dim] (contiguous): the per-head q/k norms."""
+    lib = _lib_or_raise(lib)
+    ld = y.shape[-1]
+    if not (_plain(y) and _plain(weight) and weight.numel() == head_dim and ld >= (first + heads) * head_dim):
+        _check("head_norm_", y=y, weight=weight)
+        raise ValueError(f"head_norm_: y {tuple(y.shape)} must be contiguous with {first + heads} heads of {head_dim}, "
+                         f"weight [{head_dim}], not {tuple(weight.shape)}")
+    lib.head_norm(y.data_ptr() + 4 * first * head_dim, weight.data_ptr(), y.numel() // ld, heads, head_dim, ld, eps)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2, -1) + eps) for x [..., dim] (a new contiguous tensor)."""
     lib = _lib_or_raise(lib)
@@ -328,12 +368,13 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, hea
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: int, heads: int,
-           rows: torch.Tensor | None = None, mask: torch.Tensor | None = None, lib=None) -> torch.Tensor:
+           rows: torch.Tensor | None = None, mask: torch.Tensor | None = None, scale: float | None = None,
+           lib=None) -> torch.Tensor:
     """Attention of q [B, T, >= heads * head_dim] (contiguous) over the first `slots` slots of one
     layer's cache k_cache, v_cache [batch, kv_heads, capacity, head_dim] (contiguous; batch row b
     reads cache row rows[b], default b). mask: bool [T, >= slots] or [B, 1, T, >= slots], True where
-    a query sees a slot; None: all slots. Returns [B, T, heads * head_dim]; a query that sees no
-    slot gets zeros."""
+    a query sees a slot; None: all slots. scale: of q.k (None: 1 / sqrt(head_dim) in fp32).
+    Returns [B, T, heads * head_dim]; a query that sees no slot gets zeros."""
     lib = _lib_or_raise(lib)
     B, T = q.shape[0], q.shape[1]
     _, kv, cap, D = k_cache.shape
@@ -363,5 +404,5 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
     lib.attend(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.data_ptr() if rows is not None else None,
                mask.data_ptr() if mask is not None else None, out.data_ptr(), B, T, heads, kv, D, slots,
                q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), smb, smt, heads * D * T, heads * D,
-               torch.get_num_threads())
+               float(np.float32(1) / np.sqrt(np.float32(D))) if scale is None else scale, torch.get_num_threads())
     return out

@@ -1,4 +1,4 @@
-/* Fused fp32 CPU ops of the CPU backend: RMSNorm, RoPE, attention and SiLU.
+/* Fused fp32 CPU ops of the CPU backend: RMSNorm (also per head), RoPE, attention, SiLU and GELU gates.
  *
  * Torch's versions are a dozen small ops per layer for RMSNorm and RoPE, and
  * scaled_dot_product_attention costs about 0.2 ms a call for one query on this CPU. Each op here
@@ -27,6 +27,12 @@ void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t dim
 #pragma omp simd
         for (int64_t j = 0; j < dim; j++) oi[j] = w[j] * (xi[j] * r);
     }
+}
+
+/* In place, out = rms_norm of each of `heads` heads of hd floats in each of T rows of y (row stride ldy),
+ * weight w [hd]: the per-head q/k norms of Qwen3 and Gemma 3 (rms_norm's bits, head by head). */
+void head_norm(float *y, const float *w, int64_t T, int64_t heads, int64_t hd, int64_t ldy, float eps) {
+    for (int64_t t = 0; t < T; t++) rms_norm(y + t * ldy, w, y + t * ldy, heads, hd, hd, eps);
 }
 
 /* In place, HF's rotate-half RoPE on `heads` heads of D floats for each of B x T positions:
@@ -192,13 +198,13 @@ static void attend_task_any(const float *q, const float *kg, const float *vg, co
  *   rows: cache row of batch row b (NULL: row b)
  *   mask: bool, query (b, t) sees slot s iff mask[b * smb + t * smt + s] (NULL: all S slots)
  *   out:  head h of query (b, t) at out + b * sob + t * sot + h * D
- * A query that sees no slot gets zeros. Softmax in fp32 with scale 1/sqrt(D). Each query's result
+ * A query that sees no slot gets zeros. Softmax in fp32 of q.k times `scale`. Each query's result
  * is computed by the same code whatever B and T are. */
 void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
-            int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, int nthreads) {
+            int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, float scale,
+            int nthreads) {
     const int64_t G = H / KV, tasks = B * KV * T;
-    const float scale = 1.f / sqrtf((float)D);
 #pragma omp parallel num_threads(nthreads)
     {
         float *p = malloc(sizeof(float) * (size_t)(G * (S > 0 ? S : 1) + 2 * G));
@@ -282,9 +288,29 @@ void silu_mul_scalar(const float *g, const float *u, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = silu_mul1(g[i], u[i]);
 }
 
-/* out [T, I] = silu(gate) * up straight from the fused gate/up GEMM's rows gu [T, 2 I] (gate, then up):
- * silu_mul row by row, the rows split over the threads (the same bits as silu_mul on each row). */
-void silu_mul_rows(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+/* out[i] = gelu_tanh(g[i]) * u[i] (PyTorch's gelu with approximate="tanh": Gemma's gate), for i < n;
+ * scalar, so an element's bits do not depend on n. */
+void gelu_mul(const float *g, const float *u, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i], inner = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
+        out[i] = 0.5f * x * (1.f + tanhf(inner)) * u[i];
+    }
+}
+
+/* The gated MLP's activation times up on n elements: act 0 SiLU (silu_mul), 1 GELU-tanh (gelu_mul). */
+void gate_mul(const float *g, const float *u, float *out, int64_t n, int act) {
+    if (act) gelu_mul(g, u, out, n);
+    else silu_mul(g, u, out, n);
+}
+
+/* out [T, I] = act(gate) * up straight from the fused gate/up GEMM's rows gu [T, 2 I] (gate, then up):
+ * gate_mul row by row, the rows split over the threads (the same bits as gate_mul on each row). */
+void gate_mul_rows(const float *gu, float *out, int64_t T, int64_t I, int act, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (T > 1)
-    for (int64_t t = 0; t < T; t++) silu_mul(gu + t * 2 * I, gu + t * 2 * I + I, out + t * I, I);
+    for (int64_t t = 0; t < T; t++) gate_mul(gu + t * 2 * I, gu + t * 2 * I + I, out + t * I, I, act);
+}
+
+/* gate_mul_rows with SiLU. */
+void silu_mul_rows(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+    gate_mul_rows(gu, out, T, I, 0, nthreads);
 }

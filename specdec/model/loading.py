@@ -20,9 +20,11 @@ from torch import nn
 from specdec.errors import SpecdecError
 from specdec.model.gguf_file import GGUFFile
 from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
-from specdec.model.transformer import ModelConfig, Transformer
+from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfig, Transformer
 
-SUPPORTED_ARCHS = {"llama", "qwen2", "mistral"}
+SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "mistral", "gemma3"}  # GGUF general.architecture
+HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text"}  # an HF directory's config model_type
+PERMUTED_QK = {"llama", "mistral"}  # llama.cpp's converter interleaves these families' q/k rows for its RoPE
 
 
 # a draft model's block formats re-encoded at load into ones our kernels run faster, holding the same weights
@@ -32,20 +34,35 @@ GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma 3's norms around the attention and the MLP (HF's post_attention_layernorm is its attention output's)
+GEMMA_LAYER_NAMES = {**GGUF_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                     "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# the per-layer tensors each family needs (besides .weight), and those of the whole model
+LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                 "ffn_down"]
+FAMILY_TENSORS = {"qwen3": ["attn_q_norm", "attn_k_norm"],
+                  "gemma3": ["attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"]}
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None if unknown)."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None if unknown), in the
+    names of the family of GGUF architecture `arch`."""
     base, _, kind = gguf_name.rpartition(".")
     if base in GGUF_TOP_NAMES:
         return f"{GGUF_TOP_NAMES[base]}.{kind}"
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in GGUF_LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{GGUF_LAYER_NAMES[parts[2]]}.{kind}"
+    names = GEMMA_LAYER_NAMES if arch == "gemma3" else GGUF_LAYER_NAMES
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{kind}"
     return None
+
+
+def family(cfg: dict) -> str:
+    """The family (transformer.FAMILIES' key) of an HF-style config dict."""
+    return HF_FAMILY.get(cfg["model_type"], cfg["model_type"])
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -55,26 +72,84 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def gguf_hf_config(gguf: GGUFFile) -> dict:
-    """The HF-style config.json dict a GGUF file's metadata describes."""
+    """The HF-style config.json dict a GGUF file's metadata describes (transformers' keys; with Llama 3's
+    RoPE factors from the rope_freqs tensor under "rope_freq_factors"). SpecdecError for an architecture
+    we do not run, a missing tensor its family needs, or a RoPE variant we do not implement."""
     arch = gguf.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
-        raise SpecdecError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHS)}")
+        raise SpecdecError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(SUPPORTED_ARCHS))}")
     f = lambda key, default=None: gguf.get(f"{arch}.{key}", default)  # noqa: E731
     if "token_embd.weight" not in gguf.tensors or f("block_count") is None:
         raise SpecdecError(f"{gguf.path} lacks the token embedding or the layer count; it is not a complete model")
+    _require_tensors(gguf, arch, int(f("block_count")))
     heads, hidden = int(f("attention.head_count")), int(f("embedding_length"))
-    return {
-        "model_type": arch, "vocab_size": gguf.tensors["token_embd.weight"].rows, "hidden_size": hidden,
-        "intermediate_size": int(f("feed_forward_length")), "num_hidden_layers": int(f("block_count")),
+    head_dim = int(f("attention.key_length", hidden // heads))
+    if int(f("rope.dimension_count", head_dim)) != head_dim:
+        raise SpecdecError(f"{gguf.path}: RoPE on {f('rope.dimension_count')} of each head's {head_dim} dimensions "
+                           "(partial rotation) is not supported")
+    cfg = {
+        "model_type": "gemma3_text" if arch == "gemma3" else arch, "vocab_size": gguf.tensors["token_embd.weight"].rows,
+        "hidden_size": hidden, "intermediate_size": int(f("feed_forward_length")),
+        "num_hidden_layers": int(f("block_count")),
         "num_attention_heads": heads, "num_key_value_heads": int(f("attention.head_count_kv", heads)),
-        "head_dim": int(f("attention.key_length", hidden // heads)),
-        "rms_norm_eps": float(f("attention.layer_norm_rms_epsilon", 1e-6)),
+        "head_dim": head_dim, "rms_norm_eps": float(f("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(f("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(f("context_length", 4096)),
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
         "attention_bias": "blk.0.attn_q.bias" in gguf.tensors,
         "torch_dtype": "float32",
     }
+    cfg.update(_gguf_rope(gguf, arch, cfg))
+    if arch == "gemma3":
+        cfg.update(_gguf_gemma3(gguf, cfg))
+    return cfg
+
+
+def _require_tensors(gguf: GGUFFile, arch: str, layers: int) -> None:
+    """SpecdecError naming the first tensor a model of `arch` with `layers` layers needs and the file lacks."""
+    needed = ["output_norm"] + [f"blk.{i}.{n}" for i in range(layers) for n in LAYER_TENSORS + FAMILY_TENSORS.get(arch, [])]
+    for name in needed:
+        if f"{name}.weight" not in gguf.tensors:
+            raise SpecdecError(f"{gguf.path} lacks the tensor {name}.weight, which a {arch} model needs; "
+                               "the file is incomplete or of another layout")
+
+
+def _gguf_rope(gguf: GGUFFile, arch: str, cfg: dict) -> dict:
+    """RoPE scaling of a GGUF file as HF config keys: linear (rope.scaling.type), Llama 3 (rope_freqs tensor)."""
+    kind = gguf.get(f"{arch}.rope.scaling.type", "none")
+    out = {}
+    if kind == "linear":
+        out["rope_scaling"] = {"rope_type": "linear", "factor": float(gguf.get(f"{arch}.rope.scaling.factor"))}
+    elif kind not in ("none", None):
+        raise SpecdecError(f"{gguf.path}: RoPE scaling {kind!r} is not supported (none, linear and Llama 3's are)")
+    if "rope_freqs.weight" in gguf.tensors:
+        out["rope_freq_factors"] = [float(v) for v in np.array(gguf.tensor("rope_freqs.weight"), dtype=np.float32)]
+    return out
+
+
+def _gguf_gemma3(gguf: GGUFFile, cfg: dict) -> dict:
+    """Gemma 3's keys: its sliding window and which layers use it (llama.cpp's rule: every 6th layer is
+    global unless the file says otherwise), the local RoPE base, the attention scale (llama.cpp's)."""
+    f = lambda key, default=None: gguf.get(f"gemma3.{key}", default)  # noqa: E731
+    if f("final_logit_softcapping"):
+        raise SpecdecError(f"{gguf.path}: Gemma's final logit soft-capping is not supported")
+    layers, out = cfg["num_hidden_layers"], {"hidden_activation": "gelu_pytorch_tanh"}
+    # llama.cpp: 1/sqrt(head_dim), but hidden/heads for the 27B model (62 layers), as google's reference
+    out["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if layers == 62 else cfg["head_dim"]
+    local_theta = float(f("rope.freq_base_swa", 10000.0))
+    full = {"rope_type": "default", "rope_theta": cfg["rope_theta"], **cfg.pop("rope_scaling", {})}
+    out["rope_parameters"] = {"full_attention": full, "sliding_attention": {"rope_type": "default",
+                                                                            "rope_theta": local_theta}}
+    window = int(f("attention.sliding_window", 0) or 0)
+    if window > 0:
+        pattern = f("attention.sliding_window_pattern", GEMMA3_GLOBAL_EVERY)
+        if isinstance(pattern, (int, np.integer)):
+            local = [int(pattern) == 0 or i % int(pattern) < int(pattern) - 1 for i in range(layers)]
+        else:
+            local = [bool(v) for v in np.asarray(pattern)[:layers]]
+        out["sliding_window"] = window
+        out["layer_types"] = ["sliding_attention" if s else "full_attention" for s in local]
+    return out
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -87,7 +162,7 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 def _rows(gguf: GGUFFile, name: str, cfg: dict) -> np.ndarray:
     """A tensor's stored rows in the HF row order: llama's q/k rows un-permuted (a copy), else a view."""
     data = gguf.tensor(name)
-    if cfg["model_type"] != "qwen2" and name.endswith(("attn_q.weight", "attn_k.weight")):
+    if family(cfg) in PERMUTED_QK and name.endswith(("attn_q.weight", "attn_k.weight")):
         heads = cfg["num_attention_heads"] if "attn_q" in name else cfg["num_key_value_heads"]
         data = np.ascontiguousarray(unpermute_qk(data, heads))
     return data
@@ -110,13 +185,28 @@ def dequantize(gguf: GGUFFile, name: str, cfg: dict) -> torch.Tensor:
 
 def gguf_state_dict(gguf: GGUFFile, cfg: dict, dtype: torch.dtype = torch.float32,
                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Every weight dequantized, under HF names, in `dtype` on `device` (one tensor at a time)."""
+    """Every weight dequantized, under HF names, in `dtype` on `device` (one tensor at a time); norm
+    weights as our model holds them (Gemma's with the 1 added, as the file has them: hf_state_dict
+    gives HF's)."""
     out = {}
+    arch = gguf.get("general.architecture")
     for name in gguf.tensors:
-        hf = hf_name(name)
+        hf = hf_name(name, arch)
         if hf is not None:
             out[hf] = dequantize(gguf, name, cfg).to(device=device, dtype=dtype)
     return out
+
+
+def _shift_norms(state: dict[str, torch.Tensor], offset: float) -> dict[str, torch.Tensor]:
+    if not offset:
+        return state
+    return {k: v + offset if k.endswith("norm.weight") else v for k, v in state.items()}
+
+
+def hf_state_dict(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
+    """Our model's weights (gguf_state_dict's, or a module's state_dict) as HF's class of the family
+    takes them: Gemma's norm weights less the 1 its RMSNorm adds (new tensors), the rest the same tensors."""
+    return _shift_norms(state, -ModelConfig.from_hf(cfg).norm_offset)
 
 
 def load_gguf_reference(gguf: GGUFFile, device: torch.device, dtype: torch.dtype) -> Transformer:
@@ -135,7 +225,7 @@ def _assemble(hf_cfg: dict, state: dict[str, torch.Tensor], device: torch.device
     if missing or unexpected:
         raise SpecdecError(f"weights in {where} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.tie_weights()
-    model.rope_cos, model.rope_sin = model.rope_cos.to(device), model.rope_sin.to(device)
+    model.set_rope_length(model.rope_cos.shape[0])  # the tables on the weights' device
     return model.eval()
 
 
@@ -153,7 +243,7 @@ def _parts(gguf: GGUFFile, names: list[str], cfg: dict, reencode: bool = False):
     def close():
         if not group:
             return
-        copied = cfg["model_type"] != "qwen2" and any(n.endswith(("attn_q.weight", "attn_k.weight")) for n in group)
+        copied = family(cfg) in PERMUTED_QK and any(n.endswith(("attn_q.weight", "attn_k.weight")) for n in group)
         if len(group) > 1 and not copied and all(gguf.adjacent(a, b) for a, b in zip(group, group[1:])):
             data = gguf.span(group)
         elif len(group) > 1 or copied:
@@ -230,7 +320,8 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False,
             bits: int = 8) -> nn.Module:
     """One linear layer over the weights `bases` (GGUF names without ".weight") stacked along the outputs:
     a QuantLinear where our kernels read every part's format (repack: in their tiles, where the format
-    has them), else an fp32 nn.Linear (dequantized)."""
+    has them), an fp32 nn.Linear where the weights are plain floats (F32, F16, BF16); a block format
+    our kernels do not read is refused (SpecdecError naming it and the tensor)."""
     names = [f"{b}.weight" for b in bases]
     K = gguf.tensors[names[0]].dims[0]
     biases = [f"{b}.bias" for b in bases]
@@ -241,6 +332,8 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False,
     if all(supported(gguf.tensors[n].ggml_type, K) for n in names):
         parts = _parts(gguf, names, cfg, reencode)
         return QuantLinear(_repacked(gguf, names, parts, K, bits) if repack else parts, K, bias)
+    for n in names:
+        _refuse_blocks(gguf, n, supported(gguf.tensors[n].ggml_type, K))
     weight = torch.cat([dequantize(gguf, n, cfg) for n in names])
     layer = nn.Linear(K, weight.shape[0], bias=bias is not None, device="meta")
     layer.weight = nn.Parameter(weight, requires_grad=False)
@@ -249,11 +342,31 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False,
     return layer
 
 
+FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}  # ggml type ids of plain float tensors
+
+
+def _refuse_blocks(gguf: GGUFFile, name: str, readable: bool) -> None:
+    """SpecdecError for tensor `name` in a block format our kernels do not read (`readable` False)."""
+    qtype = gguf.tensors[name].ggml_type
+    if readable or qtype in FLOAT_TYPES:
+        return
+    from gguf import GGMLQuantizationType
+    try:
+        fmt = GGMLQuantizationType(qtype).name
+    except ValueError:
+        fmt = f"ggml type {qtype}"
+    from specdec.model import cpu_kernels
+    raise SpecdecError(f"{gguf.path}: tensor {name} is in the block format {fmt}, which our CPU kernels do not run "
+                       f"(they run {', '.join(cpu_kernels.QUANT_TYPES)}); use a file in one of those, or "
+                       "--weight-dtype float32 (the torch reference, every weight dequantized to fp32 in memory)")
+
+
 def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
     from specdec.model import cpu_kernels
     info = gguf.tensors["token_embd.weight"]
     if gguf.tensor(info.name).dtype == np.uint8 and cpu_kernels.quant_row_bytes(info.ggml_type, info.dims[0]):
         return QuantEmbedding(info.ggml_type, _tensor(gguf.tensor(info.name)), info.dims[0])
+    _refuse_blocks(gguf, info.name, False)
     return nn.Embedding.from_pretrained(dequantize(gguf, info.name, cfg), freeze=True)
 
 
@@ -277,10 +390,14 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     backbone = model.model
     backbone.embed_tokens = _embedding(gguf, cfg)
     backbone.norm.weight = _vector(gguf, "output_norm.weight")
+    arch = gguf.get("general.architecture")
+    names = GEMMA_LAYER_NAMES if arch == "gemma3" else GGUF_LAYER_NAMES
     for i, layer in enumerate(backbone.layers):
         p = f"blk.{i}."
-        layer.input_layernorm.weight = _vector(gguf, p + "attn_norm.weight")
-        layer.post_attention_layernorm.weight = _vector(gguf, p + "ffn_norm.weight")
+        for gguf_name, module in names.items():  # the norms: our RMSNorm modules under their HF names
+            if gguf_name.endswith("norm") and f"{p}{gguf_name}.weight" in gguf.tensors:
+                norm = layer.get_submodule(module)
+                norm.weight, norm.cpu_ops = _vector(gguf, f"{p}{gguf_name}.weight"), True
         attn, mlp = layer.self_attn, layer.mlp
         attn.qkv_proj = _linear(gguf, [p + "attn_q", p + "attn_k", p + "attn_v"], cfg, reencode, repack, bits)
         attn.q_proj = attn.k_proj = attn.v_proj = None
@@ -289,7 +406,6 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
         mlp.gate_proj = mlp.up_proj = None
         mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, bits)
         attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
-        layer.input_layernorm.cpu_ops = layer.post_attention_layernorm.cpu_ops = True
     backbone.norm.cpu_ops = True
     model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode, repack, bits)
     model.weight_format = "gguf-q8"
@@ -354,12 +470,18 @@ def load_hf_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> Tr
     if not cfg_path.is_file() or not files:
         raise SpecdecError(f"{directory} is not an HF model directory (needs config.json and *.safetensors)")
     hf_cfg = json.loads(cfg_path.read_text())
-    if hf_cfg.get("model_type") not in SUPPORTED_ARCHS:
-        raise SpecdecError(f"unsupported model_type {hf_cfg.get('model_type')!r} in {cfg_path}")
+    if hf_cfg.get("model_type") not in HF_MODEL_TYPES:
+        raise SpecdecError(f"unsupported model_type {hf_cfg.get('model_type')!r} in {cfg_path}; "
+                           f"supported: {', '.join(sorted(HF_MODEL_TYPES))}")
+    try:
+        offset = ModelConfig.from_hf(hf_cfg).norm_offset
+    except ValueError as e:
+        raise SpecdecError(f"{cfg_path}: {e}") from None
     state = {}
     for f in files:
         with safe_open(str(f), framework="pt", device=str(device)) as sf:
-            state.update({k: sf.get_tensor(k).to(dtype) for k in sf.keys() if not k.endswith("rotary_emb.inv_freq")})
+            state.update({k: sf.get_tensor(k).float() for k in sf.keys() if not k.endswith("rotary_emb.inv_freq")})
+    state = {k: v.to(dtype) for k, v in _shift_norms(state, offset).items()}  # Gemma's +1 in fp32, as llama.cpp's
     return _assemble(hf_cfg, state, device, str(directory))
 
 

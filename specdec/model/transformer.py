@@ -1,5 +1,9 @@
-"""One compact decoder for the Llama family (Llama, SmolLM2, Qwen2/2.5, Mistral).
+"""One compact decoder for the Llama family and its relatives: Llama (Llama 3's RoPE scaling too),
+SmolLM2, Qwen2/2.5, Qwen3, Mistral and Gemma 3.
 
+A family's differences are data in ModelConfig (q/k bias, per-head q/k norms, norms on the attention's
+and the MLP's outputs, the gate's activation, scaled embeddings, the attention scale, sliding-window
+layers with their own RoPE base, RoPE scaling), filled from the GGUF metadata or the HF config.
 Parameter names follow HF transformers (model.layers.N.self_attn.q_proj.weight, ...), so HF
 checkpoints and a GGUF file's dequantized tensors (the torch reference) load with a plain load_state_dict;
 the CPU backend swaps in layers on the file's own blocks (loading.load_gguf_blocks).
@@ -7,16 +11,27 @@ the CPU backend swaps in layers on the file's own blocks (loading.load_gguf_bloc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec.model import cpu_kernels
 from specdec.model.kv_cache import KVCache
+
+# HF model_type -> the switches its family sets in ModelConfig (the rest are Llama's)
+FAMILIES = {
+    "llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True},
+    "gemma3": {"qk_norm": True, "sandwich_norms": True, "activation": "gelu_tanh", "norm_offset": 1.0,
+               "scaled_embeddings": True},
+}
+HF_FAMILY = {"gemma3_text": "gemma3"}  # HF model types that are another's family
+GEMMA3_GLOBAL_EVERY = 6  # Gemma 3: every 6th layer attends globally, the others in a sliding window
 
 
 @dataclass(frozen=True)
@@ -33,20 +48,102 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each head of q and of k, before RoPE
+    sandwich_norms: bool = False  # Gemma 3: RMSNorms on the attention's and the MLP's outputs too
+    activation: str = "silu"  # the MLP gate's: "silu" or "gelu_tanh"
+    scaled_embeddings: bool = False  # Gemma: embeddings times sqrt(hidden_size)
+    attn_scale: float | None = None  # softmax scale of q.k; None: 1 / sqrt(head_dim)
+    norm_offset: float = 0.0  # Gemma: HF's norm multiplies by (1 + w); ours hold 1 + w (as GGUF files do)
+    sliding_window: int = 0  # > 0: the layers `sliding_layers` see only keys fewer than this many positions back
+    sliding_layers: tuple[int, ...] = ()
+    rope_local_theta: float | None = None  # the sliding layers' RoPE base (None: rope_theta)
+    rope_linear_factor: float = 1.0  # linear RoPE scaling of the global layers: positions divided by it
+    rope_freq_factors: tuple[float, ...] | None = None  # Llama 3: each inverse frequency divided by its factor
+
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.hidden_size) if self.scaled_embeddings else 1.0
+
+    @property
+    def softmax_scale(self) -> float:
+        """The attention's scale, rounded to fp32 (1 / sqrt(head_dim) in fp32 arithmetic by default)."""
+        if self.attn_scale is not None:
+            return float(np.float32(self.attn_scale))
+        return float(np.float32(1) / np.sqrt(np.float32(self.head_dim)))
 
     @staticmethod
     def from_hf(cfg: dict) -> "ModelConfig":
         heads = cfg["num_attention_heads"]
-        rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        family = HF_FAMILY.get(cfg.get("model_type"), cfg.get("model_type"))
+        switches = dict(FAMILIES.get(family, {}))
+        if "attention_bias" in cfg:
+            switches["attention_bias"] = bool(cfg["attention_bias"])
+        if family == "gemma3":
+            switches["attn_scale"] = float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5
         return ModelConfig(
             vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
-            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(rope),
+            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
+            tie_word_embeddings=cfg.get("tie_word_embeddings", family == "gemma3"),
+            **switches, **_hf_windows(cfg, family), **_hf_rope(cfg, head_dim))
+
+
+def _hf_windows(cfg: dict, family: str) -> dict:
+    """sliding_window and sliding_layers of an HF config (its layer_types, or Gemma 3's pattern)."""
+    window = cfg.get("sliding_window") or 0
+    types = cfg.get("layer_types")
+    if types is None and family == "gemma3":
+        every = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or GEMMA3_GLOBAL_EVERY
+        types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                 for i in range(cfg["num_hidden_layers"])]
+    layers = tuple(i for i, t in enumerate(types or ()) if t == "sliding_attention")
+    return {"sliding_window": int(window), "sliding_layers": layers} if window and layers else {}
+
+
+def _hf_rope(cfg: dict, head_dim: int) -> dict:
+    """The RoPE fields of an HF config: rope_parameters (transformers 5, per layer type where they differ)
+    or rope_theta and rope_scaling."""
+    params = cfg.get("rope_parameters") or {}
+    full = params.get("full_attention", params)
+    scaling = cfg.get("rope_scaling") or full
+    theta = float(cfg.get("rope_theta") or full.get("rope_theta", 10000.0))
+    out = {"rope_theta": theta}
+    if "sliding_attention" in params:
+        out["rope_local_theta"] = float(params["sliding_attention"].get("rope_theta", theta))
+    elif cfg.get("rope_local_base_freq"):
+        out["rope_local_theta"] = float(cfg["rope_local_base_freq"])
+    kind = (scaling.get("rope_type") or scaling.get("type") or "default").lower()
+    if cfg.get("rope_freq_factors"):  # a GGUF file's rope_freqs tensor (loading.gguf_hf_config)
+        out["rope_freq_factors"] = tuple(float(f) for f in cfg["rope_freq_factors"])
+    if kind == "linear":
+        out["rope_linear_factor"] = float(scaling["factor"])
+    elif kind == "llama3":
+        out["rope_freq_factors"] = llama3_rope_factors(theta, head_dim, scaling)
+    elif kind != "default":
+        raise ValueError(f"RoPE scaling {kind!r} is not supported (default, linear and llama3 are)")
+    return out
+
+
+def llama3_rope_factors(theta: float, head_dim: int, scaling: dict) -> tuple[float, ...]:
+    """Llama 3's per-frequency RoPE factors (inverse frequencies are divided by them), as llama.cpp's
+    converter writes them into a GGUF file's rope_freqs tensor."""
+    factor = scaling.get("factor", 8.0)
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old = scaling.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim)):
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return tuple(float(np.float32(f)) for f in out)
 
 
 class RMSNorm(nn.Module):
@@ -67,11 +164,17 @@ class RMSNorm(nn.Module):
 ROPE_POSITIONS = 4096  # RoPE tables made with the model; a larger cache extends them (Transformer.new_cache)
 
 
-def rope_tables(cfg: ModelConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [length, head_dim] in HF's rotate-half layout."""
+def rope_tables(cfg: ModelConfig, length: int, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [length, head_dim] in HF's rotate-half layout: of the global layers, or (local)
+    of the sliding-window layers (their own base, no scaling)."""
     # computed in fp32 exactly as HF transformers does, so logits match bit for bit in layout
     # on the CPU explicitly (under a meta-device context too: a table on meta costs a second of imports)
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device="cpu").float() / cfg.head_dim))
+    theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, cfg.head_dim, 2, device="cpu").float() / cfg.head_dim))
+    if not local and cfg.rope_freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32, device="cpu")
+    if not local and cfg.rope_linear_factor != 1.0:
+        inv_freq = inv_freq / cfg.rope_linear_factor
     freqs = torch.outer(torch.arange(length, device="cpu").float(), inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -87,6 +190,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.softmax_scale
+        # per-head RMSNorms of q and k before RoPE (Qwen3, Gemma 3), or None
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.hd, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
@@ -114,6 +221,8 @@ class Attention(nn.Module):
         q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
         k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         store(k, v, k_cache, v_cache, start)
         if isinstance(start, int):
@@ -122,12 +231,16 @@ class Attention(nn.Module):
             keys, values = k_cache, v_cache
         else:  # Ragged: a gather of the live rows
             keys, values = k_cache[start.rows, :, :mask.shape[-1]], v_cache[start.rows, :, :mask.shape[-1]]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads,
+                                             scale=self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
     def _cpu_forward(self, y, cos, sin, k_cache, v_cache, start, mask):
         """The rest of forward() on our fused CPU ops, from y = qkv_proj(x) # [batch, T, (heads + 2 kv_heads) * head_dim]."""
         b, t, _ = y.shape
+        if self.q_norm is not None:  # q's heads, then k's, in place
+            cpu_kernels.head_norm_(y, self.q_norm.weight, 0, self.n_heads, self.hd, self.q_norm.eps)
+            cpu_kernels.head_norm_(y, self.k_norm.weight, self.n_heads, self.n_kv, self.hd, self.k_norm.eps)
         cpu_kernels.rope_(y, cos, sin, self.n_heads + self.n_kv, self.hd)  # q and k, in place
         _, k, v = y.split(self.qkv_sizes, dim=-1)
         k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
@@ -138,7 +251,7 @@ class Attention(nn.Module):
             rows = start.rows
         if mask is not None and mask.stride(-1) != 1:
             mask = mask.contiguous()
-        return self.o_proj(cpu_kernels.attend(y, k_cache, v_cache, slots, self.n_heads, rows, mask))
+        return self.o_proj(cpu_kernels.attend(y, k_cache, v_cache, slots, self.n_heads, rows, mask, self.scale))
 
 
 def store(k, v, k_cache, v_cache, start) -> None:
@@ -158,6 +271,7 @@ def store(k, v, k_cache, v_cache, start) -> None:
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.activation = cfg.activation  # of the gate: "silu" or "gelu_tanh"
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
@@ -168,23 +282,45 @@ class MLP(nn.Module):
         if self.gate_up_proj is not None:
             gu = self.gate_up_proj(x)  # [batch, T, 2 * intermediate]: gate, then up
             if self.cpu_ops and not (torch.is_grad_enabled() and x.requires_grad):
-                return self.down_proj(cpu_kernels.silu_mul_rows(gu))
+                return self.down_proj(cpu_kernels.gated_rows(gu, self.activation))
             gate, up = gu.chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+    def act(self, gate):
+        return F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms (Gemma 3) each branch's output is
+    normed too. HF's names: post_attention_layernorm is the MLP's input norm in Llama's layout, the
+    attention's output norm in Gemma's (whose MLP input norm is pre_feedforward_layernorm)."""
+
+    def __init__(self, cfg: ModelConfig, index: int = 0):
         super().__init__()
+        self.local = index in cfg.sliding_layers  # a sliding-window layer (its own RoPE table and mask)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
+        if cfg.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def norms(self) -> tuple:
+        """(attention input, attention output or None, MLP input, MLP output or None) norms."""
+        if self.pre_feedforward_layernorm is None:
+            return self.input_layernorm, None, self.post_attention_layernorm, None
+        return (self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm,
+                self.post_feedforward_layernorm)
 
     def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, start, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn_in, attn_out, mlp_in, mlp_out = self.norms()
+        h = self.self_attn(attn_in(x), cos, sin, k_cache, v_cache, start, mask)
+        x = x + (h if attn_out is None else attn_out(h))
+        h = self.mlp(mlp_in(x))
+        return x + (h if mlp_out is None else mlp_out(h))
 
 
 class Backbone(nn.Module):
@@ -193,7 +329,7 @@ class Backbone(nn.Module):
         # weights uninitialized: a loader assigns them (a random init on the meta device costs a second)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -208,6 +344,44 @@ class Static(NamedTuple):
     """Where a fixed-shape forward writes (CUDA graphs): slots # [T], the same for every row."""
 
     slots: torch.Tensor
+
+
+class LayerInputs(NamedTuple):
+    """What a decoder layer takes besides x and its cache, for the global layers and for the
+    sliding-window ones: RoPE rows cos, sin # [batch, 1, T, head_dim] and the bool mask (or None)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None
+    local_cos: torch.Tensor
+    local_sin: torch.Tensor
+    local_mask: torch.Tensor | None
+
+    def of(self, layer: DecoderLayer) -> tuple:
+        """(cos, sin, mask) of one layer."""
+        return (self.local_cos, self.local_sin, self.local_mask) if layer.local else (self.cos, self.sin, self.mask)
+
+
+def window_mask(mask, start, positions: torch.Tensor, window: int):
+    """`mask` with each query restricted to keys fewer than `window` positions back (HF's and llama.cpp's
+    sliding window: q_pos - k_pos < window). A cached key's position is its slot; the new tokens' are
+    `positions` # [batch, T] at their slots. start: an int (mask [T, start + T] or None), Static or
+    Ragged (mask [T or batch, ..., S]). With an int start and start + T <= window, `mask` itself."""
+    b, t = positions.shape
+    dev = positions.device
+    if isinstance(start, int):
+        if start + t <= window:
+            return mask
+        kpos = torch.cat([torch.arange(start, device=dev).expand(b, start), positions], dim=1)  # [batch, S]
+    else:  # Static or Ragged: the slots of every cache position up to S, the new tokens' positions at theirs
+        slots = start.slots.expand(b, t)
+        kpos = torch.arange(mask.shape[-1], device=dev).expand(b, -1).clone().scatter_(1, slots, positions)
+    near = (positions[:, :, None] - kpos[:, None, :]) < window  # [batch, T, S]
+    if mask is None:
+        return near[0] if b == 1 else near[:, None]
+    if mask.dim() == 2 and b == 1:
+        return mask & near[0]
+    return (mask if mask.dim() == 4 else mask[None, None]) & near[:, None]
 
 
 def causal_mask(start: int, t: int, device) -> torch.Tensor | None:
@@ -227,6 +401,7 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg, min(cfg.max_position_embeddings, ROPE_POSITIONS))
         self.register_buffer("rope_cos", cos, persistent=False)  # [positions, head_dim]; new_cache extends them
         self.register_buffer("rope_sin", sin, persistent=False)  # [positions, head_dim]
+        self.rope_local = self._local_tables(cos.shape[0])  # the sliding layers' (cos, sin), or None: the same
         self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.engine.cuda_graphs), or None
         self.cpu_forward = None  # a cpu_forward.CpuForward running the layer loop in C where a call fits, or None
         self.weight_format = "torch"  # "gguf-q8": the CPU backend on a GGUF file's blocks (loading.load_gguf_blocks)
@@ -248,6 +423,27 @@ class Transformer(nn.Module):
         """RoPE tables for positions 0..length-1 (at most max_position_embeddings), on the model's device."""
         length = min(length, self.config.max_position_embeddings)
         self.rope_cos, self.rope_sin = (t.to(self.device) for t in rope_tables(self.config, length))
+        self.rope_local = self._local_tables(length)
+
+    def _local_tables(self, length: int):
+        cfg = self.config
+        if not cfg.sliding_layers or (cfg.rope_local_theta in (None, cfg.rope_theta) and cfg.rope_linear_factor == 1.0
+                                      and cfg.rope_freq_factors is None):
+            return None
+        return tuple(t.to(self.rope_cos.device) for t in rope_tables(cfg, length, local=True))
+
+    def layer_inputs(self, positions, start, mask) -> LayerInputs:
+        """The RoPE rows and masks of the global and the sliding-window layers for a forward writing
+        where `start` says (see forward) at RoPE positions # [batch, T] under `mask`."""
+        dtype = self.dtype
+        cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [batch, 1, T, head_dim]
+        sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
+        if not self.config.sliding_layers:
+            return LayerInputs(cos, sin, mask, cos, sin, mask)
+        lcos, lsin = cos, sin
+        if self.rope_local is not None:
+            lcos, lsin = (t[positions].unsqueeze(1).to(dtype) for t in self.rope_local)
+        return LayerInputs(cos, sin, mask, lcos, lsin, window_mask(mask, start, positions, self.config.sliding_window))
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         cfg = self.config
@@ -295,15 +491,16 @@ class Transformer(nn.Module):
         return self.layers_forward(tokens, cache, Static(slots), positions, mask, last_only)
 
     def layers_forward(self, tokens, cache: KVCache, start, positions, mask, last_only, hidden=False):
-        dtype = self.dtype
-        cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [batch, 1, T, head_dim]
-        sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
+        inputs = self.layer_inputs(positions, start, mask)
         x = self.model.embed_tokens(tokens)
-        if self.cpu_forward is not None and self.cpu_forward.takes(tokens, cache, start, mask):
-            x = self.cpu_forward.run(x, cos, sin, cache, start, mask)  # the loop below, in one C call
+        if self.config.scaled_embeddings:  # in fp32 as HF's Gemma does, then in the model's dtype
+            x = (x.float() * self.config.embed_scale).to(x.dtype)
+        if self.cpu_forward is not None and self.cpu_forward.takes(tokens, cache, start, inputs):
+            x = self.cpu_forward.run(x, inputs, cache, start)  # the loop below, in one C call
         else:
             for i, layer in enumerate(self.model.layers):
-                x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+                cos, sin, layer_mask = inputs.of(layer)
+                x = layer(x, cos, sin, cache.k[i], cache.v[i], start, layer_mask)
         if last_only and not hidden:
             x = x[:, -1:]
         h = self.model.norm(x)  # [batch, T or 1, hidden_size]

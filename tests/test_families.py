@@ -1,0 +1,196 @@
+"""Each model family against transformers' own class: a tiny random checkpoint built with transformers'
+config and model classes, converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (f32 and q8_0),
+loaded by our loader. The torch reference matches transformers' logits to fp32 rounding; the quantized
+CPU path (the repacked kernels, 8-bit activations) within a stated bound; its fused C layer loop gives
+the Python loop's bits; and speculative greedy output equals plain greedy output."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.config import GenerationConfig
+from specdec.drafters.base import NoDrafter
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine.generate import SpeculativeGenerator
+from specdec.model import cpu_kernels, load_model
+
+LLAMA_CPP = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "llama.cpp" / "src"
+CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
+pytestmark = pytest.mark.skipif(not CONVERTER.is_file(), reason=f"llama.cpp's converter is absent ({CONVERTER}); "
+                                "run scripts/llama_cpp.sh source")
+kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
+
+WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=256)
+
+
+def family_model(name: str, vocab: int):
+    """A transformers model of family `name` with random weights (norms too), in fp32."""
+    import transformers as tf
+    if name == "qwen3":  # head_dim 32, not hidden / heads = 16
+        cfg = tf.Qwen3Config(vocab_size=vocab, num_hidden_layers=2, head_dim=32, tie_word_embeddings=True, **TINY)
+        cls = tf.Qwen3ForCausalLM
+    elif name == "llama3":  # Llama 3's RoPE scaling, with a short original context so that its three regimes show
+        cfg = tf.LlamaConfig(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=False, **TINY,
+                             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 64})
+        cls = tf.LlamaForCausalLM
+    else:  # gemma3: 7 layers, so layers 0-4 and 6 slide and layer 5 is global
+        cfg = tf.Gemma3TextConfig(vocab_size=vocab, num_hidden_layers=7, head_dim=32, query_pre_attn_scalar=32,
+                                  sliding_window=WINDOW, **TINY)
+        cls = tf.Gemma3ForCausalLM
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(sum(map(ord, name)))
+    model = cls(cfg)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):  # Gemma's norms multiply by (1 + w), the others' by w
+                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if name == "gemma3" else 1.0))
+            else:
+                p.normal_(0.0, 0.15)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, smollm2_path):
+    """{family: (transformers model, {outtype: GGUF path})}: every conversion run at once."""
+    from transformers import PreTrainedTokenizerFast
+
+    from specdec.model.gguf_file import GGUFFile
+    from specdec.model.tokenizer import gguf_tokenizer
+    tok = gguf_tokenizer(GGUFFile(smollm2_path))  # a byte-level BPE the converter knows (SmolLM's)
+    out, procs = {}, []
+    for name in ("qwen3", "llama3", "gemma3"):
+        d = tmp_path_factory.mktemp(name)
+        PreTrainedTokenizerFast(tokenizer_object=tok.backend, bos_token=tok.bos_token,
+                                eos_token=tok.eos_token).save_pretrained(d)
+        model = family_model(name, len(tok))
+        model.save_pretrained(d)
+        out[name] = (model, {t: d / f"{name}-{t}.gguf" for t in ("f32", "q8_0")})
+        for t, path in out[name][1].items():
+            procs.append(subprocess.Popen([sys.executable, str(CONVERTER), str(d), "--outtype", t, "--outfile",
+                                           str(path)], env={**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")},
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    return out
+
+
+def prompt_ids(vocab: int, n: int = 23) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    return torch.randint(0, vocab, (1, n), generator=g)
+
+
+def hf_logits(model, ids) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(ids).logits[0].float()  # [T, vocab]
+
+
+def our_logits(module, ids) -> torch.Tensor:
+    cache = module.new_cache(64)
+    return module(ids, cache, 0)[0]  # [T, vocab]
+
+
+FAMILIES = ["qwen3", "llama3", "gemma3"]
+TORCH_ATOL = 5e-5  # fp32 rounding over a few layers, logits up to ~6 (measured: 4e-6 to 6e-6)
+# Q8_0 weights and 8-bit activations on these random nets: max |error| / max |logit| (measured 0.040 qwen3,
+# 0.053 llama3, 0.048 gemma3; the weights' rounding alone, on the torch path, is 0.03 to 0.045)
+QUANT_REL = 0.1
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_torch_path_matches_transformers(checkpoints, name):
+    model, paths = checkpoints[name]
+    ids = prompt_ids(model.config.vocab_size)
+    expected = hf_logits(model, ids)
+    ours = load_model(str(paths["f32"]), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
+    err = (our_logits(ours, ids) - expected).abs().max().item()
+    assert err < TORCH_ATOL, f"{name}: max |logit error| {err:.2e}"
+
+
+@kernel
+@pytest.mark.parametrize("name", FAMILIES)
+def test_quantized_path_matches_transformers(checkpoints, name):
+    model, paths = checkpoints[name]
+    ids = prompt_ids(model.config.vocab_size)
+    expected = hf_logits(model, ids)
+    loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
+    assert loaded.weight_format == "gguf-q8" and loaded.cpu_forward is not None  # the kernels and the C loop
+    rel = ((our_logits(loaded, ids) - expected).abs().max() / expected.abs().max()).item()
+    assert rel < QUANT_REL, f"{name}: max |logit error| / max |logit| = {rel:.3f}"
+
+
+def both_loops(module, fn):
+    """fn(module) with the C layer loop, then with the Python loop."""
+    fast = module.cpu_forward
+    try:
+        a = fn(module)
+        module.cpu_forward = None
+        b = fn(module)
+    finally:
+        module.cpu_forward = fast
+    return a, b
+
+
+@kernel
+@pytest.mark.parametrize("name", FAMILIES)
+def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
+    """Decode steps and verify passes past the sliding window, and a tree with its own mask."""
+    model, paths = checkpoints[name]
+    loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
+    prompt, steps = prompt_ids(model.config.vocab_size, 20), prompt_ids(model.config.vocab_size, 16)
+
+    def run(m):
+        with torch.inference_mode():
+            c = m.new_cache(64)
+            m(prompt, c, 0)
+            out = [m(steps[:, i:i + 1], c, 20 + i) for i in range(8)]
+            out += [m(steps[:, :n], c, 20) for n in (2, 5, 16)]
+            mask = torch.zeros(4, 24, dtype=torch.bool)
+            mask[:, :20] = True
+            for i, anc in enumerate([[0], [1], [0, 2], [1, 3]]):
+                mask[i, [20 + a for a in anc]] = True
+            out.append(m(steps[:, :4], c, 20, positions=torch.tensor([[20, 20, 21, 21]]), mask=mask))
+            return out, c.k.clone()
+    (a, ka), (b, kb) = both_loops(loaded, run)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(ka, kb)
+    assert torch.equal(a[8], torch.cat(a[:2], 1))  # a verify row is a one-token step
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("weights", ["default", "float32"])
+def test_speculative_greedy_equals_plain(checkpoints, name, weights):
+    model, paths = checkpoints[name]
+    path = paths["q8_0" if weights == "default" else "f32"]
+    loaded = load_model(str(path), device="cpu", weight_dtype=None if weights == "default" else "float32",
+                        progress=lambda *a: None)
+    module, vocab = loaded.module, model.config.vocab_size
+    ids = prompt_ids(vocab, 12).tolist()[0] * 2  # a repeat: the n-gram drafter has something to propose
+    plain = SpeculativeGenerator(module, NoDrafter(), 128).generate(ids, GenerationConfig(40, 1), set()).tokens
+    for drafter, k in [(NgramDrafter(3, 1), 4), (DraftModelDrafter(module, vocab, 128), 3)]:
+        result = SpeculativeGenerator(module, drafter, 128).generate(ids, GenerationConfig(40, k), set())
+        assert result.tokens == plain, f"{name} {weights}: {type(drafter).__name__} differs from plain decoding"
+
+
+def test_gemma3_window_matters(checkpoints):
+    """The sliding window changes the logits of a prompt longer than it: the test above would see a
+    loader that ignored it."""
+    model, paths = checkpoints["gemma3"]
+    ours = load_model(str(paths["f32"]), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
+    assert ours.config.sliding_window == WINDOW and ours.config.sliding_layers == (0, 1, 2, 3, 4, 6)
+    ids = prompt_ids(model.config.vocab_size)
+    windowed = our_logits(ours, ids)
+    ours.config = dataclasses.replace(ours.config, sliding_window=10 ** 6)  # the same RoPE tables, no window
+    assert (our_logits(ours, ids) - windowed)[WINDOW:].abs().max() > 1e-2
