@@ -21,11 +21,10 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.model import cpu_kernels, load_model
+from specdec.model.loading import load_gguf_blocks, load_gguf_reference, open_gguf
 
 LLAMA_CPP = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "llama.cpp" / "src"
 CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
-pytestmark = pytest.mark.skipif(not CONVERTER.is_file(), reason=f"llama.cpp's converter is absent ({CONVERTER}); "
-                                "run scripts/llama_cpp.sh source")
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
@@ -64,6 +63,8 @@ def family_model(name: str, vocab: int):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, smollm2_path):
     """{family: (transformers model, {outtype: GGUF path})}: every conversion run at once."""
+    if not CONVERTER.is_file():
+        pytest.skip(f"llama.cpp's converter is absent ({CONVERTER}); run scripts/llama_cpp.sh source")
     from transformers import PreTrainedTokenizerFast
 
     from specdec.model.gguf_file import GGUFFile
@@ -194,3 +195,90 @@ def test_gemma3_window_matters(checkpoints):
     windowed = our_logits(ours, ids)
     ours.config = dataclasses.replace(ours.config, sliding_window=10 ** 6)  # the same RoPE tables, no window
     assert (our_logits(ours, ids) - windowed)[WINDOW:].abs().max() > 1e-2
+
+
+GEMMA = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "models" / "gemma3-270m.gguf"
+TIE = 0.25  # logits this close count as a tie the quantized arithmetic (max error ~1.4 on logits ~20) may break
+
+
+@pytest.mark.real
+@pytest.mark.skipif(not GEMMA.is_file(), reason=f"gemma3-270m is not installed ({GEMMA}); specdec pull gemma3-270m")
+def test_gemma3_270m_greedy_matches_transformers():
+    """Our torch path's greedy tokens are transformers' on the same dequantized weights; the quantized
+    path's (8-bit activations) are too, up to a position where transformers' top two are a near-tie."""
+    from specdec.bench.baselines import hf_model
+    from specdec.model.tokenizer import encode_prompt
+    ref = load_model(str(GEMMA), device="cpu", weight_dtype="float32", progress=lambda *a: None)
+    quant = load_model(str(GEMMA), device="cpu", progress=lambda *a: None)
+    hf = hf_model(GEMMA, share=ref.module)
+    for text in ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village by the sea,"]:
+        ids = encode_prompt(ref.tokenizer, text, chat=False)
+        x = torch.tensor([ids])
+        with torch.inference_mode():
+            expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False)
+        expected = expected[0, len(ids):].tolist()
+        plain = lambda m: SpeculativeGenerator(m, NoDrafter(), 256).generate(ids, GenerationConfig(24, 1), set()).tokens  # noqa: E731
+        assert plain(ref.module) == expected, text
+        got = plain(quant.module)
+        first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+        if first is not None:
+            with torch.inference_mode():
+                logits = hf(torch.tensor([ids + expected[:first]])).logits[0, -1]
+            gap = (logits[expected[first]] - logits[got[first]]).item()
+            assert gap < TIE, f"{text!r}: the quantized path leaves transformers at token {first} by {gap:.3f}"
+
+
+@pytest.mark.real
+@pytest.mark.skipif(not GEMMA.is_file(), reason=f"gemma3-270m is not installed ({GEMMA})")
+def test_gemma3_270m_chat_uses_gemmas_turns():
+    """The file carries no chat template: Gemma's turn format is used, its turn markers as single tokens."""
+    from specdec.model.gguf_file import GGUFFile
+    from specdec.model.tokenizer import encode_prompt, gguf_tokenizer
+    tok = gguf_tokenizer(GGUFFile(GEMMA))
+    ids = encode_prompt(tok, "hi", chat=True)
+    assert [tok.decode([i]) for i in ids] == ["<bos>", "<start_of_turn>", "user", "\n", "hi", "<end_of_turn>", "\n",
+                                              "<start_of_turn>", "model", "\n"]
+
+
+def tiny_gguf(tmp_path, arch: str, fmt: str = "Q8_0", **overrides) -> Path:
+    from tests.conftest import tiny_model, write_tiny_gguf
+    model = tiny_model(0, hidden_size=256, intermediate_size=256, head_dim=64, **overrides)
+    return write_tiny_gguf(tmp_path / f"{arch}-{fmt}.gguf", model, arch, fmt)
+
+
+def test_an_architecture_we_do_not_run_names_itself_and_the_supported_ones(tmp_path):
+    from specdec.errors import SpecdecError
+    from specdec.model.loading import SUPPORTED_ARCHS, gguf_hf_config
+    gguf = open_gguf(tiny_gguf(tmp_path, "phi3"))
+    with pytest.raises(SpecdecError, match="unsupported GGUF architecture 'phi3'") as e:
+        gguf_hf_config(gguf)
+    assert all(a in str(e.value) for a in SUPPORTED_ARCHS)
+
+
+def test_a_missing_tensor_is_named(tmp_path):
+    """A qwen3 file without its q/k norms (a Llama-shaped file under qwen3's name)."""
+    from specdec.errors import SpecdecError
+    with pytest.raises(SpecdecError, match=r"lacks the tensor blk\.0\.attn_q_norm\.weight, which a qwen3 model needs"):
+        load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "qwen3")))
+
+
+@kernel
+@pytest.mark.parametrize("fmt", ["Q5_K", "Q3_K", "Q2_K", "IQ4_XS"])
+def test_a_block_format_our_kernels_do_not_run_is_refused(tmp_path, fmt):
+    """Refused by name on the quantized path (no silent fp32 copy); the torch reference dequantizes it."""
+    from specdec.errors import SpecdecError
+    path = tiny_gguf(tmp_path, "llama", fmt)
+    with pytest.raises(SpecdecError, match=rf"tensor \S+ is in the block format {fmt}, which our CPU kernels"):
+        load_gguf_blocks(open_gguf(path))
+    ref = load_gguf_reference(open_gguf(path), torch.device("cpu"), torch.float32)
+    assert ref.weight_format == "torch" and ref.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+
+
+@kernel
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0"])
+def test_q4_0_and_q8_0_run_on_our_kernels(tmp_path, fmt):
+    from specdec.model.quant import QuantLinear
+    module = load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "llama", fmt)))
+    layer = module.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, QuantLinear) and isinstance(layer.mlp.down_proj, QuantLinear)
+    assert module.cpu_forward is not None

@@ -22,18 +22,21 @@ def hf_model(source, share=None):
     source = Path(source)
     if source.is_dir():
         return AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
-    from specdec.model.loading import gguf_hf_config, gguf_state_dict, open_gguf
+    from specdec.model.loading import gguf_hf_config, gguf_state_dict, hf_state_dict, open_gguf
     gguf = open_gguf(source)
     cfg = gguf_hf_config(gguf)
     config = AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype")})
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     shared = share is not None and share.weight_format == "torch" and share.dtype == torch.float32
-    state = {k: v for k, v in share.state_dict().items()} if shared else gguf_state_dict(gguf, cfg)
+    state = hf_state_dict({k: v for k, v in share.state_dict().items()} if shared else gguf_state_dict(gguf, cfg), cfg)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     rotary = model.model.rotary_emb  # its inv_freq was made on the meta device: make it again
     model.model.rotary_emb = type(rotary)(config=config)
+    embed = model.model.embed_tokens
+    if getattr(embed, "embed_scale", None) is not None and embed.embed_scale.is_meta:  # Gemma's, made on meta too
+        embed.embed_scale = torch.tensor(config.hidden_size ** 0.5)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise SpecdecError(f"the HF model of {source} lacks weights: {missing[:5]}")

@@ -49,7 +49,7 @@ def gguf_metadata(gguf) -> tuple[dict, dict]:
     for name in ("token_type", "scores"):
         if name in info:
             info[name] = info[name].tolist()
-    config = {"chat_template": gguf.get("tokenizer.chat_template"),
+    config = {"chat_template": gguf.get("tokenizer.chat_template") or family_chat_template(gguf, info["tokens"]),
               "add_bos_token": bool(gguf.get("tokenizer.ggml.add_bos_token", info.get("tokenizer_type") == "llama")),
               "add_eos_token": bool(gguf.get("tokenizer.ggml.add_eos_token", False))}
     tokens = info["tokens"]
@@ -57,6 +57,26 @@ def gguf_metadata(gguf) -> tuple[dict, dict]:
         token_id = info.get(key)
         config[name] = tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
     return info, config
+
+
+# Gemma's chat format (HF's gemma-3 "-it" template; a system message opens the first user turn), for a
+# Gemma GGUF file that carries no template of its own (the base models' files) but has the turn tokens
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim"
+    " + '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}")
+
+
+def family_chat_template(gguf, tokens) -> str | None:
+    """The chat template of the file's model family where the file has none: Gemma's, where its
+    vocabulary has Gemma's turn tokens; else None."""
+    arch = str(gguf.get("general.architecture", ""))
+    if arch.startswith("gemma") and {"<start_of_turn>", "<end_of_turn>"} <= set(tokens[:1024]):
+        return GEMMA_CHAT_TEMPLATE
+    return None
 
 
 def gguf_tokenizer(gguf, transformers_only: bool = False):
