@@ -108,12 +108,6 @@ def parse_layer_spec(text: str) -> LayerSpec | str:
                            f"got {text!r}") from None
 
 
-def _rope(target: Transformer, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin # [batch, 1, T, head_dim] for positions # [batch, T], as Transformer.forward makes them."""
-    dtype = target.dtype
-    return (target.rope_cos[positions].unsqueeze(1).to(dtype), target.rope_sin[positions].unsqueeze(1).to(dtype))
-
-
 def _defaults(x: torch.Tensor, start: int, positions, mask):
     b, t = x.shape[:2]
     if positions is None:
@@ -131,9 +125,10 @@ def forward_layers(target: Transformer, hidden: torch.Tensor, cache: KVCache, st
     hidden states # [batch, T, dim]. The cache length is not changed."""
     cache.require(start + hidden.shape[1])
     positions, mask = _defaults(hidden, start, positions, mask)
-    cos, sin = _rope(target, positions)
+    inputs = target.layer_inputs(positions, start, mask)  # each layer's RoPE rows and mask (sliding windows)
     for i, c in zip(layers, layers if cache_layers is None else cache_layers):
-        hidden = target.model.layers[i](hidden, cos, sin, cache.k[c], cache.v[c], start, mask)
+        layer = target.model.layers[i]
+        hidden = layer(hidden, *inputs.of(layer)[:2], cache.k[c], cache.v[c], start, inputs.of(layer)[2])
     return hidden
 
 
@@ -146,7 +141,7 @@ def head(target: Transformer, hidden: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def embed(target: Transformer, tokens: torch.Tensor) -> torch.Tensor:
     """tokens # [batch, T] -> hidden # [batch, T, dim] (the input of layer 0)."""
-    return target.model.embed_tokens(tokens)
+    return target.embed(tokens)
 
 
 @torch.inference_mode()

@@ -432,6 +432,13 @@ class Transformer(nn.Module):
             return None
         return tuple(t.to(self.rope_cos.device) for t in rope_tables(cfg, length, local=True))
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The first layer's input [batch, T, hidden] for tokens [batch, T] (Gemma's scaled by sqrt(hidden))."""
+        x = self.model.embed_tokens(tokens)
+        if self.config.scaled_embeddings:  # in fp32 as HF's Gemma does, then in the model's dtype
+            x = (x.float() * self.config.embed_scale).to(x.dtype)
+        return x
+
     def layer_inputs(self, positions, start, mask) -> LayerInputs:
         """The RoPE rows and masks of the global and the sliding-window layers for a forward writing
         where `start` says (see forward) at RoPE positions # [batch, T] under `mask`."""
@@ -492,9 +499,7 @@ class Transformer(nn.Module):
 
     def layers_forward(self, tokens, cache: KVCache, start, positions, mask, last_only, hidden=False):
         inputs = self.layer_inputs(positions, start, mask)
-        x = self.model.embed_tokens(tokens)
-        if self.config.scaled_embeddings:  # in fp32 as HF's Gemma does, then in the model's dtype
-            x = (x.float() * self.config.embed_scale).to(x.dtype)
+        x = self.embed(tokens)
         if self.cpu_forward is not None and self.cpu_forward.takes(tokens, cache, start, inputs):
             x = self.cpu_forward.run(x, inputs, cache, start)  # the loop below, in one C call
         else:
