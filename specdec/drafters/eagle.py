@@ -170,7 +170,7 @@ class EagleDrafter(BaseDrafter):
         # [n, start + n]) for features # [n, hidden] and the next tokens # [n] -> (predicted features
         # [n, hidden], draft-vocabulary logits # [n, draft_vocab]); writes its cache there."""
         n = features.shape[0]
-        emb = self.target.model.embed_tokens(tokens.view(1, n)).float()  # [1, n, hidden]
+        emb = self.target.embed(tokens.view(1, n)).float()  # [1, n, hidden] (Gemma's scaled, as its layers see them)
         x = self.fc(torch.cat([emb, features.view(1, n, -1)], dim=-1))  # [1, n, hidden]
         pos = torch.arange(start, start + n, device=x.device) if positions is None else positions
         p = self.prepared
@@ -347,7 +347,7 @@ def _ragged_entries(p: PreparedHead, target: Transformer, feeds: list, cache: KV
     feats = torch.stack([f[torch.tensor(ix, device=device)] for (f, _, _), ix in zip(feeds, index)]).float()
     slots = torch.tensor([[start + c for c in ix] for (_, _, start), ix in zip(feeds, index)], device=device)
     mask = (torch.arange(int(slots.max()) + 1, device=device)[None, None, :] <= slots[:, :, None]).unsqueeze(1)
-    x = p.fc(torch.cat([target.model.embed_tokens(tokens).float(), feats], dim=-1))  # [B, T, hidden]
+    x = p.fc(torch.cat([target.embed(tokens).float(), feats], dim=-1))  # [B, T, hidden]
     cos, sin = p.rope_cos[slots].unsqueeze(1), p.rope_sin[slots].unsqueeze(1)  # [B, 1, T, head_dim]
     x = p.layer(x, cos, sin, cache.k[0], cache.v[0], Ragged(torch.tensor(rows, device=device), slots), mask)
     return p.predict(x)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +75,7 @@ def medusa_config(target: ModelConfig, draft_vocab: int, heads: int = 4, layers:
 class TargetParts:
     """The target's frozen pieces a head drafts through."""
 
-    embed: nn.Module         # the target's embedding: ids [...] -> [..., hidden] (GGUF blocks or a table)
+    embed: Callable          # the target's embedding as its first layer sees it (Transformer.embed): ids -> [..., hidden]
     norm_weight: torch.Tensor  # [hidden]
     norm_eps: float
     lm_weight: torch.Tensor  # [draft_vocab, hidden] fp32: the LM head's rows of the draft vocabulary
@@ -109,7 +110,7 @@ def target_parts(module, draft_ids: torch.Tensor) -> TargetParts:
     """The pieces of a loaded target, the LM head cut to draft_ids # [draft_vocab] (ascending target ids)."""
     norm = module.model.norm
     ids = draft_ids.to(norm.weight.device)
-    return TargetParts(module.model.embed_tokens, norm.weight.detach(), norm.eps, lm_rows(module, ids))
+    return TargetParts(module.embed, norm.weight.detach(), norm.eps, lm_rows(module, ids))
 
 
 def vocab_buffers(module: nn.Module, cfg: HeadConfig) -> None:
