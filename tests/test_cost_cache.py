@@ -72,3 +72,9 @@ def test_measured_ratios_come_from_neighbouring_plain_steps(tiny_target, tiny_dr
     curve = [costs.verify_cost[n] for n in (1, 2, 3, 5)]
     assert curve == sorted(curve)  # more positions never priced cheaper
     assert costs.draft_cost > 0
+
+
+def test_one_stray_plain_step_is_not_a_busy_host():
+    assert measure.spread([1.0, 1.0, 1.1, 1.0, 5.0, 1.0, 0.2]) == pytest.approx(1.1)
+    assert measure.spread([1.0, 2.0, 1.0, 2.0, 1.0, 2.0]) == 2.0
+    assert measure.spread([1.0, 3.0]) == 3.0

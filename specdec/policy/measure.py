@@ -91,12 +91,19 @@ def _measure(target: Transformer, draft: Transformer | None, sizes, context: int
     if draft is None:
         if not ones:
             ones.append(step_seconds(target, 1))
-        return CostModel(curve, 0.0, statistics.median(ones)), max(ones) / min(ones)
+        return CostModel(curve, 0.0, statistics.median(ones)), spread(ones)
     c = relative(lambda: step_seconds(draft, 1))
     short, long = max(context // 8, 1), max(context // 2, 2)  # the prefill's price: fixed + per token,
     fixed, per_token = fit_prefill(*((n, relative(lambda: forward_seconds(draft, n, 0, 1, last_only=True)))
                                      for n in (short, long)))  # through two lengths
-    return CostModel(curve, c, statistics.median(ones), per_token, fixed), max(ones) / min(ones)
+    return CostModel(curve, c, statistics.median(ones), per_token, fixed), spread(ones)
+
+
+def spread(times: list[float]) -> float:
+    """How far a run's plain steps strayed: the second slowest over the second fastest (one cold or
+    stalled step alone does not count), or slowest over fastest where there are fewer than six."""
+    s = sorted(times)
+    return s[-2] / s[1] if len(s) >= 6 else s[-1] / s[0]
 
 
 def fingerprint(model: Transformer) -> str:
