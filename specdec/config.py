@@ -99,14 +99,24 @@ class TreeConfig:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """One request: token budget, draft length and sampling."""
+    """One request: token budget, draft length and sampling; and whether to score the tokens.
+
+    logprobs: None = not asked; n >= 0 = each new token's logprob under the target's raw
+    distribution (before temperature, top-k, top-p) and the n most likely alternatives.
+    prompt_logprobs: also every prompt token's logprob (all prompt positions are computed)."""
 
     max_new_tokens: int = 128
     k: int = 4
     sampling: SamplingParams = SamplingParams()
     stop_at_eos: bool = True
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
 
     def __post_init__(self):
+        if self.logprobs is not None and self.logprobs < 0:
+            raise SpecdecError(f"logprobs (top alternatives per token) must be >= 0, got {self.logprobs}")
+        if self.prompt_logprobs and self.logprobs is None:
+            raise SpecdecError("prompt_logprobs needs logprobs (the number of top alternatives) too")
         if self.k < 1:
             raise SpecdecError(f"k (draft length) must be >= 1, got {self.k}")
         if self.max_new_tokens < 1:

@@ -119,7 +119,8 @@ class LookaheadDrafter(BaseDrafter):
         if m:
             self._advance_window(logits[1 + n:].argmax(-1).view(len(levels), self.window).tolist())
         self.window_tokens = m
-        return Verified.of_tree(accept_tree(tree, logits[:1 + n], sampling, generator, None), 1 + n + m)
+        rows = logits[:1 + n]  # [1 + n, vocab] of [root] + tree nodes
+        return Verified.of_tree(accept_tree(tree, rows, sampling, generator, None), 1 + n + m, rows)
 
     def _advance_window(self, outputs: list[list[int]]) -> None:
         """outputs[r][c]: the window's argmax guesses; the top level's become the next level."""

@@ -24,6 +24,8 @@ class GenerationResult:
     tokens: list[int]  # new tokens only (an end-of-sequence token, if hit, is the last one)
     stats: GenerationStats
     finish_reason: str  # "stop" (end-of-sequence) or "length"
+    logprobs: list | None = None  # TokenLogprob per new token, where cfg.logprobs asks
+    prompt_logprobs: list | None = None  # per prompt token (the first: None), where cfg.prompt_logprobs asks
 
 
 class SpeculativeGenerator:
@@ -62,4 +64,4 @@ class SpeculativeGenerator:
             reason = seq.finish_reason
         seq.stats.new_tokens = seq.num_new
         seq.stats.seconds = time.perf_counter() - t_start
-        return GenerationResult(seq.new_tokens, seq.stats, reason)
+        return GenerationResult(seq.new_tokens, seq.stats, reason, seq.logprobs, seq.prompt_logprobs)

@@ -32,6 +32,7 @@ from specdec.metrics import GenerationStats
 from specdec.model.transformer import Transformer
 from specdec.policy import Action, Ask, Outcome, StepPolicy, sync
 from specdec.sampling.logits import probs_from_logits, sample
+from specdec.sampling.logprobs import TokenLogprob, token_logprobs
 from specdec.tree import DraftTree
 from specdec.engine.verify import Verified, commit_cache, verify, verify_chains, verify_tree
 
@@ -67,6 +68,14 @@ class Sequence:
     pending: bool = False  # the drafter's start was put off: the policy is asked before each step
     finish_reason: str | None = None  # "stop", "length" (or the owner's "error")
     t_start: float = field(default_factory=time.perf_counter)
+    logprobs: list[TokenLogprob] | None = None  # one per new token, where cfg.logprobs asks
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (the first: None), where asked
+
+    def __post_init__(self):
+        if self.cfg.logprobs is not None:
+            self.logprobs = []
+        if self.cfg.prompt_logprobs:
+            self.prompt_logprobs = [None]
 
     @property
     def num_new(self) -> int:
@@ -80,8 +89,9 @@ class Sequence:
     def prefilling(self) -> bool:
         return self.num_new == 0
 
-    def emit(self, new: list[int]) -> str | None:
-        """Commit new tokens, cut at end-of-sequence or the budget; return a finish reason or None."""
+    def emit(self, new: list[int], scores: list[TokenLogprob] | None = None) -> str | None:
+        """Commit new tokens, cut at end-of-sequence or the budget; return a finish reason or None.
+        scores: the new tokens' logprobs (where cfg.logprobs asks), cut alike."""
         reason = None
         for i, tok in enumerate(new):
             if self.cfg.stop_at_eos and tok in self.eos_ids:
@@ -91,6 +101,10 @@ class Sequence:
         if len(new) >= room:
             new, reason = new[:room], reason or "length"
         self.tokens += new
+        if self.logprobs is not None:
+            if scores is None or len(scores) < len(new):
+                raise SpecdecError("logprobs were asked but the step did not score its tokens")
+            self.logprobs += scores[:len(new)]
         if self.on_tokens and new:
             self.on_tokens(new)
         self.finish_reason = reason
@@ -124,12 +138,17 @@ def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: 
         cache.reset()
     end = seq.prompt_len if chunk is None else min(seq.prefilled + chunk, seq.prompt_len)
     x = torch.tensor([seq.tokens[seq.prefilled:end]], device=cache.k.device)  # [1, chunk]
+    every = seq.prompt_logprobs is not None  # the prompt's logprobs: every position's logits
     if seq.drafter.caps.features:  # a head drafts from the prompt's features
-        logits, h = target(x, cache, seq.prefilled, last_only=True, hidden=True)
+        logits, h = target(x, cache, seq.prefilled, last_only=not every, hidden=True)
         seq.drafter.feed(seq.prefilled, h[0])
     else:
-        logits = target(x, cache, seq.prefilled, last_only=True)
+        logits = target(x, cache, seq.prefilled, last_only=not every)  # [1, chunk or 1, vocab]
+    if every:  # rows but the last scored the prompt's next tokens
+        seq.prompt_logprobs += token_logprobs(logits[0, :-1], seq.tokens[seq.prefilled + 1:end], seq.cfg.logprobs)
     logits = logits[0, -1]  # [vocab]
+    if every and end < seq.prompt_len:
+        seq.prompt_logprobs += token_logprobs(logits[None], [seq.tokens[end]], seq.cfg.logprobs)
     cache.advance(end - seq.prefilled)
     seq.prefilled = end
     if end < seq.prompt_len:
@@ -140,7 +159,15 @@ def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: 
                                                                     seq.generator))
     start_drafter(seq, load)  # a draft model prefills here: part of the request's prefill time
     seq.stats.prefill_seconds += time.perf_counter() - t0
-    return seq.emit([first])
+    return seq.emit([first], _scores(seq, logits[None], [first]))
+
+
+def _scores(seq: Sequence, rows: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
+    """The tokens' logprobs from the target's logits rows # [len(tokens), vocab] that predicted them,
+    where the sequence asks for them (else nothing is computed)."""
+    if seq.logprobs is None:
+        return None
+    return token_logprobs(rows, tokens, seq.cfg.logprobs)
 
 
 def start_drafter(seq: Sequence, load: int = 1) -> None:
@@ -374,4 +401,10 @@ def _commit(r: _Row, verified: Verified, verify_seconds: float, batch: int, widt
     tree = action.nodes is not None
     seq.policy.observe(Outcome(depth, accepted, action.nodes if tree else None, list(verified.confidence) or None,
                                r.seconds, verify_seconds, batch, width, action.k if tree else None))
-    return seq.emit(draft.tokens[verified.path].tolist() + [verified.next_token])
+    tokens = draft.tokens[verified.path].tolist() + [verified.next_token]
+    if seq.logprobs is None:
+        return seq.emit(tokens)
+    if verified.logits is None:
+        raise SpecdecError("logprobs are not available with this drafter: its verify does not report the "
+                           "target's logits")
+    return seq.emit(tokens, _scores(seq, verified.logits[verified.emitted_rows], tokens))

@@ -35,19 +35,27 @@ class Verified:
     confidence: tuple[float, ...] = ()  # the target's top probability per verified row, where asked
     features: torch.Tensor | None = None  # where asked: the target's features # [1 + accepted, hidden] of
     # the rows that stay ([last token] + the accepted path), for a drafter that reads them
+    logits: torch.Tensor | None = None  # the verify's target logits # [1 + nodes, vocab] of [last token] +
+    # draft (a reference, no copy): `emitted_rows` of them scored the emitted tokens
 
     @property
     def num_accepted(self) -> int:
         return len(self.path)
 
-    @staticmethod
-    def of_chain(acc: Acceptance, tree: DraftTree) -> "Verified":
-        return Verified(list(range(acc.num_accepted)), acc.next_token, 1 + len(tree), True,
-                        tuple(acc.confidence))
+    @property
+    def emitted_rows(self) -> list[int]:
+        """The rows of `logits` that predicted the emitted tokens (tokens[path] + next_token): a chain's
+        0..accepted, a tree's root and its accepted nodes."""
+        return [0] + [1 + i for i in self.path]
 
     @staticmethod
-    def of_tree(acc: TreeAcceptance, written: int) -> "Verified":
-        return Verified(list(acc.path), acc.next_token, written, False)
+    def of_chain(acc: Acceptance, tree: DraftTree, logits: torch.Tensor | None = None) -> "Verified":
+        return Verified(list(range(acc.num_accepted)), acc.next_token, 1 + len(tree), True,
+                        tuple(acc.confidence), logits=logits)
+
+    @staticmethod
+    def of_tree(acc: TreeAcceptance, written: int, logits: torch.Tensor | None = None) -> "Verified":
+        return Verified(list(acc.path), acc.next_token, written, False, logits=logits)
 
 
 def accept_chain(draft: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator,
@@ -58,7 +66,7 @@ def accept_chain(draft: DraftTree, logits: torch.Tensor, sampling: SamplingParam
         acc = greedy_accept(tokens, logits, confidence)
     else:
         acc = rejection_accept(tokens, probs_from_logits(logits, sampling), draft.q, generator, confidence)
-    return Verified.of_chain(acc, draft)
+    return Verified.of_chain(acc, draft, logits)
 
 
 def verify(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
@@ -137,7 +145,7 @@ def verify_tree(target: Transformer, cache, last_token: int, tree: DraftTree, sa
     positions = (start + tree.position_offsets().to(device)).unsqueeze(0)  # [1, n + 1]
     out = target(x, cache, start, positions=positions, mask=tree_attention_mask(tree, start, device), hidden=features)
     logits, h = (out[0][0], out[1][0]) if features else (out[0], None)
-    v = Verified.of_tree(accept_tree(tree, logits, sampling, generator, tree.parent_q()), len(tree) + 1)
+    v = Verified.of_tree(accept_tree(tree, logits, sampling, generator, tree.parent_q()), len(tree) + 1, logits)
     if h is None:
         return v
     return replace(v, features=h[[0] + [1 + i for i in v.path]])

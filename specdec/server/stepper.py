@@ -26,7 +26,8 @@ no such slot, the least recently used one, so the caches of recent conversations
 prefix cache is the slots' own rows: it takes no memory beyond them. Keys and values of a position
 depend on the tokens up to it alone, so the reused ones are what a prefill would write, and greedy
 output is the same with and without it. A slot's drafter reuses its own state the same way (a draft
-model its cache, a head its features).
+model its cache, a head its features). A request that asks for its prompt's logprobs needs the logits
+of every prompt position, so it prefills its whole prompt.
 
 Speculation under load: before each round the owner sets `k_limit` (None = no limit, 0 = plain
 steps). `LoadPolicy` caps each step's k at it and then asks the slot's adaptive policy, if any, at
@@ -178,6 +179,8 @@ class StepwiseGenerator:
             raise SpecdecError("no free slot")
         self.check_fits(prompt, cfg.max_new_tokens)
         slot, reuse = self._slot_for(prompt)
+        if cfg.prompt_logprobs:  # every prompt position's logits are asked: the whole prompt is prefilled
+            reuse = 0
         self.free.remove(slot)
         self.clock += 1
         self.used[slot] = self.clock
