@@ -22,12 +22,15 @@ def log(msg: str) -> None:
 def build_drafter(method: str, target: LoadedModel, capacity: int, draft: LoadedModel | None = None,
                   ngram: NgramConfig = NgramConfig(), draft_vocab: int = 0, p_min: float = 0.0,
                   tree: TreeConfig | None = None, suffix: SuffixConfig = SuffixConfig(),
-                  lookahead: LookaheadConfig = LookaheadConfig(), draft_window: int = 0, head=None) -> Drafter:
+                  lookahead: LookaheadConfig = LookaheadConfig(), draft_window: int = 0, head=None,
+                  note=log) -> Drafter:
     """method: 'none', 'ngram', 'suffix', 'lookahead', 'draft' (then `draft` is the loaded draft
     model; `tree` makes it propose token trees instead of chains), 'hybrid' (the draft model and
     prompt lookup with the n-gram sizes of `ngram`), 'head' (`head`: an EAGLE or Medusa head
     loaded by load_head_for; `tree` makes EAGLE draft dynamic trees, Medusa its static choices) or
-    'head-hybrid' (the head's chains and prompt lookup, as 'hybrid')."""
+    'head-hybrid' (the head's chains and prompt lookup, as 'hybrid'). A draft model whose tokenizer
+    differs from the target's drafts across tokenizers (CrossTokenizerDrafter), which `note` (a
+    one-line log, or None) says."""
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
     if draft_vocab < 0:
@@ -55,15 +58,41 @@ def build_drafter(method: str, target: LoadedModel, capacity: int, draft: Loaded
             return MedusaDrafter(target.module, head, capacity, None if tree is None else tree.choices)
         return EagleDrafter(target.module, head, capacity, tree)
     if method in ("draft", "hybrid") and draft is not None:
-        check_compatible(target.tokenizer, draft.tokenizer)
-        model = DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min, tree,
-                                  draft_window)
+        if same_tokenizer(target.tokenizer, draft.tokenizer):
+            model = DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, draft_vocab, p_min,
+                                      tree, draft_window)
+        else:
+            model = cross_tokenizer_drafter(target, draft, capacity, draft_vocab, p_min, tree, draft_window, note)
         if method == "draft":
             return model
         from specdec.drafters.hybrid import HybridDrafter
         return HybridDrafter(model, max_n=ngram.max_n, min_n=ngram.min_n)
     raise SpecdecError(f"unknown drafting method {method!r}; use none, ngram, suffix, lookahead, draft, hybrid, head or "
                        "head-hybrid")
+
+
+def same_tokenizer(target_tok, draft_tok) -> bool:
+    """The draft's ids are the target's (check_compatible passes)."""
+    try:
+        check_compatible(target_tok, draft_tok)
+    except SpecdecError:
+        return False
+    return True
+
+
+def cross_tokenizer_drafter(target: LoadedModel, draft: LoadedModel, capacity: int, draft_vocab: int, p_min: float,
+                            tree: TreeConfig | None, window: int, note=log) -> Drafter:
+    """A draft model with another tokenizer: its text is re-tokenized for the target (chains only)."""
+    from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
+    from specdec.drafters.text_bridge import bridge
+    if tree is not None:
+        raise SpecdecError(f"{draft.name} has another tokenizer than {target.name}: it drafts chains across "
+                           "tokenizers, not trees; drop --tree-budget / --tree-choices or use a draft of the same family")
+    pair = bridge(target.tokenizer, draft.tokenizer)
+    if note:
+        note(f"drafting across tokenizers: {draft.name}'s text is re-tokenized for {target.name} "
+             f"({pair.draft_per_target:.2f} draft tokens per target token on the probe text)")
+    return CrossTokenizerDrafter(pair, draft.module, capacity, draft_vocab, p_min, window)
 
 
 SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"  # trained heads committed beside the package
@@ -104,14 +133,17 @@ def build_policy(drafter: Drafter, target: LoadedModel, k_max: int, cost_profile
         return None
     from specdec.drafters.hybrid import HybridDrafter
     from specdec.drafters.layer_skip import LayerSkipDrafter
+    from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
     inner = drafter.model if isinstance(drafter, HybridDrafter) else drafter
-    model = inner.model if isinstance(inner, DraftModelDrafter) else None
+    model = inner.model if isinstance(inner, (DraftModelDrafter, CrossTokenizerDrafter)) else None
     if cost_profile:
         costs = CostModel.from_profile(load_profile(cost_profile), "draft" if model else "lookup")
     else:
         top = max(k_max + 1, max_rows)
         sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}
         costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log)
+    if isinstance(inner, CrossTokenizerDrafter):  # a target token costs this many of the draft's own tokens
+        costs.draft_cost *= inner.draft_per_target
     if isinstance(drafter, LayerSkipDrafter):  # a draft token is a pass through L of the target's layers
         costs.draft_cost = len(drafter.layers) / target.module.config.num_layers
     if drafter.caps.features and not cost_profile and costs.step_seconds:  # a head: one entry, timed

@@ -40,11 +40,11 @@ def build_scheduler(model: ModelSettings, drafting: DraftingSettings, srv: Serve
     ngram, suffix, lookahead = drafting.ngram_config(), drafting.suffix_config(), drafting.lookahead_config()
     head = load_head_for(drafting.head, target, model.model) if method in ("head", "head-hybrid") else None
 
-    def drafter_factory():
+    def drafter_factory(note=None):  # one per slot: only the probe below logs how it drafts
         return build_drafter(method, target, capacity, draft, ngram, drafting.draft_vocab, drafting.draft_p_min,
-                             tree, suffix, lookahead, drafting.draft_window, head)
+                             tree, suffix, lookahead, drafting.draft_window, head, note)
 
-    probe = drafter_factory()  # validates the drafting values before anything large is allocated
+    probe = drafter_factory(progress)  # validates the drafting values before anything large is allocated
     tree_nodes = probe.caps.tree_nodes
     budget = int(srv.memory_budget_gb * GIB) if srv.memory_budget_gb is not None else default_budget(available)
     plan = plan_memory(target.module, draft.module if draft else None, capacity, srv.max_batch,
