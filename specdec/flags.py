@@ -92,7 +92,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     """Which drafter generate and serve use, k, trees and the policy (DraftingSettings)."""
     p.add_argument("--draft", default=None,
                    help="draft model (registry name, .gguf or HF dir), 'self' (the target's own weights re-encoded "
-                        "at load in --draft-bits: no second file), or 'none' for plain decoding")
+                        "at load in --draft-bits: no second file), or 'none' for plain decoding. A draft with another "
+                        "tokenizer drafts chains across tokenizers: its text is re-tokenized for the target")
     p.add_argument("--ngram", action="store_true",
                    help="draft by n-gram prompt lookup instead of a model; with --draft MODEL or --head H: both "
                         "(hybrid: lookup when the last 3 tokens occurred before, the model or head otherwise)")

@@ -246,6 +246,39 @@ def test_greedy_output_is_plain_decoding_s(models):
 
 
 @pytest.mark.real
+def test_with_prompt_lookup_too_greedy_output_is_plain_decoding_s(models):
+    from specdec.drafters.hybrid import HybridDrafter
+    from specdec.model.tokenizer import encode_prompt
+    from specdec.runner import build_drafter
+    target, draft = models
+    drafter = build_drafter("hybrid", target, 1024, draft, note=None)
+    assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model, CrossTokenizerDrafter)
+    ids = encode_prompt(target.tokenizer, "Repeat this line twice: for (int i = 0; i < n; i++) { sum += a[i]; }", chat=True)
+    cfg = GenerationConfig(48, 4)
+    expected = SpeculativeGenerator(target.module, NoDrafter(), 1024).generate(ids, cfg, target.eos_ids).tokens
+    assert SpeculativeGenerator(target.module, drafter, 1024).generate(ids, cfg, target.eos_ids).tokens == expected
+    assert drafter.model_steps > 0
+
+
+@pytest.mark.real
+def test_the_server_s_slots_draft_across_tokenizers_one_row_at_a_time(models):
+    """The slot pool (serve) with one drafter per slot: chains drafted row by row, verified together."""
+    from specdec.model.tokenizer import encode_prompt
+    from specdec.runner import build_drafter
+    from specdec.server.stepper import StepwiseGenerator
+    from tests.conftest import run_stepper
+    target, draft = models
+    prompts = [encode_prompt(target.tokenizer, p, chat=True) for p in PROMPTS + ["Sort a list in Python."]]
+    cfg = GenerationConfig(32, 4)
+    plain = SpeculativeGenerator(target.module, NoDrafter(), 512)
+    expected = {i: plain.generate(p, cfg, target.eos_ids).tokens for i, p in enumerate(prompts)}
+    stepper = StepwiseGenerator(target.module, lambda: build_drafter("draft", target, 512, draft, note=None), 512,
+                                max_batch=2)
+    assert stepper.draft_cache is None  # no batched draft forward: each slot drafts its own chain
+    assert run_stepper(stepper, prompts, cfg, target.eos_ids, limits=(None,)) == expected
+
+
+@pytest.mark.real
 def test_the_same_tokenizer_keeps_the_draft_model_drafter_and_trees_are_refused(models):
     from specdec.config import TreeConfig
     from specdec.drafters.draft_model import DraftModelDrafter
