@@ -5,6 +5,9 @@ acceptance."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 import pytest
 import torch
 
@@ -17,8 +20,11 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.sampling.logprobs import token_logprobs
+from specdec.model.tokenizer import encode_messages
+from specdec.server import build_scheduler
 from specdec.server.stepper import StepwiseGenerator
 from tests.conftest import TINY_VOCAB
+from tests.test_server import CONTEXT, chat_dir, client, one_thread, running, serve_args  # noqa: F401 - fixtures
 
 PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]
 TOL = 1e-4
@@ -149,3 +155,171 @@ def test_bad_logprobs_settings_are_refused():
         GenerationConfig(4, 2, logprobs=-1)
     with pytest.raises(SpecdecError, match="prompt_logprobs"):
         GenerationConfig(4, 2, prompt_logprobs=True)
+
+
+# ---- the server: OpenAI's shapes over the batched slot pool (a tiny target and a random draft model) ----
+
+@pytest.fixture(scope="module")
+def served(chat_dir, tiny_qwen_dir):
+    sched = build_scheduler(*serve_args("--model", str(chat_dir), "--draft", str(tiny_qwen_dir), "--k", "3",
+                                       "--device", "cpu", "--max-context", str(CONTEXT), "--max-batch", "4",
+                                       "--policy", "fixed"), progress=lambda m: None)
+    with running(sched) as (base, server):
+        yield base, sched
+
+
+def ids_of(sched, pieces: list[str]) -> list[int]:
+    vocab = sched.tokenizer.get_vocab()
+    return [vocab[p] for p in pieces]
+
+
+def assert_server_scores(sched, prompt: list[int], pieces: list[str], logprobs: list[float]) -> None:
+    """The answer's tokens (their texts) and logprobs against a direct forward over prompt + answer."""
+    new = ids_of(sched, pieces)
+    assert [sched.tokenizer.decode([t]) for t in new] == pieces
+    lp = direct(sched.stepper.target, prompt + new)
+    want = [float(lp[len(prompt) + i - 1, t]) for i, t in enumerate(new)]
+    assert logprobs == pytest.approx(want, abs=TOL)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_completion_logprobs_over_concurrent_requests(served, temperature):
+    base, sched = served
+    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3], [9, 8, 7], list(range(30, 50))]
+    c = client(base)
+
+    def one(p):
+        return c.completions.create(model="tiny", prompt=p, max_tokens=16, temperature=temperature, seed=3,
+                                    logprobs=3)
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(one, prompts))
+    for p, out in zip(prompts, outs):
+        lp = out.choices[0].logprobs
+        eos = out.choices[0].finish_reason == "stop"  # the end-of-sequence token has no text and no entry
+        assert len(lp.tokens) == out.usage.completion_tokens - eos and lp.tokens
+        assert_server_scores(sched, p, lp.tokens, lp.token_logprobs)
+        for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            assert top[tok] == value and 3 <= len(top) <= 4 and max(top.values()) >= value
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+        assert out.usage.speculative["drafted"] > 0  # it drafted while scoring
+    again = one(prompts[0])  # greedy and seeded answers do not depend on asking
+    plain = c.completions.create(model="tiny", prompt=prompts[0], max_tokens=16, temperature=temperature, seed=3)
+    assert plain.choices[0].text == again.choices[0].text == outs[0].choices[0].text
+    assert plain.choices[0].logprobs is None
+
+
+def test_chat_logprobs_whole_and_streamed(served):
+    base, sched = served
+    messages = [{"role": "user", "content": "w10 w11 w12"}]
+    prompt = encode_messages(sched.tokenizer, messages)
+    c = client(base)
+    out = c.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0, logprobs=True,
+                                    top_logprobs=2)
+    content = out.choices[0].logprobs.content
+    assert_server_scores(sched, prompt, [t.token for t in content], [t.logprob for t in content])
+    for t in content:
+        assert t.bytes == list(t.token.encode()) and len(t.top_logprobs) == 2
+        assert t.top_logprobs[0].logprob >= t.logprob - TOL and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+    chunks = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                                            logprobs=True, top_logprobs=2, stream=True))
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=TOL)
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == out.choices[0].message.content
+    bare = c.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    assert bare.choices[0].logprobs is None and bare.choices[0].message.content == out.choices[0].message.content
+
+
+def test_echo_scores_the_prompt_past_the_prefix_cache(served):
+    base, sched = served
+    c = client(base)
+    text = "w5 w17 w3 w9 w40 w41"
+    prompt = sched.tokenizer.encode(text)
+    c.completions.create(model="tiny", prompt=text, max_tokens=4, temperature=0)  # the prompt now sits in a slot
+    out = c.completions.create(model="tiny", prompt=text, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    choice = out.choices[0]
+    assert out.usage.prompt_tokens_details.cached_tokens == 0
+    assert choice.text.startswith(text) and len(choice.text) > len(text)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(prompt) + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    want = direct(sched.stepper.target, prompt)
+    assert lp.token_logprobs[1:len(prompt)] == pytest.approx([float(want[i - 1, t]) for i, t in
+                                                              enumerate(prompt) if i], abs=TOL)
+    assert lp.text_offset[len(prompt)] == len(text)
+    streamed = list(c.completions.create(model="tiny", prompt=text, max_tokens=3, temperature=0, echo=True,
+                                         logprobs=1, stream=True))
+    assert "".join(ch.choices[0].text for ch in streamed) == choice.text
+    tokens = [t for ch in streamed if ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens]
+    values = [v for ch in streamed if ch.choices[0].logprobs for v in ch.choices[0].logprobs.token_logprobs]
+    assert tokens == lp.tokens and values[0] is None
+    assert values[1:] == pytest.approx(lp.token_logprobs[1:], abs=TOL)
+    plain = c.completions.create(model="tiny", prompt=text, max_tokens=3, temperature=0, echo=True)
+    assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
+
+
+def test_logprobs_stop_where_a_stop_string_cuts(served):
+    base, sched = served
+    c = client(base)
+    full = c.completions.create(model="tiny", prompt="w1 w2 w3", max_tokens=30, temperature=0).choices[0].text
+    words = full.split()
+    stop = " " + words[len(words) // 2] + " "
+    for stream in (False, True):
+        out = c.completions.create(model="tiny", prompt="w1 w2 w3", max_tokens=30, temperature=0, stop=stop,
+                                   logprobs=0, stream=stream)
+        choices = [ch.choices[0] for ch in out] if stream else [out.choices[0]]
+        text = "".join(ch.text for ch in choices)
+        tokens = [t for ch in choices if ch.logprobs for t in ch.logprobs.tokens]
+        assert text == full[:full.find(stop)] and tokens == text.split()
+
+
+def test_tokenize_round_trips_through_detokenize(served):
+    base, sched = served
+    for body in ({"content": "w5 w17 w3"}, {"prompt": "w5 w17 w3", "add_special": False}):
+        r = httpx.post(base + "/tokenize", json=body)
+        assert r.status_code == 200, r.text
+        tokens = r.json()["tokens"]
+        assert tokens == sched.tokenizer.encode("w5 w17 w3", add_special_tokens=body.get("add_special", True))
+        assert r.json()["count"] == len(tokens) and r.json()["max_model_len"] == CONTEXT
+        back = httpx.post(base + "/detokenize", json={"tokens": tokens}).json()
+        assert back["content"] == back["prompt"] == sched.tokenizer.decode(tokens)
+        assert back["content"].split()[-3:] == ["w5", "w17", "w3"]
+    paths = httpx.get(base + "/openapi.json").json()["paths"]
+    assert {"/tokenize", "/detokenize"} <= set(paths)
+
+
+@pytest.mark.parametrize("path,body,param,named", [
+    ("/detokenize", {"tokens": [1, 500]}, "tokens", "500"),
+    ("/detokenize", {"tokens": [-3]}, "tokens", "-3"),
+    ("/detokenize", {"tokens": "w1"}, "tokens", "tokens"),
+    ("/tokenize", {"add_special": True}, None, "content"),
+    ("/tokenize", {"content": 5}, "content", "content"),
+    ("/tokenize", {"content": "w1", "model": "gpt-9"}, "model", "model"),
+])
+def test_tokenize_bad_input_is_4xx_naming_it(served, path, body, param, named):
+    base, _ = served
+    r = httpx.post(base + path, json=body)
+    assert 400 <= r.status_code < 500, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and named in err["message"]
+
+
+def test_real_model_echo_and_token_texts(smollm2):
+    """SmolLM2 (byte-level BPE): echo's prompt logprobs equal a direct forward, and the tokens' texts
+    and bytes spell the answer."""
+    from specdec.server.scheduler import Scheduler
+    from specdec.server.stepper import StepwiseGenerator as Pool
+    pool = Pool(smollm2.module, NoDrafter, 256, 1)
+    sched = Scheduler(pool, smollm2.tokenizer, set(), k=2)
+    with running(sched, "smol") as (base, _):
+        text = "The capital of France is Paris. The capital of Italy is"
+        out = client(base).completions.create(model="smol", prompt=text, max_tokens=6, temperature=0, echo=True,
+                                              logprobs=2)
+    prompt = smollm2.tokenizer.encode(text)
+    lp = out.choices[0].logprobs
+    want = direct(smollm2.module, prompt)
+    assert lp.token_logprobs[1:len(prompt)] == pytest.approx([float(want[i - 1, t]) for i, t in
+                                                              enumerate(prompt) if i], abs=TOL)
+    assert "".join(lp.tokens) == out.choices[0].text
+    assert [out.choices[0].text[o:o + len(t)] for o, t in zip(lp.text_offset, lp.tokens)] == lp.tokens

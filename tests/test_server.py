@@ -232,14 +232,17 @@ BAD = [  # (endpoint, body changes, param named in the error)
     ("completions", {"prompt": 12}, "prompt"),
     ("completions", {"stop": [""]}, "stop"),
     ("completions", {"stop": 5}, "stop"),
-    ("completions", {"logprobs": 2}, "logprobs"),
-    ("completions", {"echo": True}, "echo"),
+    ("completions", {"logprobs": 21}, "logprobs"),
+    ("completions", {"logprobs": -1}, "logprobs"),
+    ("completions", {"echo": "loud"}, "echo"),
     ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
     ("completions", {"stream": "maybe"}, "stream"),
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "wizard", "content": "w1"}]}, "messages.0.role"),
     ("chat/completions", {"messages": [{"role": "user", "content": None}], "max_tokens": None}, "messages.0"),
-    ("chat/completions", {"logprobs": True}, "logprobs"),
+    ("chat/completions", {"logprobs": "perhaps"}, "logprobs"),
+    ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true, as OpenAI
     ("chat/completions", {"n": 3}, "n"),
     ("chat/completions", {"tools": [{"type": "function"}]}, "tools"),
     ("completions", {"stop": ["w" * 257]}, "stop"),  # the default limits: 256 characters, 512 messages
@@ -350,7 +353,8 @@ def test_the_api_key_guards_every_path_but_health(guarded):
     completion = {"model": "tiny", "prompt": "w1", "max_tokens": 2}
     for method, path, body in (("GET", "/v1/models", None), ("POST", "/v1/completions", completion),
                                ("POST", "/v1/chat/completions", chat), ("GET", "/v1/nothing", None),
-                               ("GET", "/openapi.json", None)):
+                               ("GET", "/openapi.json", None), ("POST", "/tokenize", {"content": "w1 w2"}),
+                               ("POST", "/detokenize", {"tokens": [1, 2]})):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic sekret"},
                         {"Authorization": "Bearer sekret2"}, {"Authorization": "sekret"}):
             r = httpx.request(method, base + path, json=body, headers=headers, timeout=30)

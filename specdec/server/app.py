@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI-compatible endpoints over a Scheduler; plus /health, /metrics and /stats.
+"""The FastAPI app: OpenAI-compatible endpoints over a Scheduler; /tokenize and /detokenize (as
+llama-server's and vLLM's); plus /health, /metrics and /stats.
 
 Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}}. Validation errors
 are 400 and name the field in `param`, the limits on stop strings and messages included. Without the
@@ -27,9 +28,11 @@ from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages
 from specdec.server.guard import Access, Guard, RequestLimits
 from specdec.server.metrics import CONTENT_TYPE_LATEST
-from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, ChatChoice, ChatMessageOut,
-                                     CompletionChoice, CompletionRequest, CompletionResponse, ErrorBody,
-                                     ErrorResponse, Usage, new_id, now)
+from specdec.server.logprobs import CompletionLogprobs, Scored, chat_content
+from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, ChatChoice, ChatLogprobs,
+                                     ChatMessageOut, CompletionChoice, CompletionRequest, CompletionResponse,
+                                     DetokenizeRequest, DetokenizeResponse, ErrorBody, ErrorResponse,
+                                     TokenizeRequest, TokenizeResponse, Usage, new_id, now)
 from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
 
 log = logging.getLogger("specdec.server")
@@ -128,6 +131,8 @@ def create_app(scheduler: Scheduler, model_name: str, access: Access = Access(),
     app.post("/v1/completions")(ends.completions)
     app.post("/v1/chat/completions")(ends.chat_completions)
     app.get("/v1/models")(ends.models)
+    app.post("/tokenize")(ends.tokenize)
+    app.post("/detokenize")(ends.detokenize)
     app.get("/health")(ends.health)
     app.get("/stats")(ends.stats)
     app.get("/metrics")(ends.metrics)
@@ -169,11 +174,17 @@ class Endpoints:
                                     f"(0..{self.vocab_size - 1})", param="prompt")
         if not ids:
             raise APIError(400, "Invalid value for 'prompt': it encodes to no tokens; give some text", param="prompt")
-        return await self.run(request, body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS, chat=False)
+        echo = None
+        if body.echo:  # the answer starts with the prompt as given (token ids: their text)
+            echo = body.prompt if isinstance(body.prompt, str) else await self.encode(self.tokenizer.decode, ids)
+        return await self.run(request, body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS, chat=False,
+                              logprobs=body.logprobs, echo=echo)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
         self.check_limits(body.stop_list, len(body.messages))
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "Invalid value for 'top_logprobs': it needs 'logprobs': true", param="top_logprobs")
         messages = [m.plain() for m in body.messages]
         try:
             ids = await self.encode(encode_messages, self.tokenizer, messages)
@@ -189,7 +200,29 @@ class Endpoints:
                 raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
                                     f"{self.scheduler.context} tokens", param="messages",
                                code="context_length_exceeded")
-        return await self.run(request, body, ids, max_tokens, chat=True)
+        return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n)
+
+    async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        """The text's token ids (with the tokenizer's special tokens unless add_special is false)."""
+        if body.model is not None:
+            self.check_model(body.model)
+        ids = await self.encode(lambda: self.tokenizer.encode(body.text, add_special_tokens=body.add_special))
+        return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=self.scheduler.context)
+
+    async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        """The text of token ids, special tokens included (`prompt`: the same, as vLLM names it)."""
+        if body.model is not None:
+            self.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise APIError(400, f"Invalid value for 'tokens': token id {bad[0]} is outside the vocabulary "
+                                f"(0..{self.vocab_size - 1})", param="tokens")
+        try:
+            text = await self.encode(self.tokenizer.decode, body.tokens)
+        except Exception as e:  # noqa: BLE001 - an id the tokenizer has no text for
+            raise APIError(400, f"Invalid value for 'tokens': the tokenizer cannot decode them: {e}",
+                           param="tokens") from None
+        return DetokenizeResponse(content=text, prompt=text)
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
@@ -224,13 +257,14 @@ class Endpoints:
                 return fn(*args)
         return await asyncio.to_thread(run)
 
-    def submit(self, ids: list[int], body, max_tokens: int, sink):
+    def submit(self, ids: list[int], body, max_tokens: int, sink, logprobs: int | None = None, echo: bool = False):
         try:
             sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, body.seed)
         except SpecdecError as e:
             raise APIError(400, str(e)) from None
         try:
-            return self.scheduler.submit(ids, RequestParams(max_tokens, sampling, body.stop_list), sink)
+            params = RequestParams(max_tokens, sampling, body.stop_list, logprobs, echo and logprobs is not None)
+            return self.scheduler.submit(ids, params, sink)
         except QueueFull as e:
             raise APIError(429, str(e), code="queue_full", type="rate_limit_error",
                            headers={"Retry-After": str(e.retry_after)}) from None
@@ -240,11 +274,15 @@ class Endpoints:
             code = "context_length_exceeded" if "context" in str(e) else None
             raise APIError(400, str(e), param="max_tokens" if code else None, code=code) from None
 
-    async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool):
+    async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool,
+                  logprobs: int | None = None, echo: str | None = None):
+        """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        handle = self.submit(ids, body, max_tokens, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
-        answer = Answer(self.model_name, new_id("chatcmpl" if chat else "cmpl"), now(), chat)
+        handle = self.submit(ids, body, max_tokens, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+                             logprobs, echo is not None)
+        answer = Answer(self.model_name, new_id("chatcmpl" if chat else "cmpl"), now(), chat, logprobs is not None,
+                        echo)
 
         async def next_event() -> Event | None:
             """The next event, or None once the client has gone (then the request is cancelled)."""
@@ -263,20 +301,28 @@ class Endpoints:
 
 
 class Answer:
-    """One request's answer in OpenAI's shapes: a whole completion, or its stream of chunks."""
+    """One request's answer in OpenAI's shapes: a whole completion, or its stream of chunks; with the
+    tokens' logprobs where asked, and the prompt (echo) in front of a completion's text."""
 
-    def __init__(self, model_name: str, rid: str, created: int, chat: bool):
+    def __init__(self, model_name: str, rid: str, created: int, chat: bool, logprobs: bool = False,
+                 echo: str | None = None):
         self.model_name, self.rid, self.created, self.chat = model_name, rid, created, chat
         self.object = "chat.completion.chunk" if chat else "text_completion"
+        self.logprobs, self.echo = logprobs, echo
+        self.offsets = CompletionLogprobs(len(echo or ""))  # the answer's tokens start after the prompt's text
 
     async def whole(self, next_event, handle):
         parts: list[str] = []
+        scored: list[Scored] = []
+        prompt: list[Scored] = []
         try:
             while True:
                 ev = await next_event()
                 if ev is None:
                     return Response(status_code=499)
                 parts.append(ev.text)
+                scored += ev.logprobs
+                prompt += ev.prompt_logprobs or []
                 if ev.kind == "done":
                     break
         except BaseException:
@@ -286,14 +332,23 @@ class Answer:
             raise APIError(500, ev.error, type="server_error", code="engine_error")
         usage, text = Usage(**ev.usage), "".join(parts)
         if self.chat:
+            logprobs = ChatLogprobs(content=chat_content(scored)) if self.logprobs else None
             return ChatCompletionResponse(id=self.rid, created=self.created, model=self.model_name, usage=usage,
-                                          choices=[ChatChoice(message=ChatMessageOut(content=text),
+                                          choices=[ChatChoice(message=ChatMessageOut(content=text), logprobs=logprobs,
                                                               finish_reason=ev.finish_reason)])
+        logprobs = self.completion_logprobs(prompt, scored) if self.logprobs else None
         return CompletionResponse(id=self.rid, created=self.created, model=self.model_name, usage=usage,
-                                  choices=[CompletionChoice(text=text, finish_reason=ev.finish_reason)])
+                                  choices=[CompletionChoice(text=(self.echo or "") + text, logprobs=logprobs,
+                                                            finish_reason=ev.finish_reason)])
+
+    def completion_logprobs(self, prompt: list[Scored], scored: list[Scored]) -> dict:
+        """{tokens, token_logprobs, top_logprobs, text_offset} of the prompt's tokens (offsets from 0)
+        and then the answer's (offsets going on from the prompt's text)."""
+        head, tail = CompletionLogprobs(0).shape(prompt), self.offsets.shape(scored)
+        return {key: head[key] + tail[key] for key in tail}
 
     async def stream(self, next_event, handle, include_usage: bool):
-        finished = False
+        finished, first = False, True
         try:
             if self.chat:
                 yield self.chunk(None, role=True)
@@ -301,11 +356,15 @@ class Answer:
                 ev = await next_event()
                 if ev is None:
                     return
+                if first and self.echo is not None:  # the prompt, before the answer's first text
+                    lp = CompletionLogprobs(0).shape(ev.prompt_logprobs or []) if self.logprobs else None
+                    yield self.chunk(self.echo, shaped=lp)
+                first = False
                 if ev.error:
                     yield sse(error_body(ev.error, "server_error", code="engine_error"))
                     break
-                if ev.text:
-                    yield self.chunk(ev.text)
+                if ev.text or (self.logprobs and ev.logprobs):
+                    yield self.chunk(ev.text, scored=ev.logprobs)
                 if ev.kind == "done":
                     yield self.chunk(None, finish=ev.finish_reason)
                     if include_usage:
@@ -318,12 +377,17 @@ class Answer:
             if not finished:
                 handle.cancel()  # the client went away (or the server is closing the connection)
 
-    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> str:
+    def chunk(self, text: str | None, finish: str | None = None, role: bool = False,
+              scored: list[Scored] | None = None, shaped: dict | None = None) -> str:
+        """One chunk; scored: its tokens' logprobs (where asked), or shaped: a completion's, ready."""
+        asked = self.logprobs and scored is not None
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else {} if text is None else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            logprobs = {"content": chat_content(scored), "refusal": None} if asked else None
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            logprobs = shaped if shaped is not None else self.offsets.shape(scored) if asked else None
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return sse({"id": self.rid, "object": self.object, "created": self.created, "model": self.model_name,
                     "choices": [choice]})
 

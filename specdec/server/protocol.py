@@ -1,9 +1,11 @@
-"""OpenAI-compatible request and response bodies (pydantic v2) for /v1/completions and /v1/chat/completions.
+"""OpenAI-compatible request and response bodies (pydantic v2) for /v1/completions, /v1/chat/completions,
+/tokenize and /detokenize.
 
 Supported: model, prompt / messages, max_tokens (chat: also max_completion_tokens), temperature,
-top_p, top_k, seed, stop (a string or a list), stream (+ stream_options.include_usage), n = 1.
-Refused with a 400 naming the field: n != 1, logprobs / top_logprobs, echo, best_of > 1, suffix,
-non-zero presence/frequency penalties, logit_bias, tools, a response_format other than text.
+top_p, top_k, seed, stop (a string or a list), stream (+ stream_options.include_usage), n = 1;
+logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20).
+Refused with a 400 naming the field: n != 1, logprobs or top_logprobs out of range, best_of > 1,
+suffix, non-zero presence/frequency penalties, logit_bias, tools, a response_format other than text.
 Other unknown fields are ignored, as OpenAI's own server does with fields it does not know.
 """
 
@@ -14,6 +16,8 @@ import uuid
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 8
 
@@ -93,8 +97,9 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[int], list[str], list[list[int]]]
-    logprobs: int | None = None
-    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                 description="each token's logprob and this many top alternatives")
+    echo: bool = Field(False, description="the answer starts with the prompt (and its logprobs, with logprobs)")
     best_of: int | None = None
     suffix: str | None = None
 
@@ -110,16 +115,6 @@ class CompletionRequest(_Sampling):
         if isinstance(v, list) and any(t < 0 for t in v):
             raise ValueError("token ids must be >= 0")
         return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        return _refuse(v, (None,), "logprobs")
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v):
-        return _refuse(v, (False,), "echo")
 
     @field_validator("best_of")
     @classmethod
@@ -160,20 +155,10 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        return _refuse(v, (None, False), "logprobs")
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v):
-        return _refuse(v, (None, 0), "top_logprobs")
 
     @field_validator("tools")
     @classmethod
@@ -198,6 +183,37 @@ class ChatCompletionRequest(_Sampling):
     def token_budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def top_n(self) -> int | None:
+        """The top alternatives per token where logprobs are asked, else None."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(BaseModel):
+    """llama-server's {"content"} or vLLM's {"prompt"}: the text to encode."""
+
+    model_config = ConfigDict(extra="ignore")
+    content: str | None = None
+    prompt: str | None = None
+    add_special: bool = Field(True, description="add the tokenizer's special tokens (a BOS, where it has one)")
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _text_given(self):
+        if self.content is None and self.prompt is None:
+            raise ValueError("give the text to tokenize as 'content' (or 'prompt')")
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.content if self.content is not None else self.prompt
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[int]
+    model: str | None = None
+
 
 # ---- responses ----
 
@@ -221,10 +237,20 @@ class Usage(BaseModel):
     speculative: SpeculativeUsage = SpeculativeUsage()
 
 
+class CompletionLogprobs(BaseModel):
+    """Per token: its text, its logprob (null for the prompt's first with echo), a {token: logprob} dict
+    of the top alternatives and the token itself, and its character offset in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -242,10 +268,25 @@ class ChatMessageOut(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None = None
+    refusal: None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -256,6 +297,17 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(BaseModel):
+    content: str
+    prompt: str  # the same text, as vLLM names it
 
 
 class ErrorBody(BaseModel):

@@ -316,6 +316,14 @@ def make_front(app: FastAPI):
         async def chat(self, request: Request):
             return await self.forward(request, "/v1/chat/completions")
 
+        @app.post("/tokenize")
+        async def tokenize(self, request: Request):
+            return await self.forward(request, "/tokenize")
+
+        @app.post("/detokenize")
+        async def detokenize(self, request: Request):
+            return await self.forward(request, "/detokenize")
+
         @app.get("/v1/models")
         async def models(self):
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,

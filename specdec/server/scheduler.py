@@ -12,7 +12,9 @@ The thread's loop, one iteration per round:
 4. step every active sequence once (`StepwiseGenerator.run_round`): a prefill chunk or one
    speculative step; an exception fails that sequence only ('error'), never the thread;
 5. deliver: decode each sequence's new tokens to text, cut at the first stop string (then the
-   sequence ends with 'stop' and leaves its slot), send the text that can no longer change.
+   sequence ends with 'stop' and leaves its slot), send the text that can no longer change, with
+   its tokens' logprobs where the request asks (the tokens whose text is sent: none past a stop
+   string, nor an end-of-sequence token; the prompt's with the first event, for echo).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Callable
 
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.errors import SpecdecError
+from specdec.server.logprobs import Scored, TokenTexts
 from specdec.server.metrics import ServerMetrics
 from specdec.server.stepper import Sequence, StepwiseGenerator
 
@@ -51,12 +54,20 @@ class RequestParams:
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: not asked; n: each token's logprob and its n top alternatives
+    prompt_logprobs: bool = False  # the prompt's tokens' logprobs too (echo)
+
+    def generation(self, k: int) -> GenerationConfig:
+        return GenerationConfig(self.max_tokens, k, self.sampling, logprobs=self.logprobs,
+                                prompt_logprobs=self.prompt_logprobs)
 
 
 @dataclass
 class Event:
     """'delta': new text (and the tokens that completed it); 'done': the rest of the text, the finish
-    reason ('stop', 'length', 'timeout', 'abort', 'cancelled' or 'error'), usage and any error."""
+    reason ('stop', 'length', 'timeout', 'abort', 'cancelled' or 'error'), usage and any error.
+    Where asked: the logprobs of the tokens sent so far and not yet scored, and with the first event
+    the prompt's."""
 
     kind: str
     text: str = ""
@@ -64,6 +75,8 @@ class Event:
     finish_reason: str | None = None
     usage: dict | None = None
     error: str | None = None
+    logprobs: list[Scored] = field(default_factory=list)
+    prompt_logprobs: list[Scored] | None = None
 
 
 def k_schedule(spec_off_batch: int | None = None, schedule: dict[int, int] | None = None) -> Callable[[int], int | None]:
@@ -127,6 +140,15 @@ class TextTracker:
         self.sent = max(self.sent, safe)
         return delta, False
 
+    def covering(self, start: int = 0) -> int:
+        """The fewest leading tokens (at least `start`) whose text covers the text kept so far: tokens
+        past a stop string, or an end-of-sequence token, add nothing to it."""
+        m, n = len(self.ids), len(self.text)
+        with self.lock:
+            while m > start and len(self.tokenizer.decode(self.ids[:m - 1], skip_special_tokens=True)) >= n:
+                m -= 1
+        return m
+
     def flush(self) -> str:
         """Everything not yet delivered (at the end of the sequence)."""
         delta = self.text[self.sent:]
@@ -150,6 +172,8 @@ class Handle:
         self.submitted = time.monotonic()
         self.seq: Sequence | None = None
         self.sent_tokens = 0
+        self.scored = 0  # new tokens whose logprobs were sent
+        self.prompt_scored = False  # the prompt's logprobs were sent
         self.t_first: float | None = None
         self.done = False
         self._cancelled = threading.Event()
@@ -175,6 +199,7 @@ class Scheduler:
         self.stepper = stepper
         self.tokenizer = tokenizer
         self.tokenizer_lock = threading.Lock()  # the app encodes while this thread decodes
+        self.token_texts = TokenTexts(tokenizer, self.tokenizer_lock)
         self.eos_ids = set(eos_ids)
         self.k = k
         self.max_queue = max_queue
@@ -224,7 +249,7 @@ class Scheduler:
             raise ShuttingDown("the scheduler is not running")
         self.check_fits(len(prompt), params.max_tokens)
         self.stepper.check_fits(prompt, params.max_tokens)
-        GenerationConfig(params.max_tokens, self.k, params.sampling)  # validates
+        params.generation(self.k)  # validates
         deadline = time.monotonic() + self.request_timeout if self.request_timeout else None
         handle = Handle(list(prompt), params, sink, deadline, TextTracker(self.tokenizer, params.stop,
                                                                           self.tokenizer_lock))
@@ -318,8 +343,7 @@ class Scheduler:
                     self._end(h, "cancelled")
                     continue
                 try:
-                    h.seq = self.stepper.add(h.prompt, GenerationConfig(h.params.max_tokens, self.k, h.params.sampling),
-                                             self.eos_ids, tag=h)
+                    h.seq = self.stepper.add(h.prompt, h.params.generation(self.k), self.eos_ids, tag=h)
                 except Exception as e:  # noqa: BLE001
                     self._end(h, "error", f"could not start the request: {e}")
                     continue
@@ -399,7 +423,7 @@ class Scheduler:
             h.t_first = time.monotonic()
         delta, stopped = h.tracker.add(new)
         if delta:
-            self._send(h, Event("delta", delta, new))
+            self._send(h, Event("delta", delta, new, logprobs=self._scored(h), prompt_logprobs=self._prompt_scored(h)))
         if stopped:
             self._end(h, "stop")
 
@@ -415,13 +439,14 @@ class Scheduler:
                 self._running.remove(h)
             with self._cv:
                 self._sync_counts()
-        tail = ""
+        tail, scored, prompt_scored = "", [], None
         if error is None:
             try:
                 if seq is not None and h.sent_tokens < len(seq.new_tokens):
                     h.tracker.add(seq.new_tokens[h.sent_tokens:])
                     h.sent_tokens = len(seq.new_tokens)
                 tail = h.tracker.flush()
+                scored, prompt_scored = self._scored(h), self._prompt_scored(h)
             except Exception as e:  # noqa: BLE001
                 reason, error = "error", f"decoding the output failed: {type(e).__name__}: {e}"
         stats = seq.stats if seq is not None else None
@@ -440,7 +465,26 @@ class Scheduler:
                 self.metrics.tpot.observe((time.monotonic() - h.t_first) / (completion - 1))
         if reason in ("stop", "length"):
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (time.monotonic() - h.submitted)
-        self._send(h, Event("done", tail, finish_reason=reason, usage=usage, error=error))
+        self._send(h, Event("done", tail, finish_reason=reason, usage=usage, error=error, logprobs=scored,
+                            prompt_logprobs=prompt_scored))
+
+    def _scored(self, h: Handle) -> list[Scored]:
+        """The logprobs of the tokens whose text is out now and that were not scored yet (where asked)."""
+        seq = h.seq
+        if seq is None or seq.logprobs is None:
+            return []
+        m = min(h.tracker.covering(h.scored), len(seq.logprobs))
+        out = [self.token_texts.scored(lp) for lp in seq.logprobs[h.scored:m]]
+        h.scored = max(h.scored, m)
+        return out
+
+    def _prompt_scored(self, h: Handle) -> list[Scored] | None:
+        """The prompt's logprobs, once (where asked); the first token has none."""
+        seq = h.seq
+        if h.prompt_scored or seq is None or seq.prompt_logprobs is None:
+            return None
+        h.prompt_scored = True
+        return [self.token_texts.scored(lp, tok) for lp, tok in zip(seq.prompt_logprobs, h.prompt)]
 
     @staticmethod
     def _send(h: Handle, event: Event) -> None:
