@@ -276,17 +276,21 @@ def test_logprobs_stop_where_a_stop_string_cuts(served):
 
 def test_tokenize_round_trips_through_detokenize(served):
     base, sched = served
-    for body in ({"content": "w5 w17 w3"}, {"prompt": "w5 w17 w3", "add_special": False}):
+    for body in ({"content": "w5 w17 w3"}, {"prompt": "w5 w17 w3", "add_special": False},
+                 {"prompt": "w5 w17 w3", "add_special_tokens": False}):
         r = httpx.post(base + "/tokenize", json=body)
         assert r.status_code == 200, r.text
         tokens = r.json()["tokens"]
-        assert tokens == sched.tokenizer.encode("w5 w17 w3", add_special_tokens=body.get("add_special", True))
+        special = body.get("add_special", body.get("add_special_tokens", True))
+        assert tokens == sched.tokenizer.encode("w5 w17 w3", add_special_tokens=special)
         assert r.json()["count"] == len(tokens) and r.json()["max_model_len"] == CONTEXT
         back = httpx.post(base + "/detokenize", json={"tokens": tokens}).json()
         assert back["content"] == back["prompt"] == sched.tokenizer.decode(tokens)
         assert back["content"].split()[-3:] == ["w5", "w17", "w3"]
+    info = httpx.get(base + "/tokenizer_info").json()
+    assert info["eos_token"] == sched.tokenizer.eos_token and info["chat_template"] == sched.tokenizer.chat_template
     paths = httpx.get(base + "/openapi.json").json()["paths"]
-    assert {"/tokenize", "/detokenize"} <= set(paths)
+    assert {"/tokenize", "/detokenize", "/tokenizer_info"} <= set(paths)
 
 
 @pytest.mark.parametrize("path,body,param,named", [

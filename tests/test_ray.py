@@ -201,10 +201,11 @@ def test_the_front_checks_the_api_key_and_the_body_cap():
 
     calls = [("GET", "/v1/models"), ("POST", "/v1/completions", "wrong"), ("GET", "/v1/nothing"),
              ("POST", "/v1/chat/completions", "sekret", b"x" * 101), ("GET", "/health"), ("GET", "/stats"),
-             ("GET", "/v1/models", "sekret"), ("POST", "/tokenize"), ("POST", "/detokenize", "wrong")]
+             ("GET", "/v1/models", "sekret"), ("POST", "/tokenize"), ("POST", "/detokenize", "wrong"),
+             ("GET", "/tokenizer_info")]
 
     async def statuses():
         return [await status(*call) for call in calls]
 
-    assert asyncio.run(statuses()) == [401, 401, 401, 413, 500, 500, 500, 401, 401]
-    assert {"/tokenize", "/detokenize"} <= set(app.openapi()["paths"])  # the same routes as serve
+    assert asyncio.run(statuses()) == [401, 401, 401, 413, 500, 500, 500, 401, 401, 401]
+    assert {"/tokenize", "/detokenize", "/tokenizer_info"} <= set(app.openapi()["paths"])  # the same routes as serve

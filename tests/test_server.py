@@ -354,7 +354,7 @@ def test_the_api_key_guards_every_path_but_health(guarded):
     for method, path, body in (("GET", "/v1/models", None), ("POST", "/v1/completions", completion),
                                ("POST", "/v1/chat/completions", chat), ("GET", "/v1/nothing", None),
                                ("GET", "/openapi.json", None), ("POST", "/tokenize", {"content": "w1 w2"}),
-                               ("POST", "/detokenize", {"tokens": [1, 2]})):
+                               ("POST", "/detokenize", {"tokens": [1, 2]}), ("GET", "/tokenizer_info", None)):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic sekret"},
                         {"Authorization": "Bearer sekret2"}, {"Authorization": "sekret"}):
             r = httpx.request(method, base + path, json=body, headers=headers, timeout=30)

@@ -32,7 +32,7 @@ from specdec.server.logprobs import CompletionLogprobs, Scored, chat_content
 from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, ChatChoice, ChatLogprobs,
                                      ChatMessageOut, CompletionChoice, CompletionRequest, CompletionResponse,
                                      DetokenizeRequest, DetokenizeResponse, ErrorBody, ErrorResponse,
-                                     TokenizeRequest, TokenizeResponse, Usage, new_id, now)
+                                     TokenizeRequest, TokenizeResponse, TokenizerInfo, Usage, new_id, now)
 from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
 
 log = logging.getLogger("specdec.server")
@@ -133,6 +133,7 @@ def create_app(scheduler: Scheduler, model_name: str, access: Access = Access(),
     app.get("/v1/models")(ends.models)
     app.post("/tokenize")(ends.tokenize)
     app.post("/detokenize")(ends.detokenize)
+    app.get("/tokenizer_info")(ends.tokenizer_info)
     app.get("/health")(ends.health)
     app.get("/stats")(ends.stats)
     app.get("/metrics")(ends.metrics)
@@ -206,8 +207,15 @@ class Endpoints:
         """The text's token ids (with the tokenizer's special tokens unless add_special is false)."""
         if body.model is not None:
             self.check_model(body.model)
-        ids = await self.encode(lambda: self.tokenizer.encode(body.text, add_special_tokens=body.add_special))
+        ids = await self.encode(lambda: self.tokenizer.encode(body.text, add_special_tokens=body.special))
         return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=self.scheduler.context)
+
+    async def tokenizer_info(self) -> TokenizerInfo:
+        """The special tokens and the chat template, for a client that tokenizes through this server."""
+        tok = self.tokenizer
+        named = {name: getattr(tok, name, None) for name in ("eos_token", "bos_token", "pad_token", "chat_template")}
+        return TokenizerInfo(**{k: v if isinstance(v, str) else None for k, v in named.items()},
+                             max_model_len=self.scheduler.context)
 
     async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
         """The text of token ids, special tokens included (`prompt`: the same, as vLLM names it)."""

@@ -196,6 +196,7 @@ class TokenizeRequest(BaseModel):
     content: str | None = None
     prompt: str | None = None
     add_special: bool = Field(True, description="add the tokenizer's special tokens (a BOS, where it has one)")
+    add_special_tokens: bool | None = Field(None, description="the same, as vLLM names it (wins where given)")
     model: str | None = None
 
     @model_validator(mode="after")
@@ -207,6 +208,10 @@ class TokenizeRequest(BaseModel):
     @property
     def text(self) -> str:
         return self.content if self.content is not None else self.prompt
+
+    @property
+    def special(self) -> bool:
+        return self.add_special if self.add_special_tokens is None else self.add_special_tokens
 
 
 class DetokenizeRequest(BaseModel):
@@ -302,6 +307,16 @@ class ChatCompletionResponse(BaseModel):
 class TokenizeResponse(BaseModel):
     tokens: list[int]
     count: int
+    max_model_len: int
+
+
+class TokenizerInfo(BaseModel):
+    """The tokenizer's special tokens and chat template (vLLM's /tokenizer_info)."""
+
+    eos_token: str | None = None
+    bos_token: str | None = None
+    pad_token: str | None = None
+    chat_template: str | None = None
     max_model_len: int
 
 

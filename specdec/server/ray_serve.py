@@ -155,8 +155,13 @@ class Replica:
         return {k: v for k, v in r.headers.items() if k.lower() in ("retry-after", "content-type")}
 
     async def call(self, path: str, body, conversation: str = "") -> dict:
-        r = await self.client.post(path, json=body) if not isinstance(body, str) else \
-            await self.client.post(path, content=body, headers={"content-type": "application/json"})
+        """body None: a GET of the path."""
+        if body is None:
+            r = await self.client.get(path)
+        elif isinstance(body, str):
+            r = await self.client.post(path, content=body, headers={"content-type": "application/json"})
+        else:
+            r = await self.client.post(path, json=body)
         return {"status": r.status_code, "body": r.content, "replica": self.id, "headers": self._headers(r)}
 
     async def stream(self, path: str, body, conversation: str = ""):
@@ -323,6 +328,11 @@ def make_front(app: FastAPI):
         @app.post("/detokenize")
         async def detokenize(self, request: Request):
             return await self.forward(request, "/detokenize")
+
+        @app.get("/tokenizer_info")
+        async def tokenizer_info(self):
+            out = await self.replica.call.remote("/tokenizer_info", None, conversation="none")
+            return Response(out["body"], status_code=out["status"], headers=out["headers"])
 
         @app.get("/v1/models")
         async def models(self):
