@@ -101,11 +101,12 @@ class CrossTokenizerDrafter(BaseDrafter):
         """The draft history spells the committed text again: the draft tokens that still begin it
         are kept, the rest of the text is re-tokenized from the last kept token on. Returns how many
         of the history's tokens are unchanged."""
-        if tokens[:len(self.committed)] != self.committed:
+        n = len(self.committed)
+        if len(tokens) < n or (n and tokens[n - 1] != self.committed[-1]):
             raise SpecdecError("the committed tokens changed under the drafter; start() a new sequence")
         done = len(self.text)
-        self.text += self.bridge.target.text_bytes(tokens[len(self.committed):])
-        self.committed = list(tokens)
+        self.text += self.bridge.target.text_bytes(tokens[n:])
+        self.committed += tokens[n:]
         history, pos = self.history, done
         for token in self.drafted:
             piece = self.bridge.draft.pieces[token]

@@ -5,7 +5,9 @@ whichever tokenizer made it, and bytes that are no complete UTF-8 text (a byte-l
 a character) are still carried: the draft's own history encodes them as single-byte tokens. A
 tokenizer whose tokens do not spell the text they encode (decode(encode(text)) != text on the
 probe strings, or token bytes that do not add up to the text) cannot carry text between two
-models losslessly and is refused.
+models losslessly and is refused. (A byte some byte-level vocabulary has no token for, such as a
+control character, is left out of the draft's history: the draft only reads that history, and what
+it proposes is matched against the committed text itself.)
 
 `target_tokens` turns a draft's text into the target tokens to propose: the draft's bytes after the
 committed text, re-tokenized by the target (joined to the last committed token where the two
@@ -15,6 +17,7 @@ as a few probe suffixes show), never a control token.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -135,8 +138,10 @@ class Bridge:
 @lru_cache(maxsize=4)
 def bridge(target_tokenizer, draft_tokenizer) -> Bridge:
     """The bridge between two tokenizers (built once per pair: a server's slots share it), or a
-    SpecdecError naming why text cannot cross it losslessly."""
-    target, draft = TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer)
+    SpecdecError naming why text cannot cross it losslessly. It encodes with private copies of the
+    tokenizers: an encode sets the tokenizer's special-token matching for its call, and a server
+    encodes prompts with the target's on other threads."""
+    target, draft = TokenText.of(copy.deepcopy(target_tokenizer)), TokenText.of(copy.deepcopy(draft_tokenizer))
     check_lossless(draft, "draft")
     check_lossless(target, "target")
     ratio = sum(len(draft.encode(s)) for s in PROBES) / sum(len(target.encode(s)) for s in PROBES)
