@@ -87,7 +87,8 @@ def cross_tokenizer_drafter(target: LoadedModel, draft: LoadedModel, capacity: i
     from specdec.drafters.text_bridge import bridge
     if tree is not None:
         raise SpecdecError(f"{draft.name} has another tokenizer than {target.name}: it drafts chains across "
-                           "tokenizers, not trees; drop --tree-budget / --tree-choices or use a draft of the same family")
+                           "tokenizers, not trees; drop --tree-budget / --tree-choices or use a draft of the same "
+                           "family")
     pair = bridge(target.tokenizer, draft.tokenizer)
     if note:
         note(f"drafting across tokenizers: {draft.name}'s text is re-tokenized for {target.name} "

@@ -74,11 +74,13 @@ def test_a_tokenizer_that_loses_text_is_refused_with_the_reason():
     everything = ToyTokenizer(sorted(set("".join(PROBES))))  # a piece for every character of the probes
     assert bridge(everything, everything).draft_per_target == 1.0
     lowercasing = ToyTokenizer(sorted(set("".join(PROBES))), lower=True)
-    with pytest.raises(SpecdecError, match="draft's tokenizer differs from the target's and cannot carry text between them losslessly: "
-                                           ".*Hello.* comes back from encode and decode as .*hello"):
+    with pytest.raises(SpecdecError, match="draft's tokenizer differs from the target's and cannot carry text "
+                                           "between them losslessly: .*Hello.* comes back from encode and decode "
+                                           "as .*hello"):
         bridge(everything, lowercasing)
     ascii_only = ToyTokenizer([chr(c) for c in range(32, 127)] + ["\n", "\t", "\r"])  # drops the rest
-    with pytest.raises(SpecdecError, match="target.s tokenizer cannot take text .* losslessly: .*naïve.* comes back .* as .hllo nave"):
+    with pytest.raises(SpecdecError, match="target.s tokenizer cannot take text .* losslessly: .*naïve.* comes back "
+                                           ".* as .hllo nave"):
         bridge(ascii_only, everything)
 
 
@@ -235,7 +237,8 @@ def test_greedy_output_is_plain_decoding_s(models):
         cfg = GenerationConfig(64, k)
         expected = plain.generate(ids, cfg, target.eos_ids).tokens
         got = spec.generate(ids, cfg, target.eos_ids)
-        assert got.tokens == expected, f"first difference at {next(i for i, (a, b) in enumerate(zip(got.tokens, expected)) if a != b)}"
+        first = next((i for i, (a, b) in enumerate(zip(got.tokens, expected)) if a != b), None)
+        assert got.tokens == expected, f"first difference at {first}"
         accepted += got.stats.accepted
     assert accepted > 0  # the draft's text did get through
     control = {i for i, t in target.tokenizer.added_tokens_decoder.items() if t.special}
@@ -253,7 +256,8 @@ def test_with_prompt_lookup_too_greedy_output_is_plain_decoding_s(models):
     target, draft = models
     drafter = build_drafter("hybrid", target, 1024, draft, note=None)
     assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model, CrossTokenizerDrafter)
-    ids = encode_prompt(target.tokenizer, "Repeat this line twice: for (int i = 0; i < n; i++) { sum += a[i]; }", chat=True)
+    prompt = "Repeat this line twice: for (int i = 0; i < n; i++) { sum += a[i]; }"
+    ids = encode_prompt(target.tokenizer, prompt, chat=True)
     cfg = GenerationConfig(48, 4)
     expected = SpeculativeGenerator(target.module, NoDrafter(), 1024).generate(ids, cfg, target.eos_ids).tokens
     assert SpeculativeGenerator(target.module, drafter, 1024).generate(ids, cfg, target.eos_ids).tokens == expected

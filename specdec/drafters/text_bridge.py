@@ -113,7 +113,8 @@ def token_pieces(tokenizer) -> tuple[bytes, ...]:
 
 
 def check_lossless(text: TokenText, role: str) -> None:
-    """role: 'draft' or 'target'. SpecdecError unless the tokenizer round-trips the probe strings and its tokens spell them."""
+    """role: 'draft' or 'target'. SpecdecError unless the tokenizer round-trips the probe strings and
+    its tokens spell them."""
     hint = {"draft": "the draft's tokenizer differs from the target's and cannot carry text between them losslessly",
             "target": "the target's tokenizer cannot take text from a draft with another tokenizer losslessly"}[role]
     for s in PROBES:
