@@ -176,8 +176,10 @@ class Comparison:
         with torch.inference_mode():
             for model, cache in ((self.target, self.cache), (self.draft, None)):
                 if model is not None:
-                    cache = model.module.new_cache(len(ids) + 1) if cache is None else cache
-                    model.module(torch.tensor([ids], device=cache.k.device), cache, 0, last_only=True)
+                    # the draft on its own tokens (it may have another tokenizer than the target)
+                    x = ids if model is self.target else encode_prompt(model.tokenizer, prompt.turns[0], chat=False)
+                    cache = model.module.new_cache(len(x) + 1) if cache is None else cache
+                    model.module(torch.tensor([x], device=cache.k.device), cache, 0, last_only=True)
         for spec in self.specs:
             if spec.kind not in OUR_KINDS:
                 peer, mode = self._peer(spec)
