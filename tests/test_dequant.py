@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec.model import cpu_kernels
-from tests.conftest import BLOCK_FORMATS as FORMATS, random_blocks
+from tests.conftest import KERNEL_FORMATS as FORMATS, random_blocks
 
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
