@@ -290,17 +290,22 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, lib=None) -> torch.Tensor:
     return out
 
 
+def _gate_up(name: str, gu: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """gu [..., 2 I] (gate then up) checked and contiguous, I, and a new [..., I] output."""
+    if not _plain(gu) or gu.shape[-1] % 2:
+        _check(name, gu=gu)
+        if gu.shape[-1] % 2:
+            raise ValueError(f"{name}: an odd last dimension {gu.shape[-1]} cannot be gate and up")
+        gu = gu.contiguous()
+    I = gu.shape[-1] // 2
+    return gu, I, gu.new_empty((*gu.shape[:-1], I))
+
+
 def silu_mul_rows(gu: torch.Tensor, lib=None) -> torch.Tensor:
     """silu(gate) * up for gu [..., 2 I] holding gate then up (the fused gate/up GEMM's output), into a
     new [..., I] tensor; the same bits as silu_mul on the two halves."""
     lib = _lib_or_raise(lib)
-    if not _plain(gu) or gu.shape[-1] % 2:
-        _check("silu_mul_rows", gu=gu)
-        if gu.shape[-1] % 2:
-            raise ValueError(f"silu_mul_rows: an odd last dimension {gu.shape[-1]} cannot be gate and up")
-        gu = gu.contiguous()
-    I = gu.shape[-1] // 2
-    out = gu.new_empty((*gu.shape[:-1], I))
+    gu, I, out = _gate_up("silu_mul_rows", gu)
     lib.silu_mul_rows(gu.data_ptr(), out.data_ptr(), gu.numel() // (2 * I), I, torch.get_num_threads())
     return out
 
@@ -314,13 +319,7 @@ def gated_rows(gu: torch.Tensor, activation: str, lib=None) -> torch.Tensor:
     if activation == "silu":
         return silu_mul_rows(gu, lib)
     lib = _lib_or_raise(lib)
-    if not _plain(gu) or gu.shape[-1] % 2:
-        _check("gated_rows", gu=gu)
-        if gu.shape[-1] % 2:
-            raise ValueError(f"gated_rows: an odd last dimension {gu.shape[-1]} cannot be gate and up")
-        gu = gu.contiguous()
-    I = gu.shape[-1] // 2
-    out = gu.new_empty((*gu.shape[:-1], I))
+    gu, I, out = _gate_up("gated_rows", gu)
     lib.gate_mul_rows(gu.data_ptr(), out.data_ptr(), gu.numel() // (2 * I), I, ACTIVATIONS[activation],
                       torch.get_num_threads())
     return out
