@@ -26,6 +26,10 @@ fi
 echo "llama.cpp source: $DEST/src"
 
 if [ "$what" = build ]; then
+    cache="$DEST/src/build/CMakeCache.txt"
+    if [ -f "$cache" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$DEST/src" "$cache"; then
+        rm -rf "$cache" "$DEST/src/build/CMakeFiles"   # configured from another source path: configure afresh
+    fi
     cmake -S "$DEST/src" -B "$DEST/src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF > "$DEST/cmake.log"
     cmake --build "$DEST/src/build" -j "$(nproc)" \
