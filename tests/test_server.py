@@ -577,6 +577,10 @@ def test_graceful_shutdown_ends_streams_with_abort(tiny_target_loaded):
                 if len(events) == 2:
                     server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler does
                     assert sched.draining
+                    # still listening while it drains: new requests get 503, /health says so
+                    late = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "w1"}, timeout=10)
+                    assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+                    assert httpx.get(base + "/health", timeout=10).json() == {"status": "draining"}
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
     assert not sched.alive

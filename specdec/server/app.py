@@ -15,6 +15,8 @@ import asyncio
 import json
 import logging
 import signal
+import threading
+import time
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -405,23 +407,36 @@ def sse(obj) -> str:
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server with a graceful drain: on SIGTERM/SIGINT the scheduler stops admitting
-    (503), in-flight requests get `grace` seconds to finish, then end with finish_reason 'abort';
-    uvicorn then closes the connections (they have all answered) and the app's shutdown stops the
-    scheduler thread. A second SIGINT stops waiting."""
+    """uvicorn's server with a graceful drain: on SIGTERM/SIGINT the scheduler stops admitting, while
+    the server keeps listening, so new requests get 503 and /health says "draining" (a load balancer
+    sees it); in-flight requests get `grace` seconds to finish, then end with finish_reason 'abort'.
+    Once nothing runs or waits, uvicorn closes the socket and the connections (they have all answered)
+    and the app's shutdown stops the scheduler thread. A second SIGINT stops waiting."""
 
     def __init__(self, config: uvicorn.Config, scheduler: Scheduler, grace: float = 10.0):
         super().__init__(config)
         self.scheduler = scheduler
         self.grace = grace
+        self._draining = False
 
     def handle_exit(self, sig, frame) -> None:
         # As uvicorn's, but without re-raising the signal after the shutdown: a drained server exits 0.
-        self.scheduler.drain(self.grace)
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True  # a second Ctrl-C: stop waiting
-        else:
+        if self._draining:  # a second signal
+            self.force_exit = self.force_exit or sig == signal.SIGINT
             self.should_exit = True
+            return
+        self._draining = True
+        self.scheduler.drain(self.grace)
+        threading.Thread(target=self._exit_when_idle, name="specdec-drain", daemon=True).start()
+
+    def _exit_when_idle(self) -> None:
+        deadline = time.monotonic() + self.grace + 5.0  # past the grace the scheduler aborts what still runs
+        while time.monotonic() < deadline and not self.should_exit:
+            snap = self.scheduler.snapshot()
+            if (snap["active"] == 0 and snap["queued"] == 0) or not snap["alive"]:
+                break
+            time.sleep(0.05)
+        self.should_exit = True
 
 
 def make_server(app: FastAPI, scheduler: Scheduler, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0,
