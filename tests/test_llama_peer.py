@@ -26,7 +26,7 @@ pytestmark = [
 def test_llama_methods_run_side_by_side_with_ours(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = main(["bench", "--model", "smollm2-135m-instruct", "--draft", "smollm2-135m-instruct", "--methods",
-               "plain,llama,llama-spec,llama-spec:3@0.5,llama-lookup:2", "--limit", "1", "--max-new-tokens", "24",
+               "plain,llama,llama-spec,llama-spec:1,llama-spec:3@0.5,llama-lookup:2", "--limit", "1", "--max-new-tokens", "24",
                "--no-plots", "--out", str(out)])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -38,5 +38,10 @@ def test_llama_methods_run_side_by_side_with_ours(tmp_path, capsys):
     # its speculation drafts with the target's own file: nearly every draft passes, and greedy output stays its own
     assert methods["llama-spec:3@0.5"]["drafted"] > 0 and methods["llama-spec:3@0.5"]["alpha"] > 0.5
     assert methods["llama-spec"]["greedy_mismatches"] == [] and methods["llama-spec"]["speedup_vs_own_plain_mean"] > 0
+    # a pinned length reaches the server (its flags, not the request): one draft token per step at most, so at
+    # most one drafted token per two generated (its draft is its own target: nearly every draft passes)
+    one = methods["llama-spec:1"]
+    assert 0 < one["drafted"] <= one["new_tokens"] // 2 + one["prompts"]
+    assert (out / "llama-server-spec-k1.log").is_file()
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert all(r["error"] is None for r in records)

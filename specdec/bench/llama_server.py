@@ -1,11 +1,14 @@
 """llama.cpp's own programs as a bench peer: `llama-server` on the same GGUF files, driven over HTTP.
 
 - `llama`: plain decoding (a server without a draft).
-- `llama-spec`: its speculative decoding with the same draft model (`llama-server -md DRAFT`), at its
-  defaults, or `llama-spec:K` / `llama-spec:K@P` with its draft length capped at K
-  (`speculative.n_max`) and its draft-confidence cut at P (`speculative.p_min`), per request, so one
-  server sweeps every setting.
-- `llama-lookup`: its prompt-lookup drafter (`speculative.type` ngram-simple, K tokens).
+- `llama-spec`: its speculative decoding with the same draft model (`llama-server -md DRAFT --spec-type
+  draft-simple`), at its defaults, or `llama-spec:K` / `llama-spec:K@P` with its draft length capped at K
+  (`--spec-draft-n-max`) and its draft-confidence cut at P (`--spec-draft-p-min`). These are server flags:
+  this llama.cpp ignores them per request, so each setting gets its own server.
+- `llama-lookup`: its prompt-lookup drafter (`--spec-type ngram-simple`, drafts of K tokens).
+
+At most MAX_SERVERS servers run at once (each holds its own repacked copy of the weights); the least
+recently used one stops to make room, and starts again (untimed) when its method's turn comes.
 
 Every request sends the prompt as token ids, with prompt caching off (each run prefills, as ours do), and is
 timed from send to the last byte; the same thread count as our engine. A build is found by `--llama-bin
@@ -105,7 +108,7 @@ class LlamaServer:
     """One llama-server process (a model, and a draft or none), started at construction, stopped by close()."""
 
     def __init__(self, binary: Path, model: Path, draft: Path | None, n_ctx: int, threads: int, log_path: Path,
-                 spec_type: str | None = None):
+                 extra: list[str] = ()):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [str(binary), "-m", str(model), "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads),
@@ -113,8 +116,7 @@ class LlamaServer:
                "-lv", "4"]  # verbosity 4: its system_info line (CPU features, threads); nothing per token
         if draft is not None:
             cmd += ["-md", str(draft), "-td", str(threads), "-tbd", str(threads)]
-        if spec_type is not None:
-            cmd += ["--spec-type", spec_type]
+        cmd += list(extra)
         self.cmd = cmd
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
@@ -189,17 +191,40 @@ class LlamaServerPeer:
         self.last_counts: dict[str, int] = {}  # the last request's drafted and accepted tokens, as the server counts
         self.info = build_info(binary) | {"threads": threads}
 
-    SPEC_TYPES = {"plain": None, "spec": "draft-simple", "lookup": "ngram-simple"}
+    MAX_SERVERS = 3
 
-    def server(self, mode: str) -> LlamaServer:
-        if mode not in self.servers:
-            if mode == "spec" and self.draft is None:
-                raise SpecdecError("the llama-spec method needs --draft MODEL")
+    @staticmethod
+    def server_flags(mode: str, k: int = 0, p_min: float | None = None) -> list[str]:
+        """llama-server's flags for a mode: plain; spec (k = 0 and p_min None: its own defaults); lookup."""
+        if mode == "plain":
+            return []
+        if mode == "spec":
+            flags = ["--spec-type", "draft-simple"]
+            if k:
+                flags += ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
+            if p_min is not None:
+                flags += ["--spec-draft-p-min", str(p_min)]
+            return flags
+        if mode == "lookup":
+            return ["--spec-type", "ngram-simple"] + (["--spec-ngram-simple-size-m", str(k)] if k else [])
+        raise SpecdecError(f"unknown llama-server mode {mode!r}")
+
+    def server(self, mode: str, k: int = 0, p_min: float | None = None) -> LlamaServer:
+        if mode == "spec" and self.draft is None:
+            raise SpecdecError("the llama-spec method needs --draft MODEL")
+        flags = self.server_flags(mode, k, p_min)
+        key = " ".join([mode] + flags)
+        if key in self.servers:
+            self.servers[key] = self.servers.pop(key)  # most recently used last
+        else:
+            while len(self.servers) >= self.MAX_SERVERS:
+                self.servers.pop(next(iter(self.servers))).close()
+            name = mode + (f"-k{k}" if k else "") + (f"-p{p_min}" if p_min is not None else "")
             srv = LlamaServer(self.binary, self.model, self.draft if mode == "spec" else None, self.n_ctx,
-                              self.threads, self.log_dir / f"llama-server-{mode}.log", self.SPEC_TYPES[mode])
-            self.servers[mode] = srv
+                              self.threads, self.log_dir / f"llama-server-{name}.log", flags)
+            self.servers[key] = srv
             self.info.setdefault("system_info", srv.system_info())
-        return self.servers[mode]
+        return self.servers[key]
 
     def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
                  temperature: float = 0.0, seed: int | None = None,
@@ -211,14 +236,7 @@ class LlamaServerPeer:
             body.update(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
         else:
             body.update(temperature=0.0, top_k=1, repeat_penalty=1.0)
-        if mode == "spec" and k:
-            body["speculative.n_max"] = k
-            body["speculative.n_min"] = 0
-        if mode == "spec" and p_min is not None:
-            body["speculative.p_min"] = p_min
-        if mode == "lookup":
-            body["speculative.n_max"] = k
-        srv = self.server(mode)
+        srv = self.server(mode, k, p_min)
         t0 = time.perf_counter()
         out = srv.complete(body)
         seconds = time.perf_counter() - t0
