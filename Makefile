@@ -46,18 +46,28 @@ head: venv
 	  --self-generate 960 --self-max-new 192 --seq-len 512 --init runs/head-base/heads/$(TARGET)-eagle \
 	  --batch-tokens 1024 --unroll 2 --epochs 2 --lr 1e-4 --bf16 --eval-every 20 --save-every 20
 
-# schemathesis over every route of /openapi.json (FUZZ_EXAMPLES requests each) against a server started
-# here on a small model, stopped at the end; long, and not part of `make test`
+# schemathesis over every route of /openapi.json (FUZZ_EXAMPLES cases each, FUZZ_WORKERS at once) against a
+# server started here on a small model: no 5xx, then the server must still be healthy with no busy slot.
+# Long, and not part of `make test` (CI keeps a short run in tests/test_server.py).
 FUZZ_MODEL ?= smollm2-135m-instruct
 FUZZ_PORT  ?= 8765
 FUZZ_EXAMPLES ?= 1000
+FUZZ_WORKERS ?= 4
+FUZZ_OUT ?= runs/fuzz
 fuzz: venv
 	$(VENV)/bin/specdec pull $(FUZZ_MODEL)
-	$(VENV)/bin/specdec serve --model $(FUZZ_MODEL) --max-context 512 --port $(FUZZ_PORT) & server=$$!; \
+	mkdir -p $(FUZZ_OUT)
+	$(VENV)/bin/specdec serve --model $(FUZZ_MODEL) --max-context 256 --max-batch 4 --port $(FUZZ_PORT) \
+	    > $(FUZZ_OUT)/server.log 2>&1 & server=$$!; \
 	trap 'kill $$server' EXIT; \
 	until $(PY) -c 'import sys, httpx; httpx.get(sys.argv[1]).raise_for_status()' \
 	    http://127.0.0.1:$(FUZZ_PORT)/health 2>/dev/null; do kill -0 $$server || exit 1; sleep 1; done; \
-	$(VENV)/bin/schemathesis run http://127.0.0.1:$(FUZZ_PORT)/openapi.json --max-examples=$(FUZZ_EXAMPLES)
+	$(VENV)/bin/schemathesis run http://127.0.0.1:$(FUZZ_PORT)/openapi.json --max-examples=$(FUZZ_EXAMPLES) \
+	    --workers $(FUZZ_WORKERS) --checks not_a_server_error --seed 0 --report junit --report-dir $(FUZZ_OUT) \
+	    || exit 1; \
+	$(PY) -c 'import sys, time, httpx; b = sys.argv[1]; time.sleep(2); httpx.get(b + "/health").raise_for_status(); \
+	    s = httpx.get(b + "/stats").json(); print("after the fuzzing: healthy, busy slots", s["active"], "queued", s["queued"]); \
+	    sys.exit(s["active"] != 0 or s["queued"] != 0)' http://127.0.0.1:$(FUZZ_PORT)
 
 # docs/performance.md from the summaries in docs/results/*.json, and docs/cli.md from the parsers
 results: venv docs
