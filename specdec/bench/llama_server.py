@@ -219,7 +219,7 @@ class LlamaServerPeer:
         else:
             while len(self.servers) >= self.MAX_SERVERS:
                 self.servers.pop(next(iter(self.servers))).close()
-            name = mode + (f"-k{k}" if k else "") + (f"-p{p_min}" if p_min is not None else "")
+            name = mode if mode == "plain" else mode + (f"-k{k}" if k else "") + (f"-p{p_min}" if p_min is not None else "")
             srv = LlamaServer(self.binary, self.model, self.draft if mode == "spec" else None, self.n_ctx,
                               self.threads, self.log_dir / f"llama-server-{name}.log", flags)
             self.servers[key] = srv
