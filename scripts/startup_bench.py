@@ -54,13 +54,14 @@ def run_once(cmd: list[str], env: dict, cwd: str) -> dict:
 
 
 def home_extra_gb() -> float:
-    """GB under SPECDEC_HOME other than models/ (the GGUF files) and kernels/ (the build)."""
+    """GB under SPECDEC_HOME other than models/ (the GGUF files), kernels/ (the build) and llama.cpp/ (the peer's
+    source and binaries)."""
     from specdec.model.registry import specdec_home
     home = specdec_home()
     total = 0
     for p in home.rglob("*"):
         rel = p.relative_to(home).parts
-        if p.is_file() and rel[0] not in ("models", "kernels"):
+        if p.is_file() and rel[0] not in ("models", "kernels", "llama.cpp"):
             total += p.stat().st_size
     return round(total / 1e9, 3)
 
