@@ -34,7 +34,7 @@ bench: venv
 # how the shipped EAGLE head was made (about 70 minutes on 2 cores): the head before it (HEAD_BASE, taken
 # from git history: a full clone) fine-tuned on the target's own answers to 960 prompts, ShareGPT first
 # turns taking turns with coding requests made from the standard library's functions, plus 8k tokens of
-# text (docs/performance.md, heads-training-tuned-960). It resumes after a kill; `--head auto` then
+# text (raw runs: docs/results/raw/heads-training-tuned-960). It resumes after a kill; `--head auto` then
 # prefers its output, $$SPECDEC_HOME/heads/MODEL-eagle, to the shipped head.
 HEAD_BASE ?= b051786
 STDLIB ?= $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])' 2>/dev/null)
