@@ -11,11 +11,11 @@ from tests.conftest import tiny_model
 def fake_measure(monkeypatch, tmp_path):
     """_measure and the start-up check's timer replaced by fixed numbers; the calls to _measure counted."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    state = {"calls": 0, "spread": 1.0, "now": 0.010}
+    state = {"calls": 0, "spread": 1.0, "now": 0.010, "c": 0.25}
 
     def fake(target, draft, sizes, context=256, repeats=3):
         state["calls"] += 1
-        return CostModel({1: 1.0, 2: 1.1, 3: 1.2}, 0.25 if draft is not None else 0.0, 0.010, 0.01, 0.3), \
+        return CostModel({1: 1.0, 2: 1.1, 3: 1.2}, state["c"] if draft is not None else 0.0, 0.010, 0.01, 0.3), \
             state["spread"]
 
     monkeypatch.setattr(measure, "_measure", fake)
@@ -56,6 +56,17 @@ def test_a_measurement_on_a_busy_host_is_used_but_not_kept(fake_measure, tiny_ta
     assert not list((tmp_path / "costs").glob("*.json"))
     measure.cached_costs(tiny_target, tiny_draft)
     assert fake_measure["calls"] == 2
+
+
+def test_a_busy_host_at_start_keeps_the_cached_entry(fake_measure, tiny_target, tiny_draft, tmp_path):
+    measure.cached_costs(tiny_target, tiny_draft)
+    (path,) = (tmp_path / "costs").glob("*.json")
+    before = path.read_text()
+    fake_measure.update(now=0.030, spread=3.0, c=0.9)  # the live check is off, and so is the measurement
+    assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.25
+    assert fake_measure["calls"] == 2 and path.read_text() == before
+    fake_measure.update(spread=1.0)  # a quiet re-measurement replaces the entry
+    assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.9
 
 
 def test_a_broken_cache_file_is_measured_again(fake_measure, tiny_target, tiny_draft, tmp_path):

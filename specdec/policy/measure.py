@@ -152,8 +152,10 @@ def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1
     """measure_costs, kept in $SPECDEC_HOME/costs under the host, both models' fingerprints, the kernel
     build and the sizes. A cached entry is used after a check of three plain steps: one that is off the
     cached step time by RECHECK either way (another build, a changed host) is measured again. A
-    measurement whose plain steps spread by more than RECHECK (a busy host) is used but not kept. The
-    policy's calibration corrects either by the live step times from the first steps on."""
+    measurement whose plain steps spread by more than RECHECK (a busy host) is not kept, and where a
+    cached entry exists that entry is used instead (measured on a quiet host, it is the better guess);
+    else it is used. The policy's calibration corrects either by the live step times from the first
+    steps on."""
     path = _cost_path(target, draft, sizes)
     try:
         data = json.loads(path.read_text())
@@ -181,6 +183,10 @@ def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1
                                    "prefill_fixed": costs.prefill_fixed, "measured_seconds":
                                    round(time.perf_counter() - t0, 2), "measured_at": time.time()}))
         os.replace(tmp, path)
+    elif cached is not None:
+        progress(f"policy costs: plain steps spread {spread:.2f}x while measuring (a busy host); the cached "
+                 f"entry is used, {path}")
+        return cached
     else:
         progress(f"policy costs: plain steps spread {spread:.2f}x while measuring (a busy host); not kept")
     return costs
