@@ -114,7 +114,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
 #define QPF_BYTES 1024 /* software prefetch distance within a row */
 #endif
 #ifndef QPF_HINT
-#define QPF_HINT _MM_HINT_T0 /* into L1 (scripts/kernel_flag_ab.py measures others) */
+#define QPF_HINT _MM_HINT_T0 /* into L1 */
 #endif
 
 #include "quant_kq.h"
