@@ -7,6 +7,8 @@ the Python loop's bits; and speculative greedy output equals plain greedy output
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import subprocess
 import sys
@@ -27,9 +29,19 @@ LLAMA_CPP = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specde
 CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
+FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope"]
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)
+# phi3-longrope (Phi-4-mini's shape): LongRoPE with an original context of 16, so that a 23-token prompt is
+# beyond it (the long factors) and a 12-token one in a 16-position cache within it (the short ones); RoPE on
+# 12 of each head's 16 dimensions; tied embeddings
+PHI_ORIGINAL = 16
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.2 * i for i in range(6)], "long_factor": [1.0 + 1.5 * i for i in range(6)]}
+# Phi-3's chat format, carried into the GGUF file by the converter
+PHI3_CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+                      "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")
 
 
 def family_model(name: str, vocab: int):
@@ -44,6 +56,14 @@ def family_model(name: str, vocab: int):
                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                               "original_max_position_embeddings": 64})
         cls = tf.LlamaForCausalLM
+    elif name == "phi3":  # Phi-3-mini's shape: fused q/k/v and gate/up, no RoPE scaling
+        cfg = tf.Phi3Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=False, sliding_window=None,
+                            original_max_position_embeddings=256, **TINY)
+        cls = tf.Phi3ForCausalLM
+    elif name == "phi3-longrope":
+        cfg = tf.Phi3Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, sliding_window=None,
+                            original_max_position_embeddings=PHI_ORIGINAL, rope_parameters=dict(LONGROPE), **TINY)
+        cls = tf.Phi3ForCausalLM
     else:  # gemma3: 7 layers, so layers 0-4 and 6 slide and layer 5 is global
         cfg = tf.Gemma3TextConfig(vocab_size=vocab, num_hidden_layers=7, head_dim=32, query_pre_attn_scalar=32,
                                   sliding_window=WINDOW, **TINY)
@@ -62,7 +82,7 @@ def family_model(name: str, vocab: int):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, smollm2_path):
-    """{family: (transformers model, {outtype: GGUF path})}: every conversion run at once."""
+    """{family: (transformers model, {outtype: GGUF path, "hf": its HF directory})}: every conversion run at once."""
     if not CONVERTER.is_file():
         pytest.skip(f"llama.cpp's converter is absent ({CONVERTER}); run scripts/llama_cpp.sh source")
     from transformers import PreTrainedTokenizerFast
@@ -71,14 +91,19 @@ def checkpoints(tmp_path_factory, smollm2_path):
     from specdec.model.tokenizer import gguf_tokenizer
     tok = gguf_tokenizer(GGUFFile(smollm2_path))  # a byte-level BPE the converter knows (SmolLM's)
     out, procs = {}, []
-    for name in ("qwen3", "llama3", "gemma3"):
+    for name in FAMILIES:
         d = tmp_path_factory.mktemp(name)
         PreTrainedTokenizerFast(tokenizer_object=tok.backend, bos_token=tok.bos_token,
                                 eos_token=tok.eos_token).save_pretrained(d)
+        if name.startswith("phi3"):  # the converter takes a Phi-3 vocabulary as byte-level BPE by this class name
+            config = json.loads((d / "tokenizer_config.json").read_text())
+            config.update(tokenizer_class="GPT2Tokenizer", chat_template=PHI3_CHAT_TEMPLATE)
+            (d / "tokenizer_config.json").write_text(json.dumps(config))
         model = family_model(name, len(tok))
         model.save_pretrained(d)
-        out[name] = (model, {t: d / f"{name}-{t}.gguf" for t in ("f32", "q8_0")})
-        for t, path in out[name][1].items():
+        out[name] = (model, {t: d / f"{name}-{t}.gguf" for t in ("f32", "q8_0")} | {"hf": d})
+        for t in ("f32", "q8_0"):
+            path = out[name][1][t]
             procs.append(subprocess.Popen([sys.executable, str(CONVERTER), str(d), "--outtype", t, "--outfile",
                                            str(path)], env={**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")},
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
@@ -103,10 +128,10 @@ def our_logits(module, ids) -> torch.Tensor:
     return module(ids, cache, 0)[0]  # [T, vocab]
 
 
-FAMILIES = ["qwen3", "llama3", "gemma3"]
 TORCH_ATOL = 5e-5  # fp32 rounding over a few layers, logits up to ~6 (measured: 4e-6 to 6e-6)
 # Q8_0 weights and 8-bit activations on these random nets: max |error| / max |logit| (measured 0.040 qwen3,
-# 0.053 llama3, 0.048 gemma3; the weights' rounding alone, on the torch path, is 0.03 to 0.045)
+# 0.053 llama3, 0.048 gemma3, 0.058 phi3, 0.078 phi3-longrope, whose attention factor sqrt(2) scales q.k by 2;
+# the weights' rounding alone, on the torch path, is 0.03 to 0.045)
 QUANT_REL = 0.1
 
 
@@ -197,6 +222,72 @@ def test_gemma3_window_matters(checkpoints):
     assert (our_logits(ours, ids) - windowed)[WINDOW:].abs().max() > 1e-2
 
 
+def test_phi3_reads_longrope_and_partial_rope(checkpoints):
+    """The file's LongRoPE factors, attention factor and partial RoPE reach the model; the short factors
+    serve a cache within the original context (transformers: a sequence within it), the long ones a
+    larger one, and each matches transformers' logits; so does a loader that ignored them not."""
+    model, paths = checkpoints["phi3-longrope"]
+    ours = load_model(str(paths["f32"]), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
+    cfg = ours.config
+    assert cfg.rope_dim == 12 and cfg.head_dim == 16 and cfg.rope_original_context == PHI_ORIGINAL
+    assert cfg.rope_freq_factors == pytest.approx(LONGROPE["short_factor"])
+    assert cfg.rope_long_factors == pytest.approx(LONGROPE["long_factor"])
+    assert cfg.rope_attn_factor == pytest.approx(math.sqrt(1 + math.log(256 / PHI_ORIGINAL) / math.log(PHI_ORIGINAL)))
+    short_ids = prompt_ids(model.config.vocab_size, 12)
+    with torch.inference_mode():
+        short = ours(short_ids, ours.new_cache(PHI_ORIGINAL), 0)[0]
+    assert not ours.rope_long
+    assert (short - hf_logits(model, short_ids)).abs().max().item() < TORCH_ATOL
+    long_ids = prompt_ids(model.config.vocab_size)
+    long = our_logits(ours, long_ids)  # a 64-position cache: beyond the original context
+    assert ours.rope_long
+    assert (long - hf_logits(model, long_ids)).abs().max().item() < TORCH_ATOL
+    assert (our_logits(ours, short_ids) - short).abs().max().item() > 1e-3  # the long factors differ
+
+
+@pytest.mark.parametrize("name", ["phi3", "phi3-longrope"])
+def test_phi3_through_transformers_and_its_own_directory(checkpoints, name):
+    """Our weights handed back to transformers' class (bench's HF peer: q/k/v and gate/up fused again, the
+    partial RoPE's rows in HF's order) and the HF directory itself through our loader give transformers' logits."""
+    from specdec.bench.baselines import hf_model
+    model, paths = checkpoints[name]
+    ids = prompt_ids(model.config.vocab_size)
+    expected = hf_logits(model, ids)
+    ours = load_model(str(paths["f32"]), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
+    assert (hf_logits(hf_model(paths["f32"], share=ours), ids) - expected).abs().max().item() < TORCH_ATOL
+    assert (hf_logits(hf_model(paths["f32"]), ids) - expected).abs().max().item() < TORCH_ATOL
+    from_dir = load_model(str(paths["hf"]), device="cpu", progress=lambda *a: None).module
+    assert (our_logits(from_dir, ids) - expected).abs().max().item() < TORCH_ATOL
+
+
+@kernel
+def test_phi3_runs_its_fused_tensors_as_they_are(checkpoints):
+    """The quantized path's q/k/v and gate/up GEMMs are the file's fused tensors (rows of q and k reordered
+    for the partial RoPE: a copy), one part each."""
+    from specdec.model.quant import QuantLinear
+    _, paths = checkpoints["phi3-longrope"]
+    layer = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj):
+        assert isinstance(linear, QuantLinear) and len(linear.parts) == 1
+    assert layer.self_attn.qkv_proj.out_features == (4 + 2 * 2) * 16 and layer.mlp.gate_up_proj.out_features == 256
+
+
+@pytest.mark.parametrize("weights", ["gguf-q8", "float32"])
+def test_phi3_generates_with_its_chat_template(checkpoints, capsys, weights):
+    """`specdec generate --chat` on a phi3 file: the chat template is the file's (Phi-3's turns)."""
+    from specdec.cli import main
+    from specdec.model.gguf_file import GGUFFile
+    from specdec.model.tokenizer import encode_prompt, gguf_tokenizer
+    _, paths = checkpoints["phi3"]
+    tok = gguf_tokenizer(GGUFFile(paths["q8_0"]))
+    assert tok.decode(encode_prompt(tok, "hi", chat=True)).endswith("<|user|>\nhi<|end|>\n<|assistant|>\n")
+    code = main(["generate", "--model", str(paths["q8_0"]), "--weight-dtype", weights, "--chat", "--ngram", "--policy", "fixed",
+                 "--max-new-tokens", "8", "--json", "hi"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["stats"]["new_tokens"] >= 1
+
+
 GEMMA = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "models" / "gemma3-270m.gguf"
 TIE = 0.25  # logits this close count as a tie the quantized arithmetic (max error ~1.4 on logits ~20) may break
 
@@ -249,8 +340,8 @@ def tiny_gguf(tmp_path, arch: str, fmt: str = "Q8_0", **overrides) -> Path:
 def test_an_architecture_we_do_not_run_names_itself_and_the_supported_ones(tmp_path):
     from specdec.errors import SpecdecError
     from specdec.model.loading import SUPPORTED_ARCHS, gguf_hf_config
-    gguf = open_gguf(tiny_gguf(tmp_path, "phi3"))
-    with pytest.raises(SpecdecError, match="unsupported GGUF architecture 'phi3'") as e:
+    gguf = open_gguf(tiny_gguf(tmp_path, "phi2"))
+    with pytest.raises(SpecdecError, match="unsupported GGUF architecture 'phi2'") as e:
         gguf_hf_config(gguf)
     assert all(a in str(e.value) for a in SUPPORTED_ARCHS)
 
@@ -260,6 +351,21 @@ def test_a_missing_tensor_is_named(tmp_path):
     from specdec.errors import SpecdecError
     with pytest.raises(SpecdecError, match=r"lacks the tensor blk\.0\.attn_q_norm\.weight, which a qwen3 model needs"):
         load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "qwen3")))
+
+
+def test_a_phi3_file_of_another_layout_is_named(tmp_path):
+    """phi3 under a Llama-shaped file: separate q/k/v are fine (llama.cpp reads them too), but its ffn_up
+    must hold the gate and up; and LongRoPE needs both factor tensors."""
+    from types import SimpleNamespace
+
+    from specdec.errors import SpecdecError
+    with pytest.raises(SpecdecError, match=r"tensor blk\.0\.ffn_up\.weight has .* a phi3 model of these sizes "
+                                           r"stacks ffn_gate, ffn_up in 512"):
+        load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "phi3")))
+    from specdec.model.loading import _gguf_rope
+    half = SimpleNamespace(path="half.gguf", tensors={"rope_factors_long.weight": None}, get=lambda key, default=None: default)
+    with pytest.raises(SpecdecError, match=r"half\.gguf lacks the tensor rope_factors_short\.weight, which LongRoPE needs"):
+        _gguf_rope(half, "phi3", {"max_position_embeddings": 256})
 
 
 @kernel

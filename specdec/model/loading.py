@@ -20,11 +20,12 @@ from torch import nn
 from specdec.errors import SpecdecError
 from specdec.model.gguf_file import GGUFFile
 from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
-from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfig, Transformer
+from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfig, Transformer, rope_row_order
 
-SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "mistral", "gemma3"}  # GGUF general.architecture
-HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text"}  # an HF directory's config model_type
+SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "mistral", "gemma3", "phi3"}  # GGUF general.architecture
+HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text", "phi3"}  # an HF directory's config model_type
 PERMUTED_QK = {"llama", "mistral"}  # llama.cpp's converter interleaves these families' q/k rows for its RoPE
+PARTIAL_ROPE_ARCHS = {"phi3"}  # RoPE on part of each head (rope.dimension_count < head_dim): Phi-4-mini
 
 
 # a draft model's block formats re-encoded at load into ones our kernels run faster, holding the same weights
@@ -45,6 +46,14 @@ LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_
                  "ffn_down"]
 FAMILY_TENSORS = {"qwen3": ["attn_q_norm", "attn_k_norm"],
                   "gemma3": ["attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"]}
+# an architecture's per-layer tensors where they are not LAYER_TENSORS (Phi-3: q/k/v in one, gate and up in one)
+ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]}
+# tensors of an architecture holding several of our weights stacked along their rows, in this order (llama.cpp
+# also reads a phi3 file with separate attn_q, attn_k and attn_v; its ffn_up always holds the gate, then up)
+FUSED_TENSORS = {"phi3": {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")}}
+# the same in an HF checkpoint of the family (HF module names)
+HF_FUSED = {"phi3": {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}}
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
@@ -84,9 +93,12 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
     _require_tensors(gguf, arch, int(f("block_count")))
     heads, hidden = int(f("attention.head_count")), int(f("embedding_length"))
     head_dim = int(f("attention.key_length", hidden // heads))
-    if int(f("rope.dimension_count", head_dim)) != head_dim:
-        raise SpecdecError(f"{gguf.path}: RoPE on {f('rope.dimension_count')} of each head's {head_dim} dimensions "
-                           "(partial rotation) is not supported")
+    rotary = int(f("rope.dimension_count", head_dim))
+    if rotary != head_dim and (arch not in PARTIAL_ROPE_ARCHS or not 0 < rotary < head_dim
+                               or rotary % 2 or head_dim % 2):
+        raise SpecdecError(f"{gguf.path}: RoPE on {rotary} of each head's {head_dim} dimensions (partial rotation) "
+                           f"is not supported for {arch}" + (" (an even count below the head's is)"
+                                                             if arch in PARTIAL_ROPE_ARCHS else ""))
     cfg = {
         "model_type": "gemma3_text" if arch == "gemma3" else arch, "vocab_size": gguf.tensors["token_embd.weight"].rows,
         "hidden_size": hidden, "intermediate_size": int(f("feed_forward_length")),
@@ -99,31 +111,87 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
         "attention_bias": "blk.0.attn_q.bias" in gguf.tensors,
         "torch_dtype": "float32",
     }
+    if rotary != head_dim:
+        cfg["partial_rotary_factor"] = rotary / head_dim
     cfg.update(_gguf_rope(gguf, arch, cfg))
     if arch == "gemma3":
         cfg.update(_gguf_gemma3(gguf, cfg))
+    if arch == "phi3":  # llama.cpp runs Phi-3's sliding_window key as full attention: so do we
+        cfg["sliding_window"] = None
+    try:
+        model = ModelConfig.from_hf(cfg)
+    except ValueError as e:  # a RoPE variant or size we do not run
+        raise SpecdecError(f"{gguf.path}: {e}") from None
+    _check_fused(gguf, arch, model)
     return cfg
 
 
 def _require_tensors(gguf: GGUFFile, arch: str, layers: int) -> None:
-    """SpecdecError naming the first tensor a model of `arch` with `layers` layers needs and the file lacks."""
-    needed = ["output_norm"] + [f"blk.{i}.{n}" for i in range(layers) for n in LAYER_TENSORS + FAMILY_TENSORS.get(arch, [])]
+    """SpecdecError naming the first tensor a model of `arch` with `layers` layers needs and the file lacks
+    (a fused tensor may be there as its separate parts, where the parts have names of their own)."""
+    per_layer = ARCH_LAYER_TENSORS.get(arch, LAYER_TENSORS) + FAMILY_TENSORS.get(arch, [])
+    needed = ["output_norm"] + [f"blk.{i}.{n}" for i in range(layers) for n in per_layer]
     for name in needed:
-        if f"{name}.weight" not in gguf.tensors:
-            raise SpecdecError(f"{gguf.path} lacks the tensor {name}.weight, which a {arch} model needs; "
-                               "the file is incomplete or of another layout")
+        if f"{name}.weight" in gguf.tensors:
+            continue
+        prefix, _, kind = name.rpartition(".")
+        parts = FUSED_TENSORS.get(arch, {}).get(kind, ())
+        if parts and kind not in parts and all(f"{prefix}.{p}.weight" in gguf.tensors for p in parts):
+            continue
+        raise SpecdecError(f"{gguf.path} lacks the tensor {name}.weight, which a {arch} model needs; "
+                           "the file is incomplete or of another layout")
+
+
+def _part_rows(module: str, cfg: ModelConfig) -> int:
+    """Rows of one of our weights (its HF module name) in a fused tensor."""
+    kv = cfg.num_kv_heads * cfg.head_dim
+    return {"self_attn.q_proj": cfg.num_heads * cfg.head_dim, "self_attn.k_proj": kv, "self_attn.v_proj": kv,
+            "mlp.gate_proj": cfg.intermediate_size, "mlp.up_proj": cfg.intermediate_size}[module]
+
+
+def _fused_rows(arch: str, kind: str, cfg: ModelConfig) -> list[int]:
+    """Rows of each part of the fused GGUF tensor `kind` (FUSED_TENSORS) of architecture `arch`."""
+    return [_part_rows(GGUF_LAYER_NAMES[p], cfg) for p in FUSED_TENSORS[arch][kind]]
+
+
+def _check_fused(gguf: GGUFFile, arch: str, model: ModelConfig) -> None:
+    """SpecdecError naming a fused tensor whose rows are not its parts' (the sizes in the metadata)."""
+    fused = FUSED_TENSORS.get(arch, {})
+    for name, info in gguf.tensors.items():
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in fused:
+            rows = sum(_fused_rows(arch, parts[2], model))
+            if (info.dims[0] if len(info.dims) == 1 else info.rows) != rows:
+                raise SpecdecError(f"{gguf.path}: tensor {name} has {info.dims} elements; a {arch} model of these sizes "
+                                   f"stacks {', '.join(fused[parts[2]])} in {rows}")
 
 
 def _gguf_rope(gguf: GGUFFile, arch: str, cfg: dict) -> dict:
-    """RoPE scaling of a GGUF file as HF config keys: linear (rope.scaling.type), Llama 3 (rope_freqs tensor)."""
+    """RoPE scaling of a GGUF file as HF config keys: linear (rope.scaling.type), Llama 3 (rope_freqs tensor),
+    LongRoPE (Phi-3: rope_factors_long and rope_factors_short, rope.scaling.attn_factor)."""
     kind = gguf.get(f"{arch}.rope.scaling.type", "none")
     out = {}
+    factors = lambda name: [float(v) for v in np.array(gguf.tensor(name), dtype=np.float32).reshape(-1)]  # noqa: E731
     if kind == "linear":
         out["rope_scaling"] = {"rope_type": "linear", "factor": float(gguf.get(f"{arch}.rope.scaling.factor"))}
     elif kind not in ("none", None):
-        raise SpecdecError(f"{gguf.path}: RoPE scaling {kind!r} is not supported (none, linear and Llama 3's are)")
+        raise SpecdecError(f"{gguf.path}: RoPE scaling {kind!r} is not supported (none, linear, Llama 3's and "
+                           "LongRoPE are)")
     if "rope_freqs.weight" in gguf.tensors:
-        out["rope_freq_factors"] = [float(v) for v in np.array(gguf.tensor("rope_freqs.weight"), dtype=np.float32)]
+        out["rope_freq_factors"] = factors("rope_freqs.weight")
+    longrope = ("rope_factors_long.weight", "rope_factors_short.weight")
+    if any(n in gguf.tensors for n in longrope):
+        missing = [n for n in longrope if n not in gguf.tensors]
+        if missing:
+            raise SpecdecError(f"{gguf.path} lacks the tensor {missing[0]}, which LongRoPE needs (the file has "
+                               f"the other of {' and '.join(longrope)})")
+        original = int(gguf.get(f"{arch}.rope.scaling.original_context_length", cfg["max_position_embeddings"]))
+        scaling = {"rope_type": "longrope", "long_factor": factors(longrope[0]), "short_factor": factors(longrope[1]),
+                   "original_max_position_embeddings": original}
+        attn = gguf.get(f"{arch}.rope.scaling.attn_factor")
+        if attn is not None:  # else transformers' default from the ratio (the value llama.cpp's converter writes)
+            scaling["attention_factor"] = float(attn)
+        out["rope_scaling"], out["original_max_position_embeddings"] = scaling, original
     return out
 
 
@@ -160,12 +228,39 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def _rows(gguf: GGUFFile, name: str, cfg: dict) -> np.ndarray:
-    """A tensor's stored rows in the HF row order: llama's q/k rows un-permuted (a copy), else a view."""
+    """A tensor's stored rows in our row order (a copy where it is not the file's), else a view: llama's q/k
+    rows un-permuted into HF's order; with partial RoPE, q's and k's dimensions in rope_row_order's."""
     data = gguf.tensor(name)
     if family(cfg) in PERMUTED_QK and name.endswith(("attn_q.weight", "attn_k.weight")):
         heads = cfg["num_attention_heads"] if "attn_q" in name else cfg["num_key_value_heads"]
         data = np.ascontiguousarray(unpermute_qk(data, heads))
+    order = _partial_rope_rows(name, cfg)
+    if order is not None:
+        data = np.ascontiguousarray(data[order])
     return data
+
+
+def _partial_rope_rows(name: str, cfg: dict) -> np.ndarray | None:
+    """Where a model has partial RoPE: the rows of q/k/v tensor `name` (attn_q, attn_k or attn_qkv, a
+    weight or a bias) in our order, each q and k head's in rope_row_order's (v's as they are); else None."""
+    kind = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
+    if kind not in ("attn_q", "attn_k", "attn_qkv") or cfg.get("partial_rotary_factor", 1.0) == 1.0:
+        return None
+    model = ModelConfig.from_hf(cfg)
+    order = rope_row_order(model.head_dim, model.rotary_dim)
+    if order is None:
+        return None
+    hd, q, kv = model.head_dim, model.num_heads, model.num_kv_heads
+    heads = lambda n, at: (at + np.arange(n)[:, None] * hd + np.array(order)[None]).reshape(-1)  # noqa: E731
+    if kind != "attn_qkv":
+        return heads(q if kind == "attn_q" else kv, 0)
+    return np.concatenate([heads(q, 0), heads(kv, q * hd), np.arange((q + kv) * hd, (q + 2 * kv) * hd)])
+
+
+def _reordered(name: str, cfg: dict) -> bool:
+    """Whether _rows gives tensor `name` in another order than the file's (a copy)."""
+    return ((family(cfg) in PERMUTED_QK and name.endswith(("attn_q.weight", "attn_k.weight")))
+            or _partial_rope_rows(name, cfg) is not None)
 
 
 def dequantize(gguf: GGUFFile, name: str, cfg: dict) -> torch.Tensor:
@@ -190,7 +285,14 @@ def gguf_state_dict(gguf: GGUFFile, cfg: dict, dtype: torch.dtype = torch.float3
     gives HF's)."""
     out = {}
     arch = gguf.get("general.architecture")
+    fused, model = FUSED_TENSORS.get(arch, {}), ModelConfig.from_hf(cfg)
     for name in gguf.tensors:
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in fused:  # one of ours per part, row slices
+            pieces = dequantize(gguf, name, cfg).split(_fused_rows(arch, parts[2], model))
+            for part, piece in zip(fused[parts[2]], pieces):
+                out[hf_name(f"blk.{parts[1]}.{part}.{parts[3]}", arch)] = piece.to(device=device, dtype=dtype)
+            continue
         hf = hf_name(name, arch)
         if hf is not None:
             out[hf] = dequantize(gguf, name, cfg).to(device=device, dtype=dtype)
@@ -205,8 +307,38 @@ def _shift_norms(state: dict[str, torch.Tensor], offset: float) -> dict[str, tor
 
 def hf_state_dict(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """Our model's weights (gguf_state_dict's, or a module's state_dict) as HF's class of the family
-    takes them: Gemma's norm weights less the 1 its RMSNorm adds (new tensors), the rest the same tensors."""
-    return _shift_norms(state, -ModelConfig.from_hf(cfg).norm_offset)
+    takes them: Gemma's norm weights less the 1 its RMSNorm adds, partial RoPE's q/k rows in HF's order,
+    Phi-3's fused weights stacked (new tensors); the rest the same tensors."""
+    model = ModelConfig.from_hf(cfg)
+    state = _shift_norms(state, -model.norm_offset)
+    order = rope_row_order(model.head_dim, model.rotary_dim)
+    if order is not None:
+        state = _reorder_qk(state, np.argsort(order).tolist(), model.head_dim)
+    for fused, parts in HF_FUSED.get(family(cfg), {}).items():
+        for key in [k for k in state if k.rpartition(".")[0].endswith(f".{parts[0]}")]:
+            prefix, kind = key.rpartition(".")[0][:-len(parts[0])], key.rpartition(".")[2]
+            state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(f"{prefix}{p}.{kind}") for p in parts])
+    return state
+
+
+def _from_hf_state_dict(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
+    """An HF checkpoint's weights as our model takes them (hf_state_dict's inverse, less the norms)."""
+    model = ModelConfig.from_hf(cfg)
+    for fused, parts in HF_FUSED.get(family(cfg), {}).items():
+        for key in [k for k in state if k.rpartition(".")[0].endswith(f".{fused}")]:
+            prefix, kind = key.rpartition(".")[0][:-len(fused)], key.rpartition(".")[2]
+            pieces = state.pop(key).split([_part_rows(p, model) for p in parts])
+            state.update({f"{prefix}{p}.{kind}": piece for p, piece in zip(parts, pieces)})
+    order = rope_row_order(model.head_dim, model.rotary_dim)
+    return state if order is None else _reorder_qk(state, order, model.head_dim)
+
+
+def _reorder_qk(state: dict[str, torch.Tensor], order: list[int], head_dim: int) -> dict[str, torch.Tensor]:
+    """q's and k's rows (weights and biases) with each head's dimensions taken in `order` (new tensors)."""
+    def one(t):
+        return t.reshape(-1, head_dim, *t.shape[1:])[:, order].reshape(t.shape)
+    qk = (".q_proj.weight", ".k_proj.weight", ".q_proj.bias", ".k_proj.bias")
+    return {k: one(v) if k.endswith(qk) else v for k, v in state.items()}
 
 
 def load_gguf_reference(gguf: GGUFFile, device: torch.device, dtype: torch.dtype) -> Transformer:
@@ -243,7 +375,7 @@ def _parts(gguf: GGUFFile, names: list[str], cfg: dict, reencode: bool = False):
     def close():
         if not group:
             return
-        copied = family(cfg) in PERMUTED_QK and any(n.endswith(("attn_q.weight", "attn_k.weight")) for n in group)
+        copied = any(_reordered(n, cfg) for n in group)
         if len(group) > 1 and not copied and all(gguf.adjacent(a, b) for a, b in zip(group, group[1:])):
             data = gguf.span(group)
         elif len(group) > 1 or copied:
@@ -392,6 +524,14 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     backbone.norm.weight = _vector(gguf, "output_norm.weight")
     arch = gguf.get("general.architecture")
     names = GEMMA_LAYER_NAMES if arch == "gemma3" else GGUF_LAYER_NAMES
+
+    def stacked(p: str, parts: tuple[str, ...]) -> list[str]:
+        """The tensors holding layer p's weights `parts` stacked along the rows: the architecture's fused one
+        where the file has it (our fused GEMM as it is), else the parts."""
+        for fused, held in FUSED_TENSORS.get(arch, {}).items():
+            if held == parts and f"{p}{fused}.weight" in gguf.tensors:
+                return [p + fused]
+        return [p + n for n in parts]
     for i, layer in enumerate(backbone.layers):
         p = f"blk.{i}."
         for gguf_name, module in names.items():  # the norms: our RMSNorm modules under their HF names
@@ -399,10 +539,10 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
                 norm = layer.get_submodule(module)
                 norm.weight, norm.cpu_ops = _vector(gguf, f"{p}{gguf_name}.weight"), True
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = _linear(gguf, [p + "attn_q", p + "attn_k", p + "attn_v"], cfg, reencode, repack, bits)
+        attn.qkv_proj = _linear(gguf, stacked(p, ("attn_q", "attn_k", "attn_v")), cfg, reencode, repack, bits)
         attn.q_proj = attn.k_proj = attn.v_proj = None
         attn.o_proj = _linear(gguf, [p + "attn_output"], cfg, reencode, repack, bits)
-        mlp.gate_up_proj = _linear(gguf, [p + "ffn_gate", p + "ffn_up"], cfg, reencode, repack, bits)
+        mlp.gate_up_proj = _linear(gguf, stacked(p, ("ffn_gate", "ffn_up")), cfg, reencode, repack, bits)
         mlp.gate_proj = mlp.up_proj = None
         mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, bits)
         attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
@@ -481,6 +621,7 @@ def load_hf_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> Tr
     for f in files:
         with safe_open(str(f), framework="pt", device=str(device)) as sf:
             state.update({k: sf.get_tensor(k).float() for k in sf.keys() if not k.endswith("rotary_emb.inv_freq")})
+    state = _from_hf_state_dict(state, hf_cfg)
     state = {k: v.to(dtype) for k, v in _shift_norms(state, offset).items()}  # Gemma's +1 in fp32, as llama.cpp's
     return _assemble(hf_cfg, state, device, str(directory))
 

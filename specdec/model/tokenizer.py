@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specdec.errors import SpecdecError
 
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>")
 MAX_VOCAB_SIZE_DIFFERENCE = 128  # as llama.cpp's draft compatibility check
 
 

@@ -1,9 +1,10 @@
 """One compact decoder for the Llama family and its relatives: Llama (Llama 3's RoPE scaling too),
-SmolLM2, Qwen2/2.5, Qwen3, Mistral and Gemma 3.
+SmolLM2, Qwen2/2.5, Qwen3, Mistral, Gemma 3 and Phi-3/Phi-4-mini.
 
 A family's differences are data in ModelConfig (q/k bias, per-head q/k norms, norms on the attention's
 and the MLP's outputs, the gate's activation, scaled embeddings, the attention scale, sliding-window
-layers with their own RoPE base, RoPE scaling), filled from the GGUF metadata or the HF config.
+layers with their own RoPE base, RoPE scaling: linear, Llama 3's, LongRoPE; RoPE on part of each head),
+filled from the GGUF metadata or the HF config.
 Parameter names follow HF transformers (model.layers.N.self_attn.q_proj.weight, ...), so HF
 checkpoints and a GGUF file's dequantized tensors (the torch reference) load with a plain load_state_dict;
 the CPU backend swaps in layers on the file's own blocks (loading.load_gguf_blocks).
@@ -29,6 +30,7 @@ FAMILIES = {
     "llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True},
     "gemma3": {"qk_norm": True, "sandwich_norms": True, "activation": "gelu_tanh", "norm_offset": 1.0,
                "scaled_embeddings": True},
+    "phi3": {},  # Llama's layer; its fused tensors are the loader's, LongRoPE and partial RoPE are RoPE data
 }
 HF_FAMILY = {"gemma3_text": "gemma3"}  # HF model types that are another's family
 GEMMA3_GLOBAL_EVERY = 6  # Gemma 3: every 6th layer attends globally, the others in a sliding window
@@ -58,7 +60,22 @@ class ModelConfig:
     sliding_layers: tuple[int, ...] = ()
     rope_local_theta: float | None = None  # the sliding layers' RoPE base (None: rope_theta)
     rope_linear_factor: float = 1.0  # linear RoPE scaling of the global layers: positions divided by it
-    rope_freq_factors: tuple[float, ...] | None = None  # Llama 3: each inverse frequency divided by its factor
+    rope_freq_factors: tuple[float, ...] | None = None  # Llama 3, LongRoPE's short factors: each inverse
+    # frequency divided by its factor
+    rope_long_factors: tuple[float, ...] | None = None  # LongRoPE (Phi-3): these instead of rope_freq_factors
+    # for a model run in a context longer than rope_original_context (llama.cpp's rule; Transformer.new_cache)
+    rope_original_context: int = 0
+    rope_attn_factor: float = 1.0  # LongRoPE: cos and sin of the rotated dimensions scaled by it
+    rope_dim: int = 0  # RoPE on the first rope_dim dimensions of each head, the rest pass (Phi-4-mini); 0: all.
+    # q's and k's rows then lie in rope_row_order's layout (the loaders reorder them; hf_state_dict undoes it)
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.rope_dim or self.head_dim
+
+    def long_rope(self, context: int) -> bool:
+        """Whether a model run in a context of `context` positions takes LongRoPE's long factors."""
+        return self.rope_long_factors is not None and context > self.rope_original_context
 
     @property
     def embed_scale(self) -> float:
@@ -116,15 +133,55 @@ def _hf_rope(cfg: dict, head_dim: int) -> dict:
     elif cfg.get("rope_local_base_freq"):
         out["rope_local_theta"] = float(cfg["rope_local_base_freq"])
     kind = (scaling.get("rope_type") or scaling.get("type") or "default").lower()
+    partial = full.get("partial_rotary_factor", scaling.get("partial_rotary_factor",
+                                                            cfg.get("partial_rotary_factor", 1.0))) or 1.0
+    rotary = int(round(head_dim * partial, 6))  # HF's int(head_dim * partial_rotary_factor), safe from float rounding
+    if rotary != head_dim:
+        if rotary <= 0 or rotary % 2 or (head_dim - rotary) % 2:
+            raise ValueError(f"RoPE on {rotary} of each head's {head_dim} dimensions is not supported "
+                             "(both counts must be even)")
+        out["rope_dim"] = rotary
     if cfg.get("rope_freq_factors"):  # a GGUF file's rope_freqs tensor (loading.gguf_hf_config)
         out["rope_freq_factors"] = tuple(float(f) for f in cfg["rope_freq_factors"])
     if kind == "linear":
         out["rope_linear_factor"] = float(scaling["factor"])
     elif kind == "llama3":
         out["rope_freq_factors"] = llama3_rope_factors(theta, head_dim, scaling)
+    elif kind in ("longrope", "su"):
+        out.update(longrope(cfg, scaling, rotary))
     elif kind != "default":
-        raise ValueError(f"RoPE scaling {kind!r} is not supported (default, linear and llama3 are)")
+        raise ValueError(f"RoPE scaling {kind!r} is not supported (default, linear, llama3 and longrope are)")
     return out
+
+
+def longrope(cfg: dict, scaling: dict, rotary: int) -> dict:
+    """LongRoPE's ModelConfig fields (Phi-3) from an HF config and its rope scaling: the short and long
+    factors, the original context, the attention factor (given, or transformers' default from the ratio
+    of the context to the original one, as llama.cpp's converter writes it)."""
+    original = scaling.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+    short, long = scaling.get("short_factor"), scaling.get("long_factor")
+    if not original or short is None or long is None:
+        raise ValueError("LongRoPE needs short_factor, long_factor and original_max_position_embeddings")
+    if len(short) != rotary // 2 or len(long) != rotary // 2:
+        raise ValueError(f"LongRoPE's factors must be {rotary // 2} each (one per rotated pair), "
+                         f"not {len(short)} and {len(long)}")
+    factor = scaling.get("factor") or cfg.get("max_position_embeddings", original) / original
+    attn = scaling.get("attention_factor")
+    if attn is None:
+        attn = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+    return {"rope_freq_factors": tuple(float(f) for f in short), "rope_long_factors": tuple(float(f) for f in long),
+            "rope_original_context": int(original), "rope_attn_factor": float(attn)}
+
+
+def rope_row_order(head_dim: int, rotary_dim: int) -> list[int] | None:
+    """Partial RoPE in the full-width rotate-half layout: the order of a head's q/k dimensions (new index ->
+    HF's) that puts the rotated pairs (j, j + rotary_dim/2) at (j, j + head_dim/2) and pairs the passing
+    dimensions among themselves (their cos 1, sin 0 in rope_tables). q.k is unchanged by one order applied
+    to both; the loader reorders q's and k's rows so (None: every dimension rotates, HF's own order)."""
+    if rotary_dim >= head_dim:
+        return None
+    r, p = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    return [*range(r), *range(2 * r, 2 * r + p), *range(r, 2 * r), *range(2 * r + p, head_dim)]
 
 
 def llama3_rope_factors(theta: float, head_dim: int, scaling: dict) -> tuple[float, ...]:
@@ -164,20 +221,30 @@ class RMSNorm(nn.Module):
 ROPE_POSITIONS = 4096  # RoPE tables made with the model; a larger cache extends them (Transformer.new_cache)
 
 
-def rope_tables(cfg: ModelConfig, length: int, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(cfg: ModelConfig, length: int, local: bool = False, long: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [length, head_dim] in HF's rotate-half layout: of the global layers, or (local)
-    of the sliding-window layers (their own base, no scaling)."""
+    of the sliding-window layers (their own base, no scaling). long: LongRoPE's long factors. With
+    partial RoPE the passing dimensions' cos is 1 and sin 0, in rope_row_order's layout."""
     # computed in fp32 exactly as HF transformers does, so logits match bit for bit in layout
     # on the CPU explicitly (under a meta-device context too: a table on meta costs a second of imports)
     theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
-    inv_freq = 1.0 / (theta ** (torch.arange(0, cfg.head_dim, 2, device="cpu").float() / cfg.head_dim))
-    if not local and cfg.rope_freq_factors is not None:
-        inv_freq = inv_freq / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32, device="cpu")
+    dim = cfg.rotary_dim
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device="cpu").float() / dim))
+    factors = cfg.rope_long_factors if long and cfg.rope_long_factors is not None else cfg.rope_freq_factors
+    if not local and factors is not None:
+        inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float32, device="cpu")
     if not local and cfg.rope_linear_factor != 1.0:
         inv_freq = inv_freq / cfg.rope_linear_factor
     freqs = torch.outer(torch.arange(length, device="cpu").float(), inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+    cos, sin = freqs.cos(), freqs.sin()
+    if not local and cfg.rope_attn_factor != 1.0:
+        cos, sin = cos * cfg.rope_attn_factor, sin * cfg.rope_attn_factor
+    if dim < cfg.head_dim:
+        passing = (length, (cfg.head_dim - dim) // 2)
+        cos = torch.cat([cos, torch.ones(passing, device="cpu")], dim=-1)
+        sin = torch.cat([sin, torch.zeros(passing, device="cpu")], dim=-1)
+    return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 
 def apply_rope(x, cos, sin):  # x [batch, heads, T, head_dim]; cos, sin [batch, 1, T, head_dim]
@@ -398,6 +465,7 @@ class Transformer(nn.Module):
         self.config = cfg
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope_long = False  # LongRoPE: the long factors (set by new_cache for a context beyond the original)
         cos, sin = rope_tables(cfg, min(cfg.max_position_embeddings, ROPE_POSITIONS))
         self.register_buffer("rope_cos", cos, persistent=False)  # [positions, head_dim]; new_cache extends them
         self.register_buffer("rope_sin", sin, persistent=False)  # [positions, head_dim]
@@ -422,13 +490,13 @@ class Transformer(nn.Module):
     def set_rope_length(self, length: int) -> None:
         """RoPE tables for positions 0..length-1 (at most max_position_embeddings), on the model's device."""
         length = min(length, self.config.max_position_embeddings)
-        self.rope_cos, self.rope_sin = (t.to(self.device) for t in rope_tables(self.config, length))
+        self.rope_cos, self.rope_sin = (t.to(self.device) for t in rope_tables(self.config, length, long=self.rope_long))
         self.rope_local = self._local_tables(length)
 
     def _local_tables(self, length: int):
         cfg = self.config
         if not cfg.sliding_layers or (cfg.rope_local_theta in (None, cfg.rope_theta) and cfg.rope_linear_factor == 1.0
-                                      and cfg.rope_freq_factors is None):
+                                      and cfg.rope_freq_factors is None and cfg.rope_attn_factor == 1.0):
             return None
         return tuple(t.to(self.rope_cos.device) for t in rope_tables(cfg, length, local=True))
 
@@ -453,10 +521,16 @@ class Transformer(nn.Module):
         return LayerInputs(cos, sin, mask, lcos, lsin, window_mask(mask, start, positions, self.config.sliding_window))
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        """A KV cache for `capacity` positions (at most max_position_embeddings). LongRoPE: the context a
+        model runs in is the largest cache made for it, and beyond the original context the long factors
+        hold from then on, for every cache (as llama.cpp picks them by its context size); make the
+        largest cache first."""
         cfg = self.config
         capacity = min(capacity, cfg.max_position_embeddings)
-        if capacity > self.rope_cos.shape[0]:  # positions stay below the cache's capacity
-            self.set_rope_length(capacity)
+        long = self.rope_long or cfg.long_rope(capacity)
+        if capacity > self.rope_cos.shape[0] or long != self.rope_long:  # positions stay below the cache's capacity
+            self.rope_long = long
+            self.set_rope_length(max(capacity, self.rope_cos.shape[0]))
         return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, batch, self.dtype, self.device)
 
     @torch.inference_mode()
