@@ -15,7 +15,9 @@ from specdec.config import GenerationConfig
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.model import load_model
 from specdec.model.tokenizer import encode_messages
-from specdec.runner import build_drafter, build_policy, load_head_for
+from specdec.drafters.registry import Parts, build
+from specdec.engine.policy_build import build_policy
+from specdec.heads.find import load_head_for
 
 MODEL = "qwen2.5-coder-1.5b-instruct"
 PROMPTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "prompts" / "heads-specbench.jsonl"
@@ -26,7 +28,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=13)
     args = ap.parse_args()
     lm = load_model(MODEL, progress=lambda *a: None)
-    drafter = build_drafter("head", lm, 4096, head=load_head_for("auto", lm, MODEL))
+    drafter = build("head", Parts(lm, 4096, heads={"eagle": load_head_for("auto", lm, MODEL)}))
     policy = build_policy(drafter, lm, 8)
     engine = SpeculativeGenerator(lm.module, drafter, 4096, policy)
     for line in PROMPTS.read_text().splitlines()[:args.prompts]:

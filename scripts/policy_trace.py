@@ -11,6 +11,7 @@ import os
 import sys
 
 from specdec.bench.compare import Comparison, parse_methods
+from specdec.drafters.registry import DraftOptions, Parts
 from specdec.bench.datasets import load_prompts
 from specdec.model import load_model
 
@@ -22,7 +23,8 @@ def main() -> None:
     target = load_model("qwen2.5-coder-1.5b-instruct", progress=lambda *a: None)
     draft = load_model("qwen2.5-coder-0.5b-instruct", progress=lambda *a: None)
     specs = parse_methods("draft", ["auto"])
-    comp = Comparison(target, draft, specs, 64, 2048, draft_vocab=32768, cost_profile="docs/results/raw/profile-q8-draft-vocab.json",
+    parts = Parts(target, 2048, draft, cache=target.module.new_cache(2048))
+    comp = Comparison(parts, specs, 64, DraftOptions(draft_vocab=32768), cost_profile="docs/results/raw/profile-q8-draft-vocab.json",
                       temperature=float(os.environ.get("T", 0)), seed=1,
                       ignore_eos=float(os.environ.get("T", 0)) > 0)  # as the bench commands: --ignore-eos at T > 0
     pol = comp.engines[specs[0].label].policy
