@@ -117,6 +117,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                         "(0 = plain step), and let a draft model's chain go on or end by its own confidence "
                         "(single-sequence generation; the server picks k only); adaptive-k: pick k only; "
                         "fixed: draft k every step")
+    p.add_argument("--drafter", default=None,
+                   help="a registered drafter by name (specdec/drafters/registry.py), instead of the flags above; "
+                        "--draft, --head and --layer-skip still name the model, head or layers it uses")
     add_drafter_knobs(p)
 
 
