@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec.drafters import registry
 from specdec.drafters.base import BaseDrafter
@@ -28,7 +29,7 @@ class RepeatDrafter(BaseDrafter):
         pass
 
     def propose(self, state):
-        return DraftTree.chain(state.tokens[-1:] * state.k, None)
+        return DraftTree.chain(torch.tensor(state.tokens[-1:] * state.k), None)
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def test_cli_and_bench_names_resolve_to_one_entry():
     assert m("eagle").entry is m("head").entry and m("medusa").head_kind == "medusa"
     assert m("eagle-hybrid").entry is m("head-hybrid").entry
     assert m("tree").entry is m("draft").entry and m("tree").tree_sizes and not m("draft").tree_sizes
-    assert m("layer-skip").entry.shares_cache and m("hybrid").entry.draft_model
+    assert m("layer-skip").entry.layers and m("hybrid").entry.draft_model
     with pytest.raises(SpecdecError, match="unknown drafting method 'telepathy'"):
         m("telepathy")
     with pytest.raises(ValueError, match="registered already"):

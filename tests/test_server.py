@@ -616,7 +616,7 @@ def test_startup_checks(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-sequence"])
-@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "lookahead", "draft", "tree", "hybrid"])
+@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "lookahead", "draft", "tree", "hybrid", "layer-skip"])
 def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, method, batched):
     """Sequences joining and leaving a 3-slot pool, prefilled 4 tokens per step, with the draft length
     limit changing every round (none, 0, 1): each gets exactly the engine's greedy tokens."""
@@ -625,11 +625,31 @@ def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, me
     tree = TreeConfig(8, 3, 2) if method == "tree" else None
 
     def factory():
-        return make_drafter("draft" if method == "tree" else method, target, CONTEXT, draft, tree=tree)
+        return make_drafter("draft" if method == "tree" else method, target, CONTEXT, draft, tree=tree, layers=1)
 
-    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50)), [7], [9, 9, 9, 9, 9, 9, 9]]
-    stepper = assert_stepper_matches_engine(target, factory, prompts, batched)
+    stepper = assert_stepper_matches_engine(target, factory, STEPPER_PROMPTS, batched)
     assert sorted(stepper.free) == [0, 1, 2]
+
+
+STEPPER_PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50)), [7], [9, 9, 9, 9, 9, 9, 9]]
+
+
+def test_layer_skip_slots_draft_into_their_rows_of_the_target_cache_and_verify_from_layer_l(
+        tiny_target_loaded, tiny_llama_dir, monkeypatch):
+    """serve --layer-skip L: each slot's drafter writes layers 0..L-1 into its own row of the target's
+    batched cache, and its verify starts at layer L there (the output is the engine's)."""
+    import specdec.drafters.layer_skip as layer_skip
+    target, first_layers = tiny_target_loaded, []
+    forward_from_layer = layer_skip.forward_from_layer
+    monkeypatch.setattr(layer_skip, "forward_from_layer",
+                        lambda *a, **kw: first_layers.append(a[4]) or forward_from_layer(*a, **kw))
+    stepper = assert_stepper_matches_engine(target, lambda: make_drafter("layer-skip", target, CONTEXT, layers=1),
+                                            STEPPER_PROMPTS, batched=True)
+    assert all(d.shared is row and d.cache is None for d, row in zip(stepper.drafters, stepper.rows))
+    assert first_layers and set(first_layers) == {1}
+    sched = build_scheduler(*serve_args("--model", str(tiny_llama_dir), "--layer-skip", "1", "--policy", "fixed",
+                                        "--max-batch", "2"), progress=lambda m: None)
+    assert [d.shared for d in sched.stepper.drafters] == sched.stepper.rows
 
 
 def assert_stepper_matches_engine(target, factory, prompts, batched):

@@ -1,7 +1,7 @@
 """Drafters by name: what each needs loaded and how it is built from the loaded parts.
 
 An `Entry` is one drafter: its name, what the builder must load for it (a draft model, a head, the
-layer-skip spec; whether it drafts into the target's own cache), whether it drafts trees, and
+layer-skip spec), whether it drafts trees, and
 `build(parts, options, note) -> Drafter`. A `Method` is a name as a command gives it (the CLI's
 `none`/`head`, the bench's `plain`/`eagle`/`tree`/...) resolved to its entry. Nothing outside this
 module chooses a drafter by comparing method names.
@@ -68,7 +68,6 @@ class Entry:
     draft_model: bool = False  # the builder loads the draft model (options.draft)
     head: bool = False  # the builder loads a head (options.head, options.head_kind)
     layers: bool = False  # the builder resolves the layer-skip spec (options.layer_skip)
-    shares_cache: bool = False  # drafts into the target's own cache (Parts.cache)
     trees: bool = False  # takes --tree-budget / --tree-choices
     no_trees: str = NO_TREES  # the refusal when given a tree anyway
     drafts: bool = True  # False: plain decoding (takes no k)
@@ -154,8 +153,9 @@ def _lookahead(parts, options, note):
 
 
 def _layer_skip(parts, options, note):
+    """Drafts into the target's cache: the engine's (Parts.cache), else its slot's row (serve's pool)."""
     from specdec.drafters.layer_skip import make_layer_skip
-    return make_layer_skip(parts.target.module, parts.layers, parts.capacity, parts.cache)
+    return make_layer_skip(parts.target.module, parts.layers, parts.capacity, parts.cache, pooled=parts.cache is None)
 
 
 def _draft(parts, options, note):
@@ -194,7 +194,7 @@ register(Entry("draft", _draft, lambda p, o, d: f"draft {o.draft}", draft_model=
 register(Entry("ngram", _ngram))
 register(Entry("suffix", _suffix, slot_bytes=lambda o: SUFFIX_BYTES_PER_TOKEN * o.suffix.cache_tokens))
 register(Entry("lookahead", _lookahead))
-register(Entry("layer-skip", _layer_skip, lambda p, o, d: f"layer-skip {d.spec}", layers=True, shares_cache=True,
+register(Entry("layer-skip", _layer_skip, lambda p, o, d: f"layer-skip {d.spec}", layers=True,
                no_trees="--layer-skip drafts chains; it does not take --tree-budget / --tree-choices"))
 register(Entry("hybrid", _hybrid_of(_draft), lambda p, o, d: f"draft {o.draft} + prompt lookup", draft_model=True))
 register(Entry("head", _head, _head_label, head=True, trees=True),

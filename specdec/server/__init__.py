@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from specdec.errors import SpecdecError
 from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
+
 
 def build_scheduler(model: ModelSettings, drafting: DraftingSettings, srv: ServeSettings = ServeSettings(),
                     progress=None):
     """The engine's parts (engine.build), one drafter per slot, policy, memory check, stepper and scheduler."""
-    from specdec.drafters.registry import method
     from specdec.engine.build import Engine, log
     from specdec.model.loading import resolve_device
     from specdec.policy import AdaptivePolicy, PolicyConfig
@@ -25,14 +24,11 @@ def build_scheduler(model: ModelSettings, drafting: DraftingSettings, srv: Serve
     from specdec.server.stepper import StepwiseGenerator
 
     progress = progress or log
-    entry = method(drafting.method).entry
-    if entry.shares_cache:
-        raise SpecdecError(f"specdec serve does not support --{entry.name} yet; use it with `specdec generate`")
     schedule = srv.schedule()
     k, capacity = drafting.k, model.max_context
 
     available = available_bytes(resolve_device(model.device))  # before the models take their share
-    # the slots' caches are the stepper's rows; the server drafts for many sequences in one draft forward
+    # the target and what the drafter needs; the slots' target caches are the stepper's rows
     built = Engine.from_settings(model, drafting, progress, share_cache=False)
     target, draft = built.target, built.parts.draft
 
@@ -43,7 +39,7 @@ def build_scheduler(model: ModelSettings, drafting: DraftingSettings, srv: Serve
     budget = int(srv.memory_budget_gb * GIB) if srv.memory_budget_gb is not None else default_budget(available)
     plan = plan_memory(target.module, draft.module if draft else None, capacity, srv.max_batch,
                        max(srv.prefill_chunk, k + 1 + probe.caps.tree_nodes), budget,
-                       drafter_bytes_per_slot=entry.slot_bytes(built.options))
+                       drafter_bytes_per_slot=built.method.entry.slot_bytes(built.options))
     plan.check()
     progress(f"memory: {plan.total / GIB:.3f} GiB of a {budget / GIB:.3f} GiB budget "
              f"({srv.max_batch} slots x {plan.kv_per_slot / GIB:.3f} GiB KV)")
