@@ -14,7 +14,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.heads.checkpoint import META, load_head, save_head
-from specdec.runner import SHIPPED_HEADS
+from specdec.heads.find import SHIPPED_HEADS
 
 LIMIT_MB = 50
 

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_profile(args) -> int:
     from specdec.bench.profile import print_profile, profile, write_profile
-    from specdec.runner import log
+    from specdec.engine.build import log
     from specdec.settings import ModelSettings
     if args.draft_vocab < 0:
         raise SpecdecError(f"--draft-vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
@@ -85,9 +85,10 @@ def cmd_profile(args) -> int:
         draft_module = truncated_head(draft_module, args.draft_vocab)
     head = None
     if args.head is not None:
-        from specdec.runner import build_drafter, load_head_for
+        from specdec.drafters.registry import Parts, build
+        from specdec.heads.find import load_head_for
         prepared = load_head_for(args.head, target, args.model)
-        head = build_drafter("head", target, args.context + 2, head=prepared).entry(args.context)
+        head = build("head", Parts(target, args.context + 2, heads={"eagle": prepared})).entry(args.context)
     result = profile(target.module, draft_module, args.context, args.repeats, head=head)
     if draft_module is not None:
         result["draft_vocab"] = args.draft_vocab
@@ -102,7 +103,7 @@ def cmd_tune_layer_skip(args) -> int:
     from specdec.bench.datasets import load_prompts
     from specdec.drafters.layer_skip import save_choice, tune_layer_skip
     from specdec.model.tokenizer import encode_prompt
-    from specdec.runner import log
+    from specdec.engine.build import log
     from specdec.settings import ModelSettings
     if args.limit < 1:
         raise SpecdecError(f"--limit must be >= 1, got {args.limit}")

@@ -117,6 +117,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                         "(0 = plain step), and let a draft model's chain go on or end by its own confidence "
                         "(single-sequence generation; the server picks k only); adaptive-k: pick k only; "
                         "fixed: draft k every step")
+    p.add_argument("--drafter", default=None,
+                   help="a registered drafter by name (specdec/drafters/registry.py), instead of the flags above; "
+                        "--draft, --head and --layer-skip still name the model, head or layers it uses")
     add_drafter_knobs(p)
 
 
@@ -192,7 +195,7 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
                             "plain, a chain or a tree of 4-16 nodes per step; hybrid is the draft model "
                             "plus prompt lookup; eagle and medusa draft with the heads trained for --model, see --head, and "
                             "eagle-tree:N with the EAGLE head's dynamic tree of N nodes; eagle-hybrid is the EAGLE head plus "
-                            "prompt lookup), hf, "
+                            "prompt lookup; any drafter registered by name, as generate's --drafter, e.g. none, head), hf, "
                             "hf-assisted, hf-lookup "
                             "(HF transformers), llama, llama-spec, llama-lookup (llama.cpp's llama-server on the same "
                             "files: plain, its speculation with --draft at its defaults or pinned as llama-spec:K or "

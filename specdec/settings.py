@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec.config import LookaheadConfig, NgramConfig, SuffixConfig, TreeConfig
+from specdec.drafters import registry
 from specdec.errors import SpecdecError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -29,6 +30,7 @@ def at_least(flag: str, value, low) -> None:
 
 
 SELF_DRAFT = "self"  # --draft self: the target's own weights, re-encoded at load, draft for it
+NO_DRAFT = "none"  # --draft none: plain decoding
 
 
 @dataclass(frozen=True)
@@ -101,28 +103,28 @@ class DraftingSettings(DrafterKnobs):
     tree_budget: int = 0
     tree_choices: str | None = None
     policy: str = "adaptive"
+    drafter: str | None = None
 
     def __post_init__(self):
         super().__post_init__()
         at_least("--k", self.k, 1)
         if self.policy not in ("fixed", "adaptive", "adaptive-k"):
             raise SpecdecError(f"--policy is fixed, adaptive or adaptive-k, got {self.policy!r}")
-        method = self.method  # raises on a conflicting choice
-        tree = self.tree_config()
-        if tree is not None and method == "layer-skip":
-            raise SpecdecError("--layer-skip drafts chains; it does not take --tree-budget / --tree-choices")
-        if tree is not None and method not in ("draft", "head"):
-            raise SpecdecError("draft trees (--tree-budget / --tree-choices) need a draft model (--draft MODEL) "
-                               "or an EAGLE head (--head)")
+        entry = registry.method(self.method).entry  # raises on a conflicting choice or an unknown --drafter
+        if self.tree_config() is not None and not entry.trees:
+            raise SpecdecError(entry.no_trees)
         self.ngram_config(), self.suffix_config()
 
     @property
     def method(self) -> str:
-        """'none', 'ngram', 'suffix', 'lookahead', 'layer-skip', 'draft', 'hybrid' (--draft with
-        --ngram), 'head' or 'head-hybrid' (--head with --ngram); one at most, except those pairs."""
+        """--drafter NAME (any registered drafter; --draft, --head and --layer-skip name what it loads),
+        else from the flags: 'none', 'ngram', 'suffix', 'lookahead', 'layer-skip', 'draft', 'hybrid'
+        (--draft with --ngram), 'head' or 'head-hybrid' (--head with --ngram); one at most, except those pairs."""
+        if self.drafter is not None:
+            return self.drafter
         chosen = [name for name, on in (("--ngram", self.ngram), ("--suffix", self.suffix),
                                          ("--lookahead", self.lookahead), ("--layer-skip", self.layer_skip is not None),
-                                         ("--draft", self.draft not in (None, "none")), ("--head", self.head is not None))
+                                         ("--draft", self.draft not in (None, NO_DRAFT)), ("--head", self.head is not None))
                   if on]
         if sorted(chosen) == ["--draft", "--ngram"]:
             return "hybrid"

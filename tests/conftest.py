@@ -32,6 +32,13 @@ def tiny_model(seed: int, **overrides) -> Transformer:
     return model.eval()
 
 
+def make_drafter(name: str, target, capacity: int, draft=None, note=None, layers=None, **options):
+    """The registered drafter `name` over a loaded target (and draft, layer-skip layers); options:
+    DraftOptions fields."""
+    from specdec.drafters.registry import DraftOptions, Parts, build
+    return build(name, Parts(target, capacity, draft, layers=layers), DraftOptions(**options), note)
+
+
 def run_stepper(stepper, prompts: list[list[int]], cfg, eos_ids, limits=(None, 0, 1)) -> dict[int, list[int]]:
     """The server's slot pool: sequences join when a slot is free and leave when finished, with the
     draft length limit cycling through `limits` round by round. Returns each prompt's new tokens."""

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from specdec.bench.compare import MethodSpec, Record, parse_k_list, parse_methods, read_records
+from specdec.drafters.registry import Parts
 from specdec.bench.report import first_difference, predicted_speedup, summarize, theory
 from specdec.bench.datasets import load_prompts, read_jsonl
 from specdec.bench.profile import VERIFY_SIZES, profile
@@ -232,7 +233,7 @@ def test_a_failing_peer_is_recorded_and_reported_not_fatal(tiny_llama_dir, tmp_p
 
     target = load_model(str(tiny_llama_dir))
     specs = parse_methods("plain,hf", [4])
-    records = Comparison(target, None, specs, 6, 64, hf=BrokenPeer()).run(
+    records = Comparison(Parts(target, 64, cache=target.module.new_cache(64)), specs, 6, hf=BrokenPeer()).run(
         [Prompt("p", "c", ("w1 w2 w1",))], tmp_path / "r.jsonl")
     assert [r.method for r in records] == ["plain", "hf"] and "exploded" in records[1].error
     summary = build_summary(records, {"temperature": 0})
@@ -286,7 +287,8 @@ def test_each_prompt_starts_one_method_further_on_after_a_warm_up(tiny_llama_dir
     target = load_model(str(tiny_llama_dir))
     specs = parse_methods("plain,ngram,hf", [2])
     prompts = [Prompt(i, "c", ("w1 w2 w1",)) for i in "abcd"]
-    records = Comparison(target, None, specs, 4, 64, hf=Peer()).run(prompts, tmp_path / "r.jsonl")
+    records = Comparison(Parts(target, 64, cache=target.module.new_cache(64)), specs, 4, hf=Peer()).run(
+        prompts, tmp_path / "r.jsonl")
     assert [(r.prompt_id, r.method) for r in records] == [
         ("a", "plain"), ("a", "ngram"), ("a", "hf"), ("b", "ngram"), ("b", "hf"), ("b", "plain"),
         ("c", "hf"), ("c", "plain"), ("c", "ngram"), ("d", "plain"), ("d", "ngram"), ("d", "hf")]

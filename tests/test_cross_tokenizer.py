@@ -17,7 +17,7 @@ from specdec.drafters.text_bridge import PROBES, Bridge, TokenText, bridge, inco
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.registry import is_present
-from tests.conftest import tiny_model
+from tests.conftest import make_drafter, tiny_model
 from tests.test_engine import N_TRIALS, SMALL_VOCAB, exact_joint, tv, tv_bound
 
 TARGET, DRAFT = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
@@ -221,10 +221,9 @@ PROMPTS = ["Write a Python function that returns the n-th Fibonacci number, with
 @pytest.mark.real
 def test_greedy_output_is_plain_decoding_s(models):
     from specdec.model.tokenizer import encode_prompt
-    from specdec.runner import build_drafter
     target, draft = models
     notes = []
-    drafter = build_drafter("draft", target, 1024, draft, draft_vocab=32768, note=notes.append)
+    drafter = make_drafter("draft", target, 1024, draft, draft_vocab=32768, note=notes.append)
     assert isinstance(drafter, CrossTokenizerDrafter) and notes and "across tokenizers" in notes[0]
     proposals = []
     propose = drafter.propose
@@ -252,9 +251,8 @@ def test_greedy_output_is_plain_decoding_s(models):
 def test_with_prompt_lookup_too_greedy_output_is_plain_decoding_s(models):
     from specdec.drafters.hybrid import HybridDrafter
     from specdec.model.tokenizer import encode_prompt
-    from specdec.runner import build_drafter
     target, draft = models
-    drafter = build_drafter("hybrid", target, 1024, draft, note=None)
+    drafter = make_drafter("hybrid", target, 1024, draft, note=None)
     assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model, CrossTokenizerDrafter)
     prompt = "Repeat this line twice: for (int i = 0; i < n; i++) { sum += a[i]; }"
     ids = encode_prompt(target.tokenizer, prompt, chat=True)
@@ -268,7 +266,6 @@ def test_with_prompt_lookup_too_greedy_output_is_plain_decoding_s(models):
 def test_the_server_s_slots_draft_across_tokenizers_one_row_at_a_time(models):
     """The slot pool (serve) with one drafter per slot: chains drafted row by row, verified together."""
     from specdec.model.tokenizer import encode_prompt
-    from specdec.runner import build_drafter
     from specdec.server.stepper import StepwiseGenerator
     from tests.conftest import run_stepper
     target, draft = models
@@ -276,7 +273,7 @@ def test_the_server_s_slots_draft_across_tokenizers_one_row_at_a_time(models):
     cfg = GenerationConfig(32, 4)
     plain = SpeculativeGenerator(target.module, NoDrafter(), 512)
     expected = {i: plain.generate(p, cfg, target.eos_ids).tokens for i, p in enumerate(prompts)}
-    stepper = StepwiseGenerator(target.module, lambda: build_drafter("draft", target, 512, draft, note=None), 512,
+    stepper = StepwiseGenerator(target.module, lambda: make_drafter("draft", target, 512, draft, note=None), 512,
                                 max_batch=2)
     assert stepper.draft_cache is None  # no batched draft forward: each slot drafts its own chain
     assert run_stepper(stepper, prompts, cfg, target.eos_ids, limits=(None,)) == expected
@@ -286,11 +283,10 @@ def test_the_server_s_slots_draft_across_tokenizers_one_row_at_a_time(models):
 def test_the_same_tokenizer_keeps_the_draft_model_drafter_and_trees_are_refused(models):
     from specdec.config import TreeConfig
     from specdec.drafters.draft_model import DraftModelDrafter
-    from specdec.runner import build_drafter
     target, draft = models
-    assert isinstance(build_drafter("draft", target, 256, target, note=None), DraftModelDrafter)
+    assert isinstance(make_drafter("draft", target, 256, target, note=None), DraftModelDrafter)
     with pytest.raises(SpecdecError, match="chains across tokenizers, not trees"):
-        build_drafter("draft", target, 256, draft, tree=TreeConfig(8, 4, 4), note=None)
+        make_drafter("draft", target, 256, draft, tree=TreeConfig(8, 4, 4), note=None)
 
 
 # ---- sampling keeps the target's distribution ----

@@ -116,7 +116,7 @@ def test_batched_greedy_equals_single_sequence(method, dtype, graphs):
 def test_stepper_equals_engine(tiny_qwen_dir, method, dtype):
     """The server's slot pool (pooled drafting, batched verify, a changing k limit) on CUDA."""
     from specdec.model import load_model
-    from specdec.runner import build_drafter
+    from tests.conftest import make_drafter
     from specdec.server.stepper import StepwiseGenerator
     dt = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     target = load_model(str(tiny_qwen_dir), device="cuda", dtype=dt, progress=lambda m: None)
@@ -124,7 +124,7 @@ def test_stepper_equals_engine(tiny_qwen_dir, method, dtype):
     assert target.module.lm_head.weight.is_cuda
 
     def factory():
-        return build_drafter("draft" if method == "tree" else method, target, CAP,
+        return make_drafter("draft" if method == "tree" else method, target, CAP,
                              draft if method in ("draft", "tree", "hybrid") else None,
                              tree=TreeConfig(8, 3, 2) if method == "tree" else None)
 

@@ -214,27 +214,27 @@ def test_generate_cli_drafts_with_a_saved_head(tiny_llama_dir, tmp_path, capsys,
 def test_a_head_stored_in_bf16_and_shipped_in_the_checkout_is_found_by_auto(tiny_llama_dir, tmp_path, monkeypatch):
     """--head auto: $SPECDEC_HOME's head first, else the checkout's heads/MODEL-eagle (stored in bf16,
     read back into float32)."""
-    import specdec.runner as runner
+    import specdec.heads.find as find
     from specdec.heads.checkpoint import load_head, save_head, target_fingerprint
     from specdec.model import load_model
     loaded = load_model(str(tiny_llama_dir), device="cpu")
     made = eagle_head(loaded.module)
     fingerprint = target_fingerprint(loaded.module, loaded.tokenizer)
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(runner, "SHIPPED_HEADS", tmp_path / "checkout-heads")
+    monkeypatch.setattr(find, "SHIPPED_HEADS", tmp_path / "checkout-heads")
     with pytest.raises(SpecdecError, match="no head 'auto'"):
-        runner.load_head_for("auto", loaded, str(tiny_llama_dir))
+        find.load_head_for("auto", loaded, str(tiny_llama_dir))
     shipped = save_head(made, tmp_path / "checkout-heads" / f"{tiny_llama_dir.name}-eagle", fingerprint,
                         dtype=torch.bfloat16)
     assert load_head(shipped)[0].fc.weight.dtype == torch.float32
     for key, value in load_head(shipped)[0].state_dict().items():
         want = made.state_dict()[key]
         assert torch.equal(value, want.to(torch.bfloat16).to(want.dtype) if want.is_floating_point() else want)
-    found = runner.load_head_for("auto", loaded, str(tiny_llama_dir)).head
+    found = find.load_head_for("auto", loaded, str(tiny_llama_dir)).head
     assert torch.equal(found.fc.weight, made.fc.weight.to(torch.bfloat16).float())
     own = eagle_head(loaded.module, seed=7)  # one trained here wins over the checkout's
     save_head(own, tmp_path / "home" / "heads" / f"{tiny_llama_dir.name}-eagle", fingerprint)
-    assert torch.equal(runner.load_head_for("auto", loaded, str(tiny_llama_dir)).head.fc.weight, own.fc.weight)
+    assert torch.equal(find.load_head_for("auto", loaded, str(tiny_llama_dir)).head.fc.weight, own.fc.weight)
 
 
 def test_the_confidence_rule_ends_chains_and_output_stays_exact(tiny_target):

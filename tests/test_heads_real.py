@@ -77,7 +77,7 @@ def test_the_shipped_head_drafts_for_the_quantized_target_and_greedy_output_is_p
     from specdec.engine.generate import SpeculativeGenerator
     from specdec.model import load_model
     from specdec.model.tokenizer import encode_prompt
-    from specdec.runner import SHIPPED_HEADS, load_head_for
+    from specdec.heads.find import SHIPPED_HEADS, load_head_for
     name = "qwen2.5-coder-1.5b-instruct"
     if not model_path(name).is_file():
         pytest.skip(f"{name} is not pulled (specdec pull {name})")

@@ -28,14 +28,13 @@ from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model import load_model
 from specdec.model.tokenizer import encode_messages
-from specdec.runner import build_drafter
 from specdec.server import build_scheduler
 from specdec.server.app import create_app, make_server
 from specdec.server.guard import Access, RequestLimits, exposure_warning
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler, TextTracker, k_schedule
 from specdec.server.stepper import StepwiseGenerator
-from tests.conftest import run_stepper
+from tests.conftest import make_drafter, run_stepper
 
 K = 3
 CONTEXT = 512
@@ -617,7 +616,7 @@ def test_startup_checks(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-sequence"])
-@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "lookahead", "draft", "tree", "hybrid"])
+@pytest.mark.parametrize("method", ["none", "ngram", "suffix", "lookahead", "draft", "tree", "hybrid", "layer-skip"])
 def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, method, batched):
     """Sequences joining and leaving a 3-slot pool, prefilled 4 tokens per step, with the draft length
     limit changing every round (none, 0, 1): each gets exactly the engine's greedy tokens."""
@@ -626,11 +625,31 @@ def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, me
     tree = TreeConfig(8, 3, 2) if method == "tree" else None
 
     def factory():
-        return build_drafter("draft" if method == "tree" else method, target, CONTEXT, draft, tree=tree)
+        return make_drafter("draft" if method == "tree" else method, target, CONTEXT, draft, tree=tree, layers=1)
 
-    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50)), [7], [9, 9, 9, 9, 9, 9, 9]]
-    stepper = assert_stepper_matches_engine(target, factory, prompts, batched)
+    stepper = assert_stepper_matches_engine(target, factory, STEPPER_PROMPTS, batched)
     assert sorted(stepper.free) == [0, 1, 2]
+
+
+STEPPER_PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50)), [7], [9, 9, 9, 9, 9, 9, 9]]
+
+
+def test_layer_skip_slots_draft_into_their_rows_of_the_target_cache_and_verify_from_layer_l(
+        tiny_target_loaded, tiny_llama_dir, monkeypatch):
+    """serve --layer-skip L: each slot's drafter writes layers 0..L-1 into its own row of the target's
+    batched cache, and its verify starts at layer L there (the output is the engine's)."""
+    import specdec.drafters.layer_skip as layer_skip
+    target, first_layers = tiny_target_loaded, []
+    forward_from_layer = layer_skip.forward_from_layer
+    monkeypatch.setattr(layer_skip, "forward_from_layer",
+                        lambda *a, **kw: first_layers.append(a[4]) or forward_from_layer(*a, **kw))
+    stepper = assert_stepper_matches_engine(target, lambda: make_drafter("layer-skip", target, CONTEXT, layers=1),
+                                            STEPPER_PROMPTS, batched=True)
+    assert all(d.shared is row and d.cache is None for d, row in zip(stepper.drafters, stepper.rows))
+    assert first_layers and set(first_layers) == {1}
+    sched = build_scheduler(*serve_args("--model", str(tiny_llama_dir), "--layer-skip", "1", "--policy", "fixed",
+                                        "--max-batch", "2"), progress=lambda m: None)
+    assert [d.shared for d in sched.stepper.drafters] == sched.stepper.rows
 
 
 def assert_stepper_matches_engine(target, factory, prompts, batched):
@@ -683,7 +702,7 @@ def test_sigterm_drains_and_exits_cleanly(tiny_llama_dir):
 def test_batched_round_verifies_every_chain_in_one_forward(tiny_target_loaded):
     """3 decoding sequences with n-gram chains: one target forward per round, ragged over 3 rows."""
     target = tiny_target_loaded
-    factory = lambda: build_drafter("ngram", target, CONTEXT)  # noqa: E731
+    factory = lambda: make_drafter("ngram", target, CONTEXT)  # noqa: E731
     stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64)
     for p in ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5], list(range(30, 50))):
         stepper.add(p, GenerationConfig(12, K), set())
@@ -710,7 +729,7 @@ def test_batched_round_drafts_every_chain_together(tiny_target_loaded, tiny_qwen
     output is still exact (greedy: the engine's tokens; sampled: valid, seeded runs repeat)."""
     target = tiny_target_loaded
     draft = load_model(str(tiny_qwen_dir), device="cpu")
-    factory = lambda: build_drafter("draft", target, CONTEXT, draft)  # noqa: E731
+    factory = lambda: make_drafter("draft", target, CONTEXT, draft)  # noqa: E731
     prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50))]
     cfg = GenerationConfig(16, K, SamplingParams(temperature=temperature, seed=3))
 
@@ -748,7 +767,7 @@ def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):
     from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
     target = tiny_target_loaded
     costs = CostModel({1: 1.0, 5: 1.0, 6: 6.0, 100: 100.0})
-    factory = lambda: build_drafter("ngram", target, CONTEXT)  # noqa: E731
+    factory = lambda: make_drafter("ngram", target, CONTEXT)  # noqa: E731
     stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64,
                                 policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4)))
     alone = stepper.add([1, 2, 3, 1, 2, 3, 1, 2], GenerationConfig(12, 4), set())
@@ -792,7 +811,7 @@ def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_l
     seq = stepper.add(prompt, cfg, set())
     while seq.finish_reason is None:
         stepper.run_round()
-    plain = SpeculativeGenerator(target.module, build_drafter("none", target, CONTEXT), CONTEXT).generate(prompt, cfg)
+    plain = SpeculativeGenerator(target.module, make_drafter("none", target, CONTEXT), CONTEXT).generate(prompt, cfg)
     assert seq.new_tokens == plain.tokens
     started = seq.stats.draft_started_at
     assert started is not None and 0 < started < 20 and starts == [29 + started]  # prompt + answer so far
@@ -821,7 +840,7 @@ def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
     # 10 positions cost one step, more cost in proportion: a good drafter could pay in a round of
     # 5 (so a probe is allowed), but 5 rows x 3 positions cost 1.5 steps for one row's guess
     costs = CostModel({1: 1.0, 10: 1.0, 100: 10.0})
-    factory = lambda: build_drafter("ngram", target, CONTEXT)  # noqa: E731
+    factory = lambda: make_drafter("ngram", target, CONTEXT)  # noqa: E731
     stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=5, prefill_chunk=64,
                                 policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4, prior=0.0, probe_k=2)))
     seqs = [stepper.add([1, 2, 3, 1, 2, 3, 1 + i], GenerationConfig(12, 4), set()) for i in range(5)]
@@ -838,7 +857,7 @@ def test_prefix_cache_reuses_a_conversations_turns_and_output_is_unchanged(tiny_
     that keeps state per slot (a draft model's cache, n-gram lookup)."""
     target = tiny_target_loaded
     for method in ("none", "ngram", "draft"):
-        factory = lambda m=method: build_drafter(m, target, CONTEXT, target)  # noqa: E731
+        factory = lambda m=method: make_drafter(m, target, CONTEXT, target)  # noqa: E731
         cfg = GenerationConfig(12, 3)
         turn1 = list(range(40, 60))
         outputs = {}
@@ -854,7 +873,7 @@ def test_prefix_cache_reuses_a_conversations_turns_and_output_is_unchanged(tiny_
         (first_c, second_c, hit), (first_p, second_p, none) = outputs[True], outputs[False]
         assert first_c == first_p and second_c == second_p, method
         assert none == 0 and hit >= len(turn1) + len(first_c[0]) - 1, method  # the answer's last token was never fed
-    stats = StepwiseGenerator(target.module, lambda: build_drafter("none", target, CONTEXT), CONTEXT, max_batch=1)
+    stats = StepwiseGenerator(target.module, lambda: make_drafter("none", target, CONTEXT), CONTEXT, max_batch=1)
     stats.held[0] = [1, 2, 3]
     assert stats._slot_for([1, 2, 3]) == (0, 2)  # the prompt's last token is always prefilled
 

@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdec.bench.datasets import Prompt
 from specdec.bench.llama_server import parse_spec_pin
-from specdec.bench.records import ALL_KINDS, HF_KINDS, LLAMA_KINDS, OUR_KINDS, Record  # noqa: F401 (re-exported)
-from specdec.config import GenerationConfig, LookaheadConfig, NgramConfig, SamplingParams, SuffixConfig, TreeConfig
+from specdec.bench.records import HF_KINDS, LLAMA_KINDS, Record, all_kinds, is_ours  # noqa: F401 (re-exported)
+from specdec.config import GenerationConfig, SamplingParams, SuffixConfig, TreeConfig
+from specdec.drafters.registry import DraftOptions, Parts, method
+from specdec.engine.build import draft_options, load_parts, log
 from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.policy_build import build_policy
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
-from specdec.runner import build_drafter, build_policy
 from specdec.settings import BenchSettings, ModelSettings
 
-K_KINDS = ("draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "eagle-tree", "eagle-hybrid",
-           "medusa",
-           "hf-assisted",
-           "hf-lookup",
-           "llama-lookup")  # the ones that take a draft length
-TREE_KINDS = ("tree", "eagle-tree")  # tree:N (the draft model's) and eagle-tree:N: each size its own drafter
+PEER_K_KINDS = ("hf-assisted", "hf-lookup", "llama-lookup")  # the peers that take a draft length
+DRAFT_PEERS = ("hf-assisted",)  # the peers whose draft the summary names (--draft)
 
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
@@ -62,10 +60,25 @@ def parse_k_list(text: str) -> list[int | str]:
 
 def _spec(label: str, kind: str, k: int | str) -> MethodSpec:
     if k in AUTO_KS:
-        if kind not in OUR_KINDS:
+        if not is_ours(kind):
             raise SpecdecError(f"'{k}' (the adaptive policy) is for our drafting methods, not {kind!r}")
         return MethodSpec(label, kind, AUTO_K_MAX, adaptive=True, confidence=k == "auto")
     return MethodSpec(label, kind, k)
+
+
+def takes_k(kind: str) -> bool:
+    """A drafting method (ours, or a peer's that drafts) takes a draft length; plain decoding does not."""
+    return method(kind).entry.drafts if is_ours(kind) else kind in PEER_K_KINDS
+
+
+def tree_sizes(kind: str) -> bool:
+    """tree:N (the draft model's) and eagle-tree:N: each size its own drafter."""
+    return is_ours(kind) and method(kind).tree_sizes
+
+
+def uses_draft(kind: str) -> bool:
+    """The method drafts with the --draft model (ours or a peer's)."""
+    return method(kind).entry.draft_model if is_ours(kind) else kind in DRAFT_PEERS
 
 
 def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
@@ -74,22 +87,22 @@ def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
     specs: list[MethodSpec] = []
     for item in (m.strip() for m in methods.split(",") if m.strip()):
         kind, _, pinned = item.partition(":")
-        if kind not in ALL_KINDS:
-            raise SpecdecError(f"unknown method {kind!r}; choose from {', '.join(ALL_KINDS)} "
+        if kind not in all_kinds():
+            raise SpecdecError(f"unknown method {kind!r}; choose from {', '.join(all_kinds())} "
                                f"(a drafting method may pin its k, e.g. draft:8)")
         if kind == "llama-spec":  # llama.cpp's defaults, or :K / :K@P pinned
             k, p_min = parse_spec_pin(pinned) if pinned else (0, None)
             specs.append(MethodSpec(item, kind, k, p_min=p_min))
             continue
-        if pinned and kind not in K_KINDS:
+        if pinned and not takes_k(kind):
             raise SpecdecError(f"method {kind!r} takes no k, got {item!r}")
-        if kind not in K_KINDS:
+        if not takes_k(kind):
             specs.append(MethodSpec(kind, kind, 1))
         elif pinned:
             specs.append(_spec(item, kind, parse_k_list(pinned)[0]))
         else:
             specs += [_spec(kind if len(k_list) == 1 and k not in AUTO_KS else f"{kind}:{k}", kind, k)
-                      for k in k_list if k not in AUTO_KS or kind in OUR_KINDS]
+                      for k in k_list if k not in AUTO_KS or is_ours(kind)]
     if not specs:
         raise SpecdecError("no methods given")
     labels = [s.label for s in specs]
@@ -99,47 +112,30 @@ def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
 
 
 class Comparison:
-    def __init__(self, target, draft, specs: list[MethodSpec], max_new_tokens: int, capacity: int = 4096,
-                 hf=None, llama=None, draft_vocab: int = 0, temperature: float = 0.0, seed: int | None = None,
-                 draft_p_min: float = 0.0, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
-                 datastore: str | None = None, lookahead: LookaheadConfig = LookaheadConfig(),
-                 layer_skip=None, ignore_eos: bool = False, draft_window: int = 0, head=None):
-        """layer_skip: the layer spec (L or a list) for the layer-skip method; head: {'eagle' or 'medusa':
-        its prepared head (runner.load_head_for)}; ignore_eos: our methods always generate max_new_tokens."""
+    def __init__(self, parts: Parts, specs: list[MethodSpec], max_new_tokens: int,
+                 options: DraftOptions = DraftOptions(), hf=None, llama=None, temperature: float = 0.0,
+                 seed: int | None = None, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
+                 ignore_eos: bool = False):
+        """parts: the target and what our methods need (engine.build.load_parts), its cache shared by
+        every engine (one method runs at a time; layer skip drafts into it too); options: how the
+        drafters are built; ignore_eos: our methods always generate max_new_tokens."""
         self.ignore_eos = ignore_eos
-        self.target, self.specs, self.hf, self.llama = target, specs, hf, llama
+        self.parts, self.target, self.draft, self.cache = parts, parts.target, parts.draft, parts.cache
+        self.specs, self.hf, self.llama = specs, hf, llama
         self.max_new_tokens, self.temperature, self.seed, self.tree_depth = max_new_tokens, temperature, seed, tree_depth
-        # every engine shares the target's cache (one method runs at a time); layer skip drafts into it too
-        cache = self.cache = target.module.new_cache(capacity)
-        self.draft = draft
-        drafters = {}
-        for kind in {s.kind for s in specs if s.kind in OUR_KINDS and s.kind not in TREE_KINDS}:
-            if kind == "layer-skip":
-                from specdec.drafters.layer_skip import make_layer_skip
-                if layer_skip is None:
-                    raise SpecdecError("the layer-skip method needs --layer-skip L (or 'auto' after tune-layer-skip)")
-                drafters[kind] = make_layer_skip(target.module, layer_skip, capacity, cache)
+        drafters = {}  # kind -> its drafter, shared by the engines of that kind (tree sizes: one each)
+        self.engines = {}  # label -> engine
+        for s in (s for s in specs if is_ours(s.kind)):
+            m = method(s.kind)
+            if m.tree_sizes:  # each tree size its own drafter (and draft cache)
+                tree = TreeConfig(AUTO_TREE_BUDGET if s.adaptive else s.k, min(tree_depth, s.k), tree_topk)
+                drafter = m.build(parts, replace(options, tree=tree), log)
             else:
-                method = {"plain": "none", "eagle": "head", "medusa": "head", "eagle-hybrid": "head-hybrid"}.get(kind, kind)
-                drafters[kind] = build_drafter(method, target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min,
-                                               suffix=SuffixConfig(datastore=datastore), lookahead=lookahead,
-                                               draft_window=draft_window,
-                                               head=(head or {}).get("eagle" if kind == "eagle-hybrid" else kind))
-        self.engines = {}  # label -> engine; all share the target's cache, engines of a kind their drafter
-        for s in specs:
-            if s.kind in TREE_KINDS:  # each tree size its own drafter (and draft cache)
-                budget = AUTO_TREE_BUDGET if s.adaptive else s.k
-                tree = TreeConfig(budget, min(tree_depth, s.k), tree_topk)
-                drafter = (build_drafter("draft", target, capacity, draft, NgramConfig(), draft_vocab, draft_p_min, tree,
-                                         draft_window=draft_window) if s.kind == "tree" else
-                           build_drafter("head", target, capacity, tree=tree, head=(head or {}).get("eagle")))
-            elif s.kind in OUR_KINDS:
+                if s.kind not in drafters:
+                    drafters[s.kind] = m.build(parts, options, log)
                 drafter = drafters[s.kind]
-            else:
-                continue
-            policy = build_policy(drafter, target, s.k, cost_profile, confidence=s.confidence) if s.adaptive else None
-            engine = SpeculativeGenerator(target.module, drafter, capacity, policy, cache)
-            self.engines[s.label] = engine
+            policy = build_policy(drafter, parts.target, s.k, cost_profile, confidence=s.confidence) if s.adaptive else None
+            self.engines[s.label] = SpeculativeGenerator(parts.target.module, drafter, parts.capacity, policy, parts.cache)
 
     def encode(self, messages: list[dict]) -> list[int]:
         tok = self.target.tokenizer
@@ -150,7 +146,7 @@ class Comparison:
     def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
         if spec.label in self.engines:
             # a fixed tree's k caps its depth; tree:auto may also choose chains up to AUTO_K_MAX
-            k = min(self.tree_depth, spec.k) if spec.kind in TREE_KINDS and not spec.adaptive else spec.k
+            k = min(self.tree_depth, spec.k) if tree_sizes(spec.kind) and not spec.adaptive else spec.k
             cfg = GenerationConfig(self.max_new_tokens, k, SamplingParams(self.temperature, seed=seed),
                                    stop_at_eos=not self.ignore_eos)
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
@@ -181,7 +177,7 @@ class Comparison:
                     cache = model.module.new_cache(len(x) + 1) if cache is None else cache
                     model.module(torch.tensor([x], device=cache.k.device), cache, 0, last_only=True)
         for spec in self.specs:
-            if spec.kind not in OUR_KINDS:
+            if not is_ours(spec.kind):
                 peer, mode = self._peer(spec)
                 try:
                     extra = {"p_min": spec.p_min} if spec.kind == "llama-spec" else {}
@@ -203,7 +199,7 @@ class Comparison:
             tokens, seconds = tokens + new, seconds + secs
             stats.append(st)
         return Record(prompt.id, prompt.category, spec.label, tokens, seconds,
-                      stats if spec.kind in OUR_KINDS else None, repeat, spec.k, spec.kind, peer=counts or None)
+                      stats if is_ours(spec.kind) else None, repeat, spec.k, spec.kind, peer=counts or None)
 
     def run(self, prompts: list[Prompt], out: Path, repeats: int = 1) -> list[Record]:
         """Appends to out (JSONL); (prompt, method, repeat) triples already there are not run again."""
@@ -226,7 +222,7 @@ class Comparison:
                 try:
                     rec = self.run_one(prompt, spec, rep, seed)
                 except Exception as e:  # noqa: BLE001 - a peer library's failure must not end the run
-                    if spec.kind in OUR_KINDS:
+                    if is_ours(spec.kind):
                         raise
                     rec = Record(prompt.id, prompt.category, spec.label, [], 0.0, None, rep, spec.k, spec.kind,
                                  error=f"{type(e).__name__}: {e}"[:300])
@@ -278,24 +274,7 @@ class Peers:
     notes: list[str] = field(default_factory=list)
 
 
-def bench_layer_spec(model: ModelSettings, bench: BenchSettings):
-    """--layer-skip for the layer-skip method: L, a layer list, or 'auto' (tune-layer-skip's saved choice)."""
-    from specdec.drafters.layer_skip import load_choice, parse_layer_spec
-    if bench.layer_skip is None:
-        raise SpecdecError("the layer-skip method needs --layer-skip L, a layer list, or 'auto' "
-                           "(the choice `specdec tune-layer-skip` saved)")
-    spec = parse_layer_spec(bench.layer_skip)
-    return load_choice(bench.layer_skip_file, model.model) if spec == "auto" else spec
-
-
-def bench_head(model: ModelSettings, bench: BenchSettings, target, kind: str):
-    """The eagle method's head: --head (default 'auto', the EAGLE head trained for --model); the
-    medusa method's: the Medusa head trained for --model."""
-    from specdec.runner import load_head_for
-    return load_head_for(bench.head or "auto" if kind == "eagle" else "auto", target, model.model, kind)
-
-
-def make_peers(model: ModelSettings, bench: BenchSettings, target, draft, kinds: set[str]) -> Peers:
+def make_peers(model: ModelSettings, bench: BenchSettings, target, kinds: set[str]) -> Peers:
     """Load only the peers that still have work (a resumed run may have none)."""
     from specdec.model.registry import resolve_model
     peers = Peers()
@@ -328,7 +307,6 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     """`specdec bench`: load models once, run every method on every prompt, write the results."""
     from specdec.bench import report
     from specdec.bench.datasets import load_prompts
-    from specdec.runner import log
     specs = parse_methods(bench.methods, parse_k_list(bench.k))
     peers = sorted(s.label for s in specs if s.kind in HF_KINDS or s.kind in LLAMA_KINDS)
     if bench.ignore_eos and peers:
@@ -349,17 +327,13 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     if bench.report_only:  # summarize what the run directory holds; load and run nothing
         records = read_records(records_path)
     else:
-        target = model.load(progress=log)
-        weight_format = target.module.weight_format
-        needs_draft = bool(pending & {"draft", "tree", "hybrid", "hf-assisted"})
-        draft = model.load(bench.draft, draft=True, progress=log) if needs_draft else None
-        peers = make_peers(model, bench, target, draft, pending)
-        comparison = Comparison(target, draft, specs, bench.max_new_tokens, model.max_context, peers.hf, peers.llama,
-                                bench.draft_vocab, bench.temperature, bench.seed, bench.draft_p_min, bench.cost_profile,
-                                bench.tree_depth, bench.tree_topk, bench.datastore, bench.lookahead_config(),
-                                bench_layer_spec(model, bench) if "layer-skip" in pending else None, bench.ignore_eos,
-                                bench.draft_window, {kind: bench_head(model, bench, target, kind) for kind in ("eagle", "medusa")
-                                                    if kind in pending or kind == "eagle" and pending & {"eagle-tree", "eagle-hybrid"}})
+        options = draft_options(bench, draft=bench.draft, suffix=SuffixConfig(datastore=bench.datastore))
+        ours = [method(s.kind) for s in specs if is_ours(s.kind)]
+        parts = load_parts(model, ours, options)
+        weight_format = parts.target.module.weight_format
+        peers = make_peers(model, bench, parts.target, pending)
+        comparison = Comparison(parts, specs, bench.max_new_tokens, options, peers.hf, peers.llama, bench.temperature,
+                                bench.seed, bench.cost_profile, bench.tree_depth, bench.tree_topk, bench.ignore_eos)
         try:
             records = comparison.run(prompts, records_path, bench.repeats)
         finally:
@@ -369,9 +343,7 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     records, complete = complete_prompts(records, prompts, specs, bench.repeats)
     if not records:
         raise SpecdecError(f"no prompt in {out} has a record for every method yet; nothing to summarize")
-    config = {"model": model.model, "draft": bench.draft if any(s.kind in ("draft", "tree", "hybrid", "hf-assisted")
-                                                                 for s in specs)
-              else None, "methods": [s.label for s in specs], "k": parse_k_list(bench.k),
+    config = {"model": model.model, "draft": bench.draft if any(uses_draft(s.kind) for s in specs) else None, "methods": [s.label for s in specs], "k": parse_k_list(bench.k),
               "draft_vocab": bench.draft_vocab, "draft_p_min": bench.draft_p_min, "draft_window": bench.draft_window,
               "tree_depth": bench.tree_depth, "tree_topk": bench.tree_topk, "max_new_tokens": bench.max_new_tokens, "prompts": len(prompts),
               "categories": sorted({p.category for p in prompts}), "repeats": bench.repeats,

@@ -258,7 +258,7 @@ def server_flags(model: ModelSettings, lt: LoadtestSettings) -> list[str]:
 
 
 def run_loadtest(model: ModelSettings, lt: LoadtestSettings) -> dict:
-    from specdec.runner import log
+    from specdec.engine.build import log
     levels, modes = lt.levels(), lt.mode_list()
     mixed = prompt_mix(lt)
     out = Path(lt.out)

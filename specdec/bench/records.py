@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-OUR_KINDS = ("plain", "draft", "ngram", "suffix", "lookahead", "layer-skip", "tree", "hybrid", "eagle", "eagle-tree",
-             "eagle-hybrid", "medusa")  # tree:N = the draft model's dynamic tree of N nodes, eagle-tree:N the EAGLE
-# head's dynamic tree of N nodes; eagle-hybrid: the EAGLE head's chains and prompt lookup (as hybrid)
+from specdec.drafters.registry import names as our_kinds  # every drafter name the bench can run
+
 HF_KINDS = {"hf": "plain", "hf-assisted": "assisted", "hf-lookup": "lookup"}
 LLAMA_KINDS = {"llama": "plain", "llama-spec": "spec", "llama-lookup": "lookup"}  # llama-server (bench/llama_server.py)
-ALL_KINDS = OUR_KINDS + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
+
+
+def is_ours(kind: str) -> bool:
+    """A method our engine runs (a registered drafter name), not a peer's."""
+    return kind in our_kinds()
+
+
+def all_kinds() -> tuple[str, ...]:
+    return our_kinds() + tuple(HF_KINDS) + tuple(LLAMA_KINDS)
 
 
 @dataclass

@@ -20,7 +20,7 @@ import sys
 import statistics
 from pathlib import Path
 
-from specdec.bench.records import LLAMA_KINDS, OUR_KINDS, Record
+from specdec.bench.records import LLAMA_KINDS, Record, is_ours
 from specdec.policy import interpolate
 
 OWN_PLAIN = {"hf-assisted": "hf", "hf-lookup": "hf", "llama-spec": "llama", "llama-lookup": "llama"}
@@ -71,7 +71,7 @@ def summarize(records: list[Record], greedy: bool = True) -> dict:
         reference = "llama" if kind in LLAMA_KINDS else "plain"
         if greedy and method != reference and reference in by_method:
             s["greedy_mismatches"] = mismatches(recs, by_method[reference])
-        if kind in OUR_KINDS:
+        if is_ours(kind):
             s.update(acceptance_summary([turn for r in recs for turn in r.stats]))
         elif any(r.peer for r in recs):  # llama-server's own count of drafted and accepted tokens
             drafted = sum((r.peer or {}).get("draft_n", 0) for r in recs)

@@ -54,6 +54,7 @@ class Capabilities:
     lookup_only: bool = False  # can draft by lookup alone, without its model's prefill (`start_lookup_only`)
     knows_confidence: bool = False  # honours DraftState.stop (the policy's confidence rule)
     features: bool = False  # drafts from the target's features: prefill and verify hand them over (`feed`)
+    target_cache: bool = False  # drafts into the target's own cache: a slot pool hands it its row (`share_target_cache`)
 
 
 class Drafter(Protocol):
@@ -90,6 +91,9 @@ class Drafter(Protocol):
         """caps.own_verify: verify [last token] + tree in the drafter's own forward. Moves no cache:
         it reports the slots it wrote (Verified.written); the engine's commit moves the cache."""
 
+    def share_target_cache(self, cache) -> "Drafter":
+        """caps.target_cache: draft into `cache`, the target's cache of every sequence this drafter serves."""
+
 
 class BaseDrafter:
     """Defaults for the protocol's optional parts: chains only, verified by the engine."""
@@ -111,6 +115,9 @@ class BaseDrafter:
 
     def verify(self, target, cache, last_token, tree, sampling, generator):
         raise NotImplementedError(f"{type(self).__name__} has no verify forward of its own")
+
+    def share_target_cache(self, cache):
+        raise NotImplementedError(f"{type(self).__name__} does not draft into the target's cache")
 
     def observe(self, num_accepted: int) -> None:
         pass

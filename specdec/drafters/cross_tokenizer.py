@@ -133,3 +133,32 @@ def start_token(tokenizer) -> list[int]:
     """[the BOS id] when the tokenizer starts every text with it, else []."""
     bos = tokenizer.bos_token_id if getattr(tokenizer, "add_bos_token", False) else None
     return [bos] if bos is not None else []
+
+
+def same_tokenizer(target_tok, draft_tok) -> bool:
+    """The draft's ids are the target's (check_compatible passes)."""
+    from specdec.model.tokenizer import check_compatible
+    try:
+        check_compatible(target_tok, draft_tok)
+    except SpecdecError:
+        return False
+    return True
+
+
+def model_drafter(target, draft, capacity: int, options, note=None) -> BaseDrafter:
+    """The draft model's drafter (options: registry.DraftOptions): a DraftModelDrafter when the two
+    share a tokenizer, else a CrossTokenizerDrafter (chains only), which `note` (a one-line log, or
+    None) says."""
+    if same_tokenizer(target.tokenizer, draft.tokenizer):
+        return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, options.draft_vocab,
+                                 options.p_min, options.tree, options.window)
+    from specdec.drafters.text_bridge import bridge
+    if options.tree is not None:
+        raise SpecdecError(f"{draft.name} has another tokenizer than {target.name}: it drafts chains across "
+                           "tokenizers, not trees; drop --tree-budget / --tree-choices or use a draft of the same "
+                           "family")
+    pair = bridge(target.tokenizer, draft.tokenizer)
+    if note:
+        note(f"drafting across tokenizers: {draft.name}'s text is re-tokenized for {target.name} "
+             f"({pair.draft_per_target:.2f} draft tokens per target token on the probe text)")
+    return CrossTokenizerDrafter(pair, draft.module, capacity, options.draft_vocab, options.p_min, options.window)

@@ -172,14 +172,18 @@ class LayerSkipDrafter(BaseDrafter):
     slots the verify pass will use; holds no cache and feeds only [last committed token] + drafts.
     """
 
-    caps = Capabilities(own_verify=True)  # shared mode: verify starts at layer L
-
-    def __init__(self, target: Transformer, layers: LayerSpec, capacity: int, cache: KVCache | None = None):
-        """cache: the target's (engine's) KV cache to share, as share_target_cache(cache) does."""
+    def __init__(self, target: Transformer, layers: LayerSpec, capacity: int, cache: KVCache | None = None,
+                 pooled: bool = False):
+        """cache: the target's (engine's) KV cache to share, as share_target_cache(cache) does; pooled
+        (layers 0..L-1 only): a slot pool hands it its row of the target's cache before its first
+        sequence (caps.target_cache), so it allocates no cache of its own unless started without one."""
         cfg = target.config
         self.target = target
         self.layers = resolve_layers(cfg.num_layers, layers)
         self.is_prefix = self.layers == list(range(len(self.layers)))
+        pooled = pooled and self.is_prefix and cache is None
+        self.caps = Capabilities(own_verify=True, target_cache=pooled)  # shared mode: verify starts at layer L
+        self.capacity = min(capacity, cfg.max_position_embeddings)
         self.cache: KVCache | None = None  # own-cache mode: keys/values of the draft layers only
         self.shared: KVCache | None = None  # shared mode: the target's cache
         self.cached: list[int] = []  # own-cache mode: tokens whose keys/values self.cache holds
@@ -188,9 +192,13 @@ class LayerSkipDrafter(BaseDrafter):
         self._last: dict | None = None  # shared mode: the last proposal, for verify
         if cache is not None:
             self.share_target_cache(cache)
-        else:
-            self.cache = KVCache(len(self.layers), cfg.num_kv_heads, cfg.head_dim,
-                                 min(capacity, cfg.max_position_embeddings), 1, target.dtype, target.device)
+        elif not pooled:
+            self.cache = self._own_cache()
+
+    def _own_cache(self) -> KVCache:
+        cfg = self.target.config
+        return KVCache(len(self.layers), cfg.num_kv_heads, cfg.head_dim, self.capacity, 1, self.target.dtype,
+                       self.target.device)
 
     @property
     def spec(self) -> LayerSpec:
@@ -211,6 +219,8 @@ class LayerSkipDrafter(BaseDrafter):
 
     def start(self, prompt: list[int]) -> None:
         self.cached, self.committed, self._last = [], 0, None
+        if self.shared is None and self.cache is None:  # pooled, but started by an engine of its own
+            self.cache = self._own_cache()
         if self.cache is not None:
             self.cache.reset()
 
@@ -305,12 +315,13 @@ def verify_from_draft(target: Transformer, drafter: LayerSkipDrafter, cache: KVC
     return accept_chain(tree, logits, sampling, generator)
 
 
-def make_layer_skip(target: Transformer, layers: LayerSpec, capacity: int, cache: KVCache | None = None
-                    ) -> LayerSkipDrafter:
-    """A LayerSkipDrafter sharing `cache` (the engine's) when its layers are a prefix, else with its own."""
+def make_layer_skip(target: Transformer, layers: LayerSpec, capacity: int, cache: KVCache | None = None,
+                    pooled: bool = False) -> LayerSkipDrafter:
+    """A LayerSkipDrafter sharing `cache` (the engine's) when its layers are a prefix, else with its own;
+    pooled: without a cache, a prefix waits for its slot's row of the target's cache (serve)."""
     resolved = resolve_layers(target.config.num_layers, layers)
     prefix = resolved == list(range(len(resolved)))
-    return LayerSkipDrafter(target, layers, capacity, cache if prefix else None)
+    return LayerSkipDrafter(target, layers, capacity, cache if prefix else None, pooled)
 
 
 # ---- choosing L ----

@@ -9,54 +9,43 @@ from __future__ import annotations
 
 import sys
 
-from specdec.errors import SpecdecError
 from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
-
-SUFFIX_BYTES_PER_TOKEN = 512  # a mutable suffix automaton, per indexed token (specdec/drafters/suffix.py)
 
 
 def build_scheduler(model: ModelSettings, drafting: DraftingSettings, srv: ServeSettings = ServeSettings(),
                     progress=None):
-    """Models, drafters (one per slot), policy, memory check, stepper and scheduler from the settings."""
+    """The engine's parts (engine.build), one drafter per slot, policy, memory check, stepper and scheduler."""
+    from specdec.engine.build import Engine, log
     from specdec.model.loading import resolve_device
     from specdec.policy import AdaptivePolicy, PolicyConfig
-    from specdec.runner import build_drafter, build_policy, load_head_for, log
     from specdec.server.memory import GIB, available_bytes, default_budget, plan_memory
     from specdec.server.metrics import ServerMetrics
     from specdec.server.scheduler import Scheduler, k_schedule
     from specdec.server.stepper import StepwiseGenerator
 
     progress = progress or log
-    method = drafting.method
-    if method == "layer-skip":
-        raise SpecdecError("specdec serve does not support --layer-skip yet; use it with `specdec generate`")
     schedule = srv.schedule()
-    tree, k, capacity = drafting.tree_config(), drafting.k, model.max_context
+    k, capacity = drafting.k, model.max_context
 
     available = available_bytes(resolve_device(model.device))  # before the models take their share
-    target = model.load(progress=progress)
-    # the server drafts for many sequences in one draft forward (multi-row GEMMs), so the draft packs too
-    draft = model.load(drafting.draft, draft=True, progress=progress) if method in ("draft", "hybrid") else None
-    ngram, suffix, lookahead = drafting.ngram_config(), drafting.suffix_config(), drafting.lookahead_config()
-    head = load_head_for(drafting.head, target, model.model) if method in ("head", "head-hybrid") else None
+    # the target and what the drafter needs; the slots' target caches are the stepper's rows
+    built = Engine.from_settings(model, drafting, progress, share_cache=False)
+    target, draft = built.target, built.parts.draft
 
     def drafter_factory(note=None):  # one per slot: only the probe below logs how it drafts
-        return build_drafter(method, target, capacity, draft, ngram, drafting.draft_vocab, drafting.draft_p_min,
-                             tree, suffix, lookahead, drafting.draft_window, head, note)
+        return built.drafter(note)
 
     probe = drafter_factory(progress)  # validates the drafting values before anything large is allocated
-    tree_nodes = probe.caps.tree_nodes
     budget = int(srv.memory_budget_gb * GIB) if srv.memory_budget_gb is not None else default_budget(available)
     plan = plan_memory(target.module, draft.module if draft else None, capacity, srv.max_batch,
-                       max(srv.prefill_chunk, k + 1 + tree_nodes), budget,
-                       drafter_bytes_per_slot=SUFFIX_BYTES_PER_TOKEN * drafting.suffix_cache_tokens
-                       if method == "suffix" else 0)
+                       max(srv.prefill_chunk, k + 1 + probe.caps.tree_nodes), budget,
+                       drafter_bytes_per_slot=built.method.entry.slot_bytes(built.options))
     plan.check()
     progress(f"memory: {plan.total / GIB:.3f} GiB of a {budget / GIB:.3f} GiB budget "
              f"({srv.max_batch} slots x {plan.kv_per_slot / GIB:.3f} GiB KV)")
     policy_factory = None
     if drafting.adaptive:  # the server's steps pick k only (no confidence rule)
-        base = build_policy(probe, target, k, drafting.cost_profile, max_rows=srv.max_batch * (k + 1))
+        base = built.policy(probe, k, drafting.cost_profile, max_rows=srv.max_batch * (k + 1))
         if base is not None:
             def policy_factory():
                 return AdaptivePolicy(base.costs, PolicyConfig(k_max=k))

@@ -138,7 +138,11 @@ class StepwiseGenerator:
         self.round_width = 1  # positions per row of the last round's batched verify
         self.batched = batched
         self.cache = target.new_cache(capacity, batch=max_batch)  # row b is slot b's cache
+        self.rows = [self.cache.row(b) for b in range(max_batch)]
         self.drafters = [drafter_factory() for _ in range(max_batch)]
+        for drafter, row in zip(self.drafters, self.rows):
+            if drafter.caps.target_cache:  # it drafts into its slot's row (layer skip: layers 0..L-1)
+                drafter.share_target_cache(row)
         self.policies = [LoadPolicy(self, policy_factory() if policy_factory else None) for _ in range(max_batch)]
         self.free: list[int] = list(range(max_batch))
         self.active: list[Sequence] = []
@@ -184,7 +188,8 @@ class StepwiseGenerator:
         self.free.remove(slot)
         self.clock += 1
         self.used[slot] = self.clock
-        cache = self.cache.row(slot)
+        cache = self.rows[slot]
+        cache.length = 0
         seq = Sequence(list(prompt), len(prompt), cfg, set(eos_ids), make_generator(cfg.sampling.seed, cache.k.device),
                        cache, self.drafters[slot], self.policies[slot], row=slot, tag=tag)
         if reuse:  # the cached prefix is in place: the prefill starts after it

@@ -1,0 +1,92 @@
+"""The one builder: loads the target and what the chosen drafters need (registry entries), once;
+then builds drafters and policies from those parts. generate (runner.Runner), serve
+(server.build_scheduler) and bench (bench.compare) all start here."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from specdec.drafters.registry import DEFAULT_HEAD_KIND, DraftOptions, Method, Parts, method
+from specdec.errors import SpecdecError
+from specdec.settings import DrafterKnobs, DraftingSettings, ModelSettings
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def layer_spec(model_name: str, knobs: DraftOptions):
+    """--layer-skip: L, a layer list, or 'auto' (the choice `specdec tune-layer-skip` saved for the model)."""
+    from specdec.drafters.layer_skip import load_choice, parse_layer_spec
+    if knobs.layer_skip is None:
+        raise SpecdecError("the layer-skip method needs --layer-skip L, a layer list, or 'auto' "
+                           "(the choice `specdec tune-layer-skip` saved)")
+    spec = parse_layer_spec(knobs.layer_skip)
+    return load_choice(knobs.layer_skip_file, model_name) if spec == "auto" else spec
+
+
+def head_name(options: DraftOptions) -> str:
+    """--head names the EAGLE head (default 'auto'); other kinds are the ones trained for the model."""
+    return options.head or "auto" if options.head_kind == DEFAULT_HEAD_KIND else "auto"
+
+
+def load_parts(model: ModelSettings, methods: list[Method], options: DraftOptions, progress=log,
+               share_cache: bool = True) -> Parts:
+    """The target, and the draft model, heads and layer-skip spec that any of `methods` needs; with
+    share_cache, the target's cache that the engines (and layer skip's drafter) use."""
+    from specdec.heads.find import load_head_for
+    target = model.load(progress=progress)
+    draft = model.load(options.draft, draft=True, progress=progress) if any(m.entry.draft_model for m in methods) else None
+    heads = {}
+    for m in methods:
+        if m.entry.head and m.head_kind not in heads:
+            heads[m.head_kind] = load_head_for(head_name(m.options(options)), target, model.model, m.head_kind)
+    layers = layer_spec(model.model, options) if any(m.entry.layers for m in methods) else None
+    cache = target.module.new_cache(model.max_context) if share_cache else None
+    return Parts(target, model.max_context, draft, heads, layers, cache)
+
+
+def draft_options(knobs: DrafterKnobs, **more) -> DraftOptions:
+    """The options every command's drafter knobs give (flags.add_drafter_knobs), and `more`."""
+    return DraftOptions(head=knobs.head, layer_skip=knobs.layer_skip, layer_skip_file=knobs.layer_skip_file,
+                        lookahead=knobs.lookahead_config(), draft_vocab=knobs.draft_vocab, p_min=knobs.draft_p_min,
+                        window=knobs.draft_window, **more)
+
+
+def drafting_options(drafting: DraftingSettings) -> DraftOptions:
+    """generate's and serve's options (DraftingSettings)."""
+    return draft_options(drafting, draft=drafting.draft, ngram=drafting.ngram_config(), suffix=drafting.suffix_config(),
+                         tree=drafting.tree_config())
+
+
+@dataclass
+class Engine:
+    """One drafting method over its loaded parts: make drafters (one per sequence slot) and its policy."""
+    parts: Parts
+    method: Method
+    options: DraftOptions
+
+    @staticmethod
+    def from_settings(model: ModelSettings, drafting: DraftingSettings, progress=log,
+                      share_cache: bool = True) -> "Engine":
+        chosen, options = method(drafting.method), drafting_options(drafting)
+        return Engine(load_parts(model, [chosen], options, progress, share_cache), chosen, options)
+
+    @property
+    def target(self):
+        return self.parts.target
+
+    def drafter(self, note=log):
+        """A new drafter; `note` (a one-line log, or None) hears how it drafts."""
+        return self.method.build(self.parts, self.options, note)
+
+    def label(self, drafter, k_text: str) -> str:
+        """How generate names what it runs: 'draft M k<=4 adaptive', 'plain'."""
+        entry = self.method.entry
+        name = entry.label(self.parts, self.method.options(self.options), drafter)
+        return f"{name} {k_text}" if entry.drafts else name
+
+    def policy(self, drafter, k_max: int, cost_profile: str | None = None, max_rows: int = 0, confidence: bool = True):
+        from specdec.engine.policy_build import build_policy
+        return build_policy(drafter, self.target, k_max, cost_profile, max_rows, confidence)
