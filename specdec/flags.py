@@ -177,6 +177,9 @@ def add_ray_flags(p: argparse.ArgumentParser) -> None:
                           "conversation's turns go to the replica that served it while it has a free slot")
     ray.add_argument("--replicas", type=integer, default=None, help="--ray: replicas (default 2)")
     ray.add_argument("--autoscale", default=None, metavar="MIN:MAX", help="--ray: replicas scaled by load between MIN and MAX")
+    ray.add_argument("--autoscale-delays", default="30:600", metavar="UP:DOWN",
+                     help="--autoscale: seconds of load before a replica is added, and of idleness before one is "
+                          "removed (default: Ray Serve's own, 30:600)")
     ray.add_argument("--ray-address", default=None,
                      help="--ray: join this Ray cluster (default: start a local one bound to loopback)")
     ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="--ray: CPUs Ray reserves for each replica")

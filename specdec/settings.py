@@ -238,6 +238,7 @@ class RaySettings:
     ray: bool = False
     replicas: int | None = None
     autoscale: str | None = None
+    autoscale_delays: str = "30:600"  # seconds of load before adding a replica : of idleness before removing one
     ray_address: str | None = None
     cpus_per_replica: float = 1.0
     ray_routing: str = "conversation"
@@ -255,10 +256,23 @@ class RaySettings:
         if self.ray_routing not in ("conversation", "least-loaded"):
             raise SpecdecError(f"--ray-routing is conversation or least-loaded, got {self.ray_routing!r}")
         if self.autoscale:
+            self.delays()
             return parse_autoscale(self.autoscale)
         n = 2 if self.replicas is None else self.replicas
         at_least("--replicas", n, 1)
         return n, n
+
+
+    def delays(self) -> tuple[float, float]:
+        """(up, down) seconds from --autoscale-delays UP:DOWN."""
+        try:
+            up, down = (float(x) for x in self.autoscale_delays.split(":"))
+        except ValueError:
+            raise SpecdecError(f"--autoscale-delays takes UP:DOWN seconds, e.g. 30:600; got {self.autoscale_delays!r}") \
+                from None
+        if up < 0 or down < 0:
+            raise SpecdecError(f"--autoscale-delays needs seconds >= 0, got {self.autoscale_delays!r}")
+        return up, down
 
 
 def parse_autoscale(text: str) -> tuple[int, int]:

@@ -120,8 +120,10 @@ def build_app(model: ModelSettings, drafting: DraftingSettings, srv: ServeSettin
     replica_cls = serve.deployment(name="specdec-replica", max_ongoing_requests=srv.max_batch,
                                    graceful_shutdown_timeout_s=srv.shutdown_grace + 5.0, health_check_period_s=2.0,
                                    health_check_timeout_s=30.0)(Replica)
+    up, down = ray.delays()
     scaling = {"num_replicas": lo} if lo == hi else {"autoscaling_config": AutoscalingConfig(
-        min_replicas=lo, max_replicas=hi, target_ongoing_requests=max(1, srv.max_batch // 2))}
+        min_replicas=lo, max_replicas=hi, target_ongoing_requests=max(1, srv.max_batch // 2),
+        upscale_delay_s=up, downscale_delay_s=down, look_back_period_s=min(30.0, max(1.0, up)))}
     router = {} if ray.ray_routing == "least-loaded" else {"request_router_config": RequestRouterConfig(
         request_router_class="specdec.server.ray_router:ConversationRouter")}  # else Ray Serve's own (power of two)
     threads = max(1, int(ray.cpus_per_replica))  # a replica computes on its share of the CPUs
