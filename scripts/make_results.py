@@ -12,6 +12,7 @@ A summary's keys (only "rows" and "command" are required):
     order     its place within the section (default 0; then by file name)
     title     the table's heading
     command   the command that produced the numbers
+    cpu       the host's CPU model as lscpu names it, and its cores
     setup     one paragraph: models, prompts, mode, what is compared
     source    the raw run(s) the rows come from (bench or loadtest summary.json files under docs/results/raw/)
     extract   how `extract` reads the rows from source (kinds: methods, matrix, policy, loadtest), or a

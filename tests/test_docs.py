@@ -56,6 +56,7 @@ SUMMARIES = make_results.load_summaries()
 @pytest.mark.parametrize("name,summary", SUMMARIES, ids=[name for name, _ in SUMMARIES])
 def test_every_summary_names_its_command_and_its_rows_match_the_raw_run(name, summary):
     assert summary["command"].strip() and summary["rows"]
+    assert summary.get("cpu"), f"{name} names no CPU"
     if "extract" in summary:
         assert summary["rows"] == make_results.extracted_rows(summary), f"run make_results.py extract on {name}"
 
@@ -64,6 +65,10 @@ def test_memory_startup_rows_have_the_shared_fields():
     rows = json.loads((ROOT / "docs" / "results" / "memory-startup.json").read_text())["rows"]
     for row in rows:
         assert {"setup", "peak_rss_gb", "start_to_first_token_s", "disk_gb"} <= set(row)
+
+
+def test_the_page_is_one_hosts_short_page():
+    assert len((ROOT / "docs" / "performance.md").read_text().splitlines()) <= 400
 
 
 def test_the_page_renders_a_new_summary_without_code_changes(tmp_path):
