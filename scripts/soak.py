@@ -28,8 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -37,6 +35,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from specdec.bench.loadtest import free_port
 
 CODE = ["Write a Python function that checks whether a string is a palindrome.",
         "Write a Python class for a stack with push, pop and peek.",
@@ -46,12 +46,6 @@ CODE = ["Write a Python function that checks whether a string is a palindrome.",
         "Summarize in two sentences why binary search needs a sorted list.",
         "Translate to French: The weather is nice today, let us go for a walk."]
 STOPS = ["\n\n", "return", ".", "```"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pid: int) -> float | None:
