@@ -78,7 +78,7 @@ def cmd_profile(args) -> int:
         raise SpecdecError(f"--draft-vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
     model = settings(ModelSettings, args)
     target = model.load(progress=log)
-    draft = model.load(args.draft, draft=True, progress=log) if args.draft else None
+    draft = model.load(args.draft, draft=True, progress=log, beside=target) if args.draft else None
     draft_module = draft.module if draft else None
     if draft_module is not None and 0 < args.draft_vocab < draft_module.config.vocab_size:
         from specdec.drafters.draft_model import truncated_head

@@ -48,15 +48,16 @@ class ModelSettings:
         if self.draft_bits not in (4, 8):
             raise SpecdecError(f"--draft-bits must be 4 or 8, got {self.draft_bits}")
 
-    def load(self, spec: str | None = None, draft: bool = False, progress=None):
+    def load(self, spec: str | None = None, draft: bool = False, progress=None, beside=None):
         """load_model(spec or the model) with these settings; a draft named "self" is the model itself,
-        loaded again as a draft (its blocks re-encoded in --draft-bits)."""
+        loaded again as a draft (its blocks re-encoded in --draft-bits). beside: a model loaded before,
+        whose tokenizer this one takes where the two files' tokenizers are the same."""
         from specdec.model import load_model
         if draft and spec == SELF_DRAFT:
             spec = self.model
         return load_model(spec or self.model, device=self.device, dtype=self.dtype, cuda_graphs=self.cuda_graphs,
                           weight_dtype=self.weight_dtype, draft=draft, draft_bits=self.draft_bits,
-                          progress=progress or print)
+                          progress=progress or print, beside=beside)
 
 
 @dataclass(frozen=True)

@@ -39,14 +39,23 @@ def test_another_pair_or_other_sizes_are_measured_anew(fake_measure, tiny_target
     assert fake_measure["calls"] == 4
 
 
-def test_a_cached_step_far_off_the_live_one_is_measured_again(fake_measure, tiny_target, tiny_draft):
+def test_a_cached_step_far_slower_than_the_live_one_is_measured_again(fake_measure, tiny_target, tiny_draft):
     measure.cached_costs(tiny_target, tiny_draft)
-    fake_measure["now"] = 0.010 * 1.4  # within RECHECK: still the cache
+    fake_measure["now"] = 0.010 / 1.4  # within RECHECK: still the cache
     measure.cached_costs(tiny_target, tiny_draft)
     assert fake_measure["calls"] == 1
-    fake_measure["now"] = 0.010 * 2.0  # another build or a changed host
+    fake_measure["now"] = 0.010 / 2.0  # the entry was measured on a busy host
     measure.cached_costs(tiny_target, tiny_draft)
     assert fake_measure["calls"] == 2
+
+
+def test_a_live_step_slower_than_the_cached_one_keeps_the_entry(fake_measure, tiny_target, tiny_draft):
+    """A busy host at start: the calibration scales the cached ratios; measuring now costs seconds and
+    would not be kept."""
+    measure.cached_costs(tiny_target, tiny_draft)
+    fake_measure.update(now=0.010 * 3.0, c=0.9)
+    assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.25
+    assert fake_measure["calls"] == 1
 
 
 def test_a_measurement_on_a_busy_host_is_used_but_not_kept(fake_measure, tiny_target, tiny_draft, tmp_path):
@@ -58,11 +67,11 @@ def test_a_measurement_on_a_busy_host_is_used_but_not_kept(fake_measure, tiny_ta
     assert fake_measure["calls"] == 2
 
 
-def test_a_busy_host_at_start_keeps_the_cached_entry(fake_measure, tiny_target, tiny_draft, tmp_path):
+def test_a_busy_measurement_keeps_the_cached_entry(fake_measure, tiny_target, tiny_draft, tmp_path):
     measure.cached_costs(tiny_target, tiny_draft)
     (path,) = (tmp_path / "costs").glob("*.json")
     before = path.read_text()
-    fake_measure.update(now=0.030, spread=3.0, c=0.9)  # the live check is off, and so is the measurement
+    fake_measure.update(now=0.004, spread=3.0, c=0.9)  # the entry looks slow, and the measurement is noisy
     assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.25
     assert fake_measure["calls"] == 2 and path.read_text() == before
     fake_measure.update(spread=1.0)  # a quiet re-measurement replaces the entry

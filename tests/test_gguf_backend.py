@@ -249,6 +249,48 @@ def test_a_4_bit_draft_and_the_self_draft(tmp_path):
 
 
 @kernel
+def test_a_4_bit_draft_takes_q5_0_blocks_straight_to_q4_0(tmp_path):
+    """A 4-bit draft re-encodes its Q5_0 blocks once, as Q4_0 from the stored weights (not through
+    Q8_0 first): the layers equal Q4_0 made from the Q5_0 weights themselves."""
+    path = write_tiny_gguf(tmp_path / "q5.gguf", tiny_model(2, attention_bias=True), "qwen2", "Q5_0")
+    stored, four = load_gguf_blocks(GGUFFile(path), repack=False), load_gguf_blocks(GGUFFile(path), reencode=True, bits=4)
+    layers = lambda m: [x for x in m.modules() if isinstance(x, QuantLinear)]  # noqa: E731
+    for a, b in zip(layers(stored), layers(four), strict=True):
+        (qtype, blocks), = a.parts
+        direct = cpu_kernels.requant_q4_0(qtype, blocks, a.in_features)
+        assert [q for q, _ in b.parts] == [direct[0]] and torch.equal(b.parts[0][1], direct[1])
+
+
+def test_tokenizer_digest_is_the_vocabulary_not_the_chat_template(tmp_path):
+    import gguf
+
+    def write(name, tokens, template):
+        w = gguf.GGUFWriter(str(tmp_path / name), "llama")
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(tokens)
+        w.add_token_merges(["a b"])
+        w.add_chat_template(template)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.close()
+        return GGUFFile(tmp_path / name).digest("tokenizer.", skip=("tokenizer.chat_template",))
+    one = write("a.gguf", ["a", "b", "ab"], "{{ x }}")
+    assert write("b.gguf", ["a", "b", "ab"], "{{ y }}") == one  # another template only
+    assert write("c.gguf", ["a", "b", "ba"], "{{ x }}") != one  # another vocabulary
+    assert write("d.gguf", ["a", "b"], "{{ x }}") != one
+
+
+@kernel
+def test_a_draft_beside_a_target_of_one_tokenizer_shares_it(smollm2_path):
+    from specdec.settings import SELF_DRAFT, ModelSettings
+    settings = ModelSettings(model=str(smollm2_path), device="cpu")
+    quiet = lambda *a: None  # noqa: E731
+    target = settings.load(progress=quiet)
+    assert settings.load(SELF_DRAFT, draft=True, progress=quiet, beside=target).tokenizer is target.tokenizer
+    assert settings.load(SELF_DRAFT, draft=True, progress=quiet).tokenizer is not target.tokenizer
+
+
+@kernel
 def test_the_self_draft_is_the_target_re_encoded(smollm2_path):
     from specdec.settings import SELF_DRAFT, ModelSettings
     settings = ModelSettings(model=str(smollm2_path), device="cpu")

@@ -138,6 +138,8 @@ def start_token(tokenizer) -> list[int]:
 def same_tokenizer(target_tok, draft_tok) -> bool:
     """The draft's ids are the target's (check_compatible passes)."""
     from specdec.model.tokenizer import check_compatible
+    if target_tok is draft_tok:  # one tokenizer, taken by the draft from the target's identical file metadata
+        return True
     try:
         check_compatible(target_tok, draft_tok)
     except SpecdecError:

@@ -37,7 +37,8 @@ def load_parts(model: ModelSettings, methods: list[Method], options: DraftOption
     share_cache, the target's cache that the engines (and layer skip's drafter) use."""
     from specdec.heads.find import load_head_for
     target = model.load(progress=progress)
-    draft = model.load(options.draft, draft=True, progress=progress) if any(m.entry.draft_model for m in methods) else None
+    drafts = any(m.entry.draft_model for m in methods)
+    draft = model.load(options.draft, draft=True, progress=progress, beside=target) if drafts else None
     heads = {}
     for m in methods:
         if m.entry.head and m.head_kind not in heads:

@@ -17,6 +17,7 @@ class LoadedModel:
     module: Transformer
     tokenizer: object
     eos_ids: set[int]
+    tokenizer_key: str | None = None  # a GGUF file's tokenizer digest (load_model's `beside`), or None
 
     @property
     def device(self) -> torch.device:
@@ -25,7 +26,7 @@ class LoadedModel:
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
                cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False,
-               draft_bits: int = 4) -> LoadedModel:
+               draft_bits: int = 4, beside: LoadedModel | None = None) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     The backend is chosen here, once. On the CPU a .gguf model runs on the file's own quantized
@@ -40,6 +41,9 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     its 32-weight blocks (Q8_0, Q5_0, ...) into 4-bit Q4_0 tiles (lossy: fewer bytes a draft step).
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
     engine/cuda_graphs.py).
+    beside: a model loaded before (the target, for its draft): where this file's tokenizer metadata is
+    the same as that model's but for the chat template (a draft reads the target's token ids and never
+    renders a chat), that model's tokenizer is taken as it is instead of being built again.
     """
     from specdec.errors import SpecdecError
     from specdec.model import cpu_kernels
@@ -57,11 +61,14 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     if source.suffix == ".gguf" and dev.type == "cpu" and weight_dtype in (None, "auto") and not blocks:
         progress(f"our CPU kernels are unavailable ({cpu_kernels.unavailable_reason()}); "
                  "using the fp32 torch reference (slower, and fp32 weights in memory)")
+    key = None
     if source.is_dir():
         tokenizer, module = load_tokenizer(source), load_hf_dir(source, dev, torch_dtype)
     else:
         gguf = open_gguf(source)
-        tokenizer = load_tokenizer(source, gguf)
+        key = gguf.digest("tokenizer.", skip=("tokenizer.chat_template",))
+        same = beside is not None and beside.tokenizer_key == key
+        tokenizer = beside.tokenizer if same else load_tokenizer(source, gguf)
         gguf.forget_strings()
         repack = weight_dtype != "gguf-q8-mapped"
         module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=draft_bits if draft else 8) if blocks \
@@ -69,4 +76,4 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     if cuda_graphs:
         from specdec.engine.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(module)
-    return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer))
+    return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer), key)

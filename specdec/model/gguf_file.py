@@ -8,6 +8,7 @@ asked for; other arrays are numpy views too.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -42,8 +43,8 @@ class TensorInfo:
 class StringArray:
     """A metadata array of strings, decoded on first use (the vocabulary: 150k entries)."""
 
-    def __init__(self, buf: memoryview, pos: int, count: int):
-        self.buf, self.pos, self.count = buf, pos, count
+    def __init__(self, buf: memoryview, pos: int, count: int, end: int):
+        self.buf, self.pos, self.count, self.end = buf, pos, count, end  # the strings lie in buf[pos:end]
         self._items: list[str] | None = None
 
     def __len__(self) -> int:
@@ -159,6 +160,22 @@ class GGUFFile:
             if isinstance(value, StringArray):
                 value._items = None
 
+    def digest(self, prefix: str, skip: tuple[str, ...] = ()) -> str:
+        """A digest of the metadata under the keys starting with `prefix`, but those in `skip` (the raw
+        bytes of string arrays, undecoded): two files with the same such metadata give the same string."""
+        h = hashlib.blake2b(digest_size=16)
+        for key in sorted(k for k in self.metadata if k.startswith(prefix) and k not in skip):
+            value = self.metadata[key]
+            if isinstance(value, StringArray):
+                raw = value.buf[value.pos:value.end]
+            elif isinstance(value, np.ndarray):
+                raw = value.dtype.str.encode() + value.tobytes()
+            else:
+                raw = repr(value).encode()
+            h.update(key.encode() + b"\0" + len(raw).to_bytes(8, "little"))
+            h.update(raw)
+        return h.hexdigest()
+
     def span(self, names: list[str]) -> np.ndarray:
         """One uint8 view [rows, row bytes] over adjacent tensors (see `adjacent`)."""
         a, z = self.tensors[names[0]], self.tensors[names[-1]]
@@ -188,7 +205,7 @@ def _value(buf: memoryview, pos: int, vtype: int):
         start = pos
         for _ in range(count):  # skip: decoded on demand
             pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
-        return StringArray(buf, start, count), pos
+        return StringArray(buf, start, count, pos), pos
     values = []
     for _ in range(count):
         v, pos = _value(buf, pos, etype)

@@ -462,7 +462,8 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False,
         bias = torch.cat([dequantize(gguf, n, cfg) if n in gguf.tensors else torch.zeros(gguf.tensors[w].rows)
                           for n, w in zip(biases, names)])
     if all(supported(gguf.tensors[n].ggml_type, K) for n in names):
-        parts = _parts(gguf, names, cfg, reencode)
+        # a 4-bit draft re-encodes every 32-weight format as Q4_0 at once (no pass through FASTER_FORMATS)
+        parts = _parts(gguf, names, cfg, reencode and not (repack and bits == 4))
         return QuantLinear(_repacked(gguf, names, parts, K, bits) if repack else parts, K, bias)
     for n in names:
         _refuse_blocks(gguf, n, supported(gguf.tensors[n].ggml_type, K))

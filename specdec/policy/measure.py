@@ -136,7 +136,7 @@ def host_key(device: torch.device) -> str:
 
 
 COSTS_VERSION = 1
-RECHECK = 1.5  # a cached plain step this far off a fresh one (either way) is measured again
+RECHECK = 1.5  # a cached plain step this much slower than a fresh one is measured again
 
 
 def _cost_path(target: Transformer, draft: Transformer | None, sizes) -> Path:
@@ -150,12 +150,13 @@ def _cost_path(target: Transformer, draft: Transformer | None, sizes) -> Path:
 def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1, 2, 3, 5, 9),
                  progress: Callable[[str], None] = lambda m: None) -> CostModel:
     """measure_costs, kept in $SPECDEC_HOME/costs under the host, both models' fingerprints, the kernel
-    build and the sizes. A cached entry is used after a check of three plain steps: one that is off the
-    cached step time by RECHECK either way (another build, a changed host) is measured again. A
-    measurement whose plain steps spread by more than RECHECK (a busy host) is not kept, and where a
-    cached entry exists that entry is used instead (measured on a quiet host, it is the better guess);
-    else it is used. The policy's calibration corrects either by the live step times from the first
-    steps on."""
+    build and the sizes. A cached entry is used after a check of three plain steps. The costs are ratios
+    to a plain step, and the policy's calibration scales them by the live step times from the first
+    steps on, so a live step slower than the cached one (a busy host: a measurement now would not be
+    kept) keeps the entry; one faster by RECHECK (the entry was measured on a busy host) is measured
+    again. A measurement whose plain steps spread by more than RECHECK (a busy host) is not kept, and
+    where a cached entry exists that entry is used instead (measured on a quiet host, it is the better
+    guess); else it is used."""
     path = _cost_path(target, draft, sizes)
     try:
         data = json.loads(path.read_text())
@@ -168,11 +169,11 @@ def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1
         cache.advance(256)
         x = torch.randint(0, target.config.vocab_size, (1, 1), device=cache.k.device)
         now = statistics.median(timed(lambda: target(x, cache, 256), cache.k.device, 3))
-        if 1 / RECHECK <= now / cached.step_seconds <= RECHECK:
+        if now * RECHECK >= cached.step_seconds:
             progress(f"policy costs: from {path}")
             return cached
-        progress(f"policy costs: a plain step takes {now * 1e3:.1f} ms against the cached {cached.step_seconds * 1e3:.1f}; "
-                 "measuring again")
+        progress(f"policy costs: a plain step takes {now * 1e3:.1f} ms against the cached {cached.step_seconds * 1e3:.1f} "
+                 "(measured on a busy host?); measuring again")
     t0 = time.perf_counter()
     costs, spread = _measure(target, draft, sizes)
     if spread <= RECHECK:
