@@ -27,6 +27,9 @@ echo "llama.cpp source: $DEST/src"
 
 if [ "$what" = build ]; then
     cache="$DEST/src/build/CMakeCache.txt"
+    if [ -L "$DEST/src/build" ] && [ ! -e "$DEST/src/build" ]; then
+        rm "$DEST/src/build"   # a link to a build folder that is gone
+    fi
     if [ -f "$cache" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$DEST/src" "$cache"; then
         rm -rf "$cache" "$DEST/src/build/CMakeFiles"   # configured from another source path: configure afresh
     fi
