@@ -11,8 +11,6 @@ import torch
 
 from specdec.errors import SpecdecError
 
-DEFAULT_DRAFT_VOCAB = 32768
-
 
 @dataclass(frozen=True)
 class DraftVocab:
