@@ -85,6 +85,27 @@ def test_c_loop_gives_the_python_loops_logits(smollm2):
 
 
 @pytest.mark.real
+def test_c_loop_serves_a_row_of_a_batched_cache(smollm2):
+    """A row of a batched cache (its layers apart in memory) takes the C loop: the Python loop's bits,
+    written to that row alone."""
+    torch.manual_seed(1)
+    prompt, step = torch.randint(0, 1000, (1, 12)), torch.randint(0, 1000, (1, 3))
+
+    row = smollm2.new_cache(32, batch=3).row(1)
+    assert smollm2.cpu_forward.takes(step, row, 12, smollm2.layer_inputs(torch.arange(3)[None], 12, None))
+
+    def run(m):
+        with torch.inference_mode():
+            batch = m.new_cache(32, batch=3)
+            row = batch.row(1)
+            m(prompt, row, 0)
+            return m(step, row, 12), batch.k.clone()
+    (a, ka), (b, kb) = both_loops(smollm2, run)
+    assert torch.equal(a, b) and torch.equal(ka, kb)
+    assert ka[:, 0].abs().sum() == 0 and ka[:, 2].abs().sum() == 0 and ka[:, 1].abs().sum() > 0
+
+
+@pytest.mark.real
 def test_c_loop_declines_what_it_does_not_serve(smollm2):
     fast = smollm2.cpu_forward
     cache, batch2 = smollm2.new_cache(64), smollm2.new_cache(64, batch=2)

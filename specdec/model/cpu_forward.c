@@ -69,7 +69,8 @@ int64_t forward_scratch_floats(int64_t T, int64_t D, int64_t H, int64_t KV, int6
 }
 
 /* x [T, D] (the embeddings in, the last layer's output out) through layers[0 .. L).
- * cos, sin [T, hd]: the RoPE rows of the T positions. kc, vc: the caches [L, KV, cap, hd] (batch 1);
+ * cos, sin [T, hd]: the RoPE rows of the T positions. kc, vc: one sequence's caches, [KV, cap, hd] a layer,
+ * layer l at kc + l * layer_stride (KV * cap * hd for a cache of one row; more for a row of a batched one);
  * the new keys and values go to slots start .. start + T - 1, and position t attends to slots
  * 0 .. start + t under mask [T, >= start + T] (bool, row stride mask_stride) or to all of them (NULL).
  * A sliding-window layer takes lcos, lsin and lmask (row stride lmask_stride) instead. q.k is scaled
@@ -77,15 +78,15 @@ int64_t forward_scratch_floats(int64_t T, int64_t D, int64_t H, int64_t KV, int6
  * failing layer). */
 int forward_layers(const fw_layer *layers, int64_t L, float *x, int64_t T, int64_t D, int64_t H, int64_t KV,
                    int64_t hd, int64_t I, float eps, float scale, const float *cos, const float *sin,
-                   const float *lcos, const float *lsin, float *kc, float *vc, int64_t cap, int64_t start,
-                   const uint8_t *mask, int64_t mask_stride, const uint8_t *lmask, int64_t lmask_stride,
-                   float *scratch, int nthreads) {
-    if (T < 1 || T > FW_MAX_T || start < 0 || start + T > cap || H % KV) return -1;
+                   const float *lcos, const float *lsin, float *kc, float *vc, int64_t cap, int64_t layer_stride,
+                   int64_t start, const uint8_t *mask, int64_t mask_stride, const uint8_t *lmask,
+                   int64_t lmask_stride, float *scratch, int nthreads) {
+    if (T < 1 || T > FW_MAX_T || start < 0 || start + T > cap || H % KV || layer_stride < KV * cap * hd) return -1;
     const int64_t nq = (H + 2 * KV) * hd, S = start + T;
     float *h = scratch, *y = h + T * D, *att = y + T * nq, *t = att + T * H * hd, *gu = t + T * D, *a = gu + T * 2 * I;
     for (int64_t l = 0; l < L; l++) {
         const fw_layer *ly = &layers[l];
-        float *kl = kc + l * KV * cap * hd, *vl = vc + l * KV * cap * hd;
+        float *kl = kc + l * layer_stride, *vl = vc + l * layer_stride;
         const float *c = ly->local ? lcos : cos, *s = ly->local ? lsin : sin;
         const uint8_t *m = ly->local ? lmask : mask;
         const int64_t ms = ly->local ? lmask_stride : mask_stride;

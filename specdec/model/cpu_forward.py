@@ -7,7 +7,7 @@ the 0.5B draft model's step, an eighth of the 1.5B target's.
 `forward_layers` runs the same C ops on the same data in the same order, so its output is the
 loop's, bit for bit (tests/test_cpu_forward.py).
 
-It serves one sequence (batch 1) writing at an int start, up to 16 positions, a model whose every
+It serves one sequence (batch 1, or one row of a batched cache) writing at an int start, up to 16 positions, a model whose every
 linear layer is a QuantLinear (loading.load_gguf_blocks) on our fused ops; `CpuForward.takes` says
 whether a call qualifies, and the caller keeps the Python loop otherwise.
 """
@@ -76,7 +76,8 @@ class CpuForward:
         """Whether a forward of tokens [batch, T] at `start` with inputs (transformer.LayerInputs) fits."""
         b, t = tokens.shape
         return (b == 1 and 1 <= t <= MAX_T and isinstance(start, int) and cache.k.shape[1] == 1
-                and cache.k.dtype is torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
+                and cache.k.dtype is torch.float32 and _one_row(cache.k) and _one_row(cache.v)
+                and cache.k.stride() == cache.v.stride()
                 and all(m is None or (m.dtype is torch.bool and m.dim() == 2 and m.shape[0] == t
                                       and m.shape[1] >= start + t and m.stride(1) == 1)
                         for m in (inputs.mask, inputs.local_mask)))
@@ -94,7 +95,7 @@ class CpuForward:
         mask, lmask = inputs.mask, inputs.local_mask
         rc = self.lib.forward_layers(self.layers, self.n_layers, x.data_ptr(), T, D, H, KV, hd, inter, self.eps,
                                      self.scale, cos.data_ptr(), sin.data_ptr(), lcos.data_ptr(), lsin.data_ptr(),
-                                     cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[3], start,
+                                     cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[3], cache.k.stride(0), start,
                                      mask.data_ptr() if mask is not None else None,
                                      mask.stride(0) if mask is not None else 0,
                                      lmask.data_ptr() if lmask is not None else None,
@@ -103,6 +104,13 @@ class CpuForward:
         if rc:
             raise RuntimeError(f"forward_layers refused T = {T} at slot {start} (capacity {cache.k.shape[3]})")
         return x
+
+
+def _one_row(t: torch.Tensor) -> bool:
+    """A cache tensor [layers, 1, kv_heads, capacity, head_dim] whose layers may lie apart (a row of a
+    batched cache) but each layer's [kv_heads, capacity, head_dim] is contiguous."""
+    _, _, kv, cap, hd = t.shape
+    return t.stride()[2:] == (cap * hd, hd, 1) and t.stride(0) >= kv * cap * hd
 
 
 def enable(model: nn.Module) -> bool:

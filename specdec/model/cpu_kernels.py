@@ -119,8 +119,8 @@ def load(extra_flags: list[str] | None = None):
         f.restype = None
     lib.forward_scratch_floats.argtypes = [i64] * 6
     lib.forward_scratch_floats.restype = i64
-    lib.forward_layers.argtypes = [p, i64, p] + [i64] * 6 + [f32, f32, p, p, p, p, p, p, i64, i64, p, i64, p, i64, p,
-                                                             ctypes.c_int]
+    lib.forward_layers.argtypes = [p, i64, p] + [i64] * 6 + [f32, f32, p, p, p, p, p, p, i64, i64, i64, p, i64, p,
+                                                             i64, p, ctypes.c_int]
     lib.forward_layers.restype = ctypes.c_int
     return lib
 
