@@ -11,7 +11,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.policy import (AdaptivePolicy, CostModel, Outcome, PolicyConfig, best_k, expected_tokens, fit_prefill,
-                            interpolate, measure_costs, parse_schedule)
+                            interpolate, measure_costs, parse_schedule, round_width)
 from tests.conftest import TINY_VOCAB, tiny_model
 
 FLAT = CostModel({1: 1.0, 33: 1.0})  # verification free: a GPU at batch 1
@@ -49,6 +49,19 @@ def test_batch_awareness_turns_speculation_off_above_the_critical_batch():
     assert best_k(beta, COMPUTE_BOUND, 8, batch=16)[0] == 0  # 16 rows already fill the compute
     policy = AdaptivePolicy(COMPUTE_BOUND, PolicyConfig(k_max=8, prior=0.8))
     assert policy.choose(batch=1) > 0 and policy.choose(batch=16) == 0
+
+
+def test_round_width_is_chosen_for_the_whole_batch():
+    """Every row pads to the widest draft: a lone probe must not make all rows pay for its width."""
+    costs = CostModel({1: 1.0, 8: 1.0, 64: 8.0})  # flat to 8 rows, then linear in rows
+    sure, unsure = AdaptivePolicy(costs, PolicyConfig(k_max=4)), AdaptivePolicy(costs, PolicyConfig(k_max=4))
+    sure.assume([0.95] * 4)
+    unsure.assume([0.1] * 4)
+    assert round_width([(sure, 4)]) == 5  # alone: its own choice
+    assert round_width([(unsure, 2)] + [(unsure, 0)] * 15) == 1  # 16 rows: the probe waits
+    assert round_width([(sure, 4)] * 2) == 5  # 10 rows still cost ~1 step: both draft 4
+    assert round_width([(None, 3), (None, 0)]) == 4  # fixed k (no adaptive policy): the widest stands
+    assert round_width([]) == 1
 
 
 def test_fixed_schedule_overrides_the_model():

@@ -818,21 +818,6 @@ def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_l
     assert seq.stats.drafted > 0
 
 
-def test_round_width_is_chosen_for_the_whole_batch():
-    """Every row pads to the widest draft: a lone probe must not make all rows pay for its width."""
-    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
-    from specdec.server.stepper import round_width
-    costs = CostModel({1: 1.0, 8: 1.0, 64: 8.0})  # flat to 8 rows, then linear in rows
-    sure, unsure = AdaptivePolicy(costs, PolicyConfig(k_max=4)), AdaptivePolicy(costs, PolicyConfig(k_max=4))
-    sure.assume([0.95] * 4)
-    unsure.assume([0.1] * 4)
-    assert round_width([(sure, 4)]) == 5  # alone: its own choice
-    assert round_width([(unsure, 2)] + [(unsure, 0)] * 15) == 1  # 16 rows: the probe waits
-    assert round_width([(sure, 4)] * 2) == 5  # 10 rows still cost ~1 step: both draft 4
-    assert round_width([(None, 3), (None, 0)]) == 4  # fixed k (no adaptive policy): the widest stands
-    assert round_width([]) == 1
-
-
 def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
     """Four plain rows and one probing row: the round stays one token wide (no padded rows)."""
     from specdec.policy import AdaptivePolicy, Ask, CostModel, PolicyConfig

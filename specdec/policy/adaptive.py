@@ -17,7 +17,7 @@ from specdec.policy.admission import Admission
 from specdec.policy.calibration import Calibration
 from specdec.policy.confidence import ConfidenceRule
 from specdec.policy.config import PolicyConfig
-from specdec.policy.costs import CostModel, best_k
+from specdec.policy.costs import CostModel, best_k, expected_tokens
 from specdec.policy.estimates import Acceptance
 from specdec.policy.face import Action, Ask, Outcome
 from specdec.policy.trees import Trees
@@ -158,3 +158,29 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
             pays = self._best_k(self.beta, self.cfg.k_max)[0] > 0
             self.interval = self.cfg.probe_every if pays else min(2 * self.interval, self.cfg.probe_every_max)
 
+
+def round_width(chosen: list[tuple["AdaptivePolicy | None", int]]) -> int:
+    """Positions per row for one batched verify: every row pads to the widest, so a single row
+    drafting k makes all B rows cost k + 1. chosen: (the row's adaptive policy or None, its k).
+
+    With adaptive policies on every row, the width W is chosen for the whole round: the one with
+    the most expected tokens, sum_b E_b(min(k_b, W - 1)), per predicted time, v(B W) plus the rows'
+    draft costs; each row then drafts at most W - 1. A lone probe in a large batch no longer makes
+    every row pay for it. Otherwise (fixed k, a schedule) the widest choice stands."""
+    if not chosen:
+        return 1
+    widest = max(k for _, k in chosen) + 1
+    policies = [p for p, _ in chosen]
+    if len(chosen) < 2 or any(p is None or p.cfg.schedule for p in policies):
+        return widest
+    costs, n = policies[0].costs, len(chosen)
+    rho_v = sum(p.rho_v for p in policies) / n
+    rho_spec = sum(p.rho_spec for p in policies) / n  # drafted (multi-position) steps' calibration
+    best, best_rate = 1, 0.0
+    for w in sorted({k + 1 for _, k in chosen} | {1}):
+        tokens = sum(expected_tokens(p.beta, min(k, w - 1)) for p, k in chosen)
+        seconds = (rho_spec if w > 1 else rho_v) * costs.v(n * w) + sum(min(k, w - 1) * p.draft_cost
+                                                                        for p, k in chosen)
+        if tokens / seconds > best_rate * (1 + 1e-9):
+            best, best_rate = w, tokens / seconds
+    return best

@@ -33,8 +33,8 @@ Speculation under load: before each round the owner sets `k_limit` (None = no li
 steps). `LoadPolicy` caps each step's k at it and then asks the slot's adaptive policy, if any, at
 the round's batch size (its cost model weighs B k c + v(B (k + 1)) against v(B), and turns drafting
 off above the critical batch). Every row of the batched verify pads to the widest draft, so the
-round picks one width W for all rows (`round_width`: the most expected tokens per predicted time,
-v(B W) plus draft costs) and caps each row's k at W - 1. Any k keeps the output exact.
+round asks the policy for one width W for all rows (`specdec.policy.round_width`: the most expected
+tokens per predicted time, v(B W) plus draft costs) and caps each row's k at W - 1. Any k keeps the output exact.
 """
 
 from __future__ import annotations
@@ -49,36 +49,9 @@ from specdec.engine.step import Sequence, check_fits, make_generator, prefill
 from specdec.engine.step import step as speculative_step
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
-from specdec.policy import Action, Ask, Outcome, expected_tokens
+from specdec.policy import Action, Ask, Outcome, round_width
 
-__all__ = ["LoadPolicy", "Sequence", "StepwiseGenerator", "round_width"]
-
-
-def round_width(chosen: list[tuple[object, int]]) -> int:
-    """Positions per row for one batched verify: every row pads to the widest, so a single row
-    drafting k makes all B rows cost k + 1. chosen: (the row's adaptive policy or None, its k).
-
-    With adaptive policies on every row, the width W is chosen for the whole round: the one with
-    the most expected tokens, sum_b E_b(min(k_b, W - 1)), per predicted time, v(B W) plus the rows'
-    draft costs; each row then drafts at most W - 1. A lone probe in a large batch no longer makes
-    every row pay for it. Otherwise (fixed k, a schedule) the widest choice stands."""
-    if not chosen:
-        return 1
-    widest = max(k for _, k in chosen) + 1
-    policies = [p for p, _ in chosen]
-    if len(chosen) < 2 or any(p is None or p.cfg.schedule for p in policies):
-        return widest
-    costs, n = policies[0].costs, len(chosen)
-    rho_v = sum(p.rho_v for p in policies) / n
-    rho_spec = sum(p.rho_spec for p in policies) / n  # drafted (multi-position) steps' calibration
-    best, best_rate = 1, 0.0
-    for w in sorted({k + 1 for _, k in chosen} | {1}):
-        tokens = sum(expected_tokens(p.beta, min(k, w - 1)) for p, k in chosen)
-        seconds = (rho_spec if w > 1 else rho_v) * costs.v(n * w) + sum(min(k, w - 1) * p.draft_cost
-                                                                        for p, k in chosen)
-        if tokens / seconds > best_rate * (1 + 1e-9):
-            best, best_rate = w, tokens / seconds
-    return best
+__all__ = ["LoadPolicy", "Sequence", "StepwiseGenerator"]
 
 
 class LoadPolicy:
