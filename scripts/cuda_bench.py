@@ -24,7 +24,7 @@ import torch
 from specdec.bench.profile import profile, synchronize
 from specdec.config import GenerationConfig
 from specdec.drafters.base import DraftState, NoDrafter
-from specdec.engine.cuda_graphs import enable_cuda_graphs
+from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.model.transformer import ModelConfig, Transformer
 from specdec.tree import DraftTree

@@ -15,7 +15,7 @@ from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.engine.cuda_graphs import enable_cuda_graphs
+from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.server.stepper import StepwiseGenerator
 from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig

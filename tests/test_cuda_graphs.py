@@ -7,7 +7,7 @@ import torch
 from specdec.config import GenerationConfig
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.engine.cuda_graphs import CudaGraphs, enable_cuda_graphs
+from specdec.model.cuda_graphs import CudaGraphs, enable_cuda_graphs
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.transformer import causal_mask

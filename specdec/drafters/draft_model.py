@@ -328,6 +328,6 @@ def truncated_head(model: Transformer, rows: int) -> Transformer:
     view._modules = dict(model._modules)
     view.lm_head = first_rows(model.lm_head, rows)  # [rows, hidden] of the weights, a view
     if getattr(model, "graphs", None) is not None:  # the view's graphs must replay the view's own head
-        from specdec.engine.cuda_graphs import enable_cuda_graphs
+        from specdec.model.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(view, model.graphs.max_tokens)
     return view

@@ -40,7 +40,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     its blocks into the format our kernels run fastest (loading.FASTER_FORMATS), and with draft_bits 4
     its 32-weight blocks (Q8_0, Q5_0, ...) into 4-bit Q4_0 tiles (lossy: fewer bytes a draft step).
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
-    engine/cuda_graphs.py).
+    model/cuda_graphs.py).
     beside: a model loaded before (the target, for its draft): where this file's tokenizer metadata is
     the same as that model's but for the chat template (a draft reads the target's token ids and never
     renders a chat), that model's tokenizer is taken as it is instead of being built again.
@@ -74,6 +74,6 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=draft_bits if draft else 8) if blocks \
             else load_gguf_reference(gguf, dev, torch_dtype)
     if cuda_graphs:
-        from specdec.engine.cuda_graphs import enable_cuda_graphs
+        from specdec.model.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(module)
     return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer), key)

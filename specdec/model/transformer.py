@@ -470,7 +470,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # [positions, head_dim]; new_cache extends them
         self.register_buffer("rope_sin", sin, persistent=False)  # [positions, head_dim]
         self.rope_local = self._local_tables(cos.shape[0])  # the sliding layers' (cos, sin), or None: the same
-        self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.engine.cuda_graphs), or None
+        self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.model.cuda_graphs), or None
         self.cpu_forward = None  # a cpu_forward.CpuForward running the layer loop in C where a call fits, or None
         self.weight_format = "torch"  # "gguf-q8": the CPU backend on a GGUF file's blocks (loading.load_gguf_blocks)
 
