@@ -14,15 +14,8 @@ from specdec.model.kv_cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits, sample
+from specdec.tokens import common_prefix
 from specdec.tree import DraftTree, choices_to_parents
-
-
-def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
-    n = min(len(a), len(b))
-    i = start
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class DraftModelDrafter(BaseDrafter):

@@ -45,7 +45,6 @@ import torch
 
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState, NoDrafter
-from specdec.drafters.draft_model import common_prefix
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.engine.verify import Verified, accept_chain
 from specdec.engine.verify import verify as full_verify
@@ -53,6 +52,7 @@ from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Transformer, causal_mask
 from specdec.sampling.logits import probs_from_logits, sample
+from specdec.tokens import common_prefix
 from specdec.tree import DraftTree
 
 LayerSpec = Union[int, list[int]]  # L (layers 0..L-1) or an ascending subset of layer indices

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 from specdec.errors import SpecdecError
 from specdec.model.byte_bpe import byte_alphabet
+from specdec.tokens import common_prefix
 
 # Strings a tokenizer must round-trip: ASCII, code with indentation, Unicode, emoji, leading spaces
 PROBES = ("Hello, world! It's 3:45 p.m.", "def f(x):\n    return x + 1\n\n\nclass A:\n\tpass\n",
@@ -81,15 +82,6 @@ class TokenText:
         for follower in FOLLOWERS:
             n = min(n, common_prefix(ids, self.encode(text + follower)))
         return n
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def token_pieces(tokenizer) -> tuple[bytes, ...]:

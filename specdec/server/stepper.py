@@ -44,12 +44,12 @@ from typing import Callable
 
 from specdec.config import GenerationConfig
 from specdec.drafters.base import Drafter
-from specdec.drafters.draft_model import common_prefix
 from specdec.engine.step import Sequence, check_fits, make_generator, prefill
 from specdec.engine.step import step as speculative_step
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
 from specdec.policy import Action, Ask, Outcome, round_width
+from specdec.tokens import common_prefix
 
 __all__ = ["LoadPolicy", "Sequence", "StepwiseGenerator"]
 
