@@ -10,8 +10,12 @@ for every sequence given:
    in one forward per draft position);
 3. verify: the chains of every row in ONE target forward over ragged rows; a tree, or a drafter
    with a verify forward of its own (layer skip, lookahead), alone;
-4. commit: the only place a target cache moves (`commit_cache`); then the stats, the drafter's and
-   the policy's feedback (`observe(Outcome)`) and the tokens, cut at end-of-sequence or the budget.
+4. commit: the only place a target cache moves after its prefill (`commit_cache`); then the stats,
+   the drafter's and the policy's feedback (`observe(Outcome)`) and the tokens, cut at
+   end-of-sequence or the budget.
+
+Before its steps a sequence's target cache moves in its prefill alone (`prefill`); a prefix cache's
+hit is a prefill that starts late (`prefill_from`).
 
 A failure in one sequence's step fails that sequence alone (`StepReport.failed`); the others go on.
 Greedy decoding gives plain decoding's tokens whatever the drafter, the policy or the batch.
@@ -34,7 +38,7 @@ from specdec.policy import Action, Ask, Outcome, StepPolicy, sync
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.sampling.logprobs import TokenLogprob, token_logprobs
 from specdec.tree import DraftTree
-from specdec.engine.verify import Verified, commit_cache, verify, verify_chains, verify_tree
+from specdec.engine.verify import Verified, verify, verify_chains, verify_tree
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -160,6 +164,13 @@ def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: 
     start_drafter(seq, load)  # a draft model prefills here: part of the request's prefill time
     seq.stats.prefill_seconds += time.perf_counter() - t0
     return seq.emit([first], _scores(seq, logits[None], [first]))
+
+
+def prefill_from(seq: Sequence, cached: int) -> None:
+    """A prefill that starts late: the sequence's cache holds its prompt's first `cached` tokens'
+    keys/values already (a prefix cache's hit) and keeps them; the prefill goes on from there."""
+    seq.cache.truncate(cached)
+    seq.prefilled = seq.stats.cached_tokens = cached
 
 
 def _scores(seq: Sequence, rows: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
@@ -408,3 +419,13 @@ def _commit(r: _Row, verified: Verified, verify_seconds: float, batch: int, widt
         raise SpecdecError("logprobs are not available with this drafter: its verify does not report the "
                            "target's logits")
     return seq.emit(tokens, _scores(seq, verified.logits[verified.emitted_rows], tokens))
+
+
+def commit_cache(cache, verified: Verified) -> None:
+    """The accepted tokens' keys/values become the cache's: its length, or a tree's path moved into place."""
+    start = cache.length
+    if verified.chain:
+        cache.advance(1 + verified.num_accepted)
+        return
+    cache.advance(verified.written)
+    cache.keep(list(range(start + 1)) + [start + 1 + i for i in verified.path])

@@ -1,8 +1,8 @@
 """Verification: one target forward over [last committed token] + a draft, then acceptance (pure).
 
 Nothing here moves a KV cache. A verify writes keys/values at slots cache.length.. and reports
-what it wrote (`Verified.written`); the step's commit (specdec.engine.step.commit) then sets the
-cache's length, or compacts a tree's accepted path into place.
+what it wrote (`Verified.written`); the step's commit (specdec.engine.step.commit_cache) then sets
+the cache's length, or compacts a tree's accepted path into place.
 
 Chains of many sequences are verified in one forward over ragged rows (`verify_chains`): each row's
 [last token] + draft is written at its own slots and attends to its own prefix only; each row then
@@ -149,13 +149,3 @@ def verify_tree(target: Transformer, cache, last_token: int, tree: DraftTree, sa
     if h is None:
         return v
     return replace(v, features=h[[0] + [1 + i for i in v.path]])
-
-
-def commit_cache(cache, verified: Verified) -> None:
-    """The accepted tokens' keys/values become the cache's: its length, or a tree's path moved into place."""
-    start = cache.length
-    if verified.chain:
-        cache.advance(1 + verified.num_accepted)
-        return
-    cache.advance(verified.written)
-    cache.keep(list(range(start + 1)) + [start + 1 + i for i in verified.path])

@@ -44,7 +44,7 @@ from typing import Callable
 
 from specdec.config import GenerationConfig
 from specdec.drafters.base import Drafter
-from specdec.engine.step import Sequence, check_fits, make_generator, prefill
+from specdec.engine.step import Sequence, check_fits, make_generator, prefill, prefill_from
 from specdec.engine.step import step as speculative_step
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
@@ -162,11 +162,9 @@ class StepwiseGenerator:
         self.clock += 1
         self.used[slot] = self.clock
         cache = self.rows[slot]
-        cache.length = 0
         seq = Sequence(list(prompt), len(prompt), cfg, set(eos_ids), make_generator(cfg.sampling.seed, cache.k.device),
                        cache, self.drafters[slot], self.policies[slot], row=slot, tag=tag)
-        if reuse:  # the cached prefix is in place: the prefill starts after it
-            cache.length = seq.prefilled = seq.stats.cached_tokens = reuse
+        prefill_from(seq, reuse)  # the cached prefix is in place: the prefill starts after it
         self.held[slot] = []
         self.active.append(seq)
         return seq
