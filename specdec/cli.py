@@ -101,7 +101,8 @@ def cmd_profile(args) -> int:
 
 def cmd_tune_layer_skip(args) -> int:
     from specdec.bench.datasets import load_prompts
-    from specdec.tune_layer_skip import save_choice, tune_layer_skip
+    from specdec.drafters.layer_skip import save_choice
+    from specdec.tune_layer_skip import tune_layer_skip
     from specdec.model.tokenizer import encode_prompt
     from specdec.engine.build import log
     from specdec.settings import ModelSettings

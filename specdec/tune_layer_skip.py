@@ -1,13 +1,9 @@
 """`specdec tune-layer-skip`: run greedy generation for a few L on a few prompts and keep the L with
-the best measured tokens/s (`tune_layer_skip`); `save_choice`/`load_choice` keep that per model in a
-JSON file, which `--layer-skip auto` reads (specdec.engine.build).
+the best measured tokens/s (`tune_layer_skip`); the CLI saves it with the drafter's `save_choice`
+(specdec.drafters.layer_skip), in the file that `--layer-skip auto` reads.
 """
 
 from __future__ import annotations
-
-import json
-import os
-from pathlib import Path
 
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import NoDrafter
@@ -15,8 +11,6 @@ from specdec.drafters.layer_skip import LayerSpec, make_layer_skip, resolve_laye
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
-
-DEFAULT_CHOICE_PATH = "runs/layer_skip.json"
 
 
 def default_candidates(n_layers: int) -> list[int]:
@@ -92,42 +86,3 @@ def tune_layer_skip(target: Transformer, prompts: list[list[int]], candidates: l
     return {"best": best["layers"], "beats_plain": best["tokens_per_second"] > plain["tokens_per_second"],
             "results": results, "plain_tokens_per_second": plain["tokens_per_second"],
             "n_layers": n, "k": k, "max_new_tokens": max_new_tokens}
-
-
-def save_choice(path: str | os.PathLike, model_id: str, result: dict) -> None:
-    """Store result["best"] (and the measurements) under model_id in a JSON file; other models' entries stay."""
-    p = Path(path)
-    data = _read_choices(p) if p.exists() else {}
-    data[model_id] = {"layers": result["best"], "k": result.get("k"), "beats_plain": result.get("beats_plain"),
-                      "results": result.get("results", []),
-                      "plain_tokens_per_second": result.get("plain_tokens_per_second")}
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(p)
-
-
-def load_choice(path: str | os.PathLike, model_id: str) -> LayerSpec:
-    """The saved L (or subset) for model_id; a clear error when there is none."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecdecError(f"no saved layer-skip choice at {p}; run `specdec tune-layer-skip --model {model_id}` first")
-    entry = _read_choices(p).get(model_id)
-    if not isinstance(entry, dict) or "layers" not in entry:
-        raise SpecdecError(f"{p} has no layer-skip choice for {model_id!r}; "
-                           f"run `specdec tune-layer-skip --model {model_id}` first")
-    layers = entry["layers"]
-    if isinstance(layers, bool) or not (isinstance(layers, int) or
-                                        (isinstance(layers, list) and all(isinstance(i, int) for i in layers))):
-        raise SpecdecError(f"{p}: the layer-skip choice for {model_id!r} is not an L or a layer list: {layers!r}")
-    return layers
-
-
-def _read_choices(p: Path) -> dict:
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise SpecdecError(f"cannot read layer-skip choices from {p}: {e}") from None
-    if not isinstance(data, dict):
-        raise SpecdecError(f"{p} is not a layer-skip choices file (expected a JSON object)")
-    return data

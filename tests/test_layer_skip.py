@@ -8,11 +8,11 @@ import torch
 import specdec.engine.verify as engine_module
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import Capabilities, DraftState, NoDrafter
-from specdec.drafters.layer_skip import LayerSkipDrafter, make_layer_skip, parse_layer_spec
+from specdec.drafters.layer_skip import LayerSkipDrafter, load_choice, make_layer_skip, parse_layer_spec, save_choice
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from specdec.model.partial import embed, forward_from_layer, forward_layers, head
-from specdec.tune_layer_skip import default_candidates, load_choice, save_choice, tune_layer_skip
+from specdec.tune_layer_skip import default_candidates, tune_layer_skip
 from tests.conftest import tiny_model
 from tests.test_engine import N_TRIALS, PROMPTS, SMALL_VOCAB, exact_joint, tv, tv_bound
 

@@ -31,11 +31,15 @@ nothing from it. The shared cache itself saves the drafter's whole KV memory and
 prompt through layers 0..L-1.
 
 The partial forwards (embed, forward_layers, forward_from_layer, head) are the model's
-(specdec.model.partial); choosing L by measurement is `specdec tune-layer-skip` (specdec.tune_layer_skip).
+(specdec.model.partial); choosing L by measurement is `specdec tune-layer-skip` (specdec.tune_layer_skip),
+which keeps its choice per model with `save_choice`; `load_choice` reads it for `--layer-skip auto`.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Union
 
 import torch
@@ -53,6 +57,7 @@ from specdec.tokens import common_prefix
 from specdec.tree import DraftTree
 
 LayerSpec = Union[int, list[int]]  # L (layers 0..L-1) or an ascending subset of layer indices
+DEFAULT_CHOICE_PATH = "runs/layer_skip.json"
 
 
 # ---- the layer spec ----
@@ -265,3 +270,44 @@ def make_layer_skip(target: Transformer, layers: LayerSpec, capacity: int, cache
     resolved = resolve_layers(target.config.num_layers, layers)
     prefix = resolved == list(range(len(resolved)))
     return LayerSkipDrafter(target, layers, capacity, cache if prefix else None, pooled)
+
+
+# ---- the saved choice of L ----
+
+def save_choice(path: str | os.PathLike, model_id: str, result: dict) -> None:
+    """Store result["best"] (and the measurements) under model_id in a JSON file; other models' entries stay."""
+    p = Path(path)
+    data = _read_choices(p) if p.exists() else {}
+    data[model_id] = {"layers": result["best"], "k": result.get("k"), "beats_plain": result.get("beats_plain"),
+                      "results": result.get("results", []),
+                      "plain_tokens_per_second": result.get("plain_tokens_per_second")}
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(p)
+
+
+def load_choice(path: str | os.PathLike, model_id: str) -> LayerSpec:
+    """The saved L (or subset) for model_id; a clear error when there is none."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecdecError(f"no saved layer-skip choice at {p}; run `specdec tune-layer-skip --model {model_id}` first")
+    entry = _read_choices(p).get(model_id)
+    if not isinstance(entry, dict) or "layers" not in entry:
+        raise SpecdecError(f"{p} has no layer-skip choice for {model_id!r}; "
+                           f"run `specdec tune-layer-skip --model {model_id}` first")
+    layers = entry["layers"]
+    if isinstance(layers, bool) or not (isinstance(layers, int) or
+                                        (isinstance(layers, list) and all(isinstance(i, int) for i in layers))):
+        raise SpecdecError(f"{p}: the layer-skip choice for {model_id!r} is not an L or a layer list: {layers!r}")
+    return layers
+
+
+def _read_choices(p: Path) -> dict:
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise SpecdecError(f"cannot read layer-skip choices from {p}: {e}") from None
+    if not isinstance(data, dict):
+        raise SpecdecError(f"{p} is not a layer-skip choices file (expected a JSON object)")
+    return data

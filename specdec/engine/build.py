@@ -18,8 +18,7 @@ def log(msg: str) -> None:
 
 def layer_spec(model_name: str, knobs: DraftOptions):
     """--layer-skip: L, a layer list, or 'auto' (the choice `specdec tune-layer-skip` saved for the model)."""
-    from specdec.drafters.layer_skip import parse_layer_spec
-    from specdec.tune_layer_skip import load_choice
+    from specdec.drafters.layer_skip import load_choice, parse_layer_spec
     if knobs.layer_skip is None:
         raise SpecdecError("the layer-skip method needs --layer-skip L, a layer list, or 'auto' "
                            "(the choice `specdec tune-layer-skip` saved)")
