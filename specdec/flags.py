@@ -85,7 +85,7 @@ def add_drafter_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-profile", default=None,
                    help="`specdec profile` JSON with v(n), c and the draft prefill's price (a fixed part + a part "
                         "per prompt token) for the adaptive policy and bench's theory check (default: measured "
-                        "at start)")
+                        "on first use, kept per host, model pair and kernel build under $SPECDEC_HOME/costs)")
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
