@@ -11,12 +11,13 @@ Usage: python scripts/greedy_ties.py --model gemma3-270m --records docs/results/
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
+from specdec.bench.compare import encode_turns
 from specdec.bench.datasets import load_prompts
 from specdec.model import load_model
-from specdec.model.tokenizer import encode_messages, encode_prompt
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -36,13 +37,6 @@ def margins(logits: torch.Tensor, ours: int, theirs: int) -> dict:
             "top": int(top2.indices[0]), "top_gap": round((top2.values[0] - top2.values[1]).item(), 4)}
 
 
-def encode(tokenizer, prompt) -> list[int]:
-    messages = [{"role": "user", "content": prompt.turns[0]}]
-    if tokenizer.chat_template:
-        return encode_messages(tokenizer, messages)
-    return encode_prompt(tokenizer, prompt.turns[0], chat=False)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -51,6 +45,8 @@ def main() -> None:
     ap.add_argument("--b", default="llama", help="the other engine's method (default: llama)")
     ap.add_argument("--dataset", default=None, help="the run's prompts (default: the shipped code prompts)")
     args = ap.parse_args()
+    if not Path(args.records).is_file():
+        raise SystemExit(f"no such records file: {args.records} (a `specdec bench --out DIR` run's DIR/records.jsonl)")
     quiet = lambda *a: None  # noqa: E731
     quant = load_model(args.model, device="cpu", progress=quiet)
     ref = load_model(args.model, device="cpu", weight_dtype="float32", progress=quiet)
@@ -68,7 +64,7 @@ def main() -> None:
         i = first_difference(a, b)
         row = {"prompt": pid, "tokens": min(len(a), len(b)), "first_difference": i}
         if i is not None:
-            ids = encode(quant.tokenizer, prompts[pid]) + a[:i]
+            ids = encode_turns(quant.tokenizer, [{"role": "user", "content": prompts[pid].turns[0]}]) + a[:i]
             q, f = next_logits(quant, ids), next_logits(ref, ids)
             # how far the quantized arithmetic moves a logit here: the spread a margin is held against
             row.update(ours=a[i], theirs=b[i], quantized=margins(q, a[i], b[i]), fp32_reference=margins(f, a[i], b[i]),

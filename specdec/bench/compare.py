@@ -111,6 +111,14 @@ def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
     return specs
 
 
+def encode_turns(tok, messages: list[dict]) -> list[int]:
+    """A bench prompt's messages as the target reads them: through its chat template where it has one,
+    else their texts joined."""
+    if tok.chat_template:
+        return encode_messages(tok, messages)
+    return encode_prompt(tok, "\n\n".join(m["content"] for m in messages), chat=False)
+
+
 class Comparison:
     def __init__(self, parts: Parts, specs: list[MethodSpec], max_new_tokens: int,
                  options: DraftOptions = DraftOptions(), hf=None, llama=None, temperature: float = 0.0,
@@ -138,10 +146,7 @@ class Comparison:
             self.engines[s.label] = SpeculativeGenerator(parts.target.module, drafter, parts.capacity, policy, parts.cache)
 
     def encode(self, messages: list[dict]) -> list[int]:
-        tok = self.target.tokenizer
-        if tok.chat_template:
-            return encode_messages(tok, messages)
-        return encode_prompt(tok, "\n\n".join(m["content"] for m in messages), chat=False)
+        return encode_turns(self.target.tokenizer, messages)
 
     def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
         if spec.label in self.engines:

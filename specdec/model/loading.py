@@ -462,8 +462,7 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False,
         bias = torch.cat([dequantize(gguf, n, cfg) if n in gguf.tensors else torch.zeros(gguf.tensors[w].rows)
                           for n, w in zip(biases, names)])
     if all(supported(gguf.tensors[n].ggml_type, K) for n in names):
-        # a 4-bit draft re-encodes every 32-weight format as Q4_0 at once (no pass through FASTER_FORMATS)
-        parts = _parts(gguf, names, cfg, reencode and not (repack and bits == 4))
+        parts = _parts(gguf, names, cfg, reencode)
         return QuantLinear(_repacked(gguf, names, parts, K, bits) if repack else parts, K, bias)
     for n in names:
         _refuse_blocks(gguf, n, supported(gguf.tensors[n].ggml_type, K))
@@ -517,6 +516,7 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     if not cpu_kernels.available():
         raise SpecdecError(f"the CPU backend needs our kernels, which cannot be built here "
                            f"({cpu_kernels.unavailable_reason()}); use --weight-dtype float32")
+    reencode = reencode and not (repack and bits == 4)  # 4 bits: every 32-weight format to Q4_0 in one pass
     cfg = gguf_hf_config(gguf)
     with torch.device("meta"):
         model = Transformer(ModelConfig.from_hf(cfg))
