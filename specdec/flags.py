@@ -34,7 +34,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET, help="target: registry name, .gguf path or HF directory")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None,
-                   help="CUDA: bfloat16 (default) or float16; the CPU runs float32 activations")
+                   help="CUDA: bfloat16 (default), float16 or float32; the CPU runs float32 activations")
     p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
     p.add_argument("--weight-dtype", default=None, choices=("auto", "gguf-q8", "gguf-q8-mapped", "float32"),
                    help="how the weights are read. gguf-q8: on the CPU, the GGUF file's own quantized blocks "
