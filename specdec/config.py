@@ -32,48 +32,6 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class LookaheadConfig:
-    """Lookahead decoding: a Jacobi window of `window` columns and ngram - 1 levels, and at most
-    `candidates` pool n-grams verified per step."""
-
-    window: int = 3
-    ngram: int = 3
-    candidates: int = 3
-
-    def __post_init__(self):
-        if self.window < 1 or self.ngram < 2 or self.candidates < 1:
-            raise SpecdecError(f"lookahead needs window >= 1, ngram >= 2 and candidates >= 1, got "
-                               f"{self.window}, {self.ngram}, {self.candidates}")
-
-
-@dataclass(frozen=True)
-class NgramConfig:
-    """Prompt lookup: match the last n tokens (max_n down to min_n) earlier in the text."""
-
-    max_n: int = 3
-    min_n: int = 1
-
-    def __post_init__(self):
-        if self.min_n < 1 or self.max_n < self.min_n:
-            raise SpecdecError(
-                f"n-gram sizes need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
-
-
-@dataclass(frozen=True)
-class SuffixConfig:
-    """Suffix/retrieval drafting: a bounded cache of earlier requests, and an optional datastore file."""
-
-    cache_tokens: int = 262144  # earlier requests' tokens kept (oldest evicted); 0 = no cache
-    min_match: int = 1
-    datastore: str | None = None  # a file from `specdec datastore build`
-
-    def __post_init__(self):
-        if self.cache_tokens < 0 or self.min_match < 1:
-            raise SpecdecError(f"suffix drafting needs cache_tokens >= 0 and min_match >= 1, "
-                               f"got {self.cache_tokens}, {self.min_match}")
-
-
-@dataclass(frozen=True)
 class TreeConfig:
     """Draft trees for the draft-model drafter.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.drafters.suffix import FrozenSuffixAutomaton, SuffixAutomaton
+from specdec.drafters.suffix_automaton import FrozenSuffixAutomaton, SuffixAutomaton
 from specdec.errors import SpecdecError
 
 FORMAT_VERSION = 1

@@ -26,8 +26,13 @@ def integer(text: str) -> int:
 
 
 def settings(cls, args: argparse.Namespace):
-    """cls (a settings dataclass) from the parsed flags of the same names; validated on construction."""
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+    """cls (a settings dataclass) from the parsed flags of the same names; validated on construction.
+    The drafters' own flags become `drafters` (name -> its settings) and their switches `switches`."""
+    from specdec.drafters import registry
+    values = vars(args)
+    special = {"drafters": lambda: registry.settings_from_flags(values),
+               "switches": lambda: registry.switches_from_flags(values)}
+    return cls(**{f.name: special[f.name]() if f.name in special else values[f.name] for f in fields(cls)})
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -68,11 +73,6 @@ def add_drafter_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-depth", type=integer, default=4, help="dynamic tree: largest depth")
     p.add_argument("--tree-topk", type=integer, default=4,
                    help="dynamic tree: nodes expanded per depth, and children per expanded node")
-    p.add_argument("--datastore", default=None, help="suffix drafter: a file from `specdec datastore build`")
-    p.add_argument("--lookahead-window", type=integer, default=3, help="lookahead: window width W (columns)")
-    p.add_argument("--lookahead-ngram", type=integer, default=3, help="lookahead: n-gram size N (N - 1 levels)")
-    p.add_argument("--lookahead-candidates", type=integer, default=3,
-                   help="lookahead: at most G pool n-grams verified per step")
     p.add_argument("--layer-skip", default=None, metavar="L|LAYERS|auto",
                    help="self-speculation: the target drafts with its first L layers (or a list like 0-5,8) and its "
                         "own head; 'auto' = the choice saved by `specdec tune-layer-skip` (bench: the layer-skip "
@@ -86,6 +86,8 @@ def add_drafter_knobs(p: argparse.ArgumentParser) -> None:
                    help="`specdec profile` JSON with v(n), c and the draft prefill's price (a fixed part + a part "
                         "per prompt token) for the adaptive policy and bench's theory check (default: measured "
                         "on first use, kept per host, model pair and kernel build under $SPECDEC_HOME/costs)")
+    from specdec.drafters import registry
+    registry.add_flags(p)  # each drafter's own, declared beside its class
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
@@ -94,18 +96,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="draft model (registry name, .gguf or HF dir), 'self' (the target's own weights re-encoded "
                         "at load in --draft-bits: no second file), or 'none' for plain decoding. A draft with another "
                         "tokenizer drafts chains across tokenizers: its text is re-tokenized for the target")
-    p.add_argument("--ngram", action="store_true",
-                   help="draft by n-gram prompt lookup instead of a model; with --draft MODEL or --head H: both "
-                        "(hybrid: lookup when the last 3 tokens occurred before, the model or head otherwise)")
-    p.add_argument("--ngram-max", type=integer, default=3, help="largest n-gram to match")
-    p.add_argument("--ngram-min", type=integer, default=1, help="smallest n-gram to match")
-    p.add_argument("--suffix", action="store_true",
-                   help="draft by suffix matching over this request, earlier requests and an optional datastore")
-    p.add_argument("--suffix-cache-tokens", type=integer, default=262144,
-                   help="suffix drafter: tokens of earlier requests kept (oldest evicted first; 0 = none)")
-    p.add_argument("--suffix-min-match", type=integer, default=1, help="suffix drafter: shortest match that drafts")
-    p.add_argument("--lookahead", action="store_true",
-                   help="lookahead decoding: Jacobi iteration feeds an n-gram pool, verified in the same pass")
+    from specdec.drafters import registry
+    registry.add_switches(p)  # each drafter's on/off flag (--ngram, --suffix, --lookahead), declared beside its class
     p.add_argument("--k", type=integer, default=4,
                    help="draft tokens per verify step (--policy fixed), or the most the adaptive policy may draft")
     p.add_argument("--tree-budget", type=integer, default=0,
@@ -118,7 +110,7 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                         "(single-sequence generation; the server picks k only); adaptive-k: pick k only; "
                         "fixed: draft k every step")
     p.add_argument("--drafter", default=None,
-                   help="a registered drafter by name (specdec/drafters/registry.py), instead of the flags above; "
+                   help="a registered drafter by name (any module of specdec/drafters/), instead of the flags above; "
                         "--draft, --head and --layer-skip still name the model, head or layers it uses")
     add_drafter_knobs(p)
 

@@ -12,8 +12,9 @@ Sampling is config.SamplingParams, whose fields are the sampling flags'.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
-from specdec.config import LookaheadConfig, NgramConfig, SuffixConfig, TreeConfig
+from specdec.config import TreeConfig
 from specdec.drafters import registry
 from specdec.errors import SpecdecError
 
@@ -62,20 +63,18 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class DrafterKnobs:
-    """How the drafters are tuned (flags.add_drafter_knobs): shared by generate/serve and bench."""
+    """How the drafters are tuned (flags.add_drafter_knobs): shared by generate/serve and bench.
+    `drafters`: each registered drafter's own settings (its Entry.settings), from its own flags."""
     draft_vocab: int = DEFAULT_DRAFT_VOCAB
     draft_p_min: float = 0.0
     draft_window: int = 0
     tree_depth: int = 4
     tree_topk: int = 4
-    datastore: str | None = None
-    lookahead_window: int = 3
-    lookahead_ngram: int = 3
-    lookahead_candidates: int = 3
     layer_skip: str | None = None
     layer_skip_file: str = "runs/layer_skip.json"
     head: str | None = None
     cost_profile: str | None = None
+    drafters: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         at_least("--draft-vocab", self.draft_vocab, 0)
@@ -84,22 +83,12 @@ class DrafterKnobs:
         if self.draft_window < 0:
             raise SpecdecError(f"--draft-window must be >= 0 prompt tokens (0 = the whole prompt), got "
                                f"{self.draft_window}")
-        self.lookahead_config()
-
-    def lookahead_config(self) -> LookaheadConfig:
-        return LookaheadConfig(self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates)
 
 
 @dataclass(frozen=True)
 class DraftingSettings(DrafterKnobs):
     draft: str | None = None
-    ngram: bool = False
-    ngram_max: int = 3
-    ngram_min: int = 1
-    suffix: bool = False
-    suffix_cache_tokens: int = 262144
-    suffix_min_match: int = 1
-    lookahead: bool = False
+    switches: frozenset[str] = frozenset()  # the drafters' on/off flags given (--ngram, --suffix, ...)
     k: int = 4
     tree_budget: int = 0
     tree_choices: str | None = None
@@ -114,40 +103,21 @@ class DraftingSettings(DrafterKnobs):
         entry = registry.method(self.method).entry  # raises on a conflicting choice or an unknown --drafter
         if self.tree_config() is not None and not entry.trees:
             raise SpecdecError(entry.no_trees)
-        self.ngram_config(), self.suffix_config()
 
     @property
     def method(self) -> str:
         """--drafter NAME (any registered drafter; --draft, --head and --layer-skip name what it loads),
-        else from the flags: 'none', 'ngram', 'suffix', 'lookahead', 'layer-skip', 'draft', 'hybrid'
-        (--draft with --ngram), 'head' or 'head-hybrid' (--head with --ngram); one at most, except those pairs."""
+        else the one the flags given pick (registry.chosen: each drafter declares its own, e.g. --ngram;
+        --draft with --ngram is 'hybrid'), else 'none'."""
         if self.drafter is not None:
             return self.drafter
-        chosen = [name for name, on in (("--ngram", self.ngram), ("--suffix", self.suffix),
-                                         ("--lookahead", self.lookahead), ("--layer-skip", self.layer_skip is not None),
-                                         ("--draft", self.draft not in (None, NO_DRAFT)), ("--head", self.head is not None))
-                  if on]
-        if sorted(chosen) == ["--draft", "--ngram"]:
-            return "hybrid"
-        if sorted(chosen) == ["--head", "--ngram"]:
-            return "head-hybrid"
-        if len(chosen) > 1:
-            raise SpecdecError(f"choose one drafting method; got {' and '.join(chosen)}")
-        if self.datastore and not self.suffix:
-            raise SpecdecError("--datastore is read by the suffix drafter; add --suffix")
-        names = {"--ngram": "ngram", "--suffix": "suffix", "--lookahead": "lookahead", "--layer-skip": "layer-skip",
-                 "--draft": "draft", "--head": "head"}
-        return names[chosen[0]] if chosen else "none"
+        loaders = {"--draft": self.draft not in (None, NO_DRAFT), "--head": self.head is not None,
+                   "--layer-skip": self.layer_skip is not None}
+        return registry.chosen(frozenset(self.switches) | {f for f, on in loaders.items() if on}, self.drafters)
 
     @property
     def adaptive(self) -> bool:
         return self.policy.startswith("adaptive")
-
-    def ngram_config(self) -> NgramConfig:
-        return NgramConfig(self.ngram_max, self.ngram_min)
-
-    def suffix_config(self) -> SuffixConfig:
-        return SuffixConfig(self.suffix_cache_tokens, self.suffix_min_match, self.datastore)
 
     def tree_config(self) -> TreeConfig | None:
         """--tree-choices (static) or --tree-budget > 0 (dynamic), else None (chains)."""

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from specdec.config import NgramConfig, SamplingParams
+from specdec.config import SamplingParams
 from specdec.drafters.base import DraftState
-from specdec.drafters.ngram import NgramDrafter, ngram_continuation
+from specdec.drafters.ngram import NgramConfig, NgramDrafter, ngram_continuation
 from specdec.errors import SpecdecError
 
 

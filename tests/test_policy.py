@@ -506,14 +506,13 @@ def test_tree_drafter_under_the_policy_is_exact_and_uses_both_shapes(tiny_target
     """The draft model configured for trees, the policy choosing chain / tree / plain per step on a flat
     cost curve: greedy output equals plain decoding, and both trees and chains were proposed."""
     from specdec.config import TreeConfig
-    from specdec.engine.policy_build import tree_actions
     prompts = [[5, 17, 3, 88, 41, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2]]
     cfg = GenerationConfig(40, 8)
     plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
     drafter = DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, tree=TreeConfig(16, 4, 4))
-    assert tree_actions(drafter) == {"tree_sizes": (4, 8, 16), "tree_depth": 4}
+    assert drafter.tree_actions() == {"tree_sizes": (4, 8, 16), "tree_depth": 4}
     policy = AdaptivePolicy(CostModel({1: 1.0, 17: 1.0, 33: 1.6}, draft_cost=0.05),
-                            PolicyConfig(k_max=8, prior=0.5, **tree_actions(drafter)))
+                            PolicyConfig(k_max=8, prior=0.5, **drafter.tree_actions()))
     engine = SpeculativeGenerator(tiny_target, drafter, 256, policy)
     shapes = []
     original = drafter.propose
@@ -543,10 +542,9 @@ def test_a_policy_that_has_only_seen_trees_pass_tries_the_chain():
 
 def test_tree_actions_of_a_static_tree_and_of_a_chain_drafter(tiny_draft):
     from specdec.config import TreeConfig
-    from specdec.engine.policy_build import tree_actions
     static = DraftModelDrafter(tiny_draft, TINY_VOCAB, 64, tree=TreeConfig(choices=((0,), (1,), (0, 0), (0, 0, 0))))
-    assert tree_actions(static) == {"tree_sizes": (4,), "tree_depth": 3}
-    assert tree_actions(DraftModelDrafter(tiny_draft, TINY_VOCAB, 64)) == {}
+    assert static.tree_actions() == {"tree_sizes": (4,), "tree_depth": 3}
+    assert DraftModelDrafter(tiny_draft, TINY_VOCAB, 64).tree_actions() == {}
 
 
 def test_policy_sim_overrides_are_typed_and_refuse_bad_input():

@@ -5,38 +5,75 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from specdec.drafters import registry
-from specdec.drafters.base import BaseDrafter
 from specdec.errors import SpecdecError
-from specdec.tree import DraftTree
 from tests.test_cli import cli_error
 
 ROOT = Path(__file__).resolve().parent.parent
 WIRING = ["specdec/runner.py", "specdec/server/__init__.py", "specdec/bench/compare.py", "specdec/bench/records.py",
-          "specdec/settings.py", "specdec/engine/build.py", "specdec/engine/policy_build.py", "specdec/cli.py",
+          "specdec/settings.py", "specdec/engine/build.py", "specdec/cli.py",
           "specdec/flags.py"]
 
 
-class RepeatDrafter(BaseDrafter):
-    """A toy drafter: proposes the last committed token k times (deterministic, so q is None)."""
+TOY_MODULE = '''"""A toy drafter in a module of its own: proposes the last committed token (k times, or --repeat-times)."""
+from dataclasses import dataclass
 
-    def start(self, prompt: list[int]) -> None:
+import torch
+
+from specdec.drafters.base import BaseDrafter
+from specdec.drafters.registry import Entry
+from specdec.errors import SpecdecError
+from specdec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class RepeatConfig:
+    times: int = 0  # 0: k copies
+
+    def __post_init__(self):
+        if self.times < 0:
+            raise SpecdecError(f"--repeat-times must be >= 0, got {self.times}")
+
+
+class RepeatDrafter(BaseDrafter):
+    def __init__(self, times: int):
+        self.times = times
+
+    def start(self, prompt):
         pass
 
     def propose(self, state):
-        return DraftTree.chain(torch.tensor(state.tokens[-1:] * state.k), None)
+        n = min(state.k, self.times) if self.times else state.k
+        return DraftTree.chain(torch.tensor(state.tokens[-1:] * n), None)
+
+
+def add_flags(p):
+    p.add_argument("--repeat-times", type=int, default=0, help="repeat: copies proposed (0 = k)")
+
+
+DRAFTERS = [(Entry("repeat", lambda parts, options, note: RepeatDrafter(options.of("repeat").times),
+                   settings=RepeatConfig, flags=add_flags, from_flags=lambda v: RepeatConfig(v["repeat_times"]),
+                   switch="draft by repeating the last token"), {"echo": {}})]
+'''
 
 
 @pytest.fixture
-def toy():
-    registry.register(registry.Entry("repeat", lambda parts, options, note: RepeatDrafter()))
+def toy(tmp_path, monkeypatch):
+    """A new drafter as one new file: a module on the drafters package's path, found by the registry
+    with its flag, its settings and its switch (the shipped drafters are found again beside it)."""
+    import specdec.drafters as package
+    (tmp_path / "repeat_toy.py").write_text(TOY_MODULE)
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_METHODS", {})
+    monkeypatch.setattr(registry, "_FOUND", False)
     yield "repeat"
-    registry.unregister("repeat")
+    sys.modules.pop("specdec.drafters.repeat_toy", None)
 
 
 def generate_json(argv, capsys) -> dict:
@@ -45,20 +82,35 @@ def generate_json(argv, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_a_registered_toy_drafter_runs_in_generate_and_bench(toy, tiny_llama_dir, tmp_path, capsys):
+def test_a_drafter_in_a_new_file_runs_in_generate_and_bench_with_its_own_flags(toy, tiny_llama_dir, tmp_path, capsys):
     base = ["generate", "--model", str(tiny_llama_dir), "--max-new-tokens", "12", "--json", "--policy", "fixed",
             "w1 w2 w1 w2 w1"]
     plain = generate_json(base[:1] + ["--draft", "none"] + base[1:], capsys)
     got = generate_json(base[:1] + ["--drafter", toy] + base[1:], capsys)
     assert got["text"] == plain["text"] and got["method"] == "repeat k=4"
     assert got["stats"]["drafted"] > 0
+    two = generate_json(base[:1] + ["--repeat", "--repeat-times", "2"] + base[1:], capsys)  # its switch and flag
+    assert two["text"] == plain["text"] and two["method"] == "repeat k=4"
+    assert 0 < two["stats"]["drafted"] <= 2 * got["stats"]["steps"] and two["stats"]["drafted"] < got["stats"]["drafted"]
+    assert "--repeat-times must be >= 0" in cli_error(base[:1] + ["--repeat", "--repeat-times", "-1"] + base[1:], capsys)
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6 w5 w6"}) + "\n")
     from specdec.cli import main
-    assert main(["bench", "--model", str(tiny_llama_dir), "--methods", f"plain,{toy}", "--k", "3", "--dataset",
-                 str(data), "--max-new-tokens", "8", "--no-plots", "--out", str(tmp_path / "run")]) == 0
+    assert main(["bench", "--model", str(tiny_llama_dir), "--methods", "plain,echo", "--k", "3", "--repeat-times", "1",
+                 "--dataset", str(data), "--max-new-tokens", "8", "--no-plots", "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["methods"][toy]["greedy_mismatches"] == []
+    assert summary["methods"]["echo"]["greedy_mismatches"] == []
+
+
+def test_every_shipped_drafter_is_declared_beside_its_class():
+    """The registry holds no table: each entry comes from its drafter's module."""
+    for entry in registry.entries():
+        assert entry.build.__module__.startswith("specdec.drafters.") and entry.build.__module__ != registry.__name__
+
+
+def test_a_drafter_s_settings_flag_without_its_switch_is_refused(tiny_llama_dir, capsys):
+    assert "--datastore is read by the suffix drafter; add --suffix" in cli_error(
+        ["generate", "--model", str(tiny_llama_dir), "--datastore", "x.ds", "hi"], capsys)
 
 
 def test_cli_and_bench_names_resolve_to_one_entry():

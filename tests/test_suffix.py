@@ -9,7 +9,8 @@ import pytest
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.datastore import (build_datastore, datastore_from_files, load_datastore, tokenizer_fingerprint)
 from specdec.drafters.base import DraftState, NoDrafter
-from specdec.drafters.suffix import SuffixAutomaton, SuffixDrafter
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.suffix_automaton import SuffixAutomaton
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
 from tests.test_engine import PROMPTS

@@ -16,11 +16,10 @@ from pathlib import Path
 from specdec.bench.datasets import Prompt
 from specdec.bench.llama_server import parse_spec_pin
 from specdec.bench.records import HF_KINDS, LLAMA_KINDS, Record, all_kinds, is_ours  # noqa: F401 (re-exported)
-from specdec.config import GenerationConfig, SamplingParams, SuffixConfig, TreeConfig
+from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.registry import DraftOptions, Parts, method
-from specdec.engine.build import draft_options, load_parts, log
+from specdec.engine.build import build_policy, draft_options, load_parts, log
 from specdec.engine.generate import SpeculativeGenerator
-from specdec.engine.policy_build import build_policy
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.settings import BenchSettings, ModelSettings
@@ -332,7 +331,7 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     if bench.report_only:  # summarize what the run directory holds; load and run nothing
         records = read_records(records_path)
     else:
-        options = draft_options(bench, draft=bench.draft, suffix=SuffixConfig(datastore=bench.datastore))
+        options = draft_options(bench, draft=bench.draft)
         ours = [method(s.kind) for s in specs if is_ours(s.kind)]
         parts = load_parts(model, ours, options)
         weight_format = parts.target.module.weight_format

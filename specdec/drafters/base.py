@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 
 from specdec.config import SamplingParams
+from specdec.drafters.registry import Entry
 from specdec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -136,6 +137,25 @@ class BaseDrafter:
         self.start([])
         return seconds
 
+    # ---- cost hints, for the adaptive policy (engine/build.py's build_policy) ----
+
+    def cost_model(self):
+        """The model (a Transformer) whose forward one draft token runs; the policy times it against the
+        target's for c and prices its prefill. None: a lookup (c about 0) or a cost of its own
+        (adjust_costs)."""
+        return None
+
+    def adjust_costs(self, costs, target, measured: bool) -> None:
+        """Corrects the costs (a policy.CostModel; measured now, or read from a profile) in place where a
+        draft token is not one forward of cost_model(). A drafter that reads the target's features (a
+        head) times its own draft token."""
+        if self.caps.features and measured and costs.step_seconds:
+            costs.draft_cost = self.step_seconds() / costs.step_seconds
+
+    def tree_actions(self) -> dict:
+        """The tree sizes it offers the policy besides chains (PolicyConfig's tree_sizes, tree_depth)."""
+        return {}
+
 
 class NoDrafter(BaseDrafter):
     """Plain decoding through the same engine: proposes nothing."""
@@ -147,3 +167,10 @@ class NoDrafter(BaseDrafter):
 
     def propose(self, state: DraftState) -> DraftTree:
         return DraftTree.empty()
+
+
+def _none(parts, options, note):
+    return NoDrafter()
+
+
+DRAFTERS = [(Entry("none", _none, lambda p, o, d: "plain", drafts=False, chosen_by=()), {"plain": {}})]

@@ -23,6 +23,7 @@ import torch
 
 from specdec.drafters.base import END, BaseDrafter, Capabilities, DraftState
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.registry import Entry
 from specdec.drafters.text_bridge import Bridge, target_tokens
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
@@ -50,6 +51,12 @@ class CrossTokenizerDrafter(BaseDrafter):
 
     def prefill_tokens(self, prompt_len: int) -> int:
         return self.inner.prefill_tokens(round(prompt_len * self.draft_per_target))
+
+    def cost_model(self):
+        return self.model
+
+    def adjust_costs(self, costs, target, measured: bool) -> None:
+        costs.draft_cost *= self.draft_per_target  # a target token costs this many of the draft's own tokens
 
     def start(self, prompt: list[int]) -> None:
         self.committed = list(prompt)  # target tokens whose text the draft history spells
@@ -164,3 +171,14 @@ def model_drafter(target, draft, capacity: int, options, note=None) -> BaseDraft
         note(f"drafting across tokenizers: {draft.name}'s text is re-tokenized for {target.name} "
              f"({pair.draft_per_target:.2f} draft tokens per target token on the probe text)")
     return CrossTokenizerDrafter(pair, draft.module, capacity, options.draft_vocab, options.p_min, options.window)
+
+
+def build_draft(parts, options, note):
+    """The draft model's drafter (model_drafter), across tokenizers where the two differ."""
+    if parts.draft is None:
+        raise SpecdecError("this drafting method needs a draft model (--draft MODEL)")
+    return model_drafter(parts.target, parts.draft, parts.capacity, options, note)
+
+
+DRAFTERS = [(Entry("draft", build_draft, lambda p, o, d: f"draft {o.draft}", draft_model=True, trees=True,
+                   chosen_by=("--draft",)), {"tree": {"tree_sizes": True}})]

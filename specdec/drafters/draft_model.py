@@ -65,6 +65,19 @@ class DraftModelDrafter(BaseDrafter):
         """Prompt tokens start() feeds the draft model for a prompt of this length."""
         return max(0, min(prompt_len - 1, self.window or prompt_len))
 
+    def cost_model(self):
+        return self.model
+
+    def tree_actions(self) -> dict:
+        """Trees besides chains where configured for them: a static tree's own size, or powers of two
+        below the node budget and the budget itself, at its depth cap."""
+        budget = self.caps.tree_nodes
+        if budget < 2:
+            return {}
+        if self.static is not None:
+            return {"tree_sizes": (budget,), "tree_depth": max(node_depths(self.static[0]))}
+        return {"tree_sizes": tree_sizes(budget), "tree_depth": self.tree.depth}
+
     def start(self, prompt: list[int]) -> None:
         """Prefill all but the prompt's last token now (part of the request's prefill), so the first
         proposal feeds two tokens like every other one and step times stay comparable. With a
@@ -324,3 +337,9 @@ def truncated_head(model: Transformer, rows: int) -> Transformer:
         from specdec.model.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(view, model.graphs.max_tokens)
     return view
+
+
+def tree_sizes(budget: int) -> tuple[int, ...]:
+    """The dynamic tree sizes offered to the policy: powers of two below the node budget, and the budget."""
+    return tuple(sorted({n for n in (4, 8, 16, 32, 64) if n < budget} | {budget}))
+

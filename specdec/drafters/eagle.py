@@ -26,6 +26,7 @@ from torch import nn
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
 from specdec.drafters.draft_model import select_tree
+from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Ragged, Transformer, causal_mask, rope_tables
@@ -134,6 +135,11 @@ class EagleDrafter(BaseDrafter):
         self.cache = KVCache(1, cfg.num_kv_heads, cfg.head_dim, self.capacity, 1, torch.float32, device)
         self.features = torch.zeros(capacity, cfg.hidden_size, device=device)  # the target's, by position
         self.valid = 0  # head entries built from true features and committed tokens (indices 0..valid-1)
+
+    def tree_actions(self) -> dict:
+        from specdec.drafters.draft_model import tree_sizes
+        budget = self.caps.tree_nodes
+        return {"tree_sizes": tree_sizes(budget), "tree_depth": self.tree.depth} if budget >= 2 else {}
 
     def start(self, prompt: list[int]) -> None:
         self.cache.reset()
@@ -446,3 +452,22 @@ class MedusaDrafter(BaseDrafter):
         tokens = [int(self.prepared.ids[top[depths[i] - 1, ranks[i]]]) for i in keep]
         return DraftTree(torch.tensor(tokens, dtype=torch.long, device=logits.device),
                          torch.tensor([index[parents[i]] if parents[i] >= 0 else -1 for i in keep], dtype=torch.long))
+
+
+def build_head(parts, options, note):
+    head = parts.heads.get(options.head_kind)
+    if head is None:
+        raise SpecdecError("this drafting method needs a head (--head NAME, or 'auto')")
+    if isinstance(head, PreparedMedusa):
+        if options.tree is not None and options.tree.choices is None:
+            raise SpecdecError("a Medusa head drafts a static tree (--tree-choices), not --tree-budget")
+        return MedusaDrafter(parts.target.module, head, parts.capacity, None if options.tree is None else options.tree.choices)
+    return EagleDrafter(parts.target.module, head, parts.capacity, options.tree)
+
+
+def head_label(parts, options, drafter):
+    return f"{parts.heads[options.head_kind].config.kind} head {options.head}"
+
+
+DRAFTERS = [(Entry("head", build_head, head_label, head=True, trees=True, chosen_by=("--head",)),
+             {"eagle": {}, "eagle-tree": {"tree_sizes": True}, "medusa": {"head_kind": "medusa"}})]

@@ -25,6 +25,7 @@ import torch
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import ngram_continuation
+from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
 from specdec.tree import DraftTree
 
@@ -85,3 +86,38 @@ class HybridDrafter(BaseDrafter):
 
     def step_seconds(self, context: int = 256, repeats: int = 5) -> float:
         return self.model.step_seconds(context, repeats)
+
+    def cost_model(self):
+        return self.model.cost_model()
+
+    def adjust_costs(self, costs, target, measured: bool) -> None:
+        self.model.adjust_costs(costs, target, measured)
+
+
+def _hybrid_of(model_build):
+    def build(parts, options, note):
+        s = options.of("ngram")
+        return HybridDrafter(model_build(parts, options, note), max_n=s.max_n, min_n=s.min_n)
+    return build
+
+
+def _draft(parts, options, note):
+    from specdec.drafters.cross_tokenizer import build_draft
+    return build_draft(parts, options, note)
+
+
+def _head(parts, options, note):
+    from dataclasses import replace
+    from specdec.drafters.eagle import build_head
+    return build_head(parts, replace(options, tree=None), note)
+
+
+def _head_label(parts, options, drafter):
+    from specdec.drafters.eagle import head_label
+    return f"{head_label(parts, options, drafter)} + prompt lookup"
+
+
+DRAFTERS = [(Entry("hybrid", _hybrid_of(_draft), lambda p, o, d: f"draft {o.draft} + prompt lookup", draft_model=True,
+                   chosen_by=("--draft", "--ngram")), {}),
+            (Entry("head-hybrid", _hybrid_of(_head), _head_label, head=True, chosen_by=("--head", "--ngram")),
+             {"eagle-hybrid": {}})]

@@ -46,6 +46,7 @@ import torch
 
 from specdec.config import SamplingParams
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
+from specdec.drafters.registry import Entry
 from specdec.engine.verify import Verified, accept_chain
 from specdec.engine.verify import verify as full_verify
 from specdec.errors import SpecdecError
@@ -164,6 +165,9 @@ class LayerSkipDrafter(BaseDrafter):
         self.shared, self.cache = cache, None
         self.cached, self.committed, self._last = [], 0, None
         return self
+
+    def adjust_costs(self, costs, target, measured: bool) -> None:
+        costs.draft_cost = len(self.layers) / target.module.config.num_layers  # a pass through L of its layers
 
     def start(self, prompt: list[int]) -> None:
         self.cached, self.committed, self._last = [], 0, None
@@ -311,3 +315,12 @@ def _read_choices(p: Path) -> dict:
     if not isinstance(data, dict):
         raise SpecdecError(f"{p} is not a layer-skip choices file (expected a JSON object)")
     return data
+
+
+def _build(parts, options, note):
+    """Drafts into the target's cache: the engine's (Parts.cache), else its slot's row (serve's pool)."""
+    return make_layer_skip(parts.target.module, parts.layers, parts.capacity, parts.cache, pooled=parts.cache is None)
+
+
+DRAFTERS = [(Entry("layer-skip", _build, lambda p, o, d: f"layer-skip {d.spec}", layers=True, chosen_by=("--layer-skip",),
+                   no_trees="--layer-skip drafts chains; it does not take --tree-budget / --tree-choices"), {})]

@@ -20,15 +20,32 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
+from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Transformer
 from specdec.engine.verify import Verified, accept_tree
 from specdec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Lookahead decoding: a Jacobi window of `window` columns and ngram - 1 levels, and at most
+    `candidates` pool n-grams verified per step."""
+
+    window: int = 3
+    ngram: int = 3
+    candidates: int = 3
+
+    def __post_init__(self):
+        if self.window < 1 or self.ngram < 2 or self.candidates < 1:
+            raise SpecdecError(f"lookahead needs window >= 1, ngram >= 2 and candidates >= 1, got "
+                               f"{self.window}, {self.ngram}, {self.candidates}")
 
 
 def window_layout(levels: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,3 +147,22 @@ class LookaheadDrafter(BaseDrafter):
                 self.add_ngram(tuple(level[c] for level in self.levels) + (new[c],))
             self.levels = self.levels[1:]
         self.levels = self.levels + [new]
+
+
+def add_flags(p) -> None:
+    p.add_argument("--lookahead-window", type=int, default=3, help="lookahead: window width W (columns)")
+    p.add_argument("--lookahead-ngram", type=int, default=3, help="lookahead: n-gram size N (N - 1 levels)")
+    p.add_argument("--lookahead-candidates", type=int, default=3,
+                   help="lookahead: at most G pool n-grams verified per step")
+
+
+def _build(parts, options, note):
+    la = options.of("lookahead")
+    return LookaheadDrafter(la.window, la.ngram, la.candidates)
+
+
+DRAFTERS = [(Entry("lookahead", _build, settings=LookaheadConfig, flags=add_flags,
+                   from_flags=lambda v: LookaheadConfig(v["lookahead_window"], v["lookahead_ngram"],
+                                                        v["lookahead_candidates"]),
+                   switch="lookahead decoding: Jacobi iteration feeds an n-gram pool, verified in the same pass"),
+             {})]

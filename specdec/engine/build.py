@@ -1,5 +1,6 @@
 """The one builder: loads the target and what the chosen drafters need (registry entries), once;
-then builds drafters and policies from those parts. generate (runner.Runner), serve
+then builds drafters and policies from those parts (a policy's costs measured, or read from a
+profile, for this target, and corrected by the drafter's own cost hints). generate (runner.Runner), serve
 (server.build_scheduler) and bench (bench.compare) all start here."""
 
 from __future__ import annotations
@@ -51,14 +52,13 @@ def load_parts(model: ModelSettings, methods: list[Method], options: DraftOption
 def draft_options(knobs: DrafterKnobs, **more) -> DraftOptions:
     """The options every command's drafter knobs give (flags.add_drafter_knobs), and `more`."""
     return DraftOptions(head=knobs.head, layer_skip=knobs.layer_skip, layer_skip_file=knobs.layer_skip_file,
-                        lookahead=knobs.lookahead_config(), draft_vocab=knobs.draft_vocab, p_min=knobs.draft_p_min,
-                        window=knobs.draft_window, **more)
+                        draft_vocab=knobs.draft_vocab, p_min=knobs.draft_p_min, window=knobs.draft_window,
+                        drafters=dict(knobs.drafters), **more)
 
 
 def drafting_options(drafting: DraftingSettings) -> DraftOptions:
     """generate's and serve's options (DraftingSettings)."""
-    return draft_options(drafting, draft=drafting.draft, ngram=drafting.ngram_config(), suffix=drafting.suffix_config(),
-                         tree=drafting.tree_config())
+    return draft_options(drafting, draft=drafting.draft, tree=drafting.tree_config())
 
 
 @dataclass
@@ -89,5 +89,26 @@ class Engine:
         return f"{name} {k_text}" if entry.drafts else name
 
     def policy(self, drafter, k_max: int, cost_profile: str | None = None, max_rows: int = 0, confidence: bool = True):
-        from specdec.engine.policy_build import build_policy
         return build_policy(drafter, self.target, k_max, cost_profile, max_rows, confidence)
+
+
+def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, max_rows: int = 0,
+                 confidence: bool = True):
+    """An AdaptivePolicy for this drafter (None for plain decoding): costs from a `specdec profile`
+    JSON or measured now (v(n) up to n = max(k_max + 1, max_rows): a server measures up to
+    max_batch (k_max + 1) rows), corrected by the drafter's own cost hints (drafters/base.py)."""
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, load_profile
+    from specdec.policy.measure import cached_costs
+    if not drafter.caps.drafts:
+        return None
+    model = drafter.cost_model()
+    if cost_profile:
+        costs = CostModel.from_profile(load_profile(cost_profile), "draft" if model is not None else "lookup")
+    else:
+        top = max(k_max + 1, max_rows)
+        sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}
+        costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log)
+    drafter.adjust_costs(costs, target, measured=not cost_profile)
+    log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
+        f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_fixed:.3f} + {costs.prefill_cost:.4f} per prompt token")
+    return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **drafter.tree_actions()))
