@@ -4,7 +4,7 @@
 # so acceptance says nothing; the costs, c and v(k), and plain tokens/s do).
 #   scripts/cuda_check.sh TOKENIZER_DIR OUT_DIR [SCALE]
 # TOKENIZER_DIR: an HF tokenizer directory (vocabulary 151936). SCALE < 1 shrinks the models (a dry run
-# on a CPU). Writes cuda-tests.log, profile*.json and bench/ under OUT_DIR.
+# on a CPU). Writes cuda-tests.log, cuda-bench.json, bench-fp32/ and bench/ under OUT_DIR.
 set -u
 TOK=$1 OUT=$2 SCALE=${3:-1}
 DEV=$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
@@ -54,8 +54,8 @@ for name, (h, m, n, heads, kv) in shapes.items():
     print(f"{name}: {sum(v.numel() for v in state.values()) / 1e9:.2f} B parameters in {time.time() - t0:.0f} s")
 PY
 M=/tmp/cuda-check-models
-python3 -m specdec.cli profile --model $M/q15 --draft $M/q05 --device $DEV --out "$OUT/profile.json" 2>&1 | tail -15
-[ "$DEV" = cuda ] && python3 -m specdec.cli profile --model $M/q15 --draft $M/q05 --device $DEV --cuda-graphs --out "$OUT/profile-graphs.json" 2>&1 | tail -15
+# roofline, plain step, v(n), c and decode speed, eager against CUDA graphs, an oracle drafter at known acceptance
+[ "$DEV" = cuda ] && python3 scripts/cuda_bench.py --out "$OUT/cuda-bench.json" 2>&1 | tail -15
 # exactness: in fp32 every method's greedy tokens equal plain decoding's (bf16 may break near-ties,
 # which random weights are full of); then speed: bf16 with CUDA graphs
 G=$([ "$DEV" = cuda ] && echo --cuda-graphs)

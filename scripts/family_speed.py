@@ -74,7 +74,8 @@ def make_gguf(family: str, work: Path) -> Path:
     del model
     env = {**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")}
     subprocess.run([sys.executable, str(LLAMA_CPP / "convert_hf_to_gguf.py"), str(d), "--outtype", "q8_0",
-                    "--outfile", str(out)], env=env, check=True, stdout=subprocess.DEVNULL)
+                    "--outfile", str(out),
+                    "--model-name", "random-weights"], env=env, check=True, stdout=subprocess.DEVNULL)
     for f in d.glob("*.safetensors"):
         f.unlink()
     return out
