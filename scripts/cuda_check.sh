@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The CUDA path on a GPU machine, in one go: the CUDA tests, then `profile` and `bench` on random-weight
-# models of Qwen2.5-Coder-1.5B's and 0.5B's shapes (nothing but the tokenizer comes from a real model,
-# so acceptance says nothing; the costs, c and v(k), and plain tokens/s do).
+# The CUDA path on a GPU machine, in one go: the CUDA tests, scripts/cuda_bench.py, and `bench` on
+# random-weight models of Qwen2.5-Coder-1.5B's and 0.5B's shapes (only the tokenizer comes from a real
+# model, so acceptance says nothing; fp32 greedy tokens must equal plain decoding's; bf16 gives speeds).
 #   scripts/cuda_check.sh TOKENIZER_DIR OUT_DIR [SCALE]
 # TOKENIZER_DIR: an HF tokenizer directory (vocabulary 151936). SCALE < 1 shrinks the models (a dry run
 # on a CPU). Writes cuda-tests.log, cuda-bench.json, bench-fp32/ and bench/ under OUT_DIR.
