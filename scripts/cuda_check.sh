@@ -3,8 +3,15 @@
 # random-weight models of Qwen2.5-Coder-1.5B's and 0.5B's shapes (only the tokenizer comes from a real
 # model, so acceptance says nothing; fp32 greedy tokens must equal plain decoding's; bf16 gives speeds).
 #   scripts/cuda_check.sh TOKENIZER_DIR OUT_DIR [SCALE]
-# TOKENIZER_DIR: an HF tokenizer directory (vocabulary 151936). SCALE < 1 shrinks the models (a dry run
-# on a CPU). Writes cuda-tests.log, cuda-bench.json, bench-fp32/ and bench/ under OUT_DIR.
+# TOKENIZER_DIR: a byte-level BPE tokenizer saved as an HF directory (SmolLM2's: tests/test_families.py's
+# byte_level_tokenizer shows how); the random models take its vocabulary. SCALE < 1 shrinks the models (a
+# dry run on a CPU). With $CONVERTER_DIR (llama.cpp's convert_hf_to_gguf.py, conversion/ and gguf-py/,
+# copied from $SPECDEC_HOME/llama.cpp/src) the model families' CUDA test runs too. Writes cuda-tests.log,
+# cuda-bench.json, bench-fp32/ and bench/ under OUT_DIR.
+# On a GPU machine without network whose Python lacks some of the package's needs: bring their wheels
+# (gguf, fastapi, starlette, pydantic, pydantic-core, uvicorn, typing-inspection, annotated-types) and run
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site WHEELS/*.whl && export PYTHONPATH=/tmp/site:$PWD
+#   CONVERTER_DIR=DIR bash scripts/cuda_check.sh TOKENIZER_DIR OUT     (about 8 minutes on an H200)
 set -u
 TOK=$1 OUT=$2 SCALE=${3:-1}
 DEV=$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
@@ -13,10 +20,16 @@ export PYTHONUNBUFFERED=1 SPECDEC_HOME=${SPECDEC_HOME:-/tmp/specdec-home}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 if [ "$DEV" = cuda ]; then
-  timeout 360 python3 -m pytest -q -rfEs -p no:cacheprovider --timeout 90 tests/test_cuda.py tests/test_cuda_graphs.py \
+  timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider --timeout 90 tests/test_cuda.py tests/test_cuda_graphs.py \
     "tests/test_sampling.py::test_cuda_matches_cpu_processing_and_runs" "tests/test_tree.py::test_cuda_runs_and_matches_cpu_greedy" \
     >"$OUT/cuda-tests.log" 2>&1
   echo "cuda tests rc=$?"; tail -25 "$OUT/cuda-tests.log"
+  if [ -n "${CONVERTER_DIR:-}" ]; then
+    mkdir -p "$SPECDEC_HOME/llama.cpp" && cp -r "$CONVERTER_DIR" "$SPECDEC_HOME/llama.cpp/src"
+    SPECDEC_TEST_TOKENIZER=$(realpath "$TOK") timeout 180 python3 -m pytest -q -rfEs -p no:cacheprovider \
+      tests/test_families.py -k cuda >>"$OUT/cuda-tests.log" 2>&1
+    echo "family cuda tests rc=$?"; tail -8 "$OUT/cuda-tests.log"
+  fi
 fi
 python3 - "$TOK" /tmp/cuda-check-models "$SCALE" "$DEV" <<'PY'
 import json, shutil, sys, time
@@ -29,7 +42,8 @@ for name, (h, m, n, heads, kv) in shapes.items():
     t0, d = time.time(), root / name
     if scale < 1:
         h, m, n = int(h * scale) // heads * heads, int(m * scale), max(2, int(n * scale))
-    hd, vocab, g = h // heads, 151936, torch.Generator(dev).manual_seed(len(name) + h)
+    from transformers import AutoTokenizer
+    hd, vocab, g = h // heads, len(AutoTokenizer.from_pretrained(str(tok))), torch.Generator(dev).manual_seed(len(name) + h)
     def rnd(*shape, std=0.02):
         return (torch.randn(*shape, generator=g, device=dev) * std).to(torch.bfloat16).cpu()
     state = {"model.embed_tokens.weight": rnd(vocab, h), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
