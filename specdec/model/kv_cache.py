@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 from specdec.errors import SpecdecError
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """A zero tensor. On the CPU in anonymous memory of small pages: the system's zero pages until
+    written, so a cache costs start-up time and resident memory only for the slots it fills (torch's
+    zeros write every byte at once: 0.4 s for the 1.5B target's 4k-token cache; transparent huge pages
+    would fault in 2 MB, one per layer and head, at the first token)."""
+    if torch.device(device).type == "cpu" and dtype == torch.float32:
+        count = math.prod(shape)
+        buf = mmap.mmap(-1, max(4 * count, 1))  # the tensor holds a reference to its buffer
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            buf.madvise(mmap.MADV_NOHUGEPAGE)
+        return torch.frombuffer(buf, dtype=torch.float32, count=count).view(shape)
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 class KVCache:
@@ -19,8 +36,8 @@ class KVCache:
                  batch: int = 1, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
         shape = (n_layers, batch, n_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, batch, kv_heads, capacity, head_dim]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [layers, batch, kv_heads, capacity, head_dim]
+        self.k = zeros(shape, dtype, device)  # [layers, batch, kv_heads, capacity, head_dim]
+        self.v = zeros(shape, dtype, device)  # [layers, batch, kv_heads, capacity, head_dim]
         self.capacity = capacity
         self.length = 0
 
