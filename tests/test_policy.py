@@ -10,6 +10,7 @@ from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.errors import SpecdecError
+from specdec.policy.costs import quadratic_part
 from specdec.policy import (AdaptivePolicy, CostModel, Outcome, PolicyConfig, best_k, expected_tokens, fit_prefill,
                             interpolate, measure_costs, parse_schedule, round_width)
 from tests.conftest import TINY_VOCAB, tiny_model
@@ -718,6 +719,25 @@ def test_the_prefill_price_is_a_fixed_part_plus_a_part_per_token():
     assert costs.prefill(0) == 0.0 and costs.prefill(100) == pytest.approx(2.9)
     with pytest.raises(SpecdecError):
         CostModel(CPU.verify_cost, prefill_fixed=-1.0)
+
+
+def test_a_long_prefill_adds_attention_s_square_to_the_price():
+    """Measured on the 0.5B draft (plain steps): 1.5 at 32 tokens, 4.6 at 128, 54.5 at 1024; the affine
+    part through the short two says 33.3 at 1024, so the rest is a part per token squared, and a 2k
+    prompt (measured 145.4) is priced within 10% of it rather than at the affine 66."""
+    fixed, per_token = fit_prefill((32, 1.5), (128, 4.6))
+    quadratic = quadratic_part(fixed, per_token, (1024, 54.5))
+    assert quadratic == pytest.approx((54.5 - fixed - per_token * 1024) / 1024 ** 2)
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=per_token, prefill_fixed=fixed,
+                      prefill_quadratic=quadratic)
+    assert costs.prefill(1024) == pytest.approx(54.5) and costs.prefill(32) == pytest.approx(1.5, abs=0.03)
+    assert costs.prefill(2048) == pytest.approx(145.4, rel=0.1) and fixed + per_token * 2048 < 70
+    assert quadratic_part(fixed, per_token, (1024, 20.0)) == 0.0  # no dearer than the affine price: none
+    with pytest.raises(SpecdecError):
+        CostModel(CPU.verify_cost, prefill_quadratic=-1e-6)
+    profile = {"verify_cost": {"1": 1.0, "5": 1.3}, "draft_cost_ratio": 0.4, "draft_prefill_cost": per_token,
+               "draft_prefill_fixed": fixed, "draft_prefill_quadratic": quadratic}
+    assert CostModel.from_profile(profile).prefill(1024) == pytest.approx(54.5)
 
 
 def test_an_old_profile_s_prefill_price_is_split_into_the_draft_s_weight_read_and_the_rest():

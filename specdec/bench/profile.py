@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from specdec.model.transformer import Transformer
-from specdec.policy.costs import fit_prefill
-from specdec.policy.measure import forward_seconds
+from specdec.policy.costs import fit_prefill, quadratic_part
+from specdec.policy.measure import LONG_PREFILL, forward_seconds
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33)
 
@@ -154,8 +154,12 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
         short = max(context // 8, 1)
         fixed, per_token = fit_prefill((short, forward_seconds(draft, short, 0, 3, last_only=True) / t[1]),
                                        (context, forward_seconds(draft, context, 0, 3, last_only=True) / t[1]))
+        longest = min(LONG_PREFILL, draft.config.max_position_embeddings)  # attention's square, from a long prompt
+        quadratic = quadratic_part(fixed, per_token, (longest, forward_seconds(draft, longest, 0, 1, last_only=True)
+                                                      / t[1])) if longest > context else 0.0
         result.update({"draft_step_seconds": round(t["draft"], 5), "draft_cost_ratio": round(ratio("draft"), 3),
-                       "draft_prefill_cost": round(per_token, 5), "draft_prefill_fixed": round(fixed, 4)})
+                       "draft_prefill_cost": round(per_token, 5), "draft_prefill_fixed": round(fixed, 4),
+                       "draft_prefill_quadratic": round(quadratic, 9)})
     return result
 
 
@@ -167,7 +171,7 @@ def print_profile(r: dict) -> None:
     if "draft_cost_ratio" in r:
         print(f"draft step {r['draft_step_seconds'] * 1000:.1f} ms, c = {r['draft_cost_ratio']}, "
               f"draft prefill {r.get('draft_prefill_fixed', 0)} + {r.get('draft_prefill_cost', 0)} plain steps "
-              "per prompt token")
+              f"per prompt token + {r.get('draft_prefill_quadratic', 0)} per token squared")
     if "head_cost_ratio" in r:
         print(f"head entry {r['head_step_seconds'] * 1000:.1f} ms, c = {r['head_cost_ratio']}")
 

@@ -110,5 +110,6 @@ def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, m
         costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log)
     drafter.adjust_costs(costs, target, measured=not cost_profile)
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
-        f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_fixed:.3f} + {costs.prefill_cost:.4f} per prompt token")
+        f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_fixed:.3f} + {costs.prefill_cost:.4f} per prompt token "
+        f"+ {costs.prefill_quadratic:.2e} per token squared")
     return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **drafter.tree_actions()))

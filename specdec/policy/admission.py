@@ -1,10 +1,11 @@
 """Admission of a drafter's prefill (a mixin of AdaptivePolicy).
 
 Admission: a draft model must prefill the prompt before its first proposal (prefill_fixed +
-prefill_cost per prompt token, in plain steps: a fixed part, since any prefill reads the draft's
-weights and a few rows run the slow small-M GEMMs, and a part per token; scaled by rho_prefill,
-the measured over predicted seconds of earlier prefills, which an affine price keeps the same for
-short and long prompts). The saving it buys is the predicted saving per token times the tokens still to come, and
+prefill_cost per prompt token + prefill_quadratic per token squared, in plain steps: a fixed part,
+since any prefill reads the draft's weights and a few rows run the slow small-M GEMMs, a part per
+token, and attention's square, which doubles a 2k-token prompt's price; scaled by rho_prefill, the
+measured over predicted seconds of earlier prefills, which a price of the right shape keeps the same
+for short and long prompts). The saving it buys is the predicted saving per token times the tokens still to come, and
 how many come is unknown: after a long prompt a RAG answer runs to 20 tokens, a summary to hundreds.
 The engine and the server rent before they buy (start_now, a ski rental): it starts the draft
 model with the prompt only when the prefill costs at most commit_share (1/4) of the saving predicted

@@ -4,7 +4,8 @@
 - verifying n positions costs v(n) (v(1) = 1), measured once per model (`measure_costs`) or taken
   from a `specdec profile` JSON;
 - one draft token costs c (the draft model's step over the target's; about 0 for lookup drafters);
-- the drafter's prefill of n prompt tokens costs prefill_fixed + prefill_cost n (a draft model; 0 for lookup drafters).
+- the drafter's prefill of n prompt tokens costs prefill_fixed + prefill_cost n + prefill_quadratic n^2 (a draft
+  model; 0 for lookup drafters): the square is attention's, which a 1-2k-token prompt makes count.
 
 A chain of k drafts emits E(k) = 1 + sum_{i<=k} prod_{j<=i} beta_j tokens per step (beta_j: the
 acceptance estimates, see estimates.py) for k c + v(k + 1) time; best_k takes the k with the best
@@ -45,14 +46,16 @@ class CostModel:
     step_seconds: float | None = None  # one plain step in seconds, where measured (enables calibration)
     prefill_cost: float = 0.0  # the drafter's prefill per prompt token, relative to one plain step
     prefill_fixed: float = 0.0  # and per prefill forward, whatever its length (reading the weights, small-M GEMMs)
+    prefill_quadratic: float = 0.0  # and per token squared (attention over the prompt so far)
 
     def __post_init__(self):
         if not self.verify_cost or 1 not in self.verify_cost:
             raise SpecdecError("a cost model needs v(1) among its verify costs")
         if (any(n < 1 or v <= 0 for n, v in self.verify_cost.items()) or self.draft_cost < 0
-                or self.prefill_cost < 0 or self.prefill_fixed < 0):
+                or self.prefill_cost < 0 or self.prefill_fixed < 0 or self.prefill_quadratic < 0):
             raise SpecdecError(f"costs must be positive: v={self.verify_cost}, c={self.draft_cost}, "
-                               f"prefill {self.prefill_fixed} + {self.prefill_cost} per token")
+                               f"prefill {self.prefill_fixed} + {self.prefill_cost} per token + "
+                               f"{self.prefill_quadratic} per token squared")
 
     def v(self, n: int) -> float:
         return interpolate(self.verify_cost, n)
@@ -60,14 +63,16 @@ class CostModel:
     @property
     def charges_prefill(self) -> bool:
         """Whether the drafter prefills at a cost (a draft model; lookup drafters do not)."""
-        return self.prefill_fixed > 0 or self.prefill_cost > 0
+        return self.prefill_fixed > 0 or self.prefill_cost > 0 or self.prefill_quadratic > 0
 
     def prefill(self, n: int) -> float:
         """The drafter's prefill of n tokens in plain steps: a fixed part per forward plus a part per
         token. A short prompt's prefill is mostly the fixed part (the weights are read once however
         few the rows), so pricing by the token alone makes it look cheap, and a calibration
-        measured on short prompts then overprices long ones, and the reverse."""
-        return self.prefill_fixed + self.prefill_cost * n if n > 0 else 0.0
+        measured on short prompts then overprices long ones, and the reverse. Attention over the
+        prompt adds a part per token squared: a 2k-token prefill of the 0.5B draft costs twice what
+        the affine part fitted on short prompts says."""
+        return self.prefill_fixed + self.prefill_cost * n + self.prefill_quadratic * n * n if n > 0 else 0.0
 
     def step_time(self, k: int, batch: int = 1) -> float:
         return batch * k * self.draft_cost + self.v(batch * (k + 1))
@@ -85,7 +90,8 @@ class CostModel:
             # once (c), so that much is fixed and the rest per token.
             context = float(data.get("context") or 512)
             fixed, prefill = c, max(prefill - c / context, 0.0)
-        return CostModel(curve, c, data.get("step_seconds"), prefill, fixed)
+        quadratic = float(data.get("draft_prefill_quadratic") or 0.0) if draft else 0.0
+        return CostModel(curve, c, data.get("step_seconds"), prefill, fixed, quadratic)
 
 
 def fit_prefill(short: tuple[int, float], long: tuple[int, float]) -> tuple[float, float]:
@@ -97,13 +103,23 @@ def fit_prefill(short: tuple[int, float], long: tuple[int, float]) -> tuple[floa
     return max(t0 - per_token * n0, 0.0), per_token
 
 
+def quadratic_part(fixed: float, per_token: float, longest: tuple[int, float]) -> float:
+    """The prefill's part per token squared: how far a long prefill (length, cost) exceeds the affine
+    price fitted on short ones, over its length squared (0 where it does not)."""
+    n, cost = longest
+    if n <= 0:
+        raise SpecdecError(f"a prefill length must be positive, got {n}")
+    return max((cost - fixed - per_token * n) / (n * n), 0.0)
+
+
 def load_profile(path: str) -> dict:
     """A `specdec profile` JSON with its verify curve as {int n: float v(n)}; a clear error otherwise."""
     try:
         with open(path) as f:
             data = json.load(f)
         data["verify_cost"] = {int(n): float(v) for n, v in data["verify_cost"].items()}
-        for key in ("step_seconds", "context", "draft_cost_ratio", "draft_prefill_cost", "draft_prefill_fixed"):
+        for key in ("step_seconds", "context", "draft_cost_ratio", "draft_prefill_cost", "draft_prefill_fixed",
+                    "draft_prefill_quadratic"):
             if data.get(key) is not None:
                 data[key] = float(data[key])
         return data

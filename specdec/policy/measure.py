@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from specdec.policy.costs import CostModel, fit_prefill
+from specdec.policy.costs import CostModel, fit_prefill, quadratic_part
 
 if TYPE_CHECKING:
     from specdec.model.transformer import Transformer
@@ -96,7 +96,10 @@ def _measure(target: Transformer, draft: Transformer | None, sizes, context: int
     short, long = max(context // 8, 1), max(context // 2, 2)  # the prefill's price: fixed + per token,
     fixed, per_token = fit_prefill(*((n, relative(lambda: forward_seconds(draft, n, 0, 1, last_only=True)))
                                      for n in (short, long)))  # through two lengths
-    return CostModel(curve, c, statistics.median(ones), per_token, fixed), spread(ones)
+    longest = min(LONG_PREFILL, draft.config.max_position_embeddings)  # and attention's square, from a long one
+    quadratic = quadratic_part(fixed, per_token, (longest, relative(
+        lambda: forward_seconds(draft, longest, 0, 1, last_only=True)))) if longest > 2 * long else 0.0
+    return CostModel(curve, c, statistics.median(ones), per_token, fixed, quadratic), spread(ones)
 
 
 def spread(times: list[float]) -> float:
@@ -135,7 +138,8 @@ def host_key(device: torch.device) -> str:
     return f"{cpu}|{os.cpu_count()}|{torch.get_num_threads()}|{cpu_kernels.build_id()}|{gpu}|{torch.__version__}"
 
 
-COSTS_VERSION = 1
+COSTS_VERSION = 2  # 2: the prefill's part per token squared
+LONG_PREFILL = 1024  # the draft prefill's length that prices attention's square (a RAG or summary prompt's)
 RECHECK = 1.5  # a cached plain step this much slower than a fresh one is measured again
 
 
@@ -161,7 +165,8 @@ def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1
     try:
         data = json.loads(path.read_text())
         cached = CostModel({int(n): v for n, v in data["verify_cost"].items()}, data["draft_cost"],
-                           data["step_seconds"], data["prefill_cost"], data["prefill_fixed"])
+                           data["step_seconds"], data["prefill_cost"], data["prefill_fixed"],
+                           data["prefill_quadratic"])
     except (OSError, ValueError, KeyError, TypeError):
         cached = None
     if cached is not None and cached.step_seconds:
@@ -181,7 +186,8 @@ def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"verify_cost": costs.verify_cost, "draft_cost": costs.draft_cost,
                                    "step_seconds": costs.step_seconds, "prefill_cost": costs.prefill_cost,
-                                   "prefill_fixed": costs.prefill_fixed, "measured_seconds":
+                                   "prefill_fixed": costs.prefill_fixed,
+                                   "prefill_quadratic": costs.prefill_quadratic, "measured_seconds":
                                    round(time.perf_counter() - t0, 2), "measured_at": time.time()}))
         os.replace(tmp, path)
     elif cached is not None:
