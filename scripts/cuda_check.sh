@@ -13,6 +13,7 @@
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site WHEELS/*.whl && export PYTHONPATH=/tmp/site:$PWD
 #   CONVERTER_DIR=DIR bash scripts/cuda_check.sh TOKENIZER_DIR OUT     (about 8 minutes on an H200)
 set -u
+[ $# -ge 2 ] && [ -d "$1" ] || { echo "usage: scripts/cuda_check.sh TOKENIZER_DIR OUT_DIR [SCALE] (TOKENIZER_DIR: a directory)" >&2; exit 2; }
 TOK=$1 OUT=$2 SCALE=${3:-1}
 DEV=$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 mkdir -p "$OUT"

@@ -148,6 +148,7 @@ def test_profile_reports_the_verify_curve(tiny_target, tiny_draft):
     fractions = sorted(x["fraction"] for x in rounds)
     assert r["roofline_fraction"] == pytest.approx(fractions[len(fractions) // 2], abs=1e-3)
     assert r["draft_prefill_cost"] >= 0 and r["draft_prefill_fixed"] >= 0  # the policy's affine prefill price
+    assert r["draft_prefill_quadratic"] >= 0  # and attention's square (0 for a draft that holds few positions)
     assert r["draft_prefill_cost"] > 0 or r["draft_prefill_fixed"] > 0
 
 

@@ -733,6 +733,8 @@ def test_a_long_prefill_adds_attention_s_square_to_the_price():
     assert costs.prefill(1024) == pytest.approx(54.5) and costs.prefill(32) == pytest.approx(1.5, abs=0.03)
     assert costs.prefill(2048) == pytest.approx(145.4, rel=0.1) and fixed + per_token * 2048 < 70
     assert quadratic_part(fixed, per_token, (1024, 20.0)) == 0.0  # no dearer than the affine price: none
+    with pytest.raises(SpecdecError, match="prefill length must be positive"):
+        quadratic_part(fixed, per_token, (0, 1.0))
     with pytest.raises(SpecdecError):
         CostModel(CPU.verify_cost, prefill_quadratic=-1e-6)
     profile = {"verify_cost": {"1": 1.0, "5": 1.3}, "draft_cost_ratio": 0.4, "draft_prefill_cost": per_token,

@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 from specdec.model.transformer import Transformer
-from specdec.policy.costs import fit_prefill, quadratic_part
-from specdec.policy.measure import LONG_PREFILL, forward_seconds
+from specdec.policy.measure import forward_seconds, prefill_price
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33)
 
@@ -151,12 +150,9 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
         # the draft's prefill as the drafter runs it (the LM head scores the last position only:
         # scoring all 512 would add a 512-row full-vocabulary GEMM), at a short and a context-long
         # prompt: a fixed part per forward and a part per token (policy.CostModel.prefill)
-        short = max(context // 8, 1)
-        fixed, per_token = fit_prefill((short, forward_seconds(draft, short, 0, 3, last_only=True) / t[1]),
-                                       (context, forward_seconds(draft, context, 0, 3, last_only=True) / t[1]))
-        longest = min(LONG_PREFILL, draft.config.max_position_embeddings)  # attention's square, from a long prompt
-        quadratic = quadratic_part(fixed, per_token, (longest, forward_seconds(draft, longest, 0, 1, last_only=True)
-                                                      / t[1])) if longest > context else 0.0
+        fixed, per_token, quadratic = prefill_price(
+            draft, lambda n: forward_seconds(draft, n, 0, 3 if n <= context else 1, last_only=True) / t[1],
+            max(context // 8, 1), context)
         result.update({"draft_step_seconds": round(t["draft"], 5), "draft_cost_ratio": round(ratio("draft"), 3),
                        "draft_prefill_cost": round(per_token, 5), "draft_prefill_fixed": round(fixed, 4),
                        "draft_prefill_quadratic": round(quadratic, 9)})

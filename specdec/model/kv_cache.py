@@ -13,7 +13,7 @@ from specdec.errors import SpecdecError
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     """A zero tensor. On the CPU in anonymous memory of small pages: the system's zero pages until
     written, so a cache costs start-up time and resident memory only for the slots it fills (torch's
-    zeros write every byte at once: 0.4 s for the 1.5B target's 4k-token cache; transparent huge pages
+    zeros write every byte at once: 40 ms for the 1.5B target's 4k-token cache; transparent huge pages
     would fault in 2 MB, one per layer and head, at the first token)."""
     if torch.device(device).type == "cpu" and dtype == torch.float32:
         count = math.prod(shape)

@@ -93,13 +93,20 @@ def _measure(target: Transformer, draft: Transformer | None, sizes, context: int
             ones.append(step_seconds(target, 1))
         return CostModel(curve, 0.0, statistics.median(ones)), spread(ones)
     c = relative(lambda: step_seconds(draft, 1))
-    short, long = max(context // 8, 1), max(context // 2, 2)  # the prefill's price: fixed + per token,
-    fixed, per_token = fit_prefill(*((n, relative(lambda: forward_seconds(draft, n, 0, 1, last_only=True)))
-                                     for n in (short, long)))  # through two lengths
-    longest = min(LONG_PREFILL, draft.config.max_position_embeddings)  # and attention's square, from a long one
-    quadratic = quadratic_part(fixed, per_token, (longest, relative(
-        lambda: forward_seconds(draft, longest, 0, 1, last_only=True)))) if longest > 2 * long else 0.0
+    fixed, per_token, quadratic = prefill_price(
+        draft, lambda n: relative(lambda: forward_seconds(draft, n, 0, 1, last_only=True)),
+        max(context // 8, 1), max(context // 2, 2))
     return CostModel(curve, c, statistics.median(ones), per_token, fixed, quadratic), spread(ones)
+
+
+def prefill_price(draft: Transformer, cost: Callable[[int], float], short: int, long: int) -> tuple[float, float, float]:
+    """The draft's prefill price in plain steps, (fixed, per token, per token squared), from cost(n), a
+    prefill of n prompt tokens timed in plain steps: the affine part through a short and a long prompt,
+    attention's square from a LONG_PREFILL-token one where the draft holds that many."""
+    fixed, per_token = fit_prefill((short, cost(short)), (long, cost(long)))
+    if draft.config.max_position_embeddings < LONG_PREFILL or LONG_PREFILL <= long:
+        return fixed, per_token, 0.0
+    return fixed, per_token, quadratic_part(fixed, per_token, (LONG_PREFILL, cost(LONG_PREFILL)))
 
 
 def spread(times: list[float]) -> float:
