@@ -13,6 +13,7 @@ import argparse
 import os
 from dataclasses import fields
 
+from specdec.drafters import registry
 from specdec.settings import API_KEY_ENV, DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_DRAFT_VOCAB", "DEFAULT_TARGET", "integer", "settings"]
@@ -28,7 +29,6 @@ def integer(text: str) -> int:
 def settings(cls, args: argparse.Namespace):
     """cls (a settings dataclass) from the parsed flags of the same names; validated on construction.
     The drafters' own flags become `drafters` (name -> its settings) and their switches `switches`."""
-    from specdec.drafters import registry
     values = vars(args)
     special = {"drafters": lambda: registry.settings_from_flags(values),
                "switches": lambda: registry.switches_from_flags(values)}
@@ -86,7 +86,6 @@ def add_drafter_knobs(p: argparse.ArgumentParser) -> None:
                    help="`specdec profile` JSON with v(n), c and the draft prefill's price (a fixed part + a part "
                         "per prompt token) for the adaptive policy and bench's theory check (default: measured "
                         "on first use, kept per host, model pair and kernel build under $SPECDEC_HOME/costs)")
-    from specdec.drafters import registry
     registry.add_flags(p)  # each drafter's own, declared beside its class
 
 
@@ -96,7 +95,6 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="draft model (registry name, .gguf or HF dir), 'self' (the target's own weights re-encoded "
                         "at load in --draft-bits: no second file), or 'none' for plain decoding. A draft with another "
                         "tokenizer drafts chains across tokenizers: its text is re-tokenized for the target")
-    from specdec.drafters import registry
     registry.add_switches(p)  # each drafter's on/off flag (--ngram, --suffix, --lookahead), declared beside its class
     p.add_argument("--k", type=integer, default=4,
                    help="draft tokens per verify step (--policy fixed), or the most the adaptive policy may draft")
