@@ -6,10 +6,16 @@ The C sources ship in the package; the first call compiles them with the system 
 (`-O3 -march=native -fopenmp`) into `SPECDEC_HOME/kernels/` (or `$SPECDEC_KERNEL_DIR`), keyed by
 a hash of the source, the flags, the compiler and this CPU's flags, and loads it with ctypes. It
 links the OpenMP runtime by its soname, so in a process that imported torch it shares torch's
-thread pool instead of starting a second one.
+thread pool instead of starting a second one. Where the compiler has no OpenMP (Apple clang), it
+tries libomp (`-Xpreprocessor -fopenmp -lomp`), else builds without it: one thread.
 
-Where it cannot be built (no compiler, no AVX2/FMA), `available()` is False with the reason in
-`unavailable_reason()`, and callers keep torch's kernels.
+The instruction set is the compiler's target: `native` unless `$SPECDEC_CPU_TARGET` names another
+(`x86-64-v3`, `x86-64-v3+avxvnni`, `armv8.2-a+dotprod`, `armv8.6-a+i8mm`, ...; see target_flags).
+The library says what it was built for (kernels_isa), and it is used only where this CPU has all
+of it: an older CPU gets the reason, never an illegal instruction.
+
+Where it cannot be built or used (no compiler, no AVX2/FMA or NEON, a target this CPU lacks),
+`available()` is False with the reason in `unavailable_reason()`, and callers keep torch's kernels.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -28,7 +35,9 @@ import torch
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "quant_kq.h", "quant_rp.h")]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
+OPENMP = (["-fopenmp"], ["-Xpreprocessor", "-fopenmp", "-lomp"], [])  # tried in turn: gcc/clang, Apple clang + libomp, none
+TARGET_ENV = "SPECDEC_CPU_TARGET"
 # GGUF block formats the kernels read (ggml type ids: gguf.GGMLQuantizationType)
 QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 # the layouts weights are repacked into at load (quant_rp.h: tiles of 16 output rows); ids of our own, not GGUF's
@@ -43,7 +52,7 @@ _so_name: str | None = None
 def _cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):  # x86, aarch64
                 return line
     except OSError:
         pass
@@ -55,35 +64,85 @@ def _cache_dir() -> Path:
     return Path(d) if d else Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "kernels"
 
 
-def _build(extra_flags: list[str] | None = None) -> Path:
+def target_flags(target: str | None = None) -> list[str]:
+    """The compiler flags that build for `target` (default: $SPECDEC_CPU_TARGET, else "native"):
+    "native" -> -march=native (-mcpu=native on ARM); an ARM architecture with its extensions
+    ("armv8.2-a+dotprod") -> -march=TARGET; an ARM core ("cortex-a76", "neoverse-n1", "apple-m1") ->
+    -mcpu=TARGET; an x86 level or CPU with extensions ("x86-64-v3+avxvnni") -> -march=x86-64-v3 -mavxvnni."""
+    target = (target or os.environ.get(TARGET_ENV) or "native").strip()
+    if target == "native":
+        return ["-mcpu=native"] if platform.machine().lower() in ("aarch64", "arm64") else ["-march=native"]
+    if target.startswith("armv"):
+        return [f"-march={target}"]
+    if target.startswith(("cortex-", "neoverse-", "apple-")):
+        return [f"-mcpu={target}"]
+    arch, *extensions = target.split("+")
+    if not arch or not all(extensions):
+        raise RuntimeError(f"{TARGET_ENV}={target!r}: name a target such as native, x86-64-v3, x86-64-v3+avxvnni "
+                           "or armv8.2-a+dotprod")
+    return [f"-march={arch}", *(f"-m{e}" for e in extensions)]
+
+
+def _compile(cc: str, flags: list[str], out: Path) -> None:
+    """The library at `out`, built aside and renamed (no half files); OpenMP as the compiler allows."""
+    errors = []
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_so = Path(tmp) / out.name
+        for omp in OPENMP:
+            proc = subprocess.run([cc, *flags, *omp, *map(str, SOURCES), "-o", str(tmp_so), "-lm"],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0:
+                os.replace(tmp_so, out)
+                return
+            errors.append(proc.stderr.strip())
+    names = ", ".join(s.name for s in SOURCES)
+    raise RuntimeError(f"compiling {names} failed: {errors[0][-400:]}")
+
+
+def _build(extra_flags: list[str] | None = None, target: str | None = None) -> Path:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
-    flags = FLAGS + (extra_flags or [])
+    flags = FLAGS + target_flags(target) + (extra_flags or [])
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256("\n".join([*(s.read_text() for s in SOURCES + HEADERS), " ".join(flags), *version,
                                     _cpu_flags()]).encode())
     out = _cache_dir() / f"specdec_kernels-{key.hexdigest()[:16]}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, then rename: no half files
-        tmp_so = Path(tmp) / out.name
-        proc = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", str(tmp_so), "-lm"], capture_output=True,
-                              text=True)
-        if proc.returncode != 0:
-            names = ", ".join(s.name for s in SOURCES)
-            raise RuntimeError(f"compiling {names} failed: {proc.stderr.strip()[-400:]}")
-        os.replace(tmp_so, out)
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _compile(cc, flags, out)
     return out
 
 
-def load(extra_flags: list[str] | None = None):
-    """The loaded library (built if needed); raises RuntimeError with the reason if it cannot be."""
+def missing_features(isa: str, cpu_flags: str) -> list[str]:
+    """The features a library built for `isa` (kernels_isa: /proc/cpuinfo names, space-separated)
+    needs that `cpu_flags` (a cpuinfo flags or Features line) lacks."""
+    have = set(cpu_flags.split(":", 1)[-1].split())
+    return [f for f in isa.split() if f not in have]
+
+
+def _check_isa(lib) -> None:
+    """RuntimeError where this CPU lacks what the library was built for (it would stop on an illegal instruction)."""
+    flags = _cpu_flags()
+    if not flags:  # no /proc/cpuinfo (macOS): the compiler's target is this machine's own
+        return
+    missing = missing_features(lib.kernels_isa().decode(), flags)
+    if missing:
+        raise RuntimeError(f"the kernels were built for {lib.kernels_isa().decode()!r} ({TARGET_ENV}="
+                           f"{os.environ.get(TARGET_ENV) or 'native'}), and this CPU lacks {', '.join(missing)}; "
+                           f"unset {TARGET_ENV} or name a target this CPU has")
+
+
+def load(extra_flags: list[str] | None = None, target: str | None = None):
+    """The loaded library (built if needed, for `target`: see target_flags); raises RuntimeError with
+    the reason if it cannot be built or this CPU cannot run it."""
     global _so_name
-    so = _build(extra_flags)
+    so = _build(extra_flags, target)
     lib = ctypes.CDLL(str(so))
-    if not extra_flags:
+    lib.kernels_isa.argtypes = []
+    lib.kernels_isa.restype = ctypes.c_char_p
+    _check_isa(lib)
+    if not extra_flags and not target:
         _so_name = so.stem
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.quant_row_bytes.argtypes = [ctypes.c_int, i64]

@@ -23,6 +23,59 @@
 
 #include "simd.h"
 
+/* What this build needs of the CPU, in /proc/cpuinfo's names (cpu_kernels.py checks them at load) */
+const char *kernels_isa(void) {
+    return ""
+#if defined(__x86_64__) || defined(__i386__)
+#if defined(__AVX2__)
+           " avx2"
+#endif
+#if defined(__FMA__)
+           " fma"
+#endif
+#if defined(__F16C__)
+           " f16c"
+#endif
+#if defined(__BMI2__)
+           " bmi2"
+#endif
+#if defined(__AVX512F__)
+           " avx512f"
+#endif
+#if defined(__AVX512BW__)
+           " avx512bw"
+#endif
+#if defined(__AVX512DQ__)
+           " avx512dq"
+#endif
+#if defined(__AVX512VL__)
+           " avx512vl"
+#endif
+#if defined(__AVX512VNNI__)
+           " avx512_vnni"
+#endif
+#if defined(__AVXVNNI__)
+           " avx_vnni"
+#endif
+#endif
+#if defined(__aarch64__)
+           " asimd"
+#if defined(__ARM_FEATURE_DOTPROD)
+           " asimddp"
+#endif
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+           " i8mm"
+#endif
+#if defined(__ARM_FEATURE_FP16_VECTOR_ARITHMETIC)
+           " asimdhp"
+#endif
+#if defined(__ARM_FEATURE_SVE)
+           " sve"
+#endif
+#endif
+        ;
+}
+
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 #define QMAX_C 16
 #ifndef Q8_CHUNK
