@@ -13,6 +13,20 @@ from tests.test_dequant import gguf_py_dequantize
 
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
+# The other x86 builds, which must give the default build's bits: AVX2 alone (maddubs/madd for the dot
+# products, int16 sums in the tiles), AVX-VNNI at 256 bits, and AVX-VNNI with int32 tile sums (vpdpbusd).
+OTHER_BUILDS = {"x86-64-v3": ("x86-64-v3", []), "x86-64-v3+avxvnni": ("x86-64-v3+avxvnni", []),
+                "avxvnni-int32-sums": ("x86-64-v3+avxvnni", ["-DR_SUB16=0"])}
+
+
+@pytest.fixture(params=sorted(OTHER_BUILDS))
+def other_build(request):
+    target, flags = OTHER_BUILDS[request.param]
+    try:
+        return cpu_kernels.load(flags, target=target)
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"no {request.param} build here: {e}")
+
 
 def act_block(fmt: str) -> int:
     return 256 if fmt.endswith("_K") else 32
@@ -120,13 +134,10 @@ def test_q8_bad_inputs_give_clear_errors():
 
 
 @kernel
-def test_the_avx2_build_gives_the_same_bits():
+def test_the_other_x86_builds_give_the_same_bits(other_build):
     """Without VNNI the integer dot products go through maddubs/madd; no pair can saturate, so the
     integers, and with them every output bit, are the VNNI build's."""
-    try:
-        avx2 = cpu_kernels.load(["-mno-avx512f", "-mno-avxvnni"])
-    except (RuntimeError, OSError) as e:
-        pytest.skip(f"no AVX2 build here: {e}")
+    avx2 = other_build
     torch.manual_seed(0)
     for fmt in sorted(FORMATS):
         qtype, K = cpu_kernels.QUANT_TYPES[fmt], 512
@@ -269,13 +280,10 @@ def test_repacking_refuses_what_it_cannot_take():
 
 
 @kernel
-def test_the_avx2_build_gives_the_repacked_kernels_same_bits():
-    """The AVX2 build runs each tile as two 8-lane halves (and, without VNNI, Q8_0 as |w| . sign(a, w)):
-    the same integers and float steps per row as the AVX-512 build's 16 lanes."""
-    try:
-        avx2 = cpu_kernels.load(["-mno-avx512f", "-mno-avxvnni"])
-    except (RuntimeError, OSError) as e:
-        pytest.skip(f"no AVX2 build here: {e}")
+def test_the_other_x86_builds_give_the_repacked_kernels_same_bits(other_build):
+    """The 256-bit builds run each tile as two 8-lane halves (int16 sub-block sums, and without VNNI
+    Q8_0 as |w| . sign(a, w)): the same integers and float steps per row as the AVX-512 build's 16 lanes."""
+    avx2 = other_build
     torch.manual_seed(0)
     for fmt in REPACKABLE:
         qtype, K = cpu_kernels.QUANT_TYPES[fmt], 512
@@ -302,11 +310,57 @@ def reference_q4_0(w: np.ndarray) -> np.ndarray:
     return (d[:, None] * (q - 8)).reshape(w.shape)
 
 
+def extreme_blocks(fmt: str, rows: int, K: int, q4_0: bool = False) -> np.ndarray:
+    """Blocks whose integers are all at their largest (Q4_K: nibbles and 6-bit scales 63; Q6_K: q 63,
+    scales -128 and 127 in turn; Q8_0: -128), with small finite fp16 scales: the sums a 256-bit build
+    keeps in int16 are as large as they can be."""
+    data = random_blocks(fmt, rows, K, seed=5)
+    blocks = data.reshape(-1, {"Q4_K": 144, "Q6_K": 210, "Q8_0": 34}[fmt])
+    if fmt == "Q4_K":
+        blocks[:, 4:144] = 0xFF
+    elif fmt == "Q6_K":
+        blocks[:, :192] = 0xFF
+        blocks[:, 192:208] = np.array([0x80, 0x7F] * 8, np.uint8)
+    else:
+        blocks[:, 2:34] = 0x80
+        if q4_0:  # one -128 a block, the rest 127: re-encoded as Q4_0, nibbles 0 and 15 (127 / 16 + 8.5, clipped)
+            blocks[:, 3:34] = 0x7F
+    return data
+
+
+@kernel
+@pytest.mark.parametrize("fmt", REPACKABLE + ["Q4_0_R16"])
+def test_the_largest_integers_give_every_build_the_arithmetic(fmt, other_build):
+    """Weights and activations at their extremes (every activation +-127): the tiles' int16 sums in a
+    256-bit build must not saturate. Each build gives the quantized arithmetic's value and the same bits."""
+    K, N = 512, 32
+    src = "Q8_0" if fmt == "Q4_0_R16" else fmt
+    data = torch.from_numpy(extreme_blocks(src, N, K, q4_0=fmt == "Q4_0_R16"))
+    convert = cpu_kernels.requant_q4_0 if fmt == "Q4_0_R16" else cpu_kernels.repack
+    packed = convert(cpu_kernels.QUANT_TYPES[src], data, K)
+    x = torch.ones(6, K)
+    x[1] = -1
+    x[2, ::2] = -1
+    x[3] = torch.linspace(-3, 3, K)
+    x[4:] = torch.randn(2, K) * 10
+    y = cpu_kernels.quant_linear(x, [packed])
+    assert torch.equal(cpu_kernels.quant_linear(x, [packed], lib=other_build), y)
+    if fmt == "Q4_0_R16":
+        w = torch.from_numpy(reference_q4_0(gguf_py_dequantize(src, data.numpy(), K).numpy())).double()
+    else:
+        w = gguf_py_dequantize(fmt, data.numpy(), K).double()
+    B = act_block(src) if fmt != "Q4_0_R16" else 32
+    xq = torch.from_numpy(np.stack([(lambda q, d: q.reshape(-1, B).astype(np.float64) * d[:, None])(
+        *reference_activations(r, B)).reshape(-1) for r in x.numpy()]))
+    scale = (xq.abs() @ w.abs().T).max().item()
+    assert (y.double() - xq @ w.T).abs().max().item() < 1e-6 * scale
+
+
 @kernel
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0", "Q6_K"])
 def test_a_4_bit_draft_is_llama_cpp_q4_0_of_its_weights(fmt):
     """requant_q4_0: the weights re-encoded with llama.cpp's Q4_0 rounding, in Q4_0_R16 tiles; the GEMM
-    is the quantized arithmetic on those weights, row-count free, and the AVX2 build's bits."""
+    is the quantized arithmetic on those weights and row-count free (the other builds' bits: above)."""
     K, N = 512, 48
     qtype = cpu_kernels.QUANT_TYPES[fmt]
     data = torch.from_numpy(random_blocks(fmt, N, K, seed=4))
@@ -320,8 +374,3 @@ def test_a_4_bit_draft_is_llama_cpp_q4_0_of_its_weights(fmt):
     scale = (xq.abs() @ w.abs().T).max().item()
     assert (y.double() - xq @ w.T).abs().max().item() < 1e-6 * scale
     assert torch.equal(cpu_kernels.quant_linear(x[3:4], [(rtype, packed)]), y[3:4])
-    try:
-        avx2 = cpu_kernels.load(["-mno-avx512f", "-mno-avxvnni"])
-    except (RuntimeError, OSError):
-        return
-    assert torch.equal(cpu_kernels.quant_linear(x, [(rtype, packed)], lib=avx2), y)

@@ -103,6 +103,55 @@ typedef __m256 rvf;
 #endif
 #define RP_H (RP_ROWS / RP_W) /* register widths a tile takes: 1 (AVX-512) or 2 (AVX2) */
 
+/* A sub-block's products and its scale. Per 32-bit lane (one output row): acc = R_SUB_DOT(acc, u, s)
+ * adds the four products u * s (u: bytes 0..63, s: int8), R_SUB_SCALE(is, acc, sc) adds acc's sum
+ * times the lane's scale (sc from R_SC_U8 / R_SC_S8), R_SUB_TOTAL(o, acc) is o plus acc's sum (the
+ * 32-weight formats: no scale). R_SUB_FROM(o) starts a sum at o where the accumulator is int32;
+ * R_SUB_OFF(is, o, sc) adds o x sc where it could not (o even, |o| / 2 < 2^15). R_SUB_CAP_Q4 /
+ * R_SUB_CAP_Q6: how many R_SUB_DOTs of nibbles / 6-bit values one acc takes. The integers are the
+ * same every way, so a row's bits do not depend on which is built.
+ *  - int32 (AVX-512 VNNI; AVX-VNNI with R_SUB16 0): vpdpbusd, then vpmulld by the scale.
+ *  - int16 (256-bit, R_SUB16 1): vpmaddubsw's pair sums added as int16 (exact while CAP of them
+ *    fit: 8 x 2 x 15 x 127 and 2 x 2 x 63 x 127 < 2^15), then one vpmaddwd by the scale as an int16
+ *    pair: no vpmulld, and no vpmaddwd by ones per four products as DPBUSD without VNNI needs. */
+#ifndef R_SUB16
+#define R_SUB16 (RP_W == 8)
+#endif
+#if !R_SUB16
+typedef rvi rsub;
+#define R_SUB_ZERO() R_ZERO()
+#define R_SUB_FROM(o) R_SET1(o)
+#define R_SUB_DOT(acc, u, s) R_DPBUSD(acc, u, s)
+#define R_SUB_ADD(a, b) R_ADD(a, b)
+#define R_SC_U8(p) R_U8_32(p)
+#define R_SC_S8(p) R_S8_32(p)
+#define R_SUB_SCALE(is, acc, sc) R_ADD(is, R_MULLO(acc, sc))
+#define R_SUB_TOTAL(o, acc) (acc)
+#define R_SUB_OFF(is, o, sc) (is)
+#define R_SUB_CAP_Q4 64
+#define R_SUB_CAP_Q6 64
+#else
+typedef __m256i rsub;
+static inline __m256i r_pair16(__m256i v) { /* int32 lanes of int16 values -> (v, v) int16 pairs */
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+static inline int32_t r_half_pair(int32_t o) { /* an even o -> (o / 2, o / 2) as an int16 pair */
+    const uint32_t h = (uint16_t)(int16_t)(o / 2);
+    return (int32_t)(h | h << 16);
+}
+#define R_SUB_ZERO() _mm256_setzero_si256()
+#define R_SUB_FROM(o) _mm256_setzero_si256()
+#define R_SUB_DOT(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
+#define R_SUB_ADD(a, b) _mm256_add_epi16(a, b)
+#define R_SC_U8(p) r_pair16(R_U8_32(p))
+#define R_SC_S8(p) r_pair16(R_S8_32(p))
+#define R_SUB_SCALE(is, acc, sc) DPWSSD(is, acc, sc)
+#define R_SUB_TOTAL(o, acc) DPWSSD(R_SET1(o), acc, _mm256_set1_epi16(1))
+#define R_SUB_OFF(is, o, sc) DPWSSD(is, sc, R_SET1(r_half_pair(o)))
+#define R_SUB_CAP_Q4 8
+#define R_SUB_CAP_Q6 2
+#endif
+
 #ifndef RP_PF
 #define RP_PF 8192 /* software prefetch distance (bytes ahead in the tile's stream) */
 #endif
@@ -119,38 +168,41 @@ static inline int32_t ld32(const void *p) {
     return v;
 }
 
-/* Q4_K: per sub-block s, dot = q . a (exact), isum += sc[s] x dot; mt = sum m[j] x (32-sum a)_j;
- * f += isum x (d da) - ... as two FMAs (the K-quant kernel's float steps). Up to two activation rows
- * keep two dot chains (the low and high nibbles) so the latency does not bind. */
+/* Q4_K: per sub-block s, its 32 weights' products q . a (exact) times sc[s] into isum; mt = sum m[j]
+ * x (32-sum a)_j; f += isum x (d da) - ... as two FMAs (the K-quant kernel's float steps). The
+ * sub-block's eight integer vectors are unpacked once for all C rows. Up to two activation rows keep
+ * two product chains (the low and high nibbles) so the latency does not bind. */
 #define DEFINE_RP_Q4_K(C)                                                                            \
     static void rp_q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {               \
         enum { TWO = C <= 2 };                                                                       \
         const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
         const rvi nib = R_SET1B(0x0F);                                                               \
-        for (int h = 0; h < RP_H; h++) {                                                             \
-            rvf f[C];                                                                                \
-            for (int c = 0; c < C; c++) f[c] = R_FZERO();                                            \
-            for (int64_t ib = 0; ib < nb; ib++) {                                                    \
+        rvf f[RP_H][C];                                                                              \
+        for (int h = 0; h < RP_H; h++)                                                               \
+            for (int c = 0; c < C; c++) f[h][c] = R_FZERO();                                         \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            for (int h = 0; h < RP_H; h++) {                                                         \
                 const uint8_t *blk = w + ib * RP_Q4_K_TILE;                                          \
                 rvi is[C];                                                                           \
                 for (int c = 0; c < C; c++) is[c] = R_ZERO();                                        \
                 for (int s = 0; s < 8; s++) {                                                        \
                     RP_PREFETCH(blk, 5 * s, 5, h);                                                   \
-                    rvi dot[C], dot2[C];                                                             \
-                    for (int c = 0; c < C; c++) dot[c] = R_ZERO(), dot2[c] = R_ZERO();               \
+                    rvi q[8];                                                                        \
                     for (int r = 0; r < 4; r++) {                                                    \
                         const rvi raw = R_LOAD(blk + (4 * s + r) * 64 + 4 * RP_W * h);               \
-                        const rvi lo = R_AND(raw, nib), hi = R_AND(R_SRLI16(raw, 4), nib);           \
-                        for (int c = 0; c < C; c++) {                                                \
-                            const int8_t *x = a->q + c * K + 256 * ib + 32 * s + 4 * r;              \
-                            dot[c] = R_DPBUSD(dot[c], lo, R_SET1(ld32(x)));                          \
-                            if (TWO) dot2[c] = R_DPBUSD(dot2[c], hi, R_SET1(ld32(x + 16)));          \
-                            else dot[c] = R_DPBUSD(dot[c], hi, R_SET1(ld32(x + 16)));                \
-                        }                                                                            \
+                        q[2 * r] = R_AND(raw, nib), q[2 * r + 1] = R_AND(R_SRLI16(raw, 4), nib);     \
                     }                                                                                \
-                    const rvi sc = R_U8_32(blk + 2048 + 16 * s + RP_W * h);                          \
-                    for (int c = 0; c < C; c++)                                                      \
-                        is[c] = R_ADD(is[c], R_MULLO(TWO ? R_ADD(dot[c], dot2[c]) : dot[c], sc));    \
+                    const rvi sc = R_SC_U8(blk + 2048 + 16 * s + RP_W * h);                          \
+                    for (int c = 0; c < C; c++) {                                                    \
+                        const int8_t *x = a->q + c * K + 256 * ib + 32 * s;                          \
+                        rsub acc = R_SUB_ZERO(), acc2 = R_SUB_ZERO();                                \
+                        for (int r = 0; r < 4; r++) {                                                \
+                            acc = R_SUB_DOT(acc, q[2 * r], R_SET1(ld32(x + 4 * r)));                 \
+                            if (TWO) acc2 = R_SUB_DOT(acc2, q[2 * r + 1], R_SET1(ld32(x + 16 + 4 * r))); \
+                            else acc = R_SUB_DOT(acc, q[2 * r + 1], R_SET1(ld32(x + 16 + 4 * r)));   \
+                        }                                                                            \
+                        is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc, acc2) : acc, sc);            \
+                    }                                                                                \
                 }                                                                                    \
                 rvi mn[4];                                                                           \
                 for (int p = 0; p < 4; p++) mn[p] = R_U8_16(blk + 2176 + 32 * p + 2 * RP_W * h);     \
@@ -161,23 +213,25 @@ static inline int32_t ld32(const void *p) {
                     rvi mt = R_DPWSSD(R_ZERO(), mn[0], R_SET1(o[0]));                                \
                     for (int p = 1; p < 4; p++) mt = R_DPWSSD(mt, mn[p], R_SET1(o[p]));              \
                     const rvf da = R_FSET1(a->d[c * nb + ib]);                                       \
-                    f[c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, da), f[c]);                                \
-                    f[c] = R_FMA(R_CVT(mt), R_FMUL(ndv, da), f[c]);                                  \
+                    f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, da), f[h][c]);                          \
+                    f[h][c] = R_FMA(R_CVT(mt), R_FMUL(ndv, da), f[h][c]);                            \
                 }                                                                                    \
             }                                                                                        \
-            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[c]);                      \
         }                                                                                            \
+        for (int h = 0; h < RP_H; h++)                                                               \
+            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c]);                   \
     }
 
-/* Q6_K: per 16 weights u, dot = -32 (16-sum a)_u + q . a, isum += sc[u] x dot; f += isum x (d da). */
+/* Q6_K: per 16 weights u, isum += sc[u] x (q . a - 32 (16-sum a)_u); f += isum x (d da). */
 #define DEFINE_RP_Q6_K(C)                                                                            \
     static void rp_q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {               \
         const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
         const rvi nib = R_SET1B(0x0F), m30 = R_SET1B(0x30);                                          \
-        for (int h = 0; h < RP_H; h++) {                                                             \
-            rvf f[C];                                                                                \
-            for (int c = 0; c < C; c++) f[c] = R_FZERO();                                            \
-            for (int64_t ib = 0; ib < nb; ib++) {                                                    \
+        rvf f[RP_H][C];                                                                              \
+        for (int h = 0; h < RP_H; h++)                                                               \
+            for (int c = 0; c < C; c++) f[h][c] = R_FZERO();                                         \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            for (int h = 0; h < RP_H; h++) {                                                         \
                 const uint8_t *blk = w + ib * RP_Q6_K_TILE;                                          \
                 rvi is[C];                                                                           \
                 for (int c = 0; c < C; c++) is[c] = R_ZERO();                                        \
@@ -189,22 +243,25 @@ static inline int32_t ld32(const void *p) {
                     const rvi q1 = R_OR(R_AND(R_SRLI16(n0, 4), nib), R_AND(R_SLLI16(hb, 2), m30));   \
                     const rvi q2 = R_OR(R_AND(n1, nib), R_AND(hb, m30));                             \
                     const rvi q3 = R_OR(R_AND(R_SRLI16(n1, 4), nib), R_AND(R_SRLI16(hb, 2), m30));   \
-                    const rvi sc = R_S8_32(blk + 3072 + 16 * u + RP_W * h);                          \
+                    const rvi sc = R_SC_S8(blk + 3072 + 16 * u + RP_W * h);                          \
                     for (int c = 0; c < C; c++) {                                                    \
                         const int8_t *x = a->q + c * K + 256 * ib + 16 * u;                          \
-                        rvi dot = R_DPBUSD(R_SET1(a->o[c * K16 + 16 * ib + u]), q0, R_SET1(ld32(x))); \
-                        dot = R_DPBUSD(dot, q1, R_SET1(ld32(x + 4)));                                \
-                        dot = R_DPBUSD(dot, q2, R_SET1(ld32(x + 8)));                                \
-                        dot = R_DPBUSD(dot, q3, R_SET1(ld32(x + 12)));                               \
-                        is[c] = R_ADD(is[c], R_MULLO(dot, sc));                                      \
+                        const int32_t o = a->o[c * K16 + 16 * ib + u];                               \
+                        rsub acc = R_SUB_DOT(R_SUB_FROM(o), q0, R_SET1(ld32(x)));                    \
+                        acc = R_SUB_DOT(acc, q1, R_SET1(ld32(x + 4)));                               \
+                        if (R_SUB_CAP_Q6 < 4) is[c] = R_SUB_SCALE(is[c], acc, sc), acc = R_SUB_ZERO(); \
+                        acc = R_SUB_DOT(acc, q2, R_SET1(ld32(x + 8)));                               \
+                        acc = R_SUB_DOT(acc, q3, R_SET1(ld32(x + 12)));                              \
+                        is[c] = R_SUB_OFF(R_SUB_SCALE(is[c], acc, sc), o, sc);                       \
                     }                                                                                \
                 }                                                                                    \
                 const rvf dv = R_F16(blk + 3328 + 2 * RP_W * h);                                     \
                 for (int c = 0; c < C; c++)                                                          \
-                    f[c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[c]);        \
+                    f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]);  \
             }                                                                                        \
-            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[c]);                      \
         }                                                                                            \
+        for (int h = 0; h < RP_H; h++)                                                               \
+            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c]);                   \
     }
 
 /* The 32-weight formats: dot = q . a from the start value -o (32-sum a) (act.o), f += dot x (d da).
@@ -220,23 +277,26 @@ static inline int32_t ld32(const void *p) {
 #define R_Q8_START(o) R_ZERO()
 #endif
 #define DEFINE_RP_B32(NAME, TILE, GROUPS, BODY)                                                      \
-    static void NAME(const uint8_t *w, const act *a, float *y, int64_t ldy, int C) {                 \
+    static inline __attribute__((always_inline)) void NAME(const uint8_t *w, const act *a, float *y, int64_t ldy, \
+                                                            int C) {                                          \
         const int64_t K = a->K, nb = K / 32, K16 = K / 16;                                           \
         (void)K16;                                                                                   \
-        for (int h = 0; h < RP_H; h++) {                                                             \
-            rvf f[RP_MAXC];                                                                          \
-            for (int c = 0; c < C; c++) f[c] = R_FZERO();                                            \
-            for (int64_t ib = 0; ib < nb; ib++) {                                                    \
+        rvf f[RP_H][RP_MAXC];                                                                        \
+        for (int h = 0; h < RP_H; h++)                                                               \
+            for (int c = 0; c < C; c++) f[h][c] = R_FZERO();                                         \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            for (int h = 0; h < RP_H; h++) {                                                         \
                 const uint8_t *blk = w + ib * TILE;                                                  \
                 RP_PREFETCH(blk, 0, (TILE + 63) / 64, h);                                            \
                 rvi dot[RP_MAXC];                                                                    \
                 BODY                                                                                 \
                 const rvf dv = R_F16(blk + GROUPS * 64 + 2 * RP_W * h);                              \
                 for (int c = 0; c < C; c++)                                                          \
-                    f[c] = R_FMA(R_CVT(dot[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[c]);       \
+                    f[h][c] = R_FMA(R_CVT(dot[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]); \
             }                                                                                        \
-            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[c]);                      \
         }                                                                                            \
+        for (int h = 0; h < RP_H; h++)                                                               \
+            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c]);                   \
     }
 #define RP_Q8_0_BODY                                                                                 \
     for (int c = 0; c < C; c++) dot[c] = R_Q8_START(a->o[c * K16 + 2 * ib]);                         \
@@ -245,17 +305,22 @@ static inline int32_t ld32(const void *p) {
         for (int c = 0; c < C; c++) dot[c] = R_Q8_DOT(dot[c], raw, R_SET1(ld32(a->q + c * K + 32 * ib + 4 * g))); \
     }
 #define RP_Q4_0_BODY                                                                                 \
-    for (int c = 0; c < C; c++) dot[c] = R_SET1(a->o[c * K16 + 2 * ib]);                             \
+    rvi q[8];                                                                                        \
     for (int g = 0; g < 4; g++) {                                                                    \
         const rvi raw = R_LOAD(blk + 64 * g + 4 * RP_W * h);                                         \
-        const rvi lo = R_AND(raw, R_SET1B(0x0F)), hi = R_AND(R_SRLI16(raw, 4), R_SET1B(0x0F));       \
-        for (int c = 0; c < C; c++) {                                                                \
-            const int8_t *x = a->q + c * K + 32 * ib + 4 * g;                                        \
-            dot[c] = R_DPBUSD(dot[c], lo, R_SET1(ld32(x)));                                          \
-            dot[c] = R_DPBUSD(dot[c], hi, R_SET1(ld32(x + 16)));                                     \
+        q[2 * g] = R_AND(raw, R_SET1B(0x0F)), q[2 * g + 1] = R_AND(R_SRLI16(raw, 4), R_SET1B(0x0F)); \
+    }                                                                                                \
+    for (int c = 0; c < C; c++) {                                                                    \
+        const int8_t *x = a->q + c * K + 32 * ib;                                                    \
+        const int32_t o = a->o[c * K16 + 2 * ib];                                                    \
+        rsub acc = R_SUB_FROM(o);                                                                    \
+        for (int g = 0; g < 4; g++) {                                                                \
+            acc = R_SUB_DOT(acc, q[2 * g], R_SET1(ld32(x + 4 * g)));                                 \
+            acc = R_SUB_DOT(acc, q[2 * g + 1], R_SET1(ld32(x + 16 + 4 * g)));                        \
         }                                                                                            \
+        dot[c] = R_SUB_TOTAL(o, acc);                                                                \
     }
-/* the 32-weight kernels take C at run time (their loops over C are short; one body for every C) */
+/* the 32-weight kernels: one body, inlined into a function per C (a constant C keeps the rows' sums in registers) */
 DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY)
 DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
 #define DEFINE_RP_B32_C(f, C) \
