@@ -29,7 +29,8 @@
  *   Q4_0_R16 (288 = 16 x 18): chunk g (0..3): row i's byte b holds q[4g + b] (low nibble) and
  *     q[16 + 4g + b] (high), q = w / d + 8 in 0..15; @256 d f16 [16].
  * The offsets meet the activations' sums: act.o holds them per 16 activations, made ready for each
- * format (Q4_K: the 32-sums in int16 pairs; Q6_K: -32 x the 16-sums; the 32-weight formats: -o x
+ * format (Q4_K: the 32-sums in int16 pairs; Q6_K: -32 x the 16-sums, or in the int16 build -16 x them in
+ * int16 pairs; the 32-weight formats: -o x
  * the 32-sums, the start value of each block's dot product). */
 #ifndef SPECDEC_QUANT_RP_H
 #define SPECDEC_QUANT_RP_H
@@ -106,10 +107,10 @@ typedef __m256 rvf;
 /* A sub-block's products and its scale. Per 32-bit lane (one output row): acc = R_SUB_DOT(acc, u, s)
  * adds the four products u * s (u: bytes 0..63, s: int8), R_SUB_SCALE(is, acc, sc) adds acc's sum
  * times the lane's scale (sc from R_SC_U8 / R_SC_S8), R_SUB_TOTAL(o, acc) is o plus acc's sum (the
- * 32-weight formats: no scale). R_SUB_FROM(o) starts a sum at o where the accumulator is int32;
- * R_SUB_OFF(is, o, sc) adds o x sc where it could not (o even, |o| / 2 < 2^15). R_SUB_CAP_Q4 /
- * R_SUB_CAP_Q6: how many R_SUB_DOTs of nibbles / 6-bit values one acc takes. The integers are the
- * same every way, so a row's bits do not depend on which is built.
+ * 32-weight formats: no scale). R_SUB_FROM(o) starts a sum at o where the accumulator is int32 (Q6_K's
+ * offsets; the int16 build adds them a block at a time instead). R_SUB_CAP_Q4 / R_SUB_CAP_Q6: how
+ * many R_SUB_DOTs of nibbles / 6-bit values one acc takes. The integers are the same every way, so a
+ * row's bits do not depend on which is built.
  *  - int32 (AVX-512 VNNI; AVX-VNNI with R_SUB16 0): vpdpbusd, then vpmulld by the scale.
  *  - int16 (256-bit, R_SUB16 1): vpmaddubsw's pair sums added as int16 (exact while CAP of them
  *    fit: 8 x 2 x 15 x 127 and 2 x 2 x 63 x 127 < 2^15), then one vpmaddwd by the scale as an int16
@@ -127,17 +128,12 @@ typedef rvi rsub;
 #define R_SC_S8(p) R_S8_32(p)
 #define R_SUB_SCALE(is, acc, sc) R_ADD(is, R_MULLO(acc, sc))
 #define R_SUB_TOTAL(o, acc) (acc)
-#define R_SUB_OFF(is, o, sc) (is)
 #define R_SUB_CAP_Q4 64
 #define R_SUB_CAP_Q6 64
 #else
 typedef __m256i rsub;
 static inline __m256i r_pair16(__m256i v) { /* int32 lanes of int16 values -> (v, v) int16 pairs */
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
-}
-static inline int32_t r_half_pair(int32_t o) { /* an even o -> (o / 2, o / 2) as an int16 pair */
-    const uint32_t h = (uint16_t)(int16_t)(o / 2);
-    return (int32_t)(h | h << 16);
 }
 #define R_SUB_ZERO() _mm256_setzero_si256()
 #define R_SUB_FROM(o) _mm256_setzero_si256()
@@ -147,7 +143,9 @@ static inline int32_t r_half_pair(int32_t o) { /* an even o -> (o / 2, o / 2) as
 #define R_SC_S8(p) r_pair16(R_S8_32(p))
 #define R_SUB_SCALE(is, acc, sc) DPWSSD(is, acc, sc)
 #define R_SUB_TOTAL(o, acc) DPWSSD(R_SET1(o), acc, _mm256_set1_epi16(1))
-#define R_SUB_OFF(is, o, sc) DPWSSD(is, sc, R_SET1(r_half_pair(o)))
+/* Q6_K's scales of 16-weight groups 2j and 2j + 1 (at p and p + 16) as an int16 pair a lane */
+#define R_SC_PAIRS(p) _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p)), \
+                                                             _mm_loadl_epi64((const __m128i *)((p) + 16))))
 #define R_SUB_CAP_Q4 8
 #define R_SUB_CAP_Q6 2
 #endif
@@ -222,7 +220,24 @@ static inline int32_t ld32(const void *p) {
             for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c]);                   \
     }
 
-/* Q6_K: per 16 weights u, isum += sc[u] x (q . a - 32 (16-sum a)_u); f += isum x (d da). */
+/* Q6_K: per 16 weights u, isum += sc[u] x (q . a - 32 (16-sum a)_u); f += isum x (d da). The int16
+ * build adds the offsets once a block: act.o holds (-16 s[2j], -16 s[2j + 1]) as int16 pairs (O_PAIRS16),
+ * which meet each row's scale pairs in one vpmaddwd per two groups; twice that is the offsets' sum. */
+#if R_SUB16
+#define RP_Q6_K_OFFSETS(C)                                                                           \
+    {                                                                                                \
+        rvi scp[8];                                                                                  \
+        for (int j = 0; j < 8; j++) scp[j] = R_SC_PAIRS(blk + 3072 + 32 * j + RP_W * h);             \
+        for (int c = 0; c < C; c++) {                                                                \
+            const int32_t *o = a->o + c * K16 + 8 * ib;                                              \
+            rvi ofs = R_DPWSSD(R_ZERO(), scp[0], R_SET1(o[0]));                                      \
+            for (int j = 1; j < 8; j++) ofs = R_DPWSSD(ofs, scp[j], R_SET1(o[j]));                   \
+            is[c] = R_ADD(is[c], R_ADD(ofs, ofs));                                                   \
+        }                                                                                            \
+    }
+#else
+#define RP_Q6_K_OFFSETS(C)
+#endif
 #define DEFINE_RP_Q6_K(C)                                                                            \
     static void rp_q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {               \
         const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
@@ -246,15 +261,16 @@ static inline int32_t ld32(const void *p) {
                     const rvi sc = R_SC_S8(blk + 3072 + 16 * u + RP_W * h);                          \
                     for (int c = 0; c < C; c++) {                                                    \
                         const int8_t *x = a->q + c * K + 256 * ib + 16 * u;                          \
-                        const int32_t o = a->o[c * K16 + 16 * ib + u];                               \
-                        rsub acc = R_SUB_DOT(R_SUB_FROM(o), q0, R_SET1(ld32(x)));                    \
+                        rsub acc = R_SUB_DOT(R_SUB_FROM(R_SUB16 ? 0 : a->o[c * K16 + 16 * ib + u]), q0, \
+                                             R_SET1(ld32(x)));                                       \
                         acc = R_SUB_DOT(acc, q1, R_SET1(ld32(x + 4)));                               \
                         if (R_SUB_CAP_Q6 < 4) is[c] = R_SUB_SCALE(is[c], acc, sc), acc = R_SUB_ZERO(); \
                         acc = R_SUB_DOT(acc, q2, R_SET1(ld32(x + 8)));                               \
                         acc = R_SUB_DOT(acc, q3, R_SET1(ld32(x + 12)));                              \
-                        is[c] = R_SUB_OFF(R_SUB_SCALE(is[c], acc, sc), o, sc);                       \
+                        is[c] = R_SUB_SCALE(is[c], acc, sc);                                         \
                     }                                                                                \
                 }                                                                                    \
+                RP_Q6_K_OFFSETS(C)                                                                   \
                 const rvf dv = R_F16(blk + 3328 + 2 * RP_W * h);                                     \
                 for (int c = 0; c < C; c++)                                                          \
                     f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]);  \
@@ -336,14 +352,15 @@ RP_ALL_C(DEFINE_RP_B32_C, rp_q8_0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q4_0)
 
 /* O_*: what act.o holds for a format */
-enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4 };
+enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4, O_PAIRS16 = 5 };
 typedef struct {
     q8_fn fn[RP_MAXC + 1];
     int64_t qk, tile, act_block;
     int o_kind;
 } rp_kernels;
 static const rp_kernels RP_Q4_K = {{0, RP_ALL_C(RP_FN_OF, rp_q4_k)}, 256, RP_Q4_K_TILE, 256, O_PAIRS32};
-static const rp_kernels RP_Q6_K = {{0, RP_ALL_C(RP_FN_OF, rp_q6_k)}, 256, RP_Q6_K_TILE, 256, O_NEG32_16};
+static const rp_kernels RP_Q6_K = {{0, RP_ALL_C(RP_FN_OF, rp_q6_k)}, 256, RP_Q6_K_TILE, 256,
+                                   R_SUB16 ? O_PAIRS16 : O_NEG32_16};
 static const rp_kernels RP_Q8_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q8_0)}, 32, RP_Q8_0_TILE, 32, O_NEG128_32};
 static const rp_kernels RP_Q4_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q4_0)}, 32, RP_Q4_0_TILE, 32, O_NEG8_32};
 
@@ -365,6 +382,9 @@ static void rp_offsets(int o_kind, const int16_t *s, int64_t K, int32_t *o) {
             const int32_t lo = s[4 * j] + s[4 * j + 1], hi = s[4 * j + 2] + s[4 * j + 3];
             o[j] = (int32_t)((uint32_t)(uint16_t)(int16_t)lo | (uint32_t)(uint16_t)(int16_t)hi << 16);
         }
+    } else if (o_kind == O_PAIRS16) { /* per 32: (-16 x the two 16-sums) as int16 pairs */
+        for (int64_t j = 0; j < K16 / 2; j++)
+            o[j] = (int32_t)((uint32_t)(uint16_t)(int16_t)(-16 * s[2 * j]) | (uint32_t)(uint16_t)(int16_t)(-16 * s[2 * j + 1]) << 16);
     } else if (o_kind == O_NEG32_16) {
         for (int64_t i = 0; i < K16; i++) o[i] = -32 * s[i];
     } else { /* per 32 at o[2b] */
