@@ -14,11 +14,11 @@ from tests.test_dequant import gguf_py_dequantize
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
 # The other x86 builds, which must give the default build's bits: AVX2 alone (maddubs/madd for the dot
-# products, int16 sums in the tiles), AVX-VNNI at 256 bits, and AVX-VNNI with int32 tile sums (vpdpbusd).
+# products, int16 sums in the tiles), AVX-VNNI at 256 bits (int32 sums), and AVX-VNNI with int16 sums.
 # Each with the CPU features it needs: a host that has them must build and load it (a compile error fails).
 OTHER_BUILDS = {"x86-64-v3": ("x86-64-v3", [], "avx2 fma f16c bmi2"),
                 "x86-64-v3+avxvnni": ("x86-64-v3+avxvnni", [], "avx2 fma f16c bmi2 avx_vnni"),
-                "avxvnni-int32-sums": ("x86-64-v3+avxvnni", ["-DR_SUB16=0"], "avx2 fma f16c bmi2 avx_vnni")}
+                "avxvnni-int16-sums": ("x86-64-v3+avxvnni", ["-DR_SUB16=1"], "avx2 fma f16c bmi2 avx_vnni")}
 
 
 @pytest.fixture(params=sorted(OTHER_BUILDS))

@@ -111,12 +111,12 @@ typedef __m256 rvf;
  * offsets; the int16 build adds them a block at a time instead). R_SUB_CAP_Q4 / R_SUB_CAP_Q6: how
  * many R_SUB_DOTs of nibbles / 6-bit values one acc takes. The integers are the same every way, so a
  * row's bits do not depend on which is built.
- *  - int32 (AVX-512 VNNI; AVX-VNNI with R_SUB16 0): vpdpbusd, then vpmulld by the scale.
- *  - int16 (256-bit, R_SUB16 1): vpmaddubsw's pair sums added as int16 (exact while CAP of them
+ *  - int32 (AVX-512 VNNI, AVX-VNNI): vpdpbusd, then vpmulld by the scale.
+ *  - int16 (AVX2 without VNNI, R_SUB16 1): vpmaddubsw's pair sums added as int16 (exact while CAP of them
  *    fit: 8 x 2 x 15 x 127 and 2 x 2 x 63 x 127 < 2^15), then one vpmaddwd by the scale as an int16
  *    pair: no vpmulld, and no vpmaddwd by ones per four products as DPBUSD without VNNI needs. */
 #ifndef R_SUB16
-#define R_SUB16 (RP_W == 8)
+#define R_SUB16 (RP_W == 8 && !R_VNNI) /* AVX-VNNI: int32 measured faster (Q4_K 0.8x the time, rp_rows.c) */
 #endif
 #if !R_SUB16
 typedef rvi rsub;
