@@ -86,6 +86,7 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 
 #define Q8_TILE_BYTES (128 * 1024)
 #endif
 
+#if !SIMD_NEON
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #define DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
@@ -97,6 +98,7 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 
 #define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 #define NIB8 _mm256_set1_epi8(0x0F)
+#endif
 
 /* Q8_PAIRS: the K-quant kernels take two input rows in one 512-bit register (AVX-512BW with VNNI),
  * row c in the low 256 bits and row c + 1 in the high, the weight's integers and scales the same in
@@ -111,6 +113,7 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 
 #endif
 #endif
 
+#if !SIMD_NEON
 static inline float hsum8(__m256 v) { /* fixed order */
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
@@ -121,6 +124,7 @@ static inline int hsum8i(__m256i v) {
     __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
     return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
 }
+#endif
 
 typedef struct {
     int8_t *q;
@@ -133,6 +137,7 @@ typedef struct {
     int o_kind; /* what o holds (quant_rp.h's O_*), 0: nothing */
 } act;
 
+#if !SIMD_NEON
 /* One row of K floats in blocks of B (32 or 256): d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|). */
 static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float *d, int16_t *s, float *sa) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -162,6 +167,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
         }
     }
 }
+#endif
 
 #ifndef QPF_BYTES
 #define QPF_BYTES 1024 /* software prefetch distance within a row */
@@ -170,6 +176,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
 #define QPF_HINT _MM_HINT_T0 /* into L1 */
 #endif
 
+#if !SIMD_NEON
 #include "quant_kq.h"
 
 /* The 32-weight formats: weight = d * (u - o) (Q8_0: o = 0, u signed; Q4_0: o = 8; Q5_0: o = 16) or
@@ -194,6 +201,7 @@ static inline __m256i with_bit4(__m256i u, const uint8_t *qhp) { /* bit i of the
                                                _mm256_set1_epi8(0x10)));
 #endif
 }
+#endif
 
 /* per format: block bytes, the bytes u of a block, u signed?, o (weight = d * (u - o)), the byte
  * offset of m (Q4_1; -1: none) */
@@ -201,10 +209,12 @@ static inline __m256i with_bit4(__m256i u, const uint8_t *qhp) { /* bit i of the
 #define Q4_0_BYTES 18
 #define Q5_0_BYTES 22
 #define Q4_1_BYTES 20
+#if !SIMD_NEON
 static inline __m256i u_q8_0(const uint8_t *b) { return _mm256_loadu_si256((const __m256i *)(b + 2)); }
 static inline __m256i u_q4_0(const uint8_t *b) { return nib32(b + 2); }
 static inline __m256i u_q5_0(const uint8_t *b) { return with_bit4(nib32(b + 6), b + 2); }
 static inline __m256i u_q4_1(const uint8_t *b) { return nib32(b + 4); }
+#endif
 #define Q8_0_SIGNED 1
 #define Q4_0_SIGNED 0
 #define Q5_0_SIGNED 0
@@ -218,6 +228,9 @@ static inline __m256i u_q4_1(const uint8_t *b) { return nib32(b + 4); }
 #define Q5_0_M (-1)
 #define Q4_1_M 2
 
+#if SIMD_NEON
+#include "quant_neon.h" /* quantize_row and the raw-block kernels (DEFINE_B32, DEFINE_Q4_K, DEFINE_Q6_K) in NEON */
+#else
 /* the fp16 at p, p + stride, ..., 8 of them, as floats */
 static inline __m256 halves8(const uint8_t *p, int64_t stride) {
 #if defined(__F16C__)
@@ -294,6 +307,7 @@ static inline __m256i lane_sums8(const __m256i *p) {
             y[c * ldy] = r;                                                                          \
         }                                                                                            \
     }
+#endif
 
 typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
 int64_t quant_row_bytes(int type, int64_t K);
