@@ -131,6 +131,69 @@ def test_kernels_give_the_x86_bits_on_every_aarch64_build(builds, tmp_path):
         assert_same_bits(ref, got, f"{key[0]} on {key[1]}")
 
 
+FORWARD_LAYERS = 30  # SmolLM2-135M's every layer
+
+
+def forward_inputs(model, layers: int) -> dict[str, np.ndarray]:
+    """One forward_layers call's structs as the Python loader builds them (model.cpu_forward), as blobs
+    fw_harness.h rebuilds them from, with 6 positions' embeddings and RoPE rows."""
+    import ctypes
+    import torch
+    cf = model.cpu_forward
+    D, H, KV, hd, inter = cf.dims
+    at = lambda ptr, n: np.frombuffer(ctypes.string_at(ptr, n), np.uint8)  # noqa: E731
+    blobs = {"dims": np.array([layers, D, H, KV, hd, inter], np.int64),
+             "eps_scale": np.array([cf.eps, cf.scale], np.float32)}
+    for i in range(layers):
+        ly = cf.layers[i]
+        for name, n in (("ln1", D), ("ln2", D), ("attn_post", D), ("mlp_post", D), ("q_norm", hd), ("k_norm", hd)):
+            if getattr(ly, name):
+                blobs[f"l{i}_{name}"] = at(getattr(ly, name), 4 * n)
+        blobs[f"l{i}_flags"] = np.array([ly.local, ly.act], np.int32)
+        for lin in ("qkv", "o", "gate_up", "down"):
+            li = getattr(ly, lin)
+            meta = [li.n_parts, li.N, li.K, int(bool(li.bias))]
+            if li.bias:
+                blobs[f"l{i}_{lin}_bias"] = at(li.bias, 4 * li.N)
+            for p in range(li.n_parts):
+                part = li.parts[p]
+                meta += [part.type, part.rows]
+                blobs[f"l{i}_{lin}_p{p}"] = at(part.data, part.rows * cpu_kernels.quant_row_bytes(part.type, li.K))
+            blobs[f"l{i}_{lin}_meta"] = np.array(meta, np.int64)
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        blobs["x"] = model.model.embed_tokens(torch.randint(0, 1000, (6,))).float().numpy()
+    blobs["cos"], blobs["sin"] = (t[:6].float().contiguous().numpy() for t in (model.rope_cos, model.rope_sin))
+    return blobs
+
+
+@cross
+@pytest.mark.real
+@pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernels unavailable: {cpu_kernels.unavailable_reason()}")
+def test_forward_layers_gives_the_x86_bits_on_aarch64(builds, tmp_path, smollm2_path):
+    from specdec.model import load_model
+    model = load_model(str(smollm2_path), device="cpu", progress=lambda *a: None).module
+    assert model.cpu_forward is not None
+    inputs = tmp_path / "forward.bin"
+    blobs = forward_inputs(model, FORWARD_LAYERS)
+    write_blobs(inputs, blobs)
+    runs = {"x86": (builds["x86"], None), "dotprod": (builds["dotprod"], "neoverse-n1")}
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda k: run(runs[k][0], ["--forward", str(inputs), str(tmp_path / k)], runs[k][1]), runs))
+    ref, got = read_blobs(tmp_path / "x86"), read_blobs(tmp_path / "dotprod")
+    assert sorted(ref) == ["forward_T1", "forward_T5", "forward_k", "forward_v"]
+    # the harness rebuilt the call: the library built for x86-64-v3, called by CpuForward, gives its bytes
+    import torch
+    cf, x = model.cpu_forward, torch.from_numpy(blobs["x"].copy())[None]
+    cf.lib = cpu_kernels.load(target="x86-64-v3")
+    cache, causal = model.new_cache(16), torch.ones(5, 16, dtype=torch.bool).tril()
+    with torch.inference_mode():
+        t5 = cf.run(x[:, :5].clone(), model.layer_inputs(torch.arange(5)[None], 0, causal), cache, 0)
+        t1 = cf.run(x[:, 5:].clone(), model.layer_inputs(torch.arange(5, 6)[None], 5, None), cache, 5)
+    assert t5.numpy().tobytes() == ref["forward_T5"] and t1.numpy().tobytes() == ref["forward_T1"]
+    assert_same_bits(ref, got, "forward_layers, dotprod on neoverse-n1")
+
+
 def test_missing_features_names_what_the_cpu_lacks():
     assert cpu_kernels.missing_features(" asimd asimddp i8mm", "Features : fp asimd asimddp") == ["i8mm"]
     assert cpu_kernels.missing_features(" asimd asimddp", "Features\t: fp asimd evtstrm asimddp") == []
