@@ -7,6 +7,9 @@
  * Numerics: each output row is computed by the same code whatever the number of rows, so a verify
  * pass gives the same bits as one-token steps for the same query and visible keys.
  *
+ * The vector code is written once on simd.h's vec (AVX-512, AVX2, or NEON as two float32x4 halves with
+ * the AVX2 build's reduction order): aarch64 gets the x86-64-v3 build's bits (tests/test_arm.py).
+ *
  * Built with the other kernels into one library by specdec/model/cpu_kernels.py.
  */
 #include <math.h>

@@ -4,7 +4,8 @@
  *
  * Exact: every weight is the same fp32 value gguf-py computes (the same operations in the same
  * order: the block scale d (fp16, widened exactly) times the sub-block scale is exact in fp32; then
- * one multiply, or a multiply-add whose product is exact).
+ * one multiply, or a multiply-add whose product is exact). AVX-512, AVX2 or, on aarch64, NEON (the
+ * integers from simd.h's decoders, the same float operations).
  */
 #include <stdint.h>
 #include <string.h>

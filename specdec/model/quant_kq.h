@@ -1,7 +1,8 @@
 /* The K-quant kernels of quant_q8.c (Q4_K, Q6_K: 256-weight blocks of 8 sub-blocks of 32, against
  * 8-bit activations in 256-value blocks): the templates DEFINE_Q4_K(C) and DEFINE_Q6_K(C) of q4_k_cC and
  * q6_k_cC, which quant_q8.c instantiates for C = 1..16 input rows. Included by quant_q8.c only, after its
- * act type, DPBUSD, hsum8, Q8_PAIRS and the prefetch settings. */
+ * act type, DPBUSD, hsum8, Q8_PAIRS and the prefetch settings; x86 only (the NEON build's are in
+ * quant_neon.h, with the same float steps). */
 #ifndef SPECDEC_QUANT_KQ_H
 #define SPECDEC_QUANT_KQ_H
 

@@ -6,12 +6,15 @@
  * block: 256 values for the K-quants, as llama.cpp's Q8_K; 32 for the 32-weight formats, as Q8_0/Q8_1),
  * and the weights' integers meet the activations' in integer dot products (VNNI vpdpbusd/vpdpwssd
  * where the CPU has them, else AVX2's maddubs/madd, which give the same integers here: no sum can
- * saturate). The block scales are applied in fp32 once per block.
+ * saturate; on aarch64 NEON's sdot, or without dotprod its floor of widening multiplies: quant_neon.h).
+ * The block scales are applied in fp32 once per block.
  *
  * Not the fp32 model's bits (the activations are rounded to 8 bits), but deterministic per row: a
  * row's integers are exact, its float operations run in a fixed order that does not depend on the
  * row count or the thread count, so a verify pass of k + 1 rows gives each row exactly what a
  * one-row step gives it, and greedy speculative decoding stays token for token plain decoding.
+ * The float operations are the same in every build (x86-64-v3, AVX-512, aarch64 with or without
+ * dotprod and i8mm), so a row's bits are the same on every CPU (tests/test_arm.py).
  *
  * Layout of a quantized activation row (act): q int8 [K]; d float [K / B] (the block scales);
  * s int16 [K / 16] (sums of each 16 q's: the K-quants' offsets); sa float [K / 32] (32-weight

@@ -12,8 +12,9 @@
  * A kernel takes one tile against C <= RP_MAXC activation rows; the weights are unpacked once for
  * all C rows. Per output lane the integer sums are exact and the float operations (one conversion and
  * two FMAs a block for Q4_K, one for the others) run in block order whatever C is, and in the same
- * order in the AVX2 build (two 8-lane halves) as in the AVX-512 one: a row's bits depend on neither
- * the row count nor the build.
+ * order in the AVX2 build (two 8-lane halves) and the NEON one (four 4-lane quarters: sdot, or its
+ * floor without dotprod) as in the AVX-512 one: a row's bits depend on neither the row count nor the
+ * build (tests/test_arm.py). The kernel bodies are written once, in the R_* macros each build defines.
  *
  * Tile layouts, per block (bytes; row i of the tile is lane i; "chunk" = 64 bytes, 4 per row):
  *   Q4_K_R16 (2368 = 16 x 148): chunk 4s + r (s = sub-block 0..7, r = 0..3): row i's byte b holds
