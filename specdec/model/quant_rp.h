@@ -323,8 +323,19 @@ static inline int32_t ld32(const void *p) {
 /* the 32-weight kernels take C at run time (their loops over C are short; one body for every C) */
 DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY)
 DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
+#if SIMD_NEON && defined(__ARM_FEATURE_MATMUL_INT8)
+#include "quant_rp_mm.h" /* two input rows at a time in smmla: rp_b32_mm */
+#define RP_MM_rp_q8_0 0 /* rp_b32_mm's q4 */
+#define RP_MM_rp_q4_0 1
+#define DEFINE_RP_B32_C(f, C)                                                                        \
+    static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                   \
+        if (C >= 2) rp_b32_mm(w, a, y, ldy, C, RP_MM_##f);                                          \
+        else f##_any(w, a, y, ldy, C);                                                               \
+    }
+#else
 #define DEFINE_RP_B32_C(f, C) \
     static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) { f##_any(w, a, y, ldy, C); }
+#endif
 
 #define RP_ALL_C(X, f) X(f, 1) X(f, 2) X(f, 3) X(f, 4) X(f, 5) X(f, 6) X(f, 7) X(f, 8)
 #define RP_DEF_Q4_K(f, C) DEFINE_RP_Q4_K(C)
