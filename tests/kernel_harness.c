@@ -1,8 +1,9 @@
-/* Runs the CPU kernels (specdec/model/*.c, linked in) on the inputs tests/test_arm.py writes and writes
- * every output, so that builds for different instruction sets (x86-64-v3, aarch64 under qemu) can be
- * compared bit for bit.
+/* Runs the CPU kernels of specdec/model (quant_q8.c included, the other sources linked) on the inputs
+ * tests/test_arm.py writes and writes every output, so that builds for different instruction sets
+ * (x86-64-v3, aarch64 under qemu) can be compared bit for bit.
  *
  * Files: a sequence of named blobs, each u32 name length, the name, u64 byte count, the bytes.
+ * Build: the compiler flags of the library, this file (which includes quant_q8.c) and the other sources.
  * Usage: kernel_harness IN OUT            the kernels on the inputs of IN
  *        kernel_harness --forward DIR OUT  forward_layers on a dumped call (fw_harness.h)
  */
@@ -11,14 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int64_t quant_row_bytes(int type, int64_t K);
+#include "quant_q8.c" /* in this unit: rsub_check below uses its R_* primitives */
 void quant_dequantize(int type, const uint8_t *W, float *out, int64_t rows, int64_t K);
-int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
-                  int64_t n, int64_t ldx, int64_t ldy, int nthreads);
-int quant_repacked_type(int type);
-int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads);
-int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads);
-void quant_q8_activations(const float *x, int64_t K, int64_t B, int8_t *q, float *d, int16_t *s, float *sa);
 void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t dim, int64_t ldx, float eps);
 void head_norm(float *y, const float *w, int64_t T, int64_t heads, int64_t hd, int64_t ldy, float eps);
 void rope(float *x, const float *cos, const float *sin, int64_t B, int64_t T, int64_t heads, int64_t D,
@@ -92,6 +87,55 @@ static void gemms(const char *tag, int type, const uint8_t *W, const float *X, c
     free(Y);
 }
 
+/* The repacked tiles' per-sub-block primitives (R_SUB_*: a sub-block's products summed, then scaled,
+ * at most R_SUB_CAP_* products a sum) give the integers the kernel bodies' R_DPBUSD and R_MULLO give,
+ * on every quarter of one Q4_K_R16 and one Q6_K_R16 block against activations x; where the build
+ * defines them. Exits on a difference. */
+#if defined(R_SUB_ZERO)
+static void same_ints(rvi a, rvi b, const char *what) {
+    if (memcmp(&a, &b, sizeof a)) die("R_SUB_* differ from R_DPBUSD, R_MULLO on", what);
+}
+static void rsub_check(int type, const uint8_t *blk, const int8_t *x) {
+    const rvi nib = R_SET1B(0x0F), m30 = R_SET1B(0x30);
+    for (int h = 0; h < RP_H; h++) {
+        rvi is = R_ZERO(), ref = R_ZERO();
+        for (int s = 0; s < (type == 12 ? 8 : 16); s++) { /* Q4_K: sub-blocks of 32; Q6_K: of 16 */
+            rsub acc = R_SUB_ZERO();
+            rvi dot = R_ZERO(), q[8], xv[8];
+            if (type == 12)
+                for (int r = 0; r < 4; r++) {
+                    const rvi raw = R_LOAD(blk + (4 * s + r) * 64 + 4 * RP_W * h);
+                    q[2 * r] = R_AND(raw, nib), q[2 * r + 1] = R_AND(R_SRLI16(raw, 4), nib);
+                    xv[2 * r] = R_SET1(ld32(x + 32 * s + 4 * r)), xv[2 * r + 1] = R_SET1(ld32(x + 32 * s + 16 + 4 * r));
+                }
+            else {
+                const uint8_t *b = blk + 192 * s + 4 * RP_W * h;
+                const rvi n0 = R_LOAD(b), n1 = R_LOAD(b + 64), hb = R_LOAD(b + 128);
+                q[0] = R_OR(R_AND(n0, nib), R_AND(R_SLLI16(hb, 4), m30));
+                q[1] = R_OR(R_AND(R_SRLI16(n0, 4), nib), R_AND(R_SLLI16(hb, 2), m30));
+                q[2] = R_OR(R_AND(n1, nib), R_AND(hb, m30));
+                q[3] = R_OR(R_AND(R_SRLI16(n1, 4), nib), R_AND(R_SRLI16(hb, 2), m30));
+                for (int j = 0; j < 4; j++) xv[j] = R_SET1(ld32(x + 16 * s + 4 * j));
+            }
+            const int n = type == 12 ? 8 : 4, cap = type == 12 ? R_SUB_CAP_Q4 : R_SUB_CAP_Q6;
+            const uint8_t *sp = type == 12 ? blk + 2048 + 16 * s + RP_W * h : blk + 3072 + 16 * s + RP_W * h;
+            for (int j = 0; j < n; j++) {
+                dot = R_DPBUSD(dot, q[j], xv[j]);
+                acc = R_SUB_DOT(acc, q[j], xv[j]);
+                if ((j + 1) % cap == 0 || j == n - 1) {
+                    is = R_SUB_SCALE(is, acc, type == 12 ? R_SC_U8(sp) : R_SC_S8(sp));
+                    acc = R_SUB_ZERO();
+                }
+            }
+            ref = R_ADD(ref, R_MULLO(dot, type == 12 ? R_U8_32(sp) : R_S8_32(sp)));
+        }
+        same_ints(is, ref, type == 12 ? "Q4_K_R16" : "Q6_K_R16");
+    }
+}
+#else
+static void rsub_check(int type, const uint8_t *blk, const int8_t *x) { (void)type, (void)blk, (void)x; }
+#endif
+
 /* one GGUF format: its activations, dequantized weights, GEMMs on the blocks, the repacked tiles and
  * their GEMMs, and the Q4_0 re-encoding and its GEMMs */
 static void format(int type) {
@@ -131,6 +175,15 @@ static void format(int type) {
         if (quant_repack(type, W, R, N, K, 2) != rtype) die("repack failed", "");
         snprintf(name, sizeof name, "repack_%d", type);
         put(name, R, N * quant_row_bytes(rtype, K));
+        if (type == T_Q4_K || type == T_Q6_K) {
+            int8_t q[512];
+            float d[16], sa[16];
+            int16_t s16[32];
+            for (int r = 0; r < 16; r++) { /* every input row against the first tile's first block */
+                quant_q8_activations(X + r * K, K, B, q, d, s16, sa);
+                rsub_check(type, R, q);
+            }
+        }
         snprintf(name, sizeof name, "gemm_%d_repacked", type);
         gemms(name, rtype, R, X, bias, Nv, K);
         free(R);
