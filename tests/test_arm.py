@@ -195,6 +195,13 @@ def test_forward_layers_gives_the_x86_bits_on_aarch64(builds, tmp_path, smollm2_
     assert_same_bits(ref, got, "forward_layers, dotprod on neoverse-n1")
 
 
+@cross
+def test_the_library_builds_for_aarch64_with_the_loaders_flags(tmp_path):
+    out = tmp_path / "kernels.so"
+    cpu_kernels._compile(CROSS_CC, cpu_kernels.FLAGS + cpu_kernels.target_flags("armv8.2-a+dotprod"), out)
+    assert out.read_bytes()[18:20] == struct.pack("<H", 183)  # ELF e_machine: EM_AARCH64
+
+
 def test_missing_features_names_what_the_cpu_lacks():
     assert cpu_kernels.missing_features(" asimd asimddp i8mm", "Features : fp asimd asimddp") == ["i8mm"]
     assert cpu_kernels.missing_features(" asimd asimddp", "Features\t: fp asimd evtstrm asimddp") == []
