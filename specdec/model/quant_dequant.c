@@ -166,10 +166,8 @@ static inline vec piece_f(__m256i q, int v, int sgn) {
     return q_to_f((v & 1) ? _mm_srli_si128(h, 8) : h, sgn);
 #endif
 }
-#define NIB _mm256_set1_epi8(0x0F)
 static inline void g32_q4_k(const uint8_t *b, int s, const float *pre, vec *w) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
-    const __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, NIB);
+    const __m256i q = q4_k_group(b, s);
     const vec d = VBCAST(pre + s), m = VBCAST(pre + 8 + s);
     for (int v = 0; v < NV; v++) w[v] = VFMA(d, piece_f(q, v, 0), m);
 }

@@ -242,6 +242,11 @@ static inline u8x32 u_q6_k(const uint8_t *b, int s) {
 #endif
 
 #if defined(__AVX2__)
+/* Q4_K sub-block s (weights 32 s .. 32 s + 31, 0..15) as 32 bytes, as q4_k_values */
+static inline __m256i q4_k_group(const uint8_t *b, int s) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
+    return _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+}
 /* Q6_K (210-byte blocks of 256): the 6-bit values q (0..63, before the -32) of group s (weights
  * 32 s .. 32 s + 31) as 32 bytes: half h = s / 4, quarter t = s % 4 within it; low nibbles from ql,
  * two high bits from qh */
