@@ -8,6 +8,7 @@ attention, the gates, and forward_layers on SmolLM2-135M) must be byte for byte 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import struct
 import subprocess
@@ -32,8 +33,12 @@ ARM_BUILDS = {"i8mm": ("armv8.6-a+i8mm+dotprod", ["max"]),
               "neon": ("armv8-a", ["cortex-a72"])}
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 
+X86_V3 = {"avx2", "fma", "f16c", "bmi2"}  # what the reference build (x86-64-v3) runs on
 cross = pytest.mark.skipif(not (shutil.which(CROSS_CC) and shutil.which(QEMU) and shutil.which("gcc")),
                            reason=f"needs gcc, {CROSS_CC} and {QEMU} (apt: gcc-aarch64-linux-gnu qemu-user)")
+x86_host = pytest.mark.skipif(platform.machine() != "x86_64" or cpu_kernels.missing_features(" ".join(X86_V3),
+                                                                                             cpu_kernels._cpu_flags()),
+                              reason="the reference build is x86-64-v3: needs an x86 host with AVX2, FMA, F16C, BMI2")
 
 
 def write_blobs(path: Path, blobs: dict[str, np.ndarray]) -> None:
@@ -113,6 +118,7 @@ def assert_same_bits(ref: dict[str, bytes], got: dict[str, bytes], what: str) ->
 
 
 @cross
+@x86_host
 def test_kernels_give_the_x86_bits_on_every_aarch64_build(builds, tmp_path):
     inputs = tmp_path / "in.bin"
     write_blobs(inputs, kernel_inputs())
@@ -169,6 +175,7 @@ def forward_inputs(model, layers: int) -> dict[str, np.ndarray]:
 
 
 @cross
+@x86_host
 @pytest.mark.real
 @pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernels unavailable: {cpu_kernels.unavailable_reason()}")
 def test_forward_layers_gives_the_x86_bits_on_aarch64(builds, tmp_path, smollm2_path):
