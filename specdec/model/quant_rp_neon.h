@@ -1,19 +1,14 @@
 /* quant_rp.h's R_* primitives for NEON (aarch64): RP_W 4, so a 64-byte chunk is read as four 16-byte
  * quarters (RP_H = 4), lane i of quarter h = row 4h + i; each lane runs the x86 builds' integer and float
- * steps, so the bits are theirs. Included by quant_rp.h only. */
+ * steps, so the bits are theirs. Included by quant_rp.h only, after quant_neon.h. */
 #ifndef SPECDEC_QUANT_RP_NEON_H
 #define SPECDEC_QUANT_RP_NEON_H
 
 #define RP_W 4
 typedef int32x4_t rvi;
 typedef float32x4_t rvf;
-static inline int32x4_t r_dot4(int32x4_t acc, int32x4_t a, int32x4_t b) { /* sdot, or its exact floor */
-#if defined(__ARM_FEATURE_DOTPROD)
-    return vdotq_s32(acc, vreinterpretq_s8_s32(a), vreinterpretq_s8_s32(b));
-#else
-    const int8x16_t x = vreinterpretq_s8_s32(a), y = vreinterpretq_s8_s32(b);
-    return vpadalq_s16(acc, vpaddq_s16(vmull_s8(vget_low_s8(x), vget_low_s8(y)), vmull_high_s8(x, y)));
-#endif
+static inline int32x4_t r_dot4(int32x4_t acc, int32x4_t a, int32x4_t b) { /* quant_neon.h's dot4 (sdot or its floor) */
+    return dot4(acc, vreinterpretq_s8_s32(a), vreinterpretq_s8_s32(b));
 }
 static inline int32x4_t r_dpwssd(int32x4_t acc, int32x4_t a, int32x4_t b) { /* int16 pairs, summed per lane */
     const int16x8_t x = vreinterpretq_s16_s32(a), y = vreinterpretq_s16_s32(b);
