@@ -74,17 +74,20 @@ static void *alloc(size_t n) {
     return p;
 }
 
-/* quant_gemm_q8 on W (N rows) against the first n rows of X for n = 1..16: every kernel row count */
-static void gemms(const char *tag, int type, const uint8_t *W, const float *X, const float *bias, int64_t N, int64_t K) {
-    float *Y = alloc(sizeof(float) * 16 * N);
+/* quant_gemm_q8 on W (N rows) against the first n rows of X for n = 1..16 (every kernel row count), and
+ * 23 rows (a prefill's chunks: X's 16 rows, then its first 7 again) */
+static void gemms(const char *tag, int type, const uint8_t *W, const float *X16, const float *bias, int64_t N, int64_t K) {
+    float *Y = alloc(sizeof(float) * 23 * N), *X = alloc(sizeof(float) * 23 * K);
+    memcpy(X, X16, sizeof(float) * 16 * K);
+    memcpy(X + 16 * K, X16, sizeof(float) * 7 * K);
     char name[96];
-    for (int n = 1; n <= 16; n++) {
-        memset(Y, 0, sizeof(float) * 16 * N);
+    for (int n = 1; n <= 23; n += n == 16 ? 7 : 1) {
+        memset(Y, 0, sizeof(float) * 23 * N);
         if (quant_gemm_q8(type, W, X, n & 1 ? bias : 0, Y, N, K, n, K, N, 2)) die("gemm refused", tag);
         snprintf(name, sizeof name, "%s_n%d", tag, n);
         put(name, Y, sizeof(float) * n * N);
     }
-    free(Y);
+    free(Y), free(X);
 }
 
 /* The repacked tiles' per-sub-block primitives (R_SUB_*: a sub-block's products summed, then scaled,
