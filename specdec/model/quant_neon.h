@@ -28,7 +28,9 @@ static inline int32x4_t dot4u(int32x4_t acc, uint8x16_t u, const int8_t *x) { /*
 }
 
 /* One row of K floats in blocks of B (32 or 256): d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|);
- * s: the 16-sums of q, sa (B = 32): d x the block's q sum. */
+ * s: the 16-sums of q, sa (B = 32): d x the block's q sum. The x86 bits for every block but one whose
+ * max|x| is below 127 / FLT_MAX (3.7e-37): 127 / max|x| is infinite there, and x86's conversion makes
+ * every q -128 where vcvtnq saturates (meaningless either way). */
 static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float *d, int16_t *s, float *sa) {
     for (int64_t b0 = 0; b0 < K; b0 += B) {
         float32x4_t m = vdupq_n_f32(0.0f);
