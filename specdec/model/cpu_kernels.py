@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
-HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "quant_kq.h", "quant_rp.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "quant_kq.h", "quant_rp.h", "quant_neon.h", "quant_rp_neon.h", "quant_rp_mm.h")]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
 OPENMP = (["-fopenmp"], ["-Xpreprocessor", "-fopenmp", "-lomp"], [])  # tried in turn: gcc/clang, Apple clang + libomp, none
 TARGET_ENV = "SPECDEC_CPU_TARGET"

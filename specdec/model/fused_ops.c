@@ -7,6 +7,9 @@
  * Numerics: each output row is computed by the same code whatever the number of rows, so a verify
  * pass gives the same bits as one-token steps for the same query and visible keys.
  *
+ * The vector code is written once on simd.h's vec (AVX-512, AVX2, or NEON as two float32x4 halves with
+ * the AVX2 build's reduction order): aarch64 gets the x86-64-v3 build's bits (tests/test_arm.py).
+ *
  * Built with the other kernels into one library by specdec/model/cpu_kernels.py.
  */
 #include <math.h>
@@ -15,14 +18,32 @@
 
 #include "simd.h"
 
-/* out[i, :] = w * (x[i, :] / sqrt(mean(x[i, :]^2) + eps)), rows of x at stride ldx, out contiguous. */
+/* sum of x[j]^2 in the order the x86-64-v3 build's vectorized reduction (below) takes: 8 lanes over
+ * whole 8s, the rest into lane 0, then the lanes in turn from 0 */
+static inline float sum_squares8(const float *x, int64_t dim) {
+    float l[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, ss = 0.f;
+    int64_t j = 0;
+    for (; j + 8 <= dim; j += 8)
+        for (int k = 0; k < 8; k++) l[k] += x[j + k] * x[j + k];
+    for (; j < dim; j++) l[0] += x[j] * x[j];
+    for (int k = 0; k < 8; k++) ss += l[k];
+    return ss;
+}
+
+/* out[i, :] = w * (x[i, :] / sqrt(mean(x[i, :]^2) + eps)), rows of x at stride ldx, out contiguous.
+ * On aarch64 the sum of squares is sum_squares8 (the AVX2 build's bits: the compiler's 4-lane
+ * reduction would take another order). */
 void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t dim, int64_t ldx, float eps) {
     for (int64_t i = 0; i < n; i++) {
         const float *xi = x + i * ldx;
         float *oi = out + i * dim;
+#if SIMD_NEON
+        const float ss = sum_squares8(xi, dim);
+#else
         float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
         for (int64_t j = 0; j < dim; j++) ss += xi[j] * xi[j];
+#endif
         float r = 1.f / sqrtf(ss / (float)dim + eps);
 #pragma omp simd
         for (int64_t j = 0; j < dim; j++) oi[j] = w[j] * (xi[j] * r);
@@ -239,7 +260,26 @@ static inline float silu_mul1(float x, float u) {
 
 /* silu_mul1 on VL lanes: the same operations in the same order (the build does not contract a * b + c
  * into FMAs, -std=c11), so each lane gets silu_mul1's bits. */
-#if VL == 16
+#if SIMD_NEON
+typedef struct {
+    uint32x4_t lo, hi;
+} vmask;
+static inline vmask v_lt(vec a, vec b) {
+    vmask m = {vcltq_f32(a.lo, b.lo), vcltq_f32(a.hi, b.hi)};
+    return m;
+}
+static inline vec v_blend(vmask m, vec a, vec b) { return v_pair(vbslq_f32(m.lo, a.lo, b.lo), vbslq_f32(m.hi, a.hi, b.hi)); }
+static inline vec v_sub(vec a, vec b) { return v_pair(vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)); }
+static inline vec v_div(vec a, vec b) { return v_pair(vdivq_f32(a.lo, b.lo), vdivq_f32(a.hi, b.hi)); }
+static inline float32x4_t v_scale4(float32x4_t n) { /* 2^n for integral n (truncation, as cvttps) */
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
+}
+#define VLT(a, b) v_lt(a, b)
+#define VBLEND(m, a, b) v_blend(m, a, b) /* m ? a : b */
+#define VSUB(a, b) v_sub(a, b)
+#define VDIV(a, b) v_div(a, b)
+#define VSCALE(n) v_pair(v_scale4((n).lo), v_scale4((n).hi))
+#elif VL == 16
 typedef __mmask16 vmask;
 #define VLT(a, b) _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)
 #define VBLEND(m, a, b) _mm512_mask_blend_ps(m, b, a) /* m ? a : b */

@@ -4,7 +4,8 @@
  *
  * Exact: every weight is the same fp32 value gguf-py computes (the same operations in the same
  * order: the block scale d (fp16, widened exactly) times the sub-block scale is exact in fp32; then
- * one multiply, or a multiply-add whose product is exact).
+ * one multiply, or a multiply-add whose product is exact). AVX-512, AVX2 or, on aarch64, NEON (the
+ * integers from simd.h's decoders, the same float operations).
  */
 #include <stdint.h>
 #include <string.h>
@@ -17,6 +18,99 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 
 /* Per format, `prep` decodes a block's scales once (into pre[]), and `g32` gives group s (32 weights)
  * of the block as 32/VL fp32 vectors, in order of K, from the packed bits in registers. */
 #define NV (32 / VL)
+#if SIMD_NEON
+/* NEON (VL 8: a vec is two float32x4): the integers from simd.h's decoders, then the x86 build's float
+ * operations (the same products and FMAs, so the same bits). */
+static inline vec vf_u8(uint8x8_t b) { /* 8 bytes -> 8 float lanes */
+    const uint16x8_t w = vmovl_u8(b);
+    return v_pair(vcvtq_f32_u32(vmovl_u16(vget_low_u16(w))), vcvtq_f32_u32(vmovl_high_u16(w)));
+}
+static inline vec vf_s8(int8x8_t b) {
+    const int16x8_t w = vmovl_s8(b);
+    return v_pair(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), vcvtq_f32_s32(vmovl_high_s16(w)));
+}
+/* the 32 integers of u (minus off, as int8 where off) as NV float vectors */
+static inline void pieces(u8x32 u, int off, vec *f) {
+    const uint8x16_t o = vdupq_n_u8((uint8_t)off);
+    const int8x16_t lo = vreinterpretq_s8_u8(vsubq_u8(u.lo, o)), hi = vreinterpretq_s8_u8(vsubq_u8(u.hi, o));
+    if (off) {
+        f[0] = vf_s8(vget_low_s8(lo)), f[1] = vf_s8(vget_high_s8(lo)), f[2] = vf_s8(vget_low_s8(hi)), f[3] = vf_s8(vget_high_s8(hi));
+    } else {
+        f[0] = vf_u8(vget_low_u8(u.lo)), f[1] = vf_u8(vget_high_u8(u.lo)), f[2] = vf_u8(vget_low_u8(u.hi)), f[3] = vf_u8(vget_high_u8(u.hi));
+    }
+}
+static inline void pieces_s8(u8x32 u, vec *f) { /* the bytes as int8 */
+    const int8x16_t lo = vreinterpretq_s8_u8(u.lo), hi = vreinterpretq_s8_u8(u.hi);
+    f[0] = vf_s8(vget_low_s8(lo)), f[1] = vf_s8(vget_high_s8(lo)), f[2] = vf_s8(vget_low_s8(hi)), f[3] = vf_s8(vget_high_s8(hi));
+}
+#define Q4_K_QK 256
+#define Q4_K_BYTES 144
+#define Q4_K_PRE 16
+static inline void prep_q4_k(const uint8_t *b, float *pre) { /* d x the scales, -(dmin x the mins) */
+    const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
+    uint32_t u[4];
+    q4_k_scale_bytes(b, u);
+    const uint8_t *sc = (const uint8_t *)u;
+    for (int i = 0; i < 8; i++) pre[i] = d * (float)sc[i], pre[8 + i] = -(dmin * (float)sc[8 + i]);
+}
+static inline void g32_q4_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    vec f[NV];
+    pieces(u_q4_k(b, s), 0, f);
+    for (int v = 0; v < NV; v++) w[v] = VFMA(VSET1(pre[s]), f[v], VSET1(pre[8 + s]));
+}
+#define Q6_K_QK 256
+#define Q6_K_BYTES 210
+#define Q6_K_PRE 16
+static inline void prep_q6_k(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b + 208);
+    for (int i = 0; i < 16; i++) pre[i] = d * (float)(int8_t)b[192 + i];
+}
+static inline void g32_q6_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    vec f[NV];
+    pieces(u_q6_k(b, s), 32, f);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[8 * (s >> 2) + 2 * (s & 3) + v / 2]), f[v]);
+}
+#define Q8_0_QK 32
+#define Q8_0_BYTES 34
+#define Q8_0_PRE 1
+static inline void prep_q8_0(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); }
+static inline void g32_q8_0(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    vec f[NV];
+    pieces_s8(u_q8_0(b), f);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[0]), f[v]);
+}
+#define Q5_0_QK 32
+#define Q5_0_BYTES 22
+#define Q5_0_PRE 1
+static inline void prep_q5_0(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); }
+static inline void g32_q5_0(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    vec f[NV];
+    pieces(u_q5_0(b), 16, f);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[0]), f[v]);
+}
+#define Q4_0_QK 32
+#define Q4_0_BYTES 18
+#define Q4_0_PRE 1
+static inline void prep_q4_0(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); }
+static inline void g32_q4_0(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    vec f[NV];
+    pieces(u_q4_0(b), 8, f);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[0]), f[v]);
+}
+#define Q4_1_QK 32
+#define Q4_1_BYTES 20
+#define Q4_1_PRE 2
+static inline void prep_q4_1(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); pre[1] = f16_to_f32(b + 2); }
+static inline void g32_q4_1(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    vec f[NV];
+    pieces(u_q4_1(b), 0, f);
+    for (int v = 0; v < NV; v++) w[v] = VFMA(VSET1(pre[0]), f[v], VSET1(pre[1]));
+}
+#else
 #if VL == 16
 typedef __m512i veci;
 #define ZX8(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))   /* VL bytes -> int32 lanes */
@@ -72,10 +166,8 @@ static inline vec piece_f(__m256i q, int v, int sgn) {
     return q_to_f((v & 1) ? _mm_srli_si128(h, 8) : h, sgn);
 #endif
 }
-#define NIB _mm256_set1_epi8(0x0F)
 static inline void g32_q4_k(const uint8_t *b, int s, const float *pre, vec *w) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
-    const __m256i q = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, NIB);
+    const __m256i q = q4_k_group(b, s);
     const vec d = VBCAST(pre + s), m = VBCAST(pre + 8 + s);
     for (int v = 0; v < NV; v++) w[v] = VFMA(d, piece_f(q, v, 0), m);
 }
@@ -163,6 +255,7 @@ static inline void g32_q4_1(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
     for (int v = 0; v < NV; v++) w[v] = VFMA(VBCAST(pre), I2F(nib16(b + 4, VL * v)), VBCAST(pre + 1));
 }
+#endif
 
 typedef struct {
     int qk, bytes;

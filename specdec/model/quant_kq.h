@@ -1,7 +1,8 @@
 /* The K-quant kernels of quant_q8.c (Q4_K, Q6_K: 256-weight blocks of 8 sub-blocks of 32, against
  * 8-bit activations in 256-value blocks): the templates DEFINE_Q4_K(C) and DEFINE_Q6_K(C) of q4_k_cC and
  * q6_k_cC, which quant_q8.c instantiates for C = 1..16 input rows. Included by quant_q8.c only, after its
- * act type, DPBUSD, hsum8, Q8_PAIRS and the prefetch settings. */
+ * act type, DPBUSD, hsum8, Q8_PAIRS and the prefetch settings; x86 only (the NEON build's are in
+ * quant_neon.h, with the same float steps). */
 #ifndef SPECDEC_QUANT_KQ_H
 #define SPECDEC_QUANT_KQ_H
 
@@ -185,11 +186,7 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
             const __m256 dv = _mm256_set1_ps(f16_to_f32(blk)), ndminv = _mm256_set1_ps(-f16_to_f32(blk + 2)); \
             __m256i mn, q[8], sv[8];                                                                 \
             scales_q4_k(blk, sv, &mn);                                                               \
-            for (int j = 0; j < 4; j++) {                                                            \
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));        \
-                q[2 * j] = _mm256_and_si256(raw, NIB8);                                              \
-                q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), NIB8);                    \
-            }                                                                                        \
+            for (int s = 0; s < 8; s++) q[s] = q4_k_group(blk, s);                                   \
             const int8_t *xq = a->q + ib * 256;                                                      \
             const int16_t *xs = a->s + ib * 16;                                                      \
             for (int c = 0; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                         \

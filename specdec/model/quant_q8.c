@@ -6,12 +6,15 @@
  * block: 256 values for the K-quants, as llama.cpp's Q8_K; 32 for the 32-weight formats, as Q8_0/Q8_1),
  * and the weights' integers meet the activations' in integer dot products (VNNI vpdpbusd/vpdpwssd
  * where the CPU has them, else AVX2's maddubs/madd, which give the same integers here: no sum can
- * saturate). The block scales are applied in fp32 once per block.
+ * saturate; on aarch64 NEON's sdot, or without dotprod its floor of widening multiplies: quant_neon.h).
+ * The block scales are applied in fp32 once per block.
  *
  * Not the fp32 model's bits (the activations are rounded to 8 bits), but deterministic per row: a
  * row's integers are exact, its float operations run in a fixed order that does not depend on the
  * row count or the thread count, so a verify pass of k + 1 rows gives each row exactly what a
  * one-row step gives it, and greedy speculative decoding stays token for token plain decoding.
+ * The float operations are the same in every build (x86-64-v3, AVX-512, aarch64 with or without
+ * dotprod and i8mm), so a row's bits are the same on every CPU (tests/test_arm.py).
  *
  * Layout of a quantized activation row (act): q int8 [K]; d float [K / B] (the block scales);
  * s int16 [K / 16] (sums of each 16 q's: the K-quants' offsets); sa float [K / 32] (32-weight
@@ -86,6 +89,7 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 
 #define Q8_TILE_BYTES (128 * 1024)
 #endif
 
+#if !SIMD_NEON
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #define DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
@@ -97,6 +101,7 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 
 #define DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 #define NIB8 _mm256_set1_epi8(0x0F)
+#endif
 
 /* Q8_PAIRS: the K-quant kernels take two input rows in one 512-bit register (AVX-512BW with VNNI),
  * row c in the low 256 bits and row c + 1 in the high, the weight's integers and scales the same in
@@ -111,6 +116,7 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 
 #endif
 #endif
 
+#if !SIMD_NEON
 static inline float hsum8(__m256 v) { /* fixed order */
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
@@ -121,6 +127,7 @@ static inline int hsum8i(__m256i v) {
     __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
     return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
 }
+#endif
 
 typedef struct {
     int8_t *q;
@@ -133,6 +140,7 @@ typedef struct {
     int o_kind; /* what o holds (quant_rp.h's O_*), 0: nothing */
 } act;
 
+#if !SIMD_NEON
 /* One row of K floats in blocks of B (32 or 256): d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|). */
 static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float *d, int16_t *s, float *sa) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -162,6 +170,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
         }
     }
 }
+#endif
 
 #ifndef QPF_BYTES
 #define QPF_BYTES 1024 /* software prefetch distance within a row */
@@ -170,6 +179,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
 #define QPF_HINT _MM_HINT_T0 /* into L1 */
 #endif
 
+#if !SIMD_NEON
 #include "quant_kq.h"
 
 /* The 32-weight formats: weight = d * (u - o) (Q8_0: o = 0, u signed; Q4_0: o = 8; Q5_0: o = 16) or
@@ -194,6 +204,7 @@ static inline __m256i with_bit4(__m256i u, const uint8_t *qhp) { /* bit i of the
                                                _mm256_set1_epi8(0x10)));
 #endif
 }
+#endif
 
 /* per format: block bytes, the bytes u of a block, u signed?, o (weight = d * (u - o)), the byte
  * offset of m (Q4_1; -1: none) */
@@ -201,10 +212,12 @@ static inline __m256i with_bit4(__m256i u, const uint8_t *qhp) { /* bit i of the
 #define Q4_0_BYTES 18
 #define Q5_0_BYTES 22
 #define Q4_1_BYTES 20
+#if !SIMD_NEON
 static inline __m256i u_q8_0(const uint8_t *b) { return _mm256_loadu_si256((const __m256i *)(b + 2)); }
 static inline __m256i u_q4_0(const uint8_t *b) { return nib32(b + 2); }
 static inline __m256i u_q5_0(const uint8_t *b) { return with_bit4(nib32(b + 6), b + 2); }
 static inline __m256i u_q4_1(const uint8_t *b) { return nib32(b + 4); }
+#endif
 #define Q8_0_SIGNED 1
 #define Q4_0_SIGNED 0
 #define Q5_0_SIGNED 0
@@ -218,6 +231,9 @@ static inline __m256i u_q4_1(const uint8_t *b) { return nib32(b + 4); }
 #define Q5_0_M (-1)
 #define Q4_1_M 2
 
+#if SIMD_NEON
+#include "quant_neon.h" /* quantize_row and the raw-block kernels (DEFINE_B32, DEFINE_Q4_K, DEFINE_Q6_K) in NEON */
+#else
 /* the fp16 at p, p + stride, ..., 8 of them, as floats */
 static inline __m256 halves8(const uint8_t *p, int64_t stride) {
 #if defined(__F16C__)
@@ -294,6 +310,7 @@ static inline __m256i lane_sums8(const __m256i *p) {
             y[c * ldy] = r;                                                                          \
         }                                                                                            \
     }
+#endif
 
 typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
 int64_t quant_row_bytes(int type, int64_t K);

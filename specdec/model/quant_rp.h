@@ -12,8 +12,9 @@
  * A kernel takes one tile against C <= RP_MAXC activation rows; the weights are unpacked once for
  * all C rows. Per output lane the integer sums are exact and the float operations (one conversion and
  * two FMAs a block for Q4_K, one for the others) run in block order whatever C is, and in the same
- * order in the AVX2 build (two 8-lane halves) as in the AVX-512 one: a row's bits depend on neither
- * the row count nor the build.
+ * order in the AVX2 build (two 8-lane halves) and the NEON one (four 4-lane quarters: sdot, or its
+ * floor without dotprod) as in the AVX-512 one: a row's bits depend on neither the row count nor the
+ * build (tests/test_arm.py). The kernel bodies are written once, in the R_* macros each build defines.
  *
  * Tile layouts, per block (bytes; row i of the tile is lane i; "chunk" = 64 bytes, 4 per row):
  *   Q4_K_R16 (2368 = 16 x 148): chunk 4s + r (s = sub-block 0..7, r = 0..3): row i's byte b holds
@@ -43,7 +44,9 @@ enum { T_Q4_0_R16 = 102, T_Q8_0_R16 = 108, T_Q4_K_R16 = 112, T_Q6_K_R16 = 114 };
 #define RP_Q8_0_TILE 544
 #define RP_Q4_0_TILE 288
 
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#if SIMD_NEON
+#include "quant_rp_neon.h" /* RP_W 4: four quarters of a chunk */
+#elif defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define RP_W 16
 typedef __m512i rvi;
 typedef __m512 rvf;
@@ -102,7 +105,7 @@ typedef __m256 rvf;
 #define R_VNNI 0 /* DPBUSD is maddubs + madd: exact only while a pair of products fits int16 */
 #endif
 #endif
-#define RP_H (RP_ROWS / RP_W) /* register widths a tile takes: 1 (AVX-512) or 2 (AVX2) */
+#define RP_H (RP_ROWS / RP_W) /* register widths a tile takes: 1 (AVX-512), 2 (AVX2) or 4 (NEON) */
 
 /* A sub-block's products and its scale. Per 32-bit lane (one output row): acc = R_SUB_DOT(acc, u, s)
  * adds the four products u * s (u: bytes 0..63, s: int8), R_SUB_SCALE(is, acc, sc) adds acc's sum
@@ -157,7 +160,7 @@ static inline __m256i r_pair16(__m256i v) { /* int32 lanes of int16 values -> (v
 #define RP_PREFETCH(p, l0, nl, h)                                                                    \
     do {                                                                                             \
         if ((h) == 0)                                                                                \
-            for (int l_ = (l0); l_ < (l0) + (nl); l_++) _mm_prefetch((const char *)(p) + RP_PF + 64 * l_, _MM_HINT_T0); \
+            for (int l_ = (l0); l_ < (l0) + (nl); l_++) SD_PREFETCH((const char *)(p) + RP_PF + 64 * l_);          \
     } while (0)
 
 static inline int32_t ld32(const void *p) {
@@ -283,7 +286,8 @@ static inline int32_t ld32(const void *p) {
 /* The 32-weight formats: dot = q . a from the start value -o (32-sum a) (act.o), f += dot x (d da).
  * Q8_0's unsigned w + 128 against signed activations overflows AVX2's maddubs pairs, so without
  * VNNI it meets them as |w| . sign(a, w) from 0: the same integer. */
-#if R_VNNI
+#if defined(R_Q8_DOT) /* the build's own (NEON) */
+#elif R_VNNI
 #define R_Q8_DOT(dot, raw, xv) R_DPBUSD(dot, raw, xv)
 #define R_Q8_START(o) R_SET1(o)
 #else
@@ -339,8 +343,19 @@ static inline int32_t ld32(const void *p) {
 /* the 32-weight kernels: one body, inlined into a function per C (a constant C keeps the rows' sums in registers) */
 DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY)
 DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
+#if SIMD_NEON && defined(__ARM_FEATURE_MATMUL_INT8)
+#include "quant_rp_mm.h" /* two input rows at a time in smmla: rp_b32_mm */
+#define RP_MM_rp_q8_0 0 /* rp_b32_mm's q4 */
+#define RP_MM_rp_q4_0 1
+#define DEFINE_RP_B32_C(f, C)                                                                        \
+    static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                   \
+        if (C >= 2) rp_b32_mm(w, a, y, ldy, C, RP_MM_##f);                                          \
+        else f##_any(w, a, y, ldy, C);                                                               \
+    }
+#else
 #define DEFINE_RP_B32_C(f, C) \
     static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) { f##_any(w, a, y, ldy, C); }
+#endif
 
 #define RP_ALL_C(X, f) X(f, 1) X(f, 2) X(f, 3) X(f, 4) X(f, 5) X(f, 6) X(f, 7) X(f, 8)
 #define RP_DEF_Q4_K(f, C) DEFINE_RP_Q4_K(C)
@@ -401,12 +416,7 @@ static void unpack_q4_k(const uint8_t *b, uint8_t *q, uint8_t *sc, uint8_t *mn) 
     q4_k_scale_bytes(b, u);
     memcpy(sc, u, 8);
     memcpy(mn, u + 2, 8);
-    for (int j = 0; j < 4; j++)
-        for (int t = 0; t < 32; t++) {
-            const uint8_t v = b[16 + 32 * j + t];
-            q[64 * j + t] = v & 0x0F;
-            q[64 * j + 32 + t] = v >> 4;
-        }
+    q4_k_values(b, q);
 }
 
 static void repack_q4_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) { /* one block of 16 rows */
@@ -427,7 +437,7 @@ static void repack_q4_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) { /* 
 static void repack_q6_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
     uint8_t q[16][256];
     for (int i = 0; i < 16; i++)
-        for (int s = 0; s < 8; s++) _mm256_storeu_si256((__m256i *)(q[i] + 32 * s), q6_k_group(src + i * rb, s));
+        q6_k_values(src + i * rb, q[i]);
     for (int u = 0; u < 16; u++)
         for (int i = 0; i < 16; i++)
             for (int e = 0; e < 4; e++) {
@@ -496,7 +506,7 @@ static void q4_0_block(const float *x, uint16_t *d16, uint8_t *q) {
     for (int j = 0; j < 32; j++)
         if (amax < (x[j] < 0 ? -x[j] : x[j])) amax = x[j] < 0 ? -x[j] : x[j], max = x[j];
     const float d = max / -8.0f;
-    *d16 = _cvtss_sh(d, 0);
+    *d16 = f32_to_f16(d);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int j = 0; j < 32; j++) {
         const int v = (int)(x[j] * id + 8.5f);

@@ -1,10 +1,48 @@
 /* Vector types and helpers shared by the kernels (fused_ops.c, quant_dequant.c, quant_q8.c): AVX-512 where the compiler
- * targets it (-march=native), else AVX2 + FMA. */
+ * targets it (-march=native), else AVX2 + FMA; on aarch64, NEON with VL 8 (a vec is two float32x4 halves), so
+ * every lane-wise sum and every reduction (vsum) runs in the AVX2 build's order and gives its bits. */
 #ifndef SPECDEC_SIMD_H
 #define SPECDEC_SIMD_H
+#include <stdint.h>
+#include <string.h>
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define SIMD_NEON 1
+#include <arm_neon.h>
+/* software prefetch of the line at p into L1 */
+#define SD_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+#else
+#define SIMD_NEON 0
 #include <immintrin.h>
+#define SD_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#endif
 
-#if defined(__AVX512F__)
+#if SIMD_NEON
+#define VL 8
+typedef struct {
+    float32x4_t lo, hi; /* lanes 0-3, 4-7 */
+} vec;
+static inline vec v_pair(float32x4_t lo, float32x4_t hi) {
+    vec v = {lo, hi};
+    return v;
+}
+static inline vec v_load(const float *p) { return v_pair(vld1q_f32(p), vld1q_f32(p + 4)); }
+static inline void v_store(float *p, vec v) { vst1q_f32(p, v.lo), vst1q_f32(p + 4, v.hi); }
+static inline vec v_set1(float x) { return v_pair(vdupq_n_f32(x), vdupq_n_f32(x)); }
+/* a * b + c, fused (as _mm256_fmadd_ps) */
+static inline vec v_fma(vec a, vec b, vec c) { return v_pair(vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)); }
+static inline vec v_mul(vec a, vec b) { return v_pair(vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)); }
+static inline vec v_add(vec a, vec b) { return v_pair(vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)); }
+#define VZERO() v_set1(0.0f)
+#define VLOAD(p) v_load(p)
+#define VFMA(a, b, c) v_fma(a, b, c)
+/* the AVX2 build's order: halves, then lanes (0 + 2, 1 + 3), then those two */
+static inline float vsum4(float32x4_t lo, float32x4_t hi) {
+    const float32x4_t s4 = vaddq_f32(lo, hi);
+    const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+    return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
+static inline float vsum(vec v) { return vsum4(v.lo, v.hi); }
+#elif defined(__AVX512F__)
 #define VL 16
 typedef __m512 vec;
 #define VZERO() _mm512_setzero_ps()
@@ -33,10 +71,15 @@ static inline float vsum(vec v) {
     return _mm_cvtss_f32(s1);
 }
 #else
-#error "specdec's CPU kernels need AVX2+FMA or AVX-512"
+#error "specdec's CPU kernels need AVX2+FMA, AVX-512 or aarch64 NEON"
 #endif
 
-#if VL == 16
+#if SIMD_NEON
+#define VSET1(x) v_set1(x)
+#define VSTORE(p, v) v_store(p, v)
+#define VMUL(a, b) v_mul(a, b)
+#define VADD(a, b) v_add(a, b)
+#elif VL == 16
 #define VSET1(x) _mm512_set1_ps(x)
 #define VSTORE(p, v) _mm512_storeu_ps(p, v)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
@@ -47,9 +90,6 @@ static inline float vsum(vec v) {
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VADD(a, b) _mm256_add_ps(a, b)
 #endif
-
-#include <stdint.h>
-#include <string.h>
 
 /* Inside an OpenMP parallel region: this thread's index *t of *T (0 of 1 without OpenMP). */
 static inline void thread_index(int64_t *t, int64_t *T) {
@@ -80,6 +120,8 @@ static inline float f16_to_f32(const uint8_t *p) {
     memcpy(&h, p, 2);
 #if defined(__F16C__)
     return _cvtsh_ss(h);
+#elif SIMD_NEON
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
 #else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
     if (exp == 0x1f) {
@@ -110,7 +152,101 @@ static inline void q4_k_scale_bytes(const uint8_t *b, uint32_t u[4]) {
     u[0] &= k1;
 }
 
+/* a float -> IEEE half (round to nearest even, as F16C's _cvtss_sh(x, 0) and NEON's fcvt) */
+static inline uint16_t f32_to_f16(float x) {
+#if defined(__F16C__)
+    return _cvtss_sh(x, 0);
+#elif SIMD_NEON
+    return vget_lane_u16(vreinterpret_u16_f16(vcvt_f16_f32(vdupq_n_f32(x))), 0);
+#else
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    const uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7fffffff;
+    if (a >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000 ? 0x200 : 0)); /* inf, nan */
+    if (a >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* rounds past the largest half */
+    if (a < 0x38800000) { /* a half subnormal (or zero): units of 2^-24, rounded to even */
+        float f;
+        memcpy(&f, &a, 4);
+        const float t = f * 16777216.0f; /* exact: a power of two */
+        uint32_t q = (uint32_t)t;
+        const float r = t - (float)q;
+        q += r > 0.5f || (r == 0.5f && (q & 1));
+        return (uint16_t)(sign | q);
+    }
+    const uint32_t m = a + 0xfff + ((a >> 13) & 1); /* round the 13 dropped bits to even */
+    return (uint16_t)(sign | ((m - 0x38000000) >> 13));
+#endif
+}
+
+/* The block formats' integers, decoded in one place per format for the repacking (scalar) and, on
+ * NEON, for the dequantizer and the raw-block kernels (registers). */
+
+/* Q4_K (144 bytes): weight 32s + k is the low (s even) or high (s odd) nibble of byte 16 + 32 (s / 2) + k */
+static inline void q4_k_values(const uint8_t *b, uint8_t q[256]) {
+    for (int s = 0; s < 8; s++)
+        for (int k = 0; k < 32; k++) q[32 * s + k] = (uint8_t)((s & 1) ? b[16 + 32 * (s >> 1) + k] >> 4 : b[16 + 32 * (s >> 1) + k] & 15);
+}
+/* Q6_K (210 bytes): value 32s + k (0..63, before the -32): half h = s / 4, quarter t = s % 4; the low
+ * nibble (t < 2) or high nibble of ql[64 h + 32 (t % 2) + k], bits 2t, 2t + 1 of qh[32 h + k] above it */
+static inline void q6_k_values(const uint8_t *b, uint8_t q[256]) {
+    for (int s = 0; s < 8; s++) {
+        const int h = s >> 2, t = s & 3;
+        for (int k = 0; k < 32; k++) {
+            const uint8_t l = b[64 * h + 32 * (t & 1) + k];
+            q[32 * s + k] = (uint8_t)(((t >> 1) ? l >> 4 : l & 15) | ((b[128 + 32 * h + k] >> (2 * t)) & 3) << 4);
+        }
+    }
+}
+
+#if SIMD_NEON
+typedef struct {
+    uint8x16_t lo, hi; /* weights 0..15, 16..31 of a group of 32 */
+} u8x32;
+static inline u8x32 u8x32_of(uint8x16_t lo, uint8x16_t hi) {
+    u8x32 v = {lo, hi};
+    return v;
+}
+/* the 32-weight formats: weights 0..15 in the low nibbles of 16 bytes, 16..31 in the high ones */
+static inline u8x32 nib32_n(const uint8_t *qs) {
+    const uint8x16_t raw = vld1q_u8(qs);
+    return u8x32_of(vandq_u8(raw, vdupq_n_u8(15)), vshrq_n_u8(raw, 4));
+}
+static inline u8x32 u_q8_0(const uint8_t *b) { return u8x32_of(vld1q_u8(b + 2), vld1q_u8(b + 18)); } /* int8 bits */
+static inline u8x32 u_q4_0(const uint8_t *b) { return nib32_n(b + 2); }
+static inline u8x32 u_q4_1(const uint8_t *b) { return nib32_n(b + 4); }
+/* Q5_0: bit i of the 32 at b + 2 is bit 4 of weight i */
+static inline u8x32 u_q5_0(const uint8_t *b) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t sel = vld1q_u8(bit), b4 = vdupq_n_u8(0x10);
+    const u8x32 u = nib32_n(b + 6);
+    const uint8x16_t h0 = vcombine_u8(vdup_n_u8(b[2]), vdup_n_u8(b[3])), h1 = vcombine_u8(vdup_n_u8(b[4]), vdup_n_u8(b[5]));
+    return u8x32_of(vorrq_u8(u.lo, vandq_u8(vtstq_u8(h0, sel), b4)), vorrq_u8(u.hi, vandq_u8(vtstq_u8(h1, sel), b4)));
+}
+/* Q4_K sub-block s, as q4_k_values */
+static inline u8x32 u_q4_k(const uint8_t *b, int s) {
+    const uint8_t *p = b + 16 + 32 * (s >> 1);
+    const uint8x16_t lo = vld1q_u8(p), hi = vld1q_u8(p + 16), m = vdupq_n_u8(15);
+    return (s & 1) ? u8x32_of(vshrq_n_u8(lo, 4), vshrq_n_u8(hi, 4)) : u8x32_of(vandq_u8(lo, m), vandq_u8(hi, m));
+}
+/* Q6_K group s (0..63), as q6_k_values */
+static inline uint8x16_t q6_k_half16(uint8x16_t l, uint8x16_t qh, int t) {
+    const uint8x16_t lo = (t >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+    const int8x16_t sh = vdupq_n_s8((int8_t)(4 - 2 * t)); /* ((qh >> 2t) & 3) << 4 = (qh & (3 << 2t)) shifted by 4 - 2t */
+    return vorrq_u8(lo, vshlq_u8(vandq_u8(qh, vdupq_n_u8((uint8_t)(3 << (2 * t)))), sh));
+}
+static inline u8x32 u_q6_k(const uint8_t *b, int s) {
+    const int h = s >> 2, t = s & 3;
+    const uint8_t *l = b + 64 * h + 32 * (t & 1), *qh = b + 128 + 32 * h;
+    return u8x32_of(q6_k_half16(vld1q_u8(l), vld1q_u8(qh), t), q6_k_half16(vld1q_u8(l + 16), vld1q_u8(qh + 16), t));
+}
+#endif
+
 #if defined(__AVX2__)
+/* Q4_K sub-block s (weights 32 s .. 32 s + 31, 0..15) as 32 bytes, as q4_k_values */
+static inline __m256i q4_k_group(const uint8_t *b, int s) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
+    return _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+}
 /* Q6_K (210-byte blocks of 256): the 6-bit values q (0..63, before the -32) of group s (weights
  * 32 s .. 32 s + 31) as 32 bytes: half h = s / 4, quarter t = s % 4 within it; low nibbles from ql,
  * two high bits from qh */

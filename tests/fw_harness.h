@@ -1,0 +1,92 @@
+/* kernel_harness.c's forward_layers check: the structs of one call rebuilt from a dump (tests/test_arm.py
+ * writes it from the Python loader's CpuForward), then forward_layers for T = 5 positions at slot 0
+ * (causal mask) and T = 1 at slot 5 (every slot), writing x after each call and the caches. */
+
+#define FW_MAX_PARTS 4
+typedef struct { /* cpu_forward.c's structs, the same layout */
+    int32_t type;
+    const uint8_t *data;
+    int64_t rows;
+} fw_part;
+typedef struct {
+    const float *bias;
+    int64_t n_parts, N, K;
+    fw_part parts[FW_MAX_PARTS];
+} fw_linear;
+typedef struct {
+    const float *ln1, *ln2, *attn_post, *mlp_post, *q_norm, *k_norm;
+    int32_t local, act;
+    fw_linear qkv, o, gate_up, down;
+} fw_layer;
+
+int forward_layers(const fw_layer *layers, int64_t L, float *x, int64_t T, int64_t D, int64_t H, int64_t KV,
+                   int64_t hd, int64_t I, float eps, float scale, const float *cos, const float *sin,
+                   const float *lcos, const float *lsin, float *kc, float *vc, int64_t cap, int64_t layer_stride,
+                   int64_t start, const uint8_t *mask, int64_t mask_stride, const uint8_t *lmask,
+                   int64_t lmask_stride, float *scratch, int nthreads);
+int64_t forward_scratch_floats(int64_t T, int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I);
+
+static const void *get_opt(const char *name) {
+    for (int i = 0; i < nblobs; i++)
+        if (!strcmp(blobs[i].name, name)) return blobs[i].p;
+    return 0;
+}
+
+static void fw_linear_of(int l, const char *what, fw_linear *li) {
+    char name[64];
+    snprintf(name, sizeof name, "l%d_%s_meta", l, what); /* n_parts, N, K, has bias, (type, rows) per part */
+    const int64_t *m = get(name);
+    li->n_parts = m[0], li->N = m[1], li->K = m[2];
+    snprintf(name, sizeof name, "l%d_%s_bias", l, what);
+    li->bias = m[3] ? get(name) : 0;
+    for (int64_t p = 0; p < li->n_parts; p++) {
+        snprintf(name, sizeof name, "l%d_%s_p%d", l, what, (int)p);
+        li->parts[p].type = (int32_t)m[4 + 2 * p], li->parts[p].rows = m[5 + 2 * p], li->parts[p].data = get(name);
+    }
+}
+
+static int forward_main(const char *in, const char *path) {
+    read_blobs(in);
+    const int64_t *dims = get("dims"); /* L, D, H, KV, hd, I */
+    const int64_t L = dims[0], D = dims[1], H = dims[2], KV = dims[3], hd = dims[4], I = dims[5], cap = 16;
+    const float *es = get("eps_scale"), *x0 = get("x"), *cos = get("cos"), *sin = get("sin");
+    fw_layer *layers = alloc(sizeof(fw_layer) * L);
+    char name[64];
+    static const char *norms[] = {"ln1", "ln2", "attn_post", "mlp_post", "q_norm", "k_norm"};
+    for (int l = 0; l < L; l++) {
+        const float **ptr[] = {&layers[l].ln1, &layers[l].ln2, &layers[l].attn_post, &layers[l].mlp_post,
+                               &layers[l].q_norm, &layers[l].k_norm};
+        for (int i = 0; i < 6; i++) {
+            snprintf(name, sizeof name, "l%d_%s", l, norms[i]);
+            *ptr[i] = get_opt(name);
+        }
+        snprintf(name, sizeof name, "l%d_flags", l);
+        const int32_t *flags = get(name);
+        layers[l].local = flags[0], layers[l].act = flags[1];
+        fw_linear_of(l, "qkv", &layers[l].qkv);
+        fw_linear_of(l, "o", &layers[l].o);
+        fw_linear_of(l, "gate_up", &layers[l].gate_up);
+        fw_linear_of(l, "down", &layers[l].down);
+    }
+    float *kc = alloc(sizeof(float) * L * KV * cap * hd), *vc = alloc(sizeof(float) * L * KV * cap * hd);
+    float *scratch = alloc(sizeof(float) * forward_scratch_floats(16, D, H, KV, hd, I));
+    float *x = alloc(sizeof(float) * 6 * D);
+    memcpy(x, x0, sizeof(float) * 6 * D);
+    uint8_t mask[5 * 16] = {0}; /* causal: position t sees slots 0..t */
+    for (int t = 0; t < 5; t++)
+        for (int s = 0; s <= t; s++) mask[16 * t + s] = 1;
+    out = fopen(path, "wb");
+    if (!out) die("cannot write", path);
+    if (forward_layers(layers, L, x, 5, D, H, KV, hd, I, es[0], es[1], cos, sin, cos, sin, kc, vc, cap, KV * cap * hd,
+                       0, mask, 16, mask, 16, scratch, 2))
+        die("forward_layers refused", "T = 5");
+    put("forward_T5", x, sizeof(float) * 5 * D);
+    if (forward_layers(layers, L, x + 5 * D, 1, D, H, KV, hd, I, es[0], es[1], cos + 5 * hd, sin + 5 * hd,
+                       cos + 5 * hd, sin + 5 * hd, kc, vc, cap, KV * cap * hd, 5, 0, 0, 0, 0, scratch, 2))
+        die("forward_layers refused", "T = 1");
+    put("forward_T1", x + 5 * D, sizeof(float) * D);
+    put("forward_k", kc, sizeof(float) * L * KV * cap * hd);
+    put("forward_v", vc, sizeof(float) * L * KV * cap * hd);
+    fclose(out);
+    return 0;
+}
