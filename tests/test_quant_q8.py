@@ -41,6 +41,7 @@ def reference_activations(x: np.ndarray, B: int):
     d = amax / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    inv[~np.isfinite(inv)] = 0  # a block below 127 / FLT_MAX reads as zeros
     q = np.rint(x * inv[:, None]).astype(np.int8)
     return q.reshape(-1), d.astype(np.float32)
 
@@ -62,6 +63,7 @@ def test_activations_are_quantized_as_the_reference(B):
     x = (rng.standard_normal(1024) * np.repeat(rng.uniform(0.01, 30, 1024 // 32), 32)).astype(np.float32)
     x[:B] = 0.0  # an all-zero block: scale 0, q 0
     x[B + 5] = np.float32(2.5) * np.abs(x[B:2 * B]).max() / 127  # ties round to even somewhere
+    x[2 * B:3 * B] = np.float32(1e-38) * np.sign(x[2 * B:3 * B])  # 127 / max|x| overflows: zeros, not -128
     q, d, s, sa = kernel_activations(x, B)
     rq, rd = reference_activations(x, B)
     assert np.array_equal(q, rq) and np.array_equal(d, rd)

@@ -28,9 +28,8 @@ static inline int32x4_t dot4u(int32x4_t acc, uint8x16_t u, const int8_t *x) { /*
 }
 
 /* One row of K floats in blocks of B (32 or 256): d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|);
- * s: the 16-sums of q, sa (B = 32): d x the block's q sum. The x86 bits for every block but one whose
- * max|x| is below 127 / FLT_MAX (3.7e-37): 127 / max|x| is infinite there, and x86's conversion makes
- * every q -128 where vcvtnq saturates (meaningless either way). */
+ * s: the 16-sums of q, sa (B = 32): d x the block's q sum. The x86 bits, the tiniest blocks included
+ * (q8_inverse). */
 static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float *d, int16_t *s, float *sa) {
     for (int64_t b0 = 0; b0 < K; b0 += B) {
         float32x4_t m = vdupq_n_f32(0.0f);
@@ -38,7 +37,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
         const float amax = vmaxvq_f32(m);
         const float db = amax / 127.0f;
         d[b0 / B] = db;
-        const float32x4_t id = vdupq_n_f32(amax > 0.0f ? 127.0f / amax : 0.0f);
+        const float32x4_t id = vdupq_n_f32(q8_inverse(amax));
         for (int64_t i = 0; i < B; i += 32) {
             int32x4_t v[8];
             for (int j = 0; j < 8; j++) v[j] = vcvtnq_s32_f32(vmulq_f32(vld1q_f32(x + b0 + i + 4 * j), id));

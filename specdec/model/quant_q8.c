@@ -152,7 +152,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
         const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
         const float db = amax / 127.0f;
         d[b0 / B] = db;
-        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        const __m256 id = _mm256_set1_ps(q8_inverse(amax));
         for (int64_t i = 0; i < B; i += 32) {
             const float *xp = x + b0 + i;
             __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xp), id));

@@ -114,6 +114,13 @@ static inline void thread_rows(int64_t N, int64_t panel, int64_t *r0, int64_t *r
     *r1 = *r0 + per < N ? *r0 + per : N;
 }
 
+/* 127 / amax, the activations' quantizing factor; 0 where that is not finite (amax 0, or below
+ * 127 / FLT_MAX): such a block reads as zeros in every build */
+static inline float q8_inverse(float amax) {
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    return inv <= 3.4028234663852886e38f ? inv : 0.0f;
+}
+
 /* an IEEE half (2 bytes, little-endian) -> float, exactly */
 static inline float f16_to_f32(const uint8_t *p) {
     uint16_t h;
