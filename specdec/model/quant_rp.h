@@ -170,9 +170,12 @@ static inline int32_t ld32(const void *p) {
 }
 
 /* Q4_K: per sub-block s, its 32 weights' products q . a (exact) times sc[s] into isum; mt = sum m[j]
- * x (32-sum a)_j; f += isum x (d da) - ... as two FMAs (the K-quant kernel's float steps). The
- * sub-block's eight integer vectors are unpacked once for all C rows. Up to two activation rows keep
- * two product chains (the low and high nibbles) so the latency does not bind. */
+ * x (32-sum a)_j; f += isum x (d da) - ... as two FMAs (the K-quant kernel's float steps). With 16
+ * vector registers (RP_UNPACK_FIRST) the sub-block's eight integer vectors are unpacked once and met
+ * row by row; with 32, a quarter of them at a time meets every row's sums (which then stay in
+ * registers). Up to two activation rows keep two product chains (the low and high nibbles) so the
+ * latency does not bind. */
+#define RP_UNPACK_FIRST (RP_W == 8)
 #define DEFINE_RP_Q4_K(C)                                                                            \
     static void rp_q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {               \
         enum { TWO = C <= 2 };                                                                       \
@@ -188,21 +191,39 @@ static inline int32_t ld32(const void *p) {
                 for (int c = 0; c < C; c++) is[c] = R_ZERO();                                        \
                 for (int s = 0; s < 8; s++) {                                                        \
                     RP_PREFETCH(blk, 5 * s, 5, h);                                                   \
-                    rvi q[8];                                                                        \
-                    for (int r = 0; r < 4; r++) {                                                    \
-                        const rvi raw = R_LOAD(blk + (4 * s + r) * 64 + 4 * RP_W * h);               \
-                        q[2 * r] = R_AND(raw, nib), q[2 * r + 1] = R_AND(R_SRLI16(raw, 4), nib);     \
-                    }                                                                                \
-                    const rvi sc = R_SC_U8(blk + 2048 + 16 * s + RP_W * h);                          \
-                    for (int c = 0; c < C; c++) {                                                    \
-                        const int8_t *x = a->q + c * K + 256 * ib + 32 * s;                          \
-                        rsub acc = R_SUB_ZERO(), acc2 = R_SUB_ZERO();                                \
+                    if (RP_UNPACK_FIRST) { /* the sub-block's integers once, then row by row */      \
+                        rvi q[8];                                                                    \
                         for (int r = 0; r < 4; r++) {                                                \
-                            acc = R_SUB_DOT(acc, q[2 * r], R_SET1(ld32(x + 4 * r)));                 \
-                            if (TWO) acc2 = R_SUB_DOT(acc2, q[2 * r + 1], R_SET1(ld32(x + 16 + 4 * r))); \
-                            else acc = R_SUB_DOT(acc, q[2 * r + 1], R_SET1(ld32(x + 16 + 4 * r)));   \
+                            const rvi raw = R_LOAD(blk + (4 * s + r) * 64 + 4 * RP_W * h);           \
+                            q[2 * r] = R_AND(raw, nib), q[2 * r + 1] = R_AND(R_SRLI16(raw, 4), nib); \
                         }                                                                            \
-                        is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc, acc2) : acc, sc);            \
+                        const rvi sc = R_SC_U8(blk + 2048 + 16 * s + RP_W * h);                      \
+                        for (int c = 0; c < C; c++) {                                                \
+                            const int8_t *x = a->q + c * K + 256 * ib + 32 * s;                      \
+                            rsub acc = R_SUB_ZERO(), acc2 = R_SUB_ZERO();                            \
+                            for (int r = 0; r < 4; r++) {                                            \
+                                acc = R_SUB_DOT(acc, q[2 * r], R_SET1(ld32(x + 4 * r)));             \
+                                if (TWO) acc2 = R_SUB_DOT(acc2, q[2 * r + 1], R_SET1(ld32(x + 16 + 4 * r))); \
+                                else acc = R_SUB_DOT(acc, q[2 * r + 1], R_SET1(ld32(x + 16 + 4 * r))); \
+                            }                                                                        \
+                            is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc, acc2) : acc, sc);        \
+                        }                                                                            \
+                    } else { /* a quarter of the integers at a time against every row */            \
+                        rsub acc[C], acc2[C];                                                        \
+                        for (int c = 0; c < C; c++) acc[c] = R_SUB_ZERO(), acc2[c] = R_SUB_ZERO();   \
+                        for (int r = 0; r < 4; r++) {                                                \
+                            const rvi raw = R_LOAD(blk + (4 * s + r) * 64 + 4 * RP_W * h);           \
+                            const rvi lo = R_AND(raw, nib), hi = R_AND(R_SRLI16(raw, 4), nib);       \
+                            for (int c = 0; c < C; c++) {                                            \
+                                const int8_t *x = a->q + c * K + 256 * ib + 32 * s + 4 * r;          \
+                                acc[c] = R_SUB_DOT(acc[c], lo, R_SET1(ld32(x)));                     \
+                                if (TWO) acc2[c] = R_SUB_DOT(acc2[c], hi, R_SET1(ld32(x + 16)));     \
+                                else acc[c] = R_SUB_DOT(acc[c], hi, R_SET1(ld32(x + 16)));           \
+                            }                                                                        \
+                        }                                                                            \
+                        const rvi sc = R_SC_U8(blk + 2048 + 16 * s + RP_W * h);                      \
+                        for (int c = 0; c < C; c++)                                                  \
+                            is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc[c], acc2[c]) : acc[c], sc); \
                     }                                                                                \
                 }                                                                                    \
                 rvi mn[4];                                                                           \
