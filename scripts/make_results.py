@@ -48,6 +48,11 @@ SECTIONS = [
     ("drafters", "Which drafter wins on which kind of text",
      "Greedy: every drafter's output equals plain decoding's (the greedy mismatches column)."),
     ("costs", "What a verified row and a draft token cost", ""),
+    ("targets", "Instruction sets: ours and llama.cpp built for the same target",
+     "The kernels build for the compiler's target: `native` by default, or the one `SPECDEC_CPU_TARGET` names "
+     "(`docs/design.md`). Each table below holds both engines built for one target on one host, the reference "
+     "host's numbers being the other sections'; every build gives the same bits (`tests/test_quant_q8.py`, "
+     "`tests/test_arm.py`)."),
     ("drafts", "Draft models: 4 or 8 bits, the target's own copy, another tokenizer", ""),
     ("families", "Other model families", ""),
     ("memory-startup", "Memory and start-up", ""),
@@ -114,7 +119,8 @@ def block(name: str, summary: dict) -> list[str]:
 
 def is_shell(command: str) -> bool:
     """A command line, or a sentence saying how the numbers were taken."""
-    return command.split()[0] in ("specdec", "python", "make", "env") or "=" in command.split()[0]
+    first = command.split()[0]
+    return first in ("specdec", "python", "make", "env") or first.startswith("scripts/") or "=" in first
 
 
 def render(summaries: list[tuple[str, dict]]) -> str:

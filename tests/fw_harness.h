@@ -1,6 +1,10 @@
 /* kernel_harness.c's forward_layers check: the structs of one call rebuilt from a dump (tests/test_arm.py
  * writes it from the Python loader's CpuForward), then forward_layers for T = 5 positions at slot 0
- * (causal mask) and T = 1 at slot 5 (every slot), writing x after each call and the caches. */
+ * (causal mask) and T = 1 at slot 5 (every slot), writing x after each call and the caches.
+ * --count runs one of a decode step, a 5-row verify pass or a 128-token prefill (16 rows a call) REPS
+ * times on one thread, with the LM head's GEMM where the dump has it (all rows of a verify pass, the
+ * last of a prefill), for instruction counts under qemu (scripts/arm_counts.py): the count of REPS 2
+ * less that of REPS 1 is one pass, the loading left out. */
 
 #define FW_MAX_PARTS 4
 typedef struct { /* cpu_forward.c's structs, the same layout */
@@ -45,11 +49,7 @@ static void fw_linear_of(int l, const char *what, fw_linear *li) {
     }
 }
 
-static int forward_main(const char *in, const char *path) {
-    read_blobs(in);
-    const int64_t *dims = get("dims"); /* L, D, H, KV, hd, I */
-    const int64_t L = dims[0], D = dims[1], H = dims[2], KV = dims[3], hd = dims[4], I = dims[5], cap = 16;
-    const float *es = get("eps_scale"), *x0 = get("x"), *cos = get("cos"), *sin = get("sin");
+static fw_layer *layers_of(int64_t L) {
     fw_layer *layers = alloc(sizeof(fw_layer) * L);
     char name[64];
     static const char *norms[] = {"ln1", "ln2", "attn_post", "mlp_post", "q_norm", "k_norm"};
@@ -68,6 +68,47 @@ static int forward_main(const char *in, const char *path) {
         fw_linear_of(l, "gate_up", &layers[l].gate_up);
         fw_linear_of(l, "down", &layers[l].down);
     }
+    return layers;
+}
+
+static int count_main(const char *in, const char *what, int reps) {
+    read_blobs(in);
+    const int64_t *dims = get("dims"); /* L, D, H, KV, hd, I */
+    const int64_t L = dims[0], D = dims[1], H = dims[2], KV = dims[3], hd = dims[4], I = dims[5], cap = 144;
+    const float *es = get("eps_scale"), *x0 = get("x"), *cos = get("cos"), *sin = get("sin");
+    const int64_t *head = get_opt("head_meta"); /* type, rows (the vocabulary) */
+    const int64_t n = !strcmp(what, "prefill128") ? 128 : !strcmp(what, "verify5") ? 5 : 1;
+    const int64_t chunk = n < 16 ? n : 16, logits = n == 5 ? 5 : 1;
+    fw_layer *layers = layers_of(L);
+    float *kc = alloc(sizeof(float) * L * KV * cap * hd), *vc = alloc(sizeof(float) * L * KV * cap * hd);
+    float *scratch = alloc(sizeof(float) * forward_scratch_floats(16, D, H, KV, hd, I));
+    float *x = alloc(sizeof(float) * n * D), *y = head ? alloc(sizeof(float) * logits * head[1]) : 0;
+    uint8_t *mask = alloc(16 * cap);
+    for (int rep = 0; rep < reps; rep++) {
+        memcpy(x, x0, sizeof(float) * n * D);
+        for (int64_t s0 = 0; s0 < n; s0 += chunk) { /* causal: position s0 + t sees slots 0 .. s0 + t */
+            memset(mask, 0, 16 * cap);
+            for (int64_t t = 0; t < chunk; t++)
+                for (int64_t s = 0; s <= s0 + t; s++) mask[cap * t + s] = 1;
+            if (forward_layers(layers, L, x + s0 * D, chunk, D, H, KV, hd, I, es[0], es[1], cos + s0 * hd,
+                               sin + s0 * hd, cos + s0 * hd, sin + s0 * hd, kc, vc, cap, KV * cap * hd, s0, mask,
+                               cap, mask, cap, scratch, 1))
+                die("forward_layers refused", what);
+        }
+        if (head && quant_gemm_q8((int)head[0], get("head"), x + (n - logits) * D, 0, y, head[1], D, logits, D,
+                                  head[1], 1))
+            die("the head's GEMM refused", what);
+    }
+    printf("%s x %d: x[0] %g\n", what, reps, (double)x[(n - 1) * D]);
+    return 0;
+}
+
+static int forward_main(const char *in, const char *path) {
+    read_blobs(in);
+    const int64_t *dims = get("dims"); /* L, D, H, KV, hd, I */
+    const int64_t L = dims[0], D = dims[1], H = dims[2], KV = dims[3], hd = dims[4], I = dims[5], cap = 16;
+    const float *es = get("eps_scale"), *x0 = get("x"), *cos = get("cos"), *sin = get("sin");
+    fw_layer *layers = layers_of(L);
     float *kc = alloc(sizeof(float) * L * KV * cap * hd), *vc = alloc(sizeof(float) * L * KV * cap * hd);
     float *scratch = alloc(sizeof(float) * forward_scratch_floats(16, D, H, KV, hd, I));
     float *x = alloc(sizeof(float) * 6 * D);

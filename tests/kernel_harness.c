@@ -6,6 +6,7 @@
  * Build: the compiler flags of the library, this file (which includes quant_q8.c) and the other sources.
  * Usage: kernel_harness IN OUT            the kernels on the inputs of IN
  *        kernel_harness --forward DIR OUT  forward_layers on a dumped call (fw_harness.h)
+ *        kernel_harness --count IN decode|verify5|prefill128 REPS   a pass REPS times (fw_harness.h)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -256,6 +257,7 @@ static void fused(void) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--forward")) return forward_main(argv[2], argv[3]);
+    if (argc == 5 && !strcmp(argv[1], "--count")) return count_main(argv[2], argv[3], atoi(argv[4]));
     if (argc != 3) {
         fprintf(stderr, "usage: kernel_harness IN OUT | kernel_harness --forward DIR OUT\n");
         return 2;

@@ -142,9 +142,9 @@ def test_kernels_give_the_x86_bits_on_every_aarch64_build(builds, tmp_path):
 FORWARD_LAYERS = 30  # SmolLM2-135M's every layer
 
 
-def forward_inputs(model, layers: int) -> dict[str, np.ndarray]:
+def forward_inputs(model, layers: int, positions: int = 6) -> dict[str, np.ndarray]:
     """One forward_layers call's structs as the Python loader builds them (model.cpu_forward), as blobs
-    fw_harness.h rebuilds them from, with 6 positions' embeddings and RoPE rows."""
+    fw_harness.h rebuilds them from, with `positions` positions' embeddings and RoPE rows."""
     import ctypes
     import torch
     cf = model.cpu_forward
@@ -170,8 +170,8 @@ def forward_inputs(model, layers: int) -> dict[str, np.ndarray]:
             blobs[f"l{i}_{lin}_meta"] = np.array(meta, np.int64)
     torch.manual_seed(0)
     with torch.inference_mode():
-        blobs["x"] = model.model.embed_tokens(torch.randint(0, 1000, (6,))).float().numpy()
-    blobs["cos"], blobs["sin"] = (t[:6].float().contiguous().numpy() for t in (model.rope_cos, model.rope_sin))
+        blobs["x"] = model.model.embed_tokens(torch.randint(0, 1000, (positions,))).float().numpy()
+    blobs["cos"], blobs["sin"] = (t[:positions].float().contiguous().numpy() for t in (model.rope_cos, model.rope_sin))
     return blobs
 
 
