@@ -107,6 +107,21 @@ typedef __m256 rvf;
 #endif
 #define RP_H (RP_ROWS / RP_W) /* register widths a tile takes: 1 (AVX-512), 2 (AVX2) or 4 (NEON) */
 
+/* The activations meet the weights four bytes at a time, those four bytes against every lane: x86
+ * broadcasts them from memory (a load port's work); NEON loads 16 bytes once (R_XLOAD) and takes lane
+ * g of them in sdot's by-element form. R_XDOT(acc, u, xv, g) is R_DPBUSD against bytes 4g..4g + 3 of
+ * xv's 16; R_Q8_XDOT is R_Q8_DOT so. */
+#ifndef R_XLOAD
+typedef const int8_t *rxv;
+#define R_XLOAD(p) ((const int8_t *)(p))
+#define R_XDOT(acc, u, xv, g) R_DPBUSD(acc, u, R_SET1(ld32((xv) + 4 * (g))))
+#define R_Q8_XDOT(dot, raw, xv, g) R_Q8_DOT(dot, raw, R_SET1(ld32((xv) + 4 * (g))))
+#define R_XSET1(xv, g) R_SET1(ld32((xv) + 4 * (g)))
+#define R_SUB_XDOT_AT(acc, u, p, g) R_SUB_DOT(acc, u, R_SET1(ld32(p)))
+#else /* the four bytes at p are bytes 4g .. 4g + 3 of the 16 at p - 4g (one load for every g) */
+#define R_SUB_XDOT_AT(acc, u, p, g) R_SUB_XDOT(acc, u, R_XLOAD((p) - 4 * (g)), g)
+#endif
+
 /* A sub-block's products and its scale. Per 32-bit lane (one output row): acc = R_SUB_DOT(acc, u, s)
  * adds the four products u * s (u: bytes 0..63, s: int8), R_SUB_SCALE(is, acc, sc) adds acc's sum
  * times the lane's scale (sc from R_SC_U8 / R_SC_S8), R_SUB_TOTAL(o, acc) is o plus acc's sum (the
@@ -126,6 +141,7 @@ typedef rvi rsub;
 #define R_SUB_ZERO() R_ZERO()
 #define R_SUB_FROM(o) R_SET1(o)
 #define R_SUB_DOT(acc, u, s) R_DPBUSD(acc, u, s)
+#define R_SUB_XDOT(acc, u, xv, g) R_XDOT(acc, u, xv, g)
 #define R_SUB_ADD(a, b) R_ADD(a, b)
 #define R_SC_U8(p) R_U8_32(p)
 #define R_SC_S8(p) R_S8_32(p)
@@ -141,6 +157,7 @@ static inline __m256i r_pair16(__m256i v) { /* int32 lanes of int16 values -> (v
 #define R_SUB_ZERO() _mm256_setzero_si256()
 #define R_SUB_FROM(o) _mm256_setzero_si256()
 #define R_SUB_DOT(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
+#define R_SUB_XDOT(acc, u, xv, g) R_SUB_DOT(acc, u, R_XSET1(xv, g))
 #define R_SUB_ADD(a, b) _mm256_add_epi16(a, b)
 #define R_SC_U8(p) r_pair16(R_U8_32(p))
 #define R_SC_S8(p) r_pair16(R_S8_32(p))
@@ -200,11 +217,12 @@ static inline int32_t ld32(const void *p) {
                         const rvi sc = R_SC_U8(blk + 2048 + 16 * s + RP_W * h);                      \
                         for (int c = 0; c < C; c++) {                                                \
                             const int8_t *x = a->q + c * K + 256 * ib + 32 * s;                      \
+                            const rxv xl = R_XLOAD(x), xh = R_XLOAD(x + 16);                         \
                             rsub acc = R_SUB_ZERO(), acc2 = R_SUB_ZERO();                            \
                             for (int r = 0; r < 4; r++) {                                            \
-                                acc = R_SUB_DOT(acc, q[2 * r], R_SET1(ld32(x + 4 * r)));             \
-                                if (TWO) acc2 = R_SUB_DOT(acc2, q[2 * r + 1], R_SET1(ld32(x + 16 + 4 * r))); \
-                                else acc = R_SUB_DOT(acc, q[2 * r + 1], R_SET1(ld32(x + 16 + 4 * r))); \
+                                acc = R_SUB_XDOT(acc, q[2 * r], xl, r);                              \
+                                if (TWO) acc2 = R_SUB_XDOT(acc2, q[2 * r + 1], xh, r);               \
+                                else acc = R_SUB_XDOT(acc, q[2 * r + 1], xh, r);                     \
                             }                                                                        \
                             is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc, acc2) : acc, sc);        \
                         }                                                                            \
@@ -216,9 +234,9 @@ static inline int32_t ld32(const void *p) {
                             const rvi lo = R_AND(raw, nib), hi = R_AND(R_SRLI16(raw, 4), nib);       \
                             for (int c = 0; c < C; c++) {                                            \
                                 const int8_t *x = a->q + c * K + 256 * ib + 32 * s + 4 * r;          \
-                                acc[c] = R_SUB_DOT(acc[c], lo, R_SET1(ld32(x)));                     \
-                                if (TWO) acc2[c] = R_SUB_DOT(acc2[c], hi, R_SET1(ld32(x + 16)));     \
-                                else acc[c] = R_SUB_DOT(acc[c], hi, R_SET1(ld32(x + 16)));           \
+                                acc[c] = R_SUB_XDOT_AT(acc[c], lo, x, r);                            \
+                                if (TWO) acc2[c] = R_SUB_XDOT_AT(acc2[c], hi, x + 16, r);            \
+                                else acc[c] = R_SUB_XDOT_AT(acc[c], hi, x + 16, r);                  \
                             }                                                                        \
                         }                                                                            \
                         const rvi sc = R_SC_U8(blk + 2048 + 16 * s + RP_W * h);                      \
@@ -285,12 +303,12 @@ static inline int32_t ld32(const void *p) {
                     const rvi sc = R_SC_S8(blk + 3072 + 16 * u + RP_W * h);                          \
                     for (int c = 0; c < C; c++) {                                                    \
                         const int8_t *x = a->q + c * K + 256 * ib + 16 * u;                          \
-                        rsub acc = R_SUB_DOT(R_SUB_FROM(R_SUB16 ? 0 : a->o[c * K16 + 16 * ib + u]), q0, \
-                                             R_SET1(ld32(x)));                                       \
-                        acc = R_SUB_DOT(acc, q1, R_SET1(ld32(x + 4)));                               \
+                        const rxv xv = R_XLOAD(x);                                                   \
+                        rsub acc = R_SUB_XDOT(R_SUB_FROM(R_SUB16 ? 0 : a->o[c * K16 + 16 * ib + u]), q0, xv, 0); \
+                        acc = R_SUB_XDOT(acc, q1, xv, 1);                                            \
                         if (R_SUB_CAP_Q6 < 4) is[c] = R_SUB_SCALE(is[c], acc, sc), acc = R_SUB_ZERO(); \
-                        acc = R_SUB_DOT(acc, q2, R_SET1(ld32(x + 8)));                               \
-                        acc = R_SUB_DOT(acc, q3, R_SET1(ld32(x + 12)));                              \
+                        acc = R_SUB_XDOT(acc, q2, xv, 2);                                            \
+                        acc = R_SUB_XDOT(acc, q3, xv, 3);                                            \
                         is[c] = R_SUB_SCALE(is[c], acc, sc);                                         \
                     }                                                                                \
                 }                                                                                    \
@@ -343,7 +361,8 @@ static inline int32_t ld32(const void *p) {
     for (int c = 0; c < C; c++) dot[c] = R_Q8_START(a->o[c * K16 + 2 * ib]);                         \
     for (int g = 0; g < 8; g++) {                                                                    \
         const rvi raw = R_LOAD(blk + 64 * g + 4 * RP_W * h);                                         \
-        for (int c = 0; c < C; c++) dot[c] = R_Q8_DOT(dot[c], raw, R_SET1(ld32(a->q + c * K + 32 * ib + 4 * g))); \
+        for (int c = 0; c < C; c++)                                                                  \
+            dot[c] = R_Q8_XDOT(dot[c], raw, R_XLOAD(a->q + c * K + 32 * ib + 16 * (g >> 2)), g & 3);  \
     }
 #define RP_Q4_0_BODY                                                                                 \
     rvi q[8];                                                                                        \
@@ -354,10 +373,11 @@ static inline int32_t ld32(const void *p) {
     for (int c = 0; c < C; c++) {                                                                    \
         const int8_t *x = a->q + c * K + 32 * ib;                                                    \
         const int32_t o = a->o[c * K16 + 2 * ib];                                                    \
+        const rxv xl = R_XLOAD(x), xh = R_XLOAD(x + 16);                                             \
         rsub acc = R_SUB_FROM(o);                                                                    \
         for (int g = 0; g < 4; g++) {                                                                \
-            acc = R_SUB_DOT(acc, q[2 * g], R_SET1(ld32(x + 4 * g)));                                 \
-            acc = R_SUB_DOT(acc, q[2 * g + 1], R_SET1(ld32(x + 16 + 4 * g)));                        \
+            acc = R_SUB_XDOT(acc, q[2 * g], xl, g);                                                  \
+            acc = R_SUB_XDOT(acc, q[2 * g + 1], xh, g);                                              \
         }                                                                                            \
         dot[c] = R_SUB_TOTAL(o, acc);                                                                \
     }

@@ -51,5 +51,31 @@ static inline int32x4_t r_s8_32(const uint8_t *p) {
 #define R_Q8_DOT(dot, raw, xv) r_dot4(dot, veorq_s32(raw, R_SET1B(0x80)), xv)
 #define R_Q8_START(o) R_ZERO()
 /* R_VNNI: quant_rp.h's int32 sub-block sums (sdot, then the scale's multiply) */
+/* the activations: 16 bytes in a register, lane g of them against every lane (sdot's by-element form) */
+typedef int8x16_t rxv;
+#define R_XLOAD(p) vld1q_s8((const int8_t *)(p))
+static inline int32x4_t r_xdot(int32x4_t acc, int32x4_t u, int8x16_t xv, int g) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    const int8x16_t w = vreinterpretq_s8_s32(u);
+    switch (g & 3) { /* the lane must be a constant: one case a lane, folded where g is known */
+    case 0: return vdotq_laneq_s32(acc, w, xv, 0);
+    case 1: return vdotq_laneq_s32(acc, w, xv, 1);
+    case 2: return vdotq_laneq_s32(acc, w, xv, 2);
+    default: return vdotq_laneq_s32(acc, w, xv, 3);
+    }
+#else
+    const int32x4_t x = vreinterpretq_s32_s8(xv);
+    int32x4_t b;
+    switch (g & 3) {
+    case 0: b = vdupq_laneq_s32(x, 0); break;
+    case 1: b = vdupq_laneq_s32(x, 1); break;
+    case 2: b = vdupq_laneq_s32(x, 2); break;
+    default: b = vdupq_laneq_s32(x, 3); break;
+    }
+    return r_dot4(acc, u, b);
+#endif
+}
+#define R_XDOT(acc, u, xv, g) r_xdot(acc, u, xv, g)
+#define R_Q8_XDOT(dot, raw, xv, g) r_xdot(dot, veorq_s32(raw, R_SET1B(0x80)), xv, g)
 
 #endif
