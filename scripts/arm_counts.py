@@ -10,7 +10,8 @@ source), `-t 1 --no-warmup` with -p 0 -n 1 (a decode step), -p 5 -n 0 and -p 128
 batches compute the last row's logits only). Each count is a program run with 2 repetitions less the
 same run with 1 (scripts/qemu/insn_count.c), so loading is left out. Prints JSON.
 
-Usage: python scripts/arm_counts.py [--model qwen2.5-coder-0.5b-instruct] > runs/arm-counts.json
+Usage: python scripts/arm_counts.py [--model qwen2.5-coder-0.5b-instruct] [--llama-counts EARLIER.json] \
+    > runs/arm-counts.json
 """
 
 import argparse
@@ -85,7 +86,10 @@ def dump(model_name: str, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--llama-counts", help="an earlier output of this script: take llama.cpp's counts from it "
+                                           "(they do not change with our code), count ours only")
     args = ap.parse_args()
+    earlier = json.loads(Path(args.llama_counts).read_text())["builds"] if args.llama_counts else None
     from specdec.model.registry import resolve_model
     gguf = str(resolve_model(args.model))
     out = {"model": args.model, "method": "qemu-aarch64 TCG plugin (scripts/qemu/insn_count.c): instructions of "
@@ -95,13 +99,16 @@ def main() -> None:
         so, inputs = plugin(tmp), tmp / "forward.bin"
         dump(args.model, inputs)
         for name, (march, cpu) in BUILDS.items():
-            ours, llama = our_harness(march, tmp / f"harness-{name}"), llama_bench(name, march)
+            ours = our_harness(march, tmp / f"harness-{name}")
+            llama = None if earlier else llama_bench(name, march)
             row = out["builds"][name] = {"march": march, "qemu_cpu": cpu}
             for what, flags in PASSES.items():
                 o = [count(so, cpu, [str(ours), "--count", str(inputs), what, str(r)]) for r in (1, 2)]
-                ll = [count(so, cpu, [str(llama), "-m", gguf, "-t", "1", "--no-warmup", "-r", str(r), *flags])
-                      for r in (1, 2)]
-                row[what] = {"ours": o[1] - o[0], "llama": ll[1] - ll[0], "ours_over_llama": (o[1] - o[0]) / (ll[1] - ll[0])}
+                ll = earlier[name][what]["llama"] if earlier else -1
+                if not earlier:
+                    ll = (count(so, cpu, [str(llama), "-m", gguf, "-t", "1", "--no-warmup", "-r", "2", *flags])
+                          - count(so, cpu, [str(llama), "-m", gguf, "-t", "1", "--no-warmup", "-r", "1", *flags]))
+                row[what] = {"ours": o[1] - o[0], "llama": ll, "ours_over_llama": (o[1] - o[0]) / ll}
                 print(name, what, row[what], file=sys.stderr)
     print(json.dumps(out, indent=1))
 

@@ -50,9 +50,8 @@ SECTIONS = [
     ("costs", "What a verified row and a draft token cost", ""),
     ("targets", "Instruction sets: ours and llama.cpp built for the same target",
      "The kernels build for the compiler's target: `native` by default, or the one `SPECDEC_CPU_TARGET` names "
-     "(`docs/design.md`). Each table below holds both engines built for one target on one host, the reference "
-     "host's numbers being the other sections'; every build gives the same bits (`tests/test_quant_q8.py`, "
-     "`tests/test_arm.py`)."),
+     "(`docs/design.md`). The table below holds both engines built for each target, all on one host that is not "
+     "the reference host; every build gives the same bits (`tests/test_quant_q8.py`, `tests/test_arm.py`)."),
     ("drafts", "Draft models: 4 or 8 bits, the target's own copy, another tokenizer", ""),
     ("families", "Other model families", ""),
     ("memory-startup", "Memory and start-up", ""),

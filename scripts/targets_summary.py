@@ -1,11 +1,11 @@
-"""Page summaries (docs/results/targets-TARGET.json) from scripts/targets_bench.sh's runs: for each
+"""The page summary docs/results/targets.json from scripts/targets_bench.sh's runs: for each
 instruction-set target, ours against llama.cpp built for the same target on one host. Copies each
 target's raw runs (profile, bench summaries, prefill) to docs/results/raw/targets/TARGET/ and writes
-one table per target: plain decoding, the defaults and prefill, ours and llama.cpp's, with what a
+one table: per target, plain decoding, the defaults and prefill, ours and llama.cpp's, with what a
 verified row and a draft token cost in the notes.
 
 Usage: python scripts/targets_summary.py --cpu "2 cores of an Intel Xeon ..." [--runs runs/targets] \
-    [--note TARGET=TEXT ...] [TARGET ...]
+    [--note TEXT ...] [TARGET ...]
 """
 
 import argparse
@@ -15,10 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
-BUILDS = {"x86-64-v3": "AVX2 + FMA (x86-64-v3: Haswell to Alder Lake, Zen 1-3)",
-          "x86-64-v3+avxvnni": "AVX2 + AVX-VNNI (x86-64-v3 with -mavxvnni: Alder Lake and later, Zen 5 client)",
-          "native": "native (-march=native: here AVX-512 with VNNI)"}
-ORDER = {t: i for i, t in enumerate(BUILDS)}
+BUILDS = {"x86-64-v3": "AVX2 and FMA, most laptops", "x86-64-v3+avxvnni": "with AVX-VNNI, Alder Lake and later",
+          "native": "-march=native, here AVX-512 with VNNI"}
 
 
 def method_row(summary: dict, method: str, label: str, llama: dict | None) -> dict:
@@ -53,11 +51,10 @@ def notes_of(run: Path, rows: list[dict]) -> list[str]:
     if (run / "profile.json").exists():
         p = json.loads((run / "profile.json").read_text())
         v = p["verify_cost"]
-        notes.append(f"`specdec profile`: a verify pass of 5 rows costs {v['5']:.2f} plain steps and of 9 rows "
-                     f"{v['9']:.2f} (v(2) {v['2']:.2f}, v(3) {v['3']:.2f}, v(17) {v['17']:.2f}); the draft's step "
-                     f"{p['draft_cost_ratio']:.3f} of the target's, its prefill {p['draft_prefill_cost']:.3f} plain "
-                     f"steps per prompt token; plain decoding at {p['roofline_fraction']:.0%} of the memory "
-                     f"roofline measured in the same run ({p['bandwidth_gbs']:.1f} GB/s).")
+        notes.append(f"`specdec profile`: v(5) {v['5']:.2f}, v(9) {v['9']:.2f}, v(17) {v['17']:.2f} plain steps; the "
+                     f"draft's step {p['draft_cost_ratio']:.3f} of the target's, its prefill "
+                     f"{p['draft_prefill_cost']:.3f} plain steps per prompt token; plain decoding at "
+                     f"{p['roofline_fraction']:.0%} of the memory roofline ({p['bandwidth_gbs']:.1f} GB/s).")
     return notes
 
 
@@ -65,46 +62,42 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", default="runs/targets")
     ap.add_argument("--cpu", required=True, help="the host, as the page names it")
-    ap.add_argument("--note", action="append", default=[], metavar="TARGET=TEXT", help="a note under TARGET's table")
+    ap.add_argument("--note", action="append", default=[], help="a note under the table")
     ap.add_argument("targets", nargs="*", default=list(BUILDS))
     args = ap.parse_args()
-    notes: dict[str, list[str]] = {}
-    for n in args.note:
-        target, _, text = n.partition("=")
-        notes.setdefault(target, []).append(text)
-    args.note = notes
+    rows, notes, kept = [], [], []
     for target in args.targets:
         run = Path(args.runs) / target
-        rows, sources = rows_of(run)
-        if not rows:
+        target_rows, sources = rows_of(run)
+        if not target_rows:
             raise SystemExit(f"no runs for {target} under {run}")
+        rows += [{"build": target, **r} for r in target_rows]
+        notes += [f"{target}: {n}" for n in notes_of(run, target_rows)]
         raw = RESULTS / "raw" / "targets" / target
         raw.mkdir(parents=True, exist_ok=True)
-        kept = []
         for src in sources + [run / "profile.json"]:
             if src.exists():
                 dest = raw / (f"{src.parent.name}-summary.json" if src.name == "summary.json" else src.name)
                 shutil.copyfile(src, dest)
                 kept.append(str(dest.relative_to(ROOT)))
-        summary = {
-            "section": "targets", "order": ORDER.get(target, len(ORDER)),
-            "title": f"{BUILDS.get(target, target)}: ours against llama.cpp built for the same target",
-            "cpu": args.cpu,
-            "setup": f"Our kernels built with `SPECDEC_CPU_TARGET={target}`, llama.cpp with "
-                     f"`scripts/llama_cpp.sh build {target}`, on one host: {args.cpu}. Bench rows interleave ours "
-                     "and llama.cpp's prompt by prompt (greedy, 128 new tokens, prefill included); the prefill rows "
-                     "alternate ours and llama-server's prompt processing of the same token ids.",
-            "command": f"scripts/llama_cpp.sh build {target} && scripts/targets_bench.sh {target}",
-            "source": kept,
-            "columns": [["measure", "measure"], ["ours", "ours", "f2"], ["llama", "llama.cpp", "f2"],
-                        ["ours_over_llama", "ours / llama.cpp", "x"], ["x_plain", "x our plain", "x"],
-                        ["tau", "tau", "f2"]],
-            "rows": rows,
-            "notes": notes_of(run, rows) + args.note.get(target, []),
-        }
-        out = RESULTS / f"targets-{target.replace('+', '-')}.json"
-        out.write_text(json.dumps(summary, indent=1) + "\n")
-        print(out)
+    summary = {
+        "section": "targets",
+        "title": "Each target: ours against llama.cpp built for the same target",
+        "cpu": args.cpu,
+        "setup": f"Host: {args.cpu}. Ours built with `SPECDEC_CPU_TARGET=TARGET`, llama.cpp with "
+                 "`scripts/llama_cpp.sh build TARGET`: " + "; ".join(f"{t}: {BUILDS.get(t, t)}" for t in args.targets)
+                 + ". Bench rows interleave ours and llama.cpp's prompt by prompt (greedy, 128 new tokens, prefill "
+                 "included); prefill rows alternate ours and llama-server's prompt processing of the same token ids.",
+        "command": "scripts/llama_cpp.sh build TARGET && scripts/targets_bench.sh " + " ".join(args.targets),
+        "source": kept,
+        "columns": [["build", "build"], ["measure", "measure"], ["ours", "ours", "f2"], ["llama", "llama.cpp", "f2"],
+                    ["ours_over_llama", "ours / llama.cpp", "x"], ["x_plain", "x our plain", "x"], ["tau", "tau", "f2"]],
+        "rows": rows,
+        "notes": notes + args.note,
+    }
+    out = RESULTS / "targets.json"
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    print(out)
 
 
 if __name__ == "__main__":
