@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--llama-counts", help="an earlier output of this script: take llama.cpp's counts from it "
                                            "(they do not change with our code), count ours only")
+    ap.add_argument("--builds", default=",".join(BUILDS), help=f"comma list of {', '.join(BUILDS)}")
     args = ap.parse_args()
     earlier = json.loads(Path(args.llama_counts).read_text())["builds"] if args.llama_counts else None
     from specdec.model.registry import resolve_model
@@ -98,7 +99,8 @@ def main() -> None:
         tmp = Path(t)
         so, inputs = plugin(tmp), tmp / "forward.bin"
         dump(args.model, inputs)
-        for name, (march, cpu) in BUILDS.items():
+        for name in args.builds.split(","):
+            march, cpu = BUILDS[name]
             ours = our_harness(march, tmp / f"harness-{name}")
             llama = None if earlier else llama_bench(name, march)
             row = out["builds"][name] = {"march": march, "qemu_cpu": cpu}
