@@ -39,7 +39,7 @@ def reference_activations(x: np.ndarray, B: int):
     x = x.astype(np.float32).reshape(-1, B)
     amax = np.abs(x).max(1)
     d = amax / np.float32(127)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     inv[~np.isfinite(inv)] = 0  # a block below 127 / FLT_MAX reads as zeros
     q = np.rint(x * inv[:, None]).astype(np.int8)
