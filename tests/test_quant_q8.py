@@ -378,3 +378,19 @@ def test_a_4_bit_draft_is_llama_cpp_q4_0_of_its_weights(fmt):
     scale = (xq.abs() @ w.abs().T).max().item()
     assert (y.double() - xq @ w.T).abs().max().item() < 1e-6 * scale
     assert torch.equal(cpu_kernels.quant_linear(x[3:4], [(rtype, packed)]), y[3:4])
+
+
+def test_a_bad_or_foreign_target_is_a_clear_error(monkeypatch):
+    """SPECDEC_CPU_TARGET names what the kernels build for: a malformed name, and a build this CPU cannot
+    run, are refused with the reason (the loader then keeps the fp32 reference), never an illegal instruction."""
+    with pytest.raises(RuntimeError, match="SPECDEC_CPU_TARGET='x86-64-v3\\+': name a target"):
+        cpu_kernels.target_flags("x86-64-v3+")
+    monkeypatch.setenv(cpu_kernels.TARGET_ENV, "+avx2")
+    with pytest.raises(RuntimeError, match="name a target"):
+        cpu_kernels.target_flags()
+    if "avx2" not in cpu_kernels._cpu_flags().split():
+        pytest.skip("the foreign-build case needs an x86 host that builds x86-64-v3")
+    monkeypatch.delenv(cpu_kernels.TARGET_ENV)
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: "flags : fpu sse sse2")  # a CPU without AVX2
+    with pytest.raises(RuntimeError, match="this CPU lacks avx2, fma"):
+        cpu_kernels.load(target="x86-64-v3")
