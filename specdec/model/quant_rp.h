@@ -134,7 +134,7 @@ typedef const int8_t *rxv;
  *    fit: 8 x 2 x 15 x 127 and 2 x 2 x 63 x 127 < 2^15), then one vpmaddwd by the scale as an int16
  *    pair: no vpmulld, and no vpmaddwd by ones per four products as DPBUSD without VNNI needs. */
 #ifndef R_SUB16
-#define R_SUB16 (RP_W == 8 && !R_VNNI) /* AVX-VNNI: int32 measured faster (Q4_K 0.8x the time, rp_rows.c) */
+#define R_SUB16 (RP_W == 8 && !R_VNNI) /* AVX-VNNI: int32 measured faster (int16 sums: Q4_K 1.15-1.2x the time; raw/targets/rp-rows.txt) */
 #endif
 #if !R_SUB16
 typedef rvi rsub;
