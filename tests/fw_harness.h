@@ -4,7 +4,11 @@
  * --count runs one of a decode step, a 5-row verify pass or a 128-token prefill (16 rows a call) REPS
  * times on one thread, with the LM head's GEMM where the dump has it (all rows of a verify pass, the
  * last of a prefill), for instruction counts under qemu (scripts/arm_counts.py): the count of REPS 2
- * less that of REPS 1 is one pass, the loading left out. */
+ * less that of REPS 1 is one pass, the loading left out.
+ * --count-gemm TYPE N K C REPS runs quant_gemm_q8 REPS times on one thread, N rows of K weights in GGUF
+ * TYPE (its repacked type where it has one and R is appended: TYPE R) against C activation rows: the
+ * instructions per 256 weights of each kernel's inner loop (arm_counts.py --per-weights). The weights
+ * are fixed bytes with every scale 1.0 (no kernel branches on the weights' values). */
 
 #define FW_MAX_PARTS 4
 typedef struct { /* cpu_forward.c's structs, the same layout */
@@ -100,6 +104,33 @@ static int count_main(const char *in, const char *what, int reps) {
             die("the head's GEMM refused", what);
     }
     printf("%s x %d: x[0] %g\n", what, reps, (double)x[(n - 1) * D]);
+    return 0;
+}
+
+static int count_gemm_main(int type, int repack, int64_t N, int64_t K, int64_t C, int reps) {
+    const int64_t rb = quant_row_bytes(type, K);
+    if (!rb || N % 16 || C < 1 || C > 16) die("bad --count-gemm arguments", "");
+    uint8_t *W = alloc(N * rb);
+    uint32_t r = 12345;
+    for (int64_t i = 0; i < N * rb; i++) r = r * 1103515245u + 12345u, W[i] = (uint8_t)(r >> 16);
+    const int64_t bb = rb / (K / (type == 12 || type == 14 ? 256 : 32)); /* a block's bytes */
+    const int d_at = type == 14 ? 208 : 0, two = type == 3 || type == 12; /* Q4_1 / Q4_K: a second f16 (m / dmin) */
+    for (int64_t b = 0; b < N * rb / bb; b++) {
+        W[b * bb + d_at] = 0x00, W[b * bb + d_at + 1] = 0x3C; /* 1.0 */
+        if (two) W[b * bb + 2] = 0x00, W[b * bb + 3] = 0x3C;
+    }
+    int t = type;
+    uint8_t *R = W;
+    if (repack) {
+        t = quant_repacked_type(type);
+        R = alloc(N * quant_row_bytes(t, K));
+        if (!t || quant_repack(type, W, R, N, K, 1) != t) die("no repacked type", "");
+    }
+    float *X = alloc(sizeof(float) * C * K), *Y = alloc(sizeof(float) * C * N);
+    for (int64_t i = 0; i < C * K; i++) r = r * 1103515245u + 12345u, X[i] = (float)((int)(r >> 16 & 1023) - 512) / 256.0f;
+    for (int rep = 0; rep < reps; rep++)
+        if (quant_gemm_q8(t, R, X, 0, Y, N, K, C, K, N, 1)) die("quant_gemm_q8 refused", "");
+    printf("gemm %d x %d: y[0] %g\n", t, reps, (double)Y[0]);
     return 0;
 }
 

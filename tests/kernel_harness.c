@@ -178,7 +178,13 @@ static void format(int type) {
         uint8_t *R = alloc(N * quant_row_bytes(rtype, K));
         if (quant_repack(type, W, R, N, K, 2) != rtype) die("repack failed", "");
         snprintf(name, sizeof name, "repack_%d", type);
-        put(name, R, N * quant_row_bytes(rtype, K));
+        uint8_t *P = alloc(N * quant_row_bytes(rtype, K)); /* published in x86's layout: Q8_0's w + 128 */
+        memcpy(P, R, N * quant_row_bytes(rtype, K));
+        if (type == T_Q8_0)
+            for (int64_t t = 0; t < N * quant_row_bytes(rtype, K) / RP_Q8_0_TILE; t++)
+                for (int j = 0; j < 512; j++) P[t * RP_Q8_0_TILE + j] ^= 0x80 ^ RP_Q8_BIAS;
+        put(name, P, N * quant_row_bytes(rtype, K));
+        free(P);
         if (type == T_Q4_K || type == T_Q6_K) {
             int8_t q[512];
             float d[16], sa[16];
@@ -258,6 +264,9 @@ static void fused(void) {
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--forward")) return forward_main(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "--count")) return count_main(argv[2], argv[3], atoi(argv[4]));
+    if ((argc == 7 || argc == 8) && !strcmp(argv[1], "--count-gemm"))
+        return count_gemm_main(atoi(argv[2]), argc == 8 && !strcmp(argv[3], "R"), atoll(argv[argc - 4]),
+                               atoll(argv[argc - 3]), atoll(argv[argc - 2]), atoi(argv[argc - 1]));
     if (argc != 3) {
         fprintf(stderr, "usage: kernel_harness IN OUT | kernel_harness --forward DIR OUT\n");
         return 2;

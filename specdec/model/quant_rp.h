@@ -25,7 +25,8 @@
  *     (16u + b, 16u + 4 + b) in its low / high nibbles, a chunk with (16u + 8 + b, 16u + 12 + b),
  *     and a chunk with the four groups' two high bits (bits 2g, 2g + 1 for group g); @3072 the
  *     scales i8 [16][16]; @3328 d f16 [16].
- *   Q8_0_R16 (544 = 16 x 34): chunk g (0..7): row i's byte b is w[4g + b] + 128 (unsigned);
+ *   Q8_0_R16 (544 = 16 x 34): chunk g (0..7): row i's byte b is w[4g + b] ^ RP_Q8_BIAS: w + 128
+ *     (unsigned, vpdpbusd's operand) on x86, w itself (sdot's and smmla's signed operand) on NEON;
  *     @512 d f16 [16].
  *   Q4_0_R16 (288 = 16 x 18): chunk g (0..3): row i's byte b holds q[4g + b] (low nibble) and
  *     q[16 + 4g + b] (high), q = w / d + 8 in 0..15; @256 d f16 [16].
@@ -45,7 +46,7 @@ enum { T_Q4_0_R16 = 102, T_Q8_0_R16 = 108, T_Q4_K_R16 = 112, T_Q6_K_R16 = 114 };
 #define RP_Q4_0_TILE 288
 
 #if SIMD_NEON
-#include "quant_rp_neon.h" /* RP_W 4: four quarters of a chunk */
+#include "quant_rp_neon.h" /* RP_W 4: four quarters of a chunk; RP_Q8_BIAS 0 */
 #elif defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define RP_W 16
 typedef __m512i rvi;
@@ -104,6 +105,9 @@ typedef __m256 rvf;
 #else
 #define R_VNNI 0 /* DPBUSD is maddubs + madd: exact only while a pair of products fits int16 */
 #endif
+#endif
+#ifndef RP_Q8_BIAS
+#define RP_Q8_BIAS 0x80 /* Q8_0_R16's weights as w + 128, vpdpbusd's unsigned operand */
 #endif
 #define RP_H (RP_ROWS / RP_W) /* register widths a tile takes: 1 (AVX-512), 2 (AVX2) or 4 (NEON) */
 
@@ -496,7 +500,7 @@ static void repack_q6_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
 static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
     for (int g = 0; g < 8; g++)
         for (int i = 0; i < 16; i++)
-            for (int e = 0; e < 4; e++) dst[64 * g + 4 * i + e] = src[i * rb + 2 + 4 * g + e] ^ 0x80;
+            for (int e = 0; e < 4; e++) dst[64 * g + 4 * i + e] = src[i * rb + 2 + 4 * g + e] ^ RP_Q8_BIAS;
     for (int i = 0; i < 16; i++) memcpy(dst + 512 + 2 * i, src + i * rb, 2);
 }
 

@@ -18,8 +18,8 @@ static inline void mm_weights(const uint8_t *blk, int h, int q4, int8x16_t w[4][
     for (int p = 0; p < (q4 ? 2 : 4); p++) {
         uint8x16_t c0 = vld1q_u8(blk + 128 * p + 16 * h), c1 = vld1q_u8(blk + 128 * p + 64 + 16 * h);
         for (int n = 0; n < (q4 ? 2 : 1); n++) { /* Q4_0: the low nibbles (weights 8p ..), the high (16 + 8p ..) */
-            const uint8x16_t u0 = q4 ? (n ? vshrq_n_u8(c0, 4) : vandq_u8(c0, vdupq_n_u8(15))) : veorq_u8(c0, vdupq_n_u8(0x80));
-            const uint8x16_t u1 = q4 ? (n ? vshrq_n_u8(c1, 4) : vandq_u8(c1, vdupq_n_u8(15))) : veorq_u8(c1, vdupq_n_u8(0x80));
+            const uint8x16_t u0 = q4 ? (n ? vshrq_n_u8(c0, 4) : vandq_u8(c0, vdupq_n_u8(15))) : c0; /* Q8_0: w itself */
+            const uint8x16_t u1 = q4 ? (n ? vshrq_n_u8(c1, 4) : vandq_u8(c1, vdupq_n_u8(15))) : c1;
             const int j = q4 ? 2 * n + p : p;
             w[j][0] = vreinterpretq_s8_u32(vzip1q_u32(vreinterpretq_u32_u8(u0), vreinterpretq_u32_u8(u1)));
             w[j][1] = vreinterpretq_s8_u32(vzip2q_u32(vreinterpretq_u32_u8(u0), vreinterpretq_u32_u8(u1)));

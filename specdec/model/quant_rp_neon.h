@@ -47,8 +47,9 @@ static inline int32x4_t r_s8_32(const uint8_t *p) {
 #define R_FMA(a, b, c) vfmaq_f32(c, a, b) /* a * b + c, fused */
 #define R_STOREF(p, v) vst1q_f32(p, v)
 #define R_VNNI 1
-/* Q8_0_R16 stores w + 128: sdot of the signed w (raw ^ 0x80) against the activations, from 0 */
-#define R_Q8_DOT(dot, raw, xv) r_dot4(dot, veorq_s32(raw, R_SET1B(0x80)), xv)
+/* Q8_0_R16 stores w itself here (sdot's signed operand): its dot product from 0 */
+#define RP_Q8_BIAS 0
+#define R_Q8_DOT(dot, raw, xv) r_dot4(dot, raw, xv)
 #define R_Q8_START(o) R_ZERO()
 /* R_VNNI: quant_rp.h's int32 sub-block sums (sdot, then the scale's multiply) */
 /* the activations: 16 bytes in a register, lane g of them against every lane (sdot's by-element form) */
@@ -76,6 +77,6 @@ static inline int32x4_t r_xdot(int32x4_t acc, int32x4_t u, int8x16_t xv, int g) 
 #endif
 }
 #define R_XDOT(acc, u, xv, g) r_xdot(acc, u, xv, g)
-#define R_Q8_XDOT(dot, raw, xv, g) r_xdot(dot, veorq_s32(raw, R_SET1B(0x80)), xv, g)
+#define R_Q8_XDOT(dot, raw, xv, g) r_xdot(dot, raw, xv, g)
 
 #endif
