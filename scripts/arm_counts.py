@@ -10,8 +10,13 @@ source), `-t 1 --no-warmup` with -p 0 -n 1 (a decode step), -p 5 -n 0 and -p 128
 batches compute the last row's logits only). Each count is a program run with 2 repetitions less the
 same run with 1 (scripts/qemu/insn_count.c), so loading is left out. Prints JSON.
 
+--per-weights adds each kernel's instructions per 256 weights and activation row (the harness's
+--count-gemm: 256 rows of 1024 weights against 1, 5 and 16 rows, 2 repetitions less 1) against the
+multiply instruction's own floor: sdot takes 16 products, so 16 a row per 256 weights; smmla takes 32
+(two activation rows at once), so 8 where the i8mm build runs it (the 32-weight tiles, 2 rows or more).
+
 Usage: python scripts/arm_counts.py [--model qwen2.5-coder-0.5b-instruct] [--llama-counts EARLIER.json] \
-    > runs/arm-counts.json
+    [--per-weights] > runs/arm-counts.json
 """
 
 import argparse
@@ -83,12 +88,34 @@ def dump(model_name: str, path: Path) -> None:
     write_blobs(path, blobs)
 
 
+# (GGUF type, repacked?) of each kernel counted per 256 weights; the rows it runs against
+KERNELS = {"Q4_0": (2, False), "Q5_0": (6, False), "Q8_0": (8, False), "Q4_K": (12, False), "Q6_K": (14, False),
+           "Q4_0_R16": (2, True), "Q8_0_R16": (8, True), "Q4_K_R16": (12, True), "Q6_K_R16": (14, True)}
+GEMM_ROWS, GEMM_N, GEMM_K = (1, 5, 16), 256, 1024
+
+
+def per_weights(so: Path, harness: Path, cpu: str, i8mm: bool) -> dict:
+    """{kernel: {rows: {"ours": instructions per 256 weights and row, "floor": the multiplies' own}}}"""
+    out = {}
+    for name, (qtype, repacked) in KERNELS.items():
+        row = out[name] = {}
+        for c in GEMM_ROWS:
+            argv = [str(harness), "--count-gemm", str(qtype), *(["R"] if repacked else []), str(GEMM_N), str(GEMM_K),
+                    str(c)]
+            n = count(so, cpu, [*argv, "2"]) - count(so, cpu, [*argv, "1"])
+            smmla = i8mm and repacked and qtype in (2, 8) and c >= 2
+            row[c] = {"ours": round(n / (GEMM_N * GEMM_K / 256) / c, 1), "floor": 8 if smmla else 16}
+        print(name, row, file=sys.stderr)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--llama-counts", help="an earlier output of this script: take llama.cpp's counts from it "
                                            "(they do not change with our code), count ours only")
     ap.add_argument("--builds", default=",".join(BUILDS), help=f"comma list of {', '.join(BUILDS)}")
+    ap.add_argument("--per-weights", action="store_true", help="each kernel's instructions per 256 weights too")
     args = ap.parse_args()
     earlier = json.loads(Path(args.llama_counts).read_text())["builds"] if args.llama_counts else None
     from specdec.model.registry import resolve_model
@@ -112,6 +139,8 @@ def main() -> None:
                           - count(so, cpu, [str(llama), "-m", gguf, "-t", "1", "--no-warmup", "-r", "1", *flags]))
                 row[what] = {"ours": o[1] - o[0], "llama": ll, "ours_over_llama": (o[1] - o[0]) / ll}
                 print(name, what, row[what], file=sys.stderr)
+            if args.per_weights:
+                row["per_256_weights_and_row"] = per_weights(so, ours, cpu, "i8mm" in march)
     print(json.dumps(out, indent=1))
 
 

@@ -6,7 +6,7 @@
  * last of a prefill), for instruction counts under qemu (scripts/arm_counts.py): the count of REPS 2
  * less that of REPS 1 is one pass, the loading left out.
  * --count-gemm TYPE N K C REPS runs quant_gemm_q8 REPS times on one thread, N rows of K weights in GGUF
- * TYPE (its repacked type where it has one and R is appended: TYPE R) against C activation rows: the
+ * TYPE (with R appended, its repacked type, or else the draft's Q4_0_R16 of it) against C activation rows: the
  * instructions per 256 weights of each kernel's inner loop (arm_counts.py --per-weights). The weights
  * are fixed bytes with every scale 1.0 (no kernel branches on the weights' values). */
 
@@ -122,9 +122,10 @@ static int count_gemm_main(int type, int repack, int64_t N, int64_t K, int64_t C
     int t = type;
     uint8_t *R = W;
     if (repack) {
-        t = quant_repacked_type(type);
+        t = quant_repacked_type(type) ? quant_repacked_type(type) : 102; /* else the draft's Q4_0_R16 */
         R = alloc(N * quant_row_bytes(t, K));
-        if (!t || quant_repack(type, W, R, N, K, 1) != t) die("no repacked type", "");
+        if ((t == 102 ? quant_requant_q4_0(type, W, R, N, K, 1) : quant_repack(type, W, R, N, K, 1)) != t)
+            die("cannot repack", "");
     }
     float *X = alloc(sizeof(float) * C * K), *Y = alloc(sizeof(float) * C * N);
     for (int64_t i = 0; i < C * K; i++) r = r * 1103515245u + 12345u, X[i] = (float)((int)(r >> 16 & 1023) - 512) / 256.0f;
