@@ -34,6 +34,10 @@ class DraftState:
     # ends, GO_ON (2) drafts it and goes on. Other drafters ignore both.
     stop: Callable[[int, float], int] | None = None
     k_stop: int = 0
+    # Structured output: mask(drafted) is the grammar's allowed target ids, bool # [vocab], after
+    # tokens + drafted (None where the grammar rejects drafted). A drafter whose ids are the target's
+    # may draft from its masked distribution (its q is then that one); None: no grammar.
+    mask: Callable[[list[int]], torch.Tensor | None] | None = None
 
     @property
     def limit(self) -> int:
@@ -88,9 +92,10 @@ class Drafter(Protocol):
         positions position..position+n-1, from the prefill and each verify."""
 
     def verify(self, target, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
-               generator: torch.Generator | None) -> "Verified":
-        """caps.own_verify: verify [last token] + tree in the drafter's own forward. Moves no cache:
-        it reports the slots it wrote (Verified.written); the engine's commit moves the cache."""
+               generator: torch.Generator | None, masks: torch.Tensor | None = None) -> "Verified":
+        """caps.own_verify: verify [last token] + tree in the drafter's own forward, under the grammar's
+        masks # [1 + nodes, vocab] where given. Moves no cache: it reports the slots it wrote
+        (Verified.written); the engine's commit moves the cache."""
 
     def share_target_cache(self, cache) -> "Drafter":
         """caps.target_cache: draft into `cache`, the target's cache of every sequence this drafter serves."""
@@ -114,7 +119,7 @@ class BaseDrafter:
     def feed(self, position: int, features: torch.Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not read the target's features")
 
-    def verify(self, target, cache, last_token, tree, sampling, generator):
+    def verify(self, target, cache, last_token, tree, sampling, generator, masks=None):
         raise NotImplementedError(f"{type(self).__name__} has no verify forward of its own")
 
     def share_target_cache(self, cache):

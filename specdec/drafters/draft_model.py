@@ -107,6 +107,12 @@ class DraftModelDrafter(BaseDrafter):
         drafted, qs, stopped = [], [], False
         for i in range(state.limit):
             logits = self._logits(x)  # [vocab]
+            if state.mask is not None:  # under a grammar: draft from the masked distribution
+                allowed = state.mask([int(t) for t in drafted])  # [vocab]
+                if allowed is None:  # the grammar is over: every drafted token has been fed
+                    stopped = True
+                    break
+                logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
             q = None if state.sampling.greedy else probs_from_logits(logits, state.sampling)
             decision = self._decide(logits, q, state, i)
             if decision == END:

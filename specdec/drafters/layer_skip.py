@@ -251,20 +251,21 @@ class LayerSkipDrafter(BaseDrafter):
         return torch.cat(last["hidden"] + [final], dim=1)
 
     def verify(self, target: Transformer, cache: KVCache, last_token: int, tree: DraftTree,
-               sampling: SamplingParams, generator: torch.Generator) -> Verified:
+               sampling: SamplingParams, generator: torch.Generator, masks: torch.Tensor | None = None) -> Verified:
         """The engine's verify of a drafting step (moves no cache): starts the verify pass at layer L when the drafter
         holds the shallow part of [last token] + draft, else runs the plain full verify."""
-        return verify_from_draft(target, self, cache, last_token, tree, sampling, generator)
+        return verify_from_draft(target, self, cache, last_token, tree, sampling, generator, masks)
 
 
 def verify_from_draft(target: Transformer, drafter: LayerSkipDrafter, cache: KVCache, last_token: int,
-                      tree: DraftTree, sampling: SamplingParams, generator: torch.Generator) -> Verified:
+                      tree: DraftTree, sampling: SamplingParams, generator: torch.Generator,
+                      masks: torch.Tensor | None = None) -> Verified:
     """specdec.engine.verify.verify, reusing the drafter's layers 0..L-1 for [last token] + draft."""
     hidden = drafter.verify_hidden(cache, last_token, tree) if target is drafter.target else None
     if hidden is None:
-        return full_verify(target, cache, last_token, tree, sampling, generator)
+        return full_verify(target, cache, last_token, tree, sampling, generator, masks=masks)
     logits = forward_from_layer(target, hidden, cache, cache.length, len(drafter.layers))[0]  # [k + 1, vocab]
-    return accept_chain(tree, logits, sampling, generator)
+    return accept_chain(tree, logits, sampling, generator, masks=masks)
 
 
 def make_layer_skip(target: Transformer, layers: LayerSpec, capacity: int, cache: KVCache | None = None,

@@ -116,8 +116,9 @@ class LookaheadDrafter(BaseDrafter):
         return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
     def verify(self, target: Transformer, cache: KVCache, last_token: int, tree: DraftTree, sampling,
-               generator: torch.Generator) -> Verified:
-        """One forward over [root] + tree nodes + window; accept on the tree, advance the window."""
+               generator: torch.Generator, masks: torch.Tensor | None = None) -> Verified:
+        """One forward over [root] + tree nodes + window; accept on the tree (under the grammar's masks
+        # [1 + n, vocab] where given), advance the window."""
         device = cache.k.device
         start, n = cache.length, len(tree)
         levels = self.levels
@@ -137,7 +138,7 @@ class LookaheadDrafter(BaseDrafter):
             self._advance_window(logits[1 + n:].argmax(-1).view(len(levels), self.window).tolist())
         self.window_tokens = m
         rows = logits[:1 + n]  # [1 + n, vocab] of [root] + tree nodes
-        return Verified.of_tree(accept_tree(tree, rows, sampling, generator, None), 1 + n + m, rows)
+        return Verified.of_tree(accept_tree(tree, rows, sampling, generator, None, masks), 1 + n + m, rows)
 
     def _advance_window(self, outputs: list[list[int]]) -> None:
         """outputs[r][c]: the window's argmax guesses; the top level's become the next level."""

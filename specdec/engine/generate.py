@@ -45,17 +45,18 @@ class SpeculativeGenerator:
         check_fits(self.cache.capacity, self.drafter, prompt, max_new_tokens)
 
     def sequence(self, prompt: list[int], cfg: GenerationConfig, eos_ids: set[int] = frozenset(),
-                 on_tokens: Callable[[list[int]], None] | None = None) -> Sequence:
-        """A new sequence on this generator's cache, drafter and policy (not prefilled yet)."""
+                 on_tokens: Callable[[list[int]], None] | None = None, constraint=None) -> Sequence:
+        """A new sequence on this generator's cache, drafter and policy (not prefilled yet); constraint:
+        its grammar (a specdec.constraints.Constraint, fresh), or None."""
         self.check_fits(prompt, cfg.max_new_tokens)
         return Sequence(list(prompt), len(prompt), cfg, set(eos_ids), make_generator(cfg.sampling.seed, self.cache.k.device),
                         self.cache, self.drafter, self.policy if self.policy is not None else FixedPolicy(),
-                        on_tokens=on_tokens)
+                        on_tokens=on_tokens, constraint=constraint)
 
     def generate(self, prompt: list[int], cfg: GenerationConfig, eos_ids: set[int] = frozenset(),
-                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+                 on_tokens: Callable[[list[int]], None] | None = None, constraint=None) -> GenerationResult:
         t_start = time.perf_counter()
-        seq = self.sequence(prompt, cfg, eos_ids, on_tokens)
+        seq = self.sequence(prompt, cfg, eos_ids, on_tokens, constraint)
         reason = prefill(self.target, seq)
         while reason is None:
             report = step(self.target, self.cache, [seq])

@@ -19,6 +19,12 @@ hit is a prefill that starts late (`prefill_from`).
 
 A failure in one sequence's step fails that sequence alone (`StepReport.failed`); the others go on.
 Greedy decoding gives plain decoding's tokens whatever the drafter, the policy or the batch.
+
+A sequence under a grammar (`Sequence.constraint`, structured output) draws every token from the
+target's distribution masked by the grammar: its first token, and each verified row after the draft
+tokens before it. Its drafts are cut at the first token the grammar rejects (the target would reject
+it); where the drafter proposes nothing the grammar's forced tokens are the draft; the grammar moves
+with the emitted tokens.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from specdec.policy import Action, Ask, Outcome, StepPolicy, sync
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.sampling.logprobs import TokenLogprob, token_logprobs
 from specdec.tree import DraftTree
-from specdec.engine.verify import Verified, verify, verify_chains, verify_tree
+from specdec.engine.verify import Verified, masked, verify, verify_chains, verify_tree
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -74,6 +80,7 @@ class Sequence:
     t_start: float = field(default_factory=time.perf_counter)
     logprobs: list[TokenLogprob] | None = None  # one per new token, where cfg.logprobs asks
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (the first: None), where asked
+    constraint: object | None = None  # a specdec.constraints.Constraint (structured output), or None
 
     def __post_init__(self):
         if self.cfg.logprobs is not None:
@@ -104,6 +111,12 @@ class Sequence:
         room = self.cfg.max_new_tokens - self.num_new
         if len(new) >= room:
             new, reason = new[:room], reason or "length"
+        if self.constraint is not None:  # the grammar moves with each token; where it ends, the answer does
+            for i, tok in enumerate(new):
+                self.constraint.advance([tok])
+                if self.constraint.finished:
+                    new, reason = new[:i + 1], "stop"
+                    break
         self.tokens += new
         if self.logprobs is not None:
             if scores is None or len(scores) < len(new):
@@ -159,7 +172,8 @@ def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: 
         seq.stats.prefill_seconds += time.perf_counter() - t0
         return None
     sampling = seq.cfg.sampling
-    first = int(logits.argmax()) if sampling.greedy else int(sample(probs_from_logits(logits, sampling),
+    scored = logits if seq.constraint is None else masked(logits[None], seq.constraint.allowed()[None])[0]
+    first = int(scored.argmax()) if sampling.greedy else int(sample(probs_from_logits(scored, sampling),
                                                                     seq.generator))
     start_drafter(seq, load)  # a draft model prefills here: part of the request's prefill time
     seq.stats.prefill_seconds += time.perf_counter() - t0
@@ -238,6 +252,7 @@ class _Row:
     seconds: float  # choosing and drafting
     draft: DraftTree | None = None
     state: DraftState | None = None
+    masks: torch.Tensor | None = None  # the grammar's, bool # [1 + len(draft), vocab], where it has one
 
 
 def draft_length(seq: Sequence) -> int:
@@ -259,8 +274,9 @@ def _plan(seq: Sequence, batch: int) -> Action:
 def _state(seq: Sequence, action: Action) -> DraftState:
     room = seq.cache.capacity - seq.cache.length - 1
     cap = room if action.nodes is None else min(room, action.nodes)
+    mask = None if seq.constraint is None else seq.constraint.mask_after
     return DraftState(seq.tokens, action.k, seq.cfg.sampling, seq.generator, max_nodes=cap, tree=action.tree,
-                      stop=action.stop, k_stop=action.k_stop)
+                      stop=action.stop, k_stop=action.k_stop, mask=mask)
 
 
 def _clip(seq: Sequence, tree: DraftTree, state: DraftState) -> DraftTree:
@@ -308,10 +324,39 @@ def _propose(rows: list[_Row], pool, failed: list) -> list[_Row]:
     for r in out:
         try:
             r.draft = _clip(r.seq, r.draft, r.state)
+            if r.seq.constraint is not None:
+                r.draft, r.masks = _constrain(r.seq.constraint, r.draft, r.state.limit if r.action.k else
+                                              draft_length(r.seq))
             kept.append(r)
         except Exception as e:  # noqa: BLE001
             failed.append((r.seq, e))
     return kept
+
+
+def _constrain(constraint, draft: DraftTree, limit: int) -> tuple[DraftTree, torch.Tensor]:
+    """A draft under a grammar and the masks of its verify rows # [1 + len, vocab]: a tree kept whole,
+    each node's row masked after its path; a chain cut at the first token the grammar rejects, and
+    where it is a prefix of the tokens the grammar forces next (nothing drafted, say), those tokens
+    instead, up to limit (their q one-hot, as a lookup's)."""
+    if not draft.is_chain:
+        return draft, constraint.tree_masks(draft.tokens.tolist(), draft.parents.tolist())
+    forced = constraint.forced(limit) if limit > len(draft) else []
+    if len(forced) > len(draft) and forced[:len(draft)] == draft.tokens.tolist():
+        draft = _forced_chain(draft, forced)
+    masks = constraint.masks_along(draft.tokens.tolist())  # [1 + m, vocab], m <= len(draft)
+    m = masks.shape[0] - 1
+    if m < len(draft):
+        draft = DraftTree.chain(draft.tokens[:m], None if draft.q is None else draft.q[:m])
+    return draft, masks
+
+
+def _forced_chain(draft: DraftTree, forced: list[int]) -> DraftTree:
+    """The chain of the forced tokens, whose first len(draft) are the draft's (their q kept)."""
+    tokens = torch.tensor(forced, dtype=torch.long, device=draft.tokens.device)  # [n]
+    if draft.q is None:
+        return DraftTree.chain(tokens)
+    extra = torch.nn.functional.one_hot(tokens[len(draft):], draft.q.shape[-1]).to(draft.q.dtype)
+    return DraftTree.chain(tokens, torch.cat([draft.q, extra]))
 
 
 def _alone(r: _Row) -> bool:
@@ -323,20 +368,21 @@ def _verify_alone(target: Transformer, r: _Row) -> Verified:
     seq = r.seq
     last, sampling = seq.tokens[-1], seq.cfg.sampling
     if r.action.k > 0 and seq.drafter.caps.own_verify:
-        return seq.drafter.verify(target, seq.cache, last, r.draft, sampling, seq.generator)
-    return verify_tree(target, seq.cache, last, r.draft, sampling, seq.generator, seq.drafter.caps.features)
+        return seq.drafter.verify(target, seq.cache, last, r.draft, sampling, seq.generator, r.masks)
+    return verify_tree(target, seq.cache, last, r.draft, sampling, seq.generator, seq.drafter.caps.features,
+                       r.masks)
 
 
 def _verify_together(target: Transformer, cache, rows: list[_Row]) -> list[Verified]:
     if len(rows) == 1:
         s = rows[0].seq
         return [verify(target, s.cache, s.tokens[-1], rows[0].draft, s.cfg.sampling, s.generator,
-                       s.policy.wants_target_confidence, s.drafter.caps.features)]
+                       s.policy.wants_target_confidence, s.drafter.caps.features, rows[0].masks)]
     seqs = [r.seq for r in rows]
     return verify_chains(target, cache, [s.row for s in seqs], [s.cache.length for s in seqs],
                          [s.tokens[-1] for s in seqs], [r.draft for r in rows], [s.cfg.sampling for s in seqs],
                          [s.generator for s in seqs], [s.policy.wants_target_confidence for s in seqs],
-                         any(s.drafter.caps.features for s in seqs))
+                         any(s.drafter.caps.features for s in seqs), [r.masks for r in rows])
 
 
 def step(target: Transformer, cache, seqs: list[Sequence], load: int = 1, pool=None,

@@ -7,6 +7,11 @@ the cache's length, or compacts a tree's accepted path into place.
 Chains of many sequences are verified in one forward over ragged rows (`verify_chains`): each row's
 [last token] + draft is written at its own slots and attends to its own prefix only; each row then
 accepts its own prefix with its own generator.
+
+Under a grammar (structured output) every verified row's logits are masked by what the grammar allows
+after the tokens before it (`masks`, bool # [rows, vocab]): acceptance then runs on the target's
+constrained distribution, and keeps the output exactly that distribution (greedy: constrained plain
+decoding's tokens). The logits a Verified reports for logprobs stay the raw ones.
 """
 
 from __future__ import annotations
@@ -58,28 +63,42 @@ class Verified:
         return Verified(list(acc.path), acc.next_token, written, False, logits=logits)
 
 
+def masked(logits: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
+    """logits # [rows, vocab] with -inf where masks # [rows, vocab] (bool, the grammar's) is False;
+    logits themselves where there is no grammar. A row the grammar allows nothing at (after a stop id,
+    or a tree node on a path it rejects) is never one a kept token comes from: it stays as it is, so
+    that no row of probabilities is NaN."""
+    if masks is None:
+        return logits
+    masks = masks.to(logits.device)
+    return logits.masked_fill(~masks & masks.any(-1, keepdim=True), float("-inf"))
+
+
 def accept_chain(draft: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator,
-                 confidence: bool = False) -> Verified:
-    """logits # [k + 1, vocab] of [last token] + draft -> the accepted prefix and the next token."""
+                 confidence: bool = False, masks: torch.Tensor | None = None) -> Verified:
+    """logits # [k + 1, vocab] of [last token] + draft -> the accepted prefix and the next token
+    (masks # [k + 1, vocab]: the grammar's, row by row)."""
     tokens = draft.tokens.to(logits.device)
+    scored = masked(logits, masks)  # [k + 1, vocab]
     if sampling.greedy:
-        acc = greedy_accept(tokens, logits, confidence)
+        acc = greedy_accept(tokens, scored, confidence)
     else:
-        acc = rejection_accept(tokens, probs_from_logits(logits, sampling), draft.q, generator, confidence)
+        acc = rejection_accept(tokens, probs_from_logits(scored, sampling), draft.q, generator, confidence)
     return Verified.of_chain(acc, draft, logits)
 
 
 def verify(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
-           generator: torch.Generator | None, confidence: bool = False, features: bool = False) -> Verified:
+           generator: torch.Generator | None, confidence: bool = False, features: bool = False,
+           masks: torch.Tensor | None = None) -> Verified:
     """One target forward over [last committed token] + draft chain, at the cache's length
-    (features: also the kept rows' features)."""
+    (features: also the kept rows' features; masks # [k + 1, vocab]: the grammar's)."""
     device = cache.k.device
     x = torch.cat([torch.tensor([last_token], device=device), tree.tokens.to(device)]).unsqueeze(0)  # [1, k + 1]
     cache.require(cache.length + x.shape[1])
     if not features:
-        return accept_chain(tree, target(x, cache, cache.length)[0], sampling, generator, confidence)
+        return accept_chain(tree, target(x, cache, cache.length)[0], sampling, generator, confidence, masks)
     logits, h = target(x, cache, cache.length, hidden=True)  # [1, k + 1, vocab], [1, k + 1, hidden]
-    v = accept_chain(tree, logits[0], sampling, generator, confidence)
+    v = accept_chain(tree, logits[0], sampling, generator, confidence, masks)
     return replace(v, features=h[0, :1 + v.num_accepted])
 
 
@@ -100,9 +119,11 @@ def ragged_inputs(lengths: list[int], rows: list[list[int]], device) -> tuple[to
 
 def verify_chains(target: Transformer, cache, rows: list[int], lengths: list[int], last_tokens: list[int],
                   drafts: list[DraftTree], samplings: list[SamplingParams], generators: list,
-                  confidence: list[bool], features: bool = False) -> list[Verified]:
+                  confidence: list[bool], features: bool = False,
+                  masks: list[torch.Tensor | None] | None = None) -> list[Verified]:
     """One target forward over every row's [last token] + draft chain (rows: the rows of the batched
-    `cache`, lengths: their committed slots); each row accepts its own prefix."""
+    `cache`, lengths: their committed slots); each row accepts its own prefix (under its grammar's
+    masks # [k + 1, vocab], where it has one)."""
     device = cache.k.device
     inputs = [[t] + d.tokens.tolist() for t, d in zip(last_tokens, drafts)]
     width = max(len(r) for r in inputs)
@@ -112,8 +133,9 @@ def verify_chains(target: Transformer, cache, rows: list[int], lengths: list[int
     out = target(tokens, cache, 0, positions=positions, mask=mask, slots=slots,
                  rows=torch.tensor(rows, device=device), hidden=features)  # [B, T, vocab] (, [B, T, hidden])
     logits, h = out if features else (out, None)
-    verified = [accept_chain(d, logits[b, :len(d) + 1], s, g, c)
-                for b, (d, s, g, c) in enumerate(zip(drafts, samplings, generators, confidence))]
+    masks = masks or [None] * len(drafts)
+    verified = [accept_chain(d, logits[b, :len(d) + 1], s, g, c, m)
+                for b, (d, s, g, c, m) in enumerate(zip(drafts, samplings, generators, confidence, masks))]
     if h is None:
         return verified
     return [replace(v, features=h[b, :1 + v.num_accepted]) for b, v in enumerate(verified)]
@@ -128,16 +150,20 @@ def tree_attention_mask(tree: DraftTree, start: int, device) -> torch.Tensor:
     return mask
 
 
-def accept_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator, q) -> TreeAcceptance:
-    """logits # [n + 1, vocab] of [root] + nodes -> the accepted path and the next token."""
+def accept_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator, q,
+                masks: torch.Tensor | None = None) -> TreeAcceptance:
+    """logits # [n + 1, vocab] of [root] + nodes -> the accepted path and the next token (masks
+    # [n + 1, vocab]: the grammar's after each node's path)."""
+    logits = masked(logits, masks)
     if sampling.greedy:
         return greedy_tree_accept(tree, logits)
     return tree_rejection_accept(tree, probs_from_logits(logits, sampling), q, generator, replacement=False)
 
 
 def verify_tree(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
-                generator: torch.Generator | None, features: bool = False) -> Verified:
-    """One target forward over [last committed token] + every tree node, under the tree mask."""
+                generator: torch.Generator | None, features: bool = False, masks: torch.Tensor | None = None) -> Verified:
+    """One target forward over [last committed token] + every tree node, under the tree mask (and
+    the grammar's masks # [n + 1, vocab])."""
     device = cache.k.device
     start = cache.length
     cache.require(start + len(tree) + 1)
@@ -145,7 +171,7 @@ def verify_tree(target: Transformer, cache, last_token: int, tree: DraftTree, sa
     positions = (start + tree.position_offsets().to(device)).unsqueeze(0)  # [1, n + 1]
     out = target(x, cache, start, positions=positions, mask=tree_attention_mask(tree, start, device), hidden=features)
     logits, h = (out[0][0], out[1][0]) if features else (out[0], None)
-    v = Verified.of_tree(accept_tree(tree, logits, sampling, generator, tree.parent_q()), len(tree) + 1, logits)
+    v = Verified.of_tree(accept_tree(tree, logits, sampling, generator, tree.parent_q(), masks), len(tree) + 1, logits)
     if h is None:
         return v
     return replace(v, features=h[[0] + [1 + i for i in v.path]])

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.config import SamplingParams
+from specdec.constraints import ConstraintSpec, Grammars
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_messages
 from specdec.server.guard import Access, Guard, RequestLimits
@@ -163,6 +164,7 @@ class Endpoints:
         self.scheduler, self.model_name, self.limits = scheduler, model_name, limits
         self.tokenizer = scheduler.tokenizer
         self.vocab_size = scheduler.stepper.target.config.vocab_size
+        self._grammars: Grammars | None = None  # built at the first structured request (about a second)
 
     async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
@@ -181,7 +183,7 @@ class Endpoints:
         if body.echo:  # the answer starts with the prompt as given (token ids: their text)
             echo = body.prompt if isinstance(body.prompt, str) else await self.encode(self.tokenizer.decode, ids)
         return await self.run(request, body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS, chat=False,
-                              logprobs=body.logprobs, echo=echo)
+                              logprobs=body.logprobs, echo=echo, constraint=await self.constraint_of(body))
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
@@ -203,7 +205,24 @@ class Endpoints:
                 raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
                                     f"{self.scheduler.context} tokens", param="messages",
                                code="context_length_exceeded")
-        return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n)
+        return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n,
+                              constraint=await self.constraint_of(body))
+
+    async def constraint_of(self, body):
+        """The request's grammar state (a fresh specdec.constraints.Constraint), or None; 400 on a bad one."""
+        structure = body.structure()
+        if structure is None:
+            return None
+
+        def compile_it():
+            with self.scheduler.tokenizer_lock:
+                if self._grammars is None:
+                    self._grammars = Grammars.for_tokenizer(self.tokenizer, self.vocab_size, self.scheduler.eos_ids)
+                return self._grammars.constraint(ConstraintSpec(*structure))
+        try:
+            return await asyncio.to_thread(compile_it)
+        except SpecdecError as e:
+            raise APIError(400, str(e), param=structure[0]) from None
 
     async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         """The text's token ids (with the tokenizer's special tokens unless add_special is false)."""
@@ -267,13 +286,15 @@ class Endpoints:
                 return fn(*args)
         return await asyncio.to_thread(run)
 
-    def submit(self, ids: list[int], body, max_tokens: int, sink, logprobs: int | None = None, echo: bool = False):
+    def submit(self, ids: list[int], body, max_tokens: int, sink, logprobs: int | None = None, echo: bool = False,
+               constraint=None):
         try:
             sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, body.seed)
         except SpecdecError as e:
             raise APIError(400, str(e)) from None
         try:
-            params = RequestParams(max_tokens, sampling, body.stop_list, logprobs, echo and logprobs is not None)
+            params = RequestParams(max_tokens, sampling, body.stop_list, logprobs, echo and logprobs is not None,
+                                   constraint)
             return self.scheduler.submit(ids, params, sink)
         except QueueFull as e:
             raise APIError(429, str(e), code="queue_full", type="rate_limit_error",
@@ -285,12 +306,13 @@ class Endpoints:
             raise APIError(400, str(e), param="max_tokens" if code else None, code=code) from None
 
     async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool,
-                  logprobs: int | None = None, echo: str | None = None):
-        """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer."""
+                  logprobs: int | None = None, echo: str | None = None, constraint=None):
+        """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer;
+        constraint: the answer's grammar, or None."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         handle = self.submit(ids, body, max_tokens, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                             logprobs, echo is not None)
+                             logprobs, echo is not None, constraint)
         answer = Answer(self.model_name, new_id("chatcmpl" if chat else "cmpl"), now(), chat, logprobs is not None,
                         echo)
 

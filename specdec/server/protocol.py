@@ -4,8 +4,13 @@
 Supported: model, prompt / messages, max_tokens (chat: also max_completion_tokens), temperature,
 top_p, top_k, seed, stop (a string or a list), stream (+ stream_options.include_usage), n = 1;
 logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20).
+Structured output, on both endpoints (one of them a request): response_format {"type": "json_object"}
+or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (OpenAI's); vLLM's
+structured_outputs {json | regex | grammar | choice} and its older guided_json, guided_regex,
+guided_grammar, guided_choice; llama-server's json_schema and grammar (GBNF). The answer is generated
+under the grammar (specdec.constraints), speculatively and losslessly.
 Refused with a 400 naming the field: n != 1, logprobs or top_logprobs out of range, best_of > 1,
-suffix, non-zero presence/frequency penalties, logit_bias, tools, a response_format other than text.
+suffix, non-zero presence/frequency penalties, logit_bias, tools, two structured-output fields at once.
 Other unknown fields are ignored, as OpenAI's own server does with fields it does not know.
 """
 
@@ -52,6 +57,37 @@ class _Sampling(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: dict | None = None
+    structured_outputs: dict | None = None  # vLLM: {json | regex | grammar | choice}
+    guided_json: dict | str | None = None  # vLLM's older names
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
+    json_schema: dict | None = None  # llama-server's
+    grammar: str | None = None  # llama-server's (GBNF)
+
+    @model_validator(mode="after")
+    def _one_structure(self):
+        given = [name for name, value in self._structures() if value is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one structured-output field, not {len(given)}: {', '.join(given)}")
+        self.structure()  # validates its shape
+        return self
+
+    def _structures(self) -> list[tuple[str, Any]]:
+        rf = self.response_format
+        return [("response_format", None if not rf or rf.get("type", "text") == "text" else rf),
+                ("structured_outputs", self.structured_outputs), ("guided_json", self.guided_json),
+                ("guided_regex", self.guided_regex), ("guided_grammar", self.guided_grammar),
+                ("guided_choice", self.guided_choice), ("json_schema", self.json_schema), ("grammar", self.grammar)]
+
+    def structure(self) -> tuple[str, Any] | None:
+        """(kind, value) of the structured output asked (kinds: json_object, json_schema, regex,
+        grammar, choice), or None. ValueError on a malformed field."""
+        for name, value in self._structures():
+            if value is not None:
+                return _structure_of(name, value)
+        return None
 
     @field_validator("n")
     @classmethod
@@ -93,6 +129,29 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+_STRUCTURED_KEYS = {"json": "json_schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}
+
+
+def _structure_of(name: str, value) -> tuple[str, Any]:
+    if name == "response_format":
+        kind = value.get("type")
+        if kind == "json_object":
+            return "json_object", None
+        if kind != "json_schema":
+            raise ValueError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
+        schema = (value.get("json_schema") or {}).get("schema")
+        if schema is None:
+            raise ValueError("response_format json_schema needs json_schema.schema")
+        return "json_schema", schema
+    if name == "structured_outputs":
+        keys = [k for k in _STRUCTURED_KEYS if value.get(k) is not None]
+        if len(keys) != 1:
+            raise ValueError(f"structured_outputs needs exactly one of {', '.join(_STRUCTURED_KEYS)}")
+        return _STRUCTURED_KEYS[keys[0]], value[keys[0]]
+    return {"guided_json": "json_schema", "guided_regex": "regex", "guided_grammar": "grammar",
+            "guided_choice": "choice", "json_schema": "json_schema", "grammar": "grammar"}[name], value
 
 
 class CompletionRequest(_Sampling):
@@ -158,7 +217,6 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict | None = None
 
     @field_validator("tools")
     @classmethod
@@ -171,13 +229,6 @@ class ChatCompletionRequest(_Sampling):
     @classmethod
     def _no_tool_choice(cls, v):
         return _refuse(v, (None, "none"), "tool_choice")
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v):
-        if v and v.get("type", "text") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported")
-        return v
 
     @property
     def token_budget(self) -> int | None:

@@ -56,6 +56,7 @@ class RequestParams:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: not asked; n: each token's logprob and its n top alternatives
     prompt_logprobs: bool = False  # the prompt's tokens' logprobs too (echo)
+    constraint: object | None = field(default=None, compare=False)  # its grammar (a fresh Constraint), or None
 
     def generation(self, k: int) -> GenerationConfig:
         return GenerationConfig(self.max_tokens, k, self.sampling, logprobs=self.logprobs,
@@ -343,7 +344,8 @@ class Scheduler:
                     self._end(h, "cancelled")
                     continue
                 try:
-                    h.seq = self.stepper.add(h.prompt, h.params.generation(self.k), self.eos_ids, tag=h)
+                    h.seq = self.stepper.add(h.prompt, h.params.generation(self.k), self.eos_ids, tag=h,
+                                             constraint=h.params.constraint)
                 except Exception as e:  # noqa: BLE001
                     self._end(h, "error", f"could not start the request: {e}")
                     continue

@@ -150,8 +150,10 @@ class StepwiseGenerator:
         """SpecdecError naming the numbers unless prompt + max_new_tokens (+ tree scratch) fit a slot."""
         check_fits(self.capacity, self.drafters[0], prompt, max_new_tokens)
 
-    def add(self, prompt: list[int], cfg: GenerationConfig, eos_ids: set[int] = frozenset(), tag=None) -> Sequence:
-        """Take a free slot for a new sequence; its prompt is prefilled by the next rounds."""
+    def add(self, prompt: list[int], cfg: GenerationConfig, eos_ids: set[int] = frozenset(), tag=None,
+            constraint=None) -> Sequence:
+        """Take a free slot for a new sequence; its prompt is prefilled by the next rounds (under its
+        grammar, a fresh specdec.constraints.Constraint, where given)."""
         if not self.free:
             raise SpecdecError("no free slot")
         self.check_fits(prompt, cfg.max_new_tokens)
@@ -163,7 +165,7 @@ class StepwiseGenerator:
         self.used[slot] = self.clock
         cache = self.rows[slot]
         seq = Sequence(list(prompt), len(prompt), cfg, set(eos_ids), make_generator(cfg.sampling.seed, cache.k.device),
-                       cache, self.drafters[slot], self.policies[slot], row=slot, tag=tag)
+                       cache, self.drafters[slot], self.policies[slot], row=slot, tag=tag, constraint=constraint)
         prefill_from(seq, reuse)  # the cached prefix is in place: the prefill starts after it
         self.held[slot] = []
         self.active.append(seq)

@@ -1,0 +1,239 @@
+"""Generation under a grammar (structured output) through the engine: on tiny random models with a toy
+grammar of known masks, every drafter gives constrained plain decoding's greedy tokens; every token
+obeys the grammar; forced tokens are drafted; and the verifier's masked rejection sampling gives the
+target's constrained distribution."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdec.config import GenerationConfig, SamplingParams, TreeConfig
+from specdec.constraints.base import walk_masks
+from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.verify import accept_chain, accept_tree
+from specdec.model import load_model
+from specdec.tree import DraftTree
+from tests.conftest import TINY_VOCAB, make_drafter
+
+STOP = 2  # the toy grammar's stop id (it may end after END_AFTER tokens)
+END_AFTER = 18
+PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50))]
+
+
+class ToyConstraint:
+    """A grammar over the tiny vocabulary whose state is (tokens so far, the last one): at n % 6 == 4
+    and 5 it forces one token; else it allows t where (t + last + n) % 3 != 0, never the stop id
+    before END_AFTER tokens; after the stop id it is finished. The Constraint protocol of
+    specdec.constraints, its walking methods from walk_masks."""
+
+    def __init__(self, vocab: int = TINY_VOCAB):
+        self.vocab_size, self.n, self.last, self.finished = vocab, 0, 0, False
+
+    def _allowed_at(self, n: int, last: int, finished: bool) -> torch.Tensor:  # [vocab]
+        m = torch.zeros(self.vocab_size, dtype=torch.bool)
+        if finished:
+            return m
+        if n % 6 in (4, 5):
+            m[(7 * n + last) % (self.vocab_size - 3) + 3] = True
+            return m
+        t = torch.arange(self.vocab_size)
+        m = (t + last + n) % 3 != 0
+        m[STOP] = n >= END_AFTER
+        return m
+
+    def allowed(self) -> torch.Tensor:
+        return self._allowed_at(self.n, self.last, self.finished)
+
+    def masks_along(self, tokens: list[int]) -> torch.Tensor:
+        n, last, fin, out = self.n, self.last, self.finished, [self._allowed_at(self.n, self.last, self.finished)]
+        for t in tokens:
+            if not out[-1][t]:
+                break
+            n, last, fin = n + 1, t, t == STOP
+            out.append(self._allowed_at(n, last, fin))
+        return torch.stack(out)
+
+    def advance(self, tokens: list[int]) -> None:
+        for t in tokens:
+            assert self.allowed()[t], f"the engine emitted {t}, which the grammar rejects"
+            self.n, self.last, self.finished = self.n + 1, t, t == STOP
+
+    def forced(self, limit: int) -> list[int]:
+        out, n, last = [], self.n, self.last
+        while len(out) < limit and not self.finished and n % 6 in (4, 5):
+            t = int(self._allowed_at(n, last, False).nonzero()[0])
+            out.append(t)
+            n, last = n + 1, t
+        return out
+
+    def mask_after(self, drafted: list[int]) -> torch.Tensor | None:
+        return walk_masks(self, drafted)
+
+    def tree_masks(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        from specdec.constraints.base import tree_masks
+        return tree_masks(self, tokens, parents)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama_dir):
+    return load_model(str(tiny_llama_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_qwen_dir):
+    return load_model(str(tiny_qwen_dir), device="cpu")
+
+
+def generate(target, drafter, prompt, sampling=SamplingParams(), k=3, max_new=30):
+    engine = SpeculativeGenerator(target.module, drafter, 256)
+    c = ToyConstraint(target.module.config.vocab_size)
+    return engine.generate(prompt, GenerationConfig(max_new, k, sampling), {STOP}, constraint=c), c
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return [generate(target, make_drafter("none", target, 256), p)[0].tokens for p in PROMPTS]
+
+
+@pytest.mark.parametrize("method", ["draft", "tree", "hybrid", "ngram", "suffix", "lookahead", "layer-skip"])
+def test_every_drafter_gives_constrained_plain_decoding(target, draft, plain, method):
+    for prompt, expected in zip(PROMPTS, plain):
+        drafter = make_drafter("draft" if method == "tree" else method, target, 256,
+                               draft if method in ("draft", "tree", "hybrid") else None,
+                               tree=TreeConfig(8, 3, 2) if method == "tree" else None, layers=1)
+        result, c = generate(target, drafter, prompt)
+        assert result.tokens == expected, f"{method} diverged under the grammar on {prompt}"
+        assert c.n == len(expected)  # the grammar moved with every emitted token (advance checks each)
+
+
+def test_plain_decoding_under_the_grammar_obeys_it_and_differs_from_free_decoding(target, plain):
+    free = SpeculativeGenerator(target.module, make_drafter("none", target, 256), 256).generate(
+        PROMPTS[0], GenerationConfig(30, 3), {STOP}).tokens
+    assert free != plain[0]  # the grammar changed the output (the toy rejects a third of the ids)
+    c = ToyConstraint(target.module.config.vocab_size)
+    c.advance(plain[0])  # raises on any token the grammar rejects
+
+
+def test_the_stop_id_ends_the_answer_where_the_grammar_may_end(target):
+    result, c = generate(target, make_drafter("draft", target, 256, target), PROMPTS[1], max_new=200)
+    if result.finish_reason == "stop":
+        assert result.tokens[-1] == STOP and len(result.tokens) > END_AFTER and c.finished
+    else:
+        assert STOP not in result.tokens
+
+
+def test_forced_tokens_are_drafted_for_free(target, plain):
+    """n-gram lookup finds nothing in a prompt of distinct ids, so what it drafts is the grammar's
+    forced runs: steps fewer than tokens, the same output."""
+    result, _ = generate(target, make_drafter("ngram", target, 256), PROMPTS[2])
+    assert result.tokens == plain[2]
+    assert result.stats.drafted > 0 and result.stats.steps < len(result.tokens) - 1
+
+
+def test_sampled_output_under_the_grammar_obeys_it(target, draft):
+    for method in ("draft", "ngram"):
+        drafter = make_drafter(method, target, 256, draft if method == "draft" else None)
+        result, c = generate(target, drafter, PROMPTS[0], SamplingParams(temperature=1.0, seed=3))
+        assert c.n == len(result.tokens)
+
+
+# ---- the verifier's masked acceptance: the constrained distribution ----
+
+def tv(counts: torch.Tensor, p: torch.Tensor) -> float:
+    return 0.5 * float((counts / counts.sum() - p).abs().sum())
+
+
+def constrained(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits.masked_fill(~mask, float("-inf")), -1)
+
+
+@pytest.mark.parametrize("drafter_masked", [True, False])
+def test_masked_rejection_sampling_gives_the_constrained_distribution(drafter_masked):
+    """Chains of 2 drafted from q (masked by the grammar or not) and verified under the grammar's masks:
+    the first two emitted tokens are distributed jointly as the target's constrained p. The target's
+    and the grammar's second position depend on the first token (tables L1, M1); where a step emits
+    one token the second comes from a plain step."""
+    torch.manual_seed(0)
+    V, n = 5, 40000
+    L0, L1, Q0, Q1 = torch.randn(V) * 1.5, torch.randn(V, V) * 1.5, torch.randn(V) * 1.5, torch.randn(V, V) * 1.5
+    M0 = torch.tensor([1, 1, 0, 1, 1], dtype=torch.bool)
+    M1 = torch.rand(V, V) < 0.6
+    M1[:, 0] = True  # every state allows something
+    gen = torch.Generator().manual_seed(1)
+    q0 = constrained(Q0, M0) if drafter_masked else torch.softmax(Q0, -1)
+    joint = torch.zeros(V, V)
+    for _ in range(n):
+        x0 = int(torch.multinomial(q0, 1, generator=gen))
+        q1 = constrained(Q1[x0], M1[x0]) if drafter_masked else torch.softmax(Q1[x0], -1)
+        x1 = int(torch.multinomial(q1, 1, generator=gen))
+        keep = 0 if not M0[x0] else (1 if not M1[x0, x1] else 2)  # the engine's cut at the grammar
+        masks = torch.stack([M0, M1[x0], torch.ones(V, dtype=torch.bool)])[:keep + 1]
+        logits = torch.stack([L0, L1[x0], torch.zeros(V)])[:keep + 1]
+        v = accept_chain(DraftTree.chain(torch.tensor([x0, x1])[:keep], torch.stack([q0, q1])[:keep]), logits,
+                         SamplingParams(temperature=1.0), gen, masks=masks)
+        out = [x0, x1][:v.num_accepted] + [v.next_token]
+        if len(out) < 2:
+            out.append(int(torch.multinomial(constrained(L1[out[0]], M1[out[0]]), 1, generator=gen)))
+        joint[out[0], out[1]] += 1
+    p0 = constrained(L0, M0)
+    expected = torch.stack([p0[a] * constrained(L1[a], M1[a]) for a in range(V)])
+    assert joint[~M0].sum() == 0 and float(joint[M1 == 0].sum()) == 0
+    assert tv(joint.flatten(), expected.flatten()) < 3 * math.sqrt(V * V / n) / 2
+
+
+def test_masked_tree_acceptance_under_greedy_takes_the_best_allowed_child():
+    """A tree whose greedy-best children the grammar rejects: the accepted path follows the allowed
+    argmax, never a rejected node."""
+    V = 8
+    logits = torch.full((4, V), -5.0)
+    logits[0, 3], logits[0, 4] = 5.0, 4.0  # root: 3 best, 4 next
+    logits[2, 6] = 3.0  # after node 1 (token 4): 6 best
+    tree = DraftTree(torch.tensor([3, 4, 6]), torch.tensor([-1, -1, 1]))
+    masks = torch.ones(4, V, dtype=torch.bool)
+    masks[0, 3] = False  # the grammar rejects 3 at the root
+    acc = accept_tree(tree, logits, SamplingParams(), None, None, masks)
+    assert list(acc.path) == [1, 2]
+
+
+# ---- the real grammar engine on the real SmolLM2-135M ----
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                           "languages": {"type": "array", "items": {"enum": ["python", "c", "rust"]},
+                                                         "maxItems": 3}},
+          "required": ["name", "age", "languages"], "additionalProperties": False}
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("method, k", [("self", 4), ("ngram", 3), ("layer-skip", 3)])
+def test_smollm2_json_schema_speculative_equals_plain_and_is_valid(smollm2, method, k):
+    """Greedy under a JSON Schema: each drafter gives constrained plain decoding's tokens, and the text
+    parses and matches the schema."""
+    import json
+
+    from specdec.constraints import ConstraintSpec, Grammars
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.model.tokenizer import encode_prompt
+    tok, module = smollm2.tokenizer, smollm2.module
+    grammars = Grammars.for_tokenizer(tok, module.config.vocab_size, smollm2.eos_ids)
+    prompt = encode_prompt(tok, "Describe a programmer as JSON with a name, an age and languages.", chat=True)
+    cfg = GenerationConfig(80, k)
+
+    def run(drafter):
+        c = grammars.constraint(ConstraintSpec("json_schema", SCHEMA))
+        return SpeculativeGenerator(module, drafter, 512).generate(prompt, cfg, smollm2.eos_ids, constraint=c)
+
+    plain = run(make_drafter("none", smollm2, 512))
+    drafter = {"self": lambda: DraftModelDrafter(module, module.config.vocab_size, 512),
+               "ngram": lambda: make_drafter("ngram", smollm2, 512),
+               "layer-skip": lambda: make_drafter("layer-skip", smollm2, 512, layers=12)}[method]()
+    spec = run(drafter)
+    assert spec.tokens == plain.tokens
+    assert plain.finish_reason == "stop"
+    value = json.loads(tok.decode([t for t in plain.tokens if t not in smollm2.eos_ids]))
+    assert set(value) == {"name", "age", "languages"} and isinstance(value["age"], int)
+    assert set(value["languages"]) <= {"python", "c", "rust"}
+    assert spec.stats.steps < len(spec.tokens)  # drafts were accepted (forced keys and punctuation at least)
