@@ -9,7 +9,8 @@ import sys
 
 from specdec.errors import SpecdecError
 from specdec.flags import (DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, add_all_serve_flags, add_bench_flags, add_loadtest_flags,
-                           add_model_flags, add_sampling_flags, add_spec_flags, integer, serve_settings, settings)
+                           add_model_flags, add_sampling_flags, add_spec_flags, add_structure_flags, integer,
+                           serve_settings, settings, structure_of)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(gen)
     add_spec_flags(gen)
     add_sampling_flags(gen)
+    add_structure_flags(gen)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("prompt", help="the prompt text")
@@ -180,9 +182,10 @@ def cmd_generate(args) -> int:
     from specdec.runner import Runner, stream_printer
     from specdec.settings import DraftingSettings, ModelSettings
     model, drafting = settings(ModelSettings, args), settings(DraftingSettings, args)
+    structure = structure_of(args)
     runner = Runner.build(model, drafting, GenerationConfig(args.max_new_tokens, args.k, settings(SamplingParams, args)))
     on_tokens = None if args.json else stream_printer(runner.target.tokenizer)
-    result = runner.generate(args.prompt, chat=args.chat, on_tokens=on_tokens)
+    result = runner.generate(args.prompt, chat=args.chat, on_tokens=on_tokens, structure=structure)
     if args.json:
         text = runner.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         print(json.dumps({"text": text, "method": runner.method, "stats": result.stats.summary()}))

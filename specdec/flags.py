@@ -121,6 +121,39 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=integer, default=128)
 
 
+def add_structure_flags(p: argparse.ArgumentParser) -> None:
+    """generate's structured output: one of these, the answer generated under its grammar."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                   help="the answer is JSON matching this JSON Schema (a file, or the JSON itself)")
+    g.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    g.add_argument("--regex", default=None, help="the whole answer matches this regular expression")
+    g.add_argument("--grammar", default=None, help="the answer follows this grammar, Lark or GBNF (a file, or its text)")
+    g.add_argument("--choice", action="append", default=None, help="the answer is exactly one of these (repeat it)")
+
+
+def structure_of(args: argparse.Namespace):
+    """The ConstraintSpec the structure flags ask for, or None."""
+    from pathlib import Path
+
+    from specdec.constraints import ConstraintSpec
+
+    def text(value: str) -> str:  # a file's content, or the value itself
+        path = Path(value)
+        return path.read_text() if len(value) < 4096 and "\n" not in value and path.is_file() else value
+    if args.json_schema is not None:
+        return ConstraintSpec("json_schema", text(args.json_schema))
+    if args.json_object:
+        return ConstraintSpec("json_object")
+    if args.regex is not None:
+        return ConstraintSpec("regex", args.regex)
+    if args.grammar is not None:
+        return ConstraintSpec("grammar", text(args.grammar))
+    if args.choice:
+        return ConstraintSpec("choice", args.choice)
+    return None
+
+
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """The serve-only flags (ServeSettings; add_model_flags and add_spec_flags give the model and drafting ones)."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")

@@ -21,6 +21,7 @@ class Runner:
     engine: SpeculativeGenerator
     cfg: GenerationConfig
     method: str
+    grammars: object | None = None  # specdec.constraints.Grammars, built at the first structured answer
 
     @staticmethod
     def build(model: ModelSettings, drafting: DraftingSettings, cfg: GenerationConfig) -> "Runner":
@@ -33,9 +34,21 @@ class Runner:
         k_text = f"k<={drafting.k} adaptive" if policy else f"k={drafting.k}"
         return Runner(built.target, engine, cfg, built.label(drafter, k_text))
 
-    def generate(self, prompt: str, chat: bool = False, on_tokens=None) -> GenerationResult:
+    def generate(self, prompt: str, chat: bool = False, on_tokens=None, structure=None) -> GenerationResult:
+        """structure: a specdec.constraints.ConstraintSpec the answer must match, or None."""
         ids = encode_prompt(self.target.tokenizer, prompt, chat)
-        return self.engine.generate(ids, self.cfg, self.target.eos_ids, on_tokens)
+        return self.engine.generate(ids, self.cfg, self.target.eos_ids, on_tokens, self.constraint(structure))
+
+    def constraint(self, structure):
+        """A fresh grammar state for `structure` (None for None); the grammar engine's view of the
+        vocabulary is built at the first (about a second for 150k tokens)."""
+        if structure is None:
+            return None
+        if self.grammars is None:
+            from specdec.constraints import Grammars
+            self.grammars = Grammars.for_tokenizer(self.target.tokenizer, self.engine.target.config.vocab_size,
+                                                   self.target.eos_ids)
+        return self.grammars.constraint(structure)
 
 
 def stream_printer(tokenizer):

@@ -243,7 +243,8 @@ BAD = [  # (endpoint, body changes, param named in the error)
     ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true, as OpenAI
     ("chat/completions", {"n": 3}, "n"),
-    ("chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+    ("chat/completions", {"tools": [{"type": "function"}]}, "tools.0.function"),
+    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # no tool syntax
     ("completions", {"stop": ["w" * 257]}, "stop"),  # the default limits: 256 characters, 512 messages
     ("chat/completions", {"stop": "w" * 257}, "stop"),
     ("chat/completions", {"messages": [{"role": "user", "content": "w1"}] * 513}, "messages"),

@@ -228,10 +228,13 @@ class LlamaServerPeer:
 
     def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
                  temperature: float = 0.0, seed: int | None = None,
-                 p_min: float | None = None) -> tuple[list[int], float]:
-        """mode: plain, spec (k = 0: the server's own draft settings) or lookup."""
+                 p_min: float | None = None, json_schema: dict | None = None) -> tuple[list[int], float]:
+        """mode: plain, spec (k = 0: the server's own draft settings) or lookup; json_schema: the answer
+        under llama-server's own JSON Schema grammar."""
         body = {"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": False, "return_tokens": True,
                 "stream": False, "seed": -1 if seed is None else seed}
+        if json_schema is not None:
+            body["json_schema"] = json_schema
         if temperature > 0:
             body.update(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
         else:

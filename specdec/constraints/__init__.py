@@ -7,6 +7,6 @@ implementation of it gets from its masks_along)."""
 
 from specdec.constraints.base import ConstraintProtocol, tree_masks, walk_masks
 from specdec.constraints.grammar import Constraint, Grammars
-from specdec.constraints.spec import KINDS, ConstraintSpec
+from specdec.constraints.spec import JSON_LAYOUT, KINDS, ConstraintSpec
 
-__all__ = ["KINDS", "Constraint", "ConstraintProtocol", "ConstraintSpec", "Grammars", "tree_masks", "walk_masks"]
+__all__ = ["JSON_LAYOUT", "KINDS", "Constraint", "ConstraintProtocol", "ConstraintSpec", "Grammars", "tree_masks", "walk_masks"]

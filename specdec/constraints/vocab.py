@@ -50,8 +50,10 @@ class Vocabulary:
 
 def backend_of(tokenizer):
     """The tokenizers.Tokenizer under a ByteLevelTokenizer or a transformers fast tokenizer."""
-    backend = getattr(tokenizer, "backend", None) or getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not hasattr(backend, "to_str"):
+    # ByteLevelTokenizer.backend; transformers' backend_tokenizer (whose `backend` is a name in 5.x)
+    candidates = (getattr(tokenizer, "backend", None), getattr(tokenizer, "backend_tokenizer", None))
+    backend = next((c for c in candidates if hasattr(c, "to_str")), None)
+    if backend is None:
         raise SpecdecError(f"constrained output needs a fast (tokenizers-backed) tokenizer, not "
                            f"{type(tokenizer).__name__}")
     return backend

@@ -44,6 +44,7 @@ from specdec.policy import Action, Ask, Outcome, StepPolicy, sync
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.sampling.logprobs import TokenLogprob, token_logprobs
 from specdec.tree import DraftTree
+from specdec.engine.constrained import constrain, forced_room
 from specdec.engine.verify import Verified, masked, verify, verify_chains, verify_tree
 
 
@@ -325,38 +326,12 @@ def _propose(rows: list[_Row], pool, failed: list) -> list[_Row]:
         try:
             r.draft = _clip(r.seq, r.draft, r.state)
             if r.seq.constraint is not None:
-                r.draft, r.masks = _constrain(r.seq.constraint, r.draft, r.state.limit if r.action.k else
-                                              draft_length(r.seq))
+                r.draft, r.masks = constrain(r.seq.constraint, r.draft, r.state.limit if r.action.k else
+                                             forced_room(r.seq))
             kept.append(r)
         except Exception as e:  # noqa: BLE001
             failed.append((r.seq, e))
     return kept
-
-
-def _constrain(constraint, draft: DraftTree, limit: int) -> tuple[DraftTree, torch.Tensor]:
-    """A draft under a grammar and the masks of its verify rows # [1 + len, vocab]: a tree kept whole,
-    each node's row masked after its path; a chain cut at the first token the grammar rejects, and
-    where it is a prefix of the tokens the grammar forces next (nothing drafted, say), those tokens
-    instead, up to limit (their q one-hot, as a lookup's)."""
-    if not draft.is_chain:
-        return draft, constraint.tree_masks(draft.tokens.tolist(), draft.parents.tolist())
-    forced = constraint.forced(limit) if limit > len(draft) else []
-    if len(forced) > len(draft) and forced[:len(draft)] == draft.tokens.tolist():
-        draft = _forced_chain(draft, forced)
-    masks = constraint.masks_along(draft.tokens.tolist())  # [1 + m, vocab], m <= len(draft)
-    m = masks.shape[0] - 1
-    if m < len(draft):
-        draft = DraftTree.chain(draft.tokens[:m], None if draft.q is None else draft.q[:m])
-    return draft, masks
-
-
-def _forced_chain(draft: DraftTree, forced: list[int]) -> DraftTree:
-    """The chain of the forced tokens, whose first len(draft) are the draft's (their q kept)."""
-    tokens = torch.tensor(forced, dtype=torch.long, device=draft.tokens.device)  # [n]
-    if draft.q is None:
-        return DraftTree.chain(tokens)
-    extra = torch.nn.functional.one_hot(tokens[len(draft):], draft.q.shape[-1]).to(draft.q.dtype)
-    return DraftTree.chain(tokens, torch.cat([draft.q, extra]))
 
 
 def _alone(r: _Row) -> bool:

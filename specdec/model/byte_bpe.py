@@ -120,11 +120,11 @@ class ByteLevelTokenizer:
                             **kwargs):
         if not self.chat_template:
             raise SpecdecError("this model has no chat template")
-        if self._template is None:
-            self._template = compile_template(self.chat_template)
-        text = self._template.render(messages=messages, tools=None, documents=None,
-                                     add_generation_prompt=add_generation_prompt,
-                                     **{k: v for k, v in self.special.items() if v is not None}, **kwargs)
+        if self._template is None or self._template[0] != self.chat_template:  # compiled once per template text
+            self._template = (self.chat_template, compile_template(self.chat_template))
+        text = self._template[1].render(**{"messages": messages, "tools": None, "documents": None,
+                                        "add_generation_prompt": add_generation_prompt,
+                                        **{k: v for k, v in self.special.items() if v is not None}, **kwargs})
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 

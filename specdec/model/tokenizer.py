@@ -105,8 +105,9 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     return encode_messages(tokenizer, [{"role": "user", "content": prompt}])
 
 
-def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
-    """A conversation through the model's chat template, ready for the assistant's reply.
+def encode_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """A conversation through the model's chat template, ready for the assistant's reply (with the
+    tools, OpenAI's function definitions, rendered as the template renders them, where given).
 
     Message content is text: a special token's string inside it (a forged `<|im_end|>`, say) is encoded
     as the characters it is, never as the control token; only the template places those. Content
@@ -115,7 +116,8 @@ def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
         raise SpecdecError("this model has no chat template; drop --chat to use a plain prompt")
     controls = ControlTokens.of(tokenizer)
     marked = controls.mark(messages)
-    text = tokenizer.apply_chat_template(marked or messages, add_generation_prompt=True, tokenize=False)
+    more = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(marked or messages, add_generation_prompt=True, tokenize=False, **more)
     if marked is None:  # every special token in the text is the template's
         return list(tokenizer.encode(text, add_special_tokens=False))
     return controls.encode(tokenizer, text)

@@ -37,6 +37,7 @@ from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionRespon
                                      DetokenizeRequest, DetokenizeResponse, ErrorBody, ErrorResponse,
                                      TokenizeRequest, TokenizeResponse, TokenizerInfo, Usage, new_id, now)
 from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
+from specdec.server.tools import ToolStream, ToolSyntax, syntax_of, template_messages
 
 log = logging.getLogger("specdec.server")
 
@@ -190,9 +191,15 @@ class Endpoints:
         self.check_limits(body.stop_list, len(body.messages))
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "Invalid value for 'top_logprobs': it needs 'logprobs': true", param="top_logprobs")
-        messages = [m.plain() for m in body.messages]
+        messages = template_messages([m.plain() for m in body.messages])
+        tools, syntax = body.offered_tools(), None
+        if tools:
+            syntax = syntax_of(self.tokenizer.chat_template)
+            if syntax is None:
+                raise APIError(400, "this model's chat template renders no tools (it has no tool-call syntax); "
+                                    "send the request without tools", param="tools")
         try:
-            ids = await self.encode(encode_messages, self.tokenizer, messages)
+            ids = await self.encode(encode_messages, self.tokenizer, messages, tools)
         except SpecdecError as e:
             raise APIError(400, str(e).replace("drop --chat to use a plain prompt", "use /v1/completions"),
                            param="messages") from None
@@ -205,12 +212,15 @@ class Endpoints:
                 raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
                                     f"{self.scheduler.context} tokens", param="messages",
                                code="context_length_exceeded")
+        forced = body.forced_tools()
+        structure = syntax.call_grammar(forced, body.parallel_tool_calls) if forced else None
         return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n,
-                              constraint=await self.constraint_of(body))
+                              constraint=await self.constraint_of(body, structure), tools=syntax)
 
-    async def constraint_of(self, body):
-        """The request's grammar state (a fresh specdec.constraints.Constraint), or None; 400 on a bad one."""
-        structure = body.structure()
+    async def constraint_of(self, body, spec: ConstraintSpec | None = None):
+        """The grammar state (a fresh specdec.constraints.Constraint) of `spec`, else of the request's
+        structured-output field, or None; a 400 on a bad one."""
+        structure = (spec.kind, spec.value) if spec is not None else body.structure()
         if structure is None:
             return None
 
@@ -223,6 +233,8 @@ class Endpoints:
             return await asyncio.to_thread(compile_it)
         except SpecdecError as e:
             raise APIError(400, str(e), param=structure[0]) from None
+        except Exception as e:  # noqa: BLE001 - whatever the grammar engine makes of a hostile constraint
+            raise APIError(400, f"the {structure[0]} constraint could not be compiled: {e}", param=structure[0]) from None
 
     async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         """The text's token ids (with the tokenizer's special tokens unless add_special is false)."""
@@ -306,15 +318,16 @@ class Endpoints:
             raise APIError(400, str(e), param="max_tokens" if code else None, code=code) from None
 
     async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool,
-                  logprobs: int | None = None, echo: str | None = None, constraint=None):
+                  logprobs: int | None = None, echo: str | None = None, constraint=None,
+                  tools: ToolSyntax | None = None):
         """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer;
-        constraint: the answer's grammar, or None."""
+        constraint: the answer's grammar, or None; tools: the syntax its tool calls are read in, or None."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         handle = self.submit(ids, body, max_tokens, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
                              logprobs, echo is not None, constraint)
         answer = Answer(self.model_name, new_id("chatcmpl" if chat else "cmpl"), now(), chat, logprobs is not None,
-                        echo)
+                        echo, tools)
 
         async def next_event() -> Event | None:
             """The next event, or None once the client has gone (then the request is cancelled)."""
@@ -337,8 +350,8 @@ class Answer:
     tokens' logprobs where asked, and the prompt (echo) in front of a completion's text."""
 
     def __init__(self, model_name: str, rid: str, created: int, chat: bool, logprobs: bool = False,
-                 echo: str | None = None):
-        self.model_name, self.rid, self.created, self.chat = model_name, rid, created, chat
+                 echo: str | None = None, tools: ToolSyntax | None = None):
+        self.model_name, self.rid, self.created, self.chat, self.tools = model_name, rid, created, chat, tools
         self.object = "chat.completion.chunk" if chat else "text_completion"
         self.logprobs, self.echo = logprobs, echo
         self.offsets = CompletionLogprobs(len(echo or ""))  # the answer's tokens start after the prompt's text
@@ -365,9 +378,11 @@ class Answer:
         usage, text = Usage(**ev.usage), "".join(parts)
         if self.chat:
             logprobs = ChatLogprobs(content=chat_content(scored)) if self.logprobs else None
+            content, calls = self.tools.parse(text) if self.tools else (text, [])
+            finish = "tool_calls" if calls and ev.finish_reason == "stop" else ev.finish_reason
+            message = ChatMessageOut(content=content, tool_calls=calls or None)
             return ChatCompletionResponse(id=self.rid, created=self.created, model=self.model_name, usage=usage,
-                                          choices=[ChatChoice(message=ChatMessageOut(content=text), logprobs=logprobs,
-                                                              finish_reason=ev.finish_reason)])
+                                          choices=[ChatChoice(message=message, logprobs=logprobs, finish_reason=finish)])
         logprobs = self.completion_logprobs(prompt, scored) if self.logprobs else None
         return CompletionResponse(id=self.rid, created=self.created, model=self.model_name, usage=usage,
                                   choices=[CompletionChoice(text=(self.echo or "") + text, logprobs=logprobs,
@@ -381,6 +396,7 @@ class Answer:
 
     async def stream(self, next_event, handle, include_usage: bool):
         finished, first = False, True
+        calls = ToolStream(self.tools) if self.tools else None
         try:
             if self.chat:
                 yield self.chunk(None, role=True)
@@ -395,10 +411,19 @@ class Answer:
                 if ev.error:
                     yield sse(error_body(ev.error, "server_error", code="engine_error"))
                     break
-                if ev.text or (self.logprobs and ev.logprobs):
-                    yield self.chunk(ev.text, scored=ev.logprobs)
+                text = calls.feed(ev.text) if calls else ev.text
+                if text or (self.logprobs and ev.logprobs):
+                    yield self.chunk(text, scored=ev.logprobs)
                 if ev.kind == "done":
-                    yield self.chunk(None, finish=ev.finish_reason)
+                    finish = ev.finish_reason
+                    if calls:
+                        rest, made = calls.finish()
+                        if rest:
+                            yield self.chunk(rest)
+                        if made:
+                            yield self.chunk(None, tool_calls=made)
+                            finish = "tool_calls" if finish == "stop" else finish
+                    yield self.chunk(None, finish=finish)
                     if include_usage:
                         yield sse({"id": self.rid, "object": self.object, "created": self.created,
                                    "model": self.model_name, "choices": [], "usage": ev.usage})
@@ -410,11 +435,14 @@ class Answer:
                 handle.cancel()  # the client went away (or the server is closing the connection)
 
     def chunk(self, text: str | None, finish: str | None = None, role: bool = False,
-              scored: list[Scored] | None = None, shaped: dict | None = None) -> str:
-        """One chunk; scored: its tokens' logprobs (where asked), or shaped: a completion's, ready."""
+              scored: list[Scored] | None = None, shaped: dict | None = None, tool_calls: list[dict] | None = None) -> str:
+        """One chunk; scored: its tokens' logprobs (where asked), or shaped: a completion's, ready;
+        tool_calls: the answer's calls, whole, each with its index (OpenAI's delta shape)."""
         asked = self.logprobs and scored is not None
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else {} if text is None else {"content": text}
+            if tool_calls:
+                delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(tool_calls)]}
             logprobs = {"content": chat_content(scored), "refusal": None} if asked else None
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:

@@ -10,7 +10,10 @@ structured_outputs {json | regex | grammar | choice} and its older guided_json, 
 guided_grammar, guided_choice; llama-server's json_schema and grammar (GBNF). The answer is generated
 under the grammar (specdec.constraints), speculatively and losslessly.
 Refused with a 400 naming the field: n != 1, logprobs or top_logprobs out of range, best_of > 1,
-suffix, non-zero presence/frequency penalties, logit_bias, tools, two structured-output fields at once.
+suffix, non-zero presence/frequency penalties, logit_bias, two structured-output fields at once, a
+tool_choice naming no given tool, tools where the model's chat template has none (server/tools.py).
+Tools: OpenAI's `tools`, `tool_choice` (none, auto, required, a named function) and
+`parallel_tool_calls`; assistant messages' `tool_calls` and `role: "tool"` results.
 Other unknown fields are ignored, as OpenAI's own server does with fields it does not know.
 """
 
@@ -192,11 +195,39 @@ class TextPart(BaseModel):
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str | dict = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool result's call
 
     @model_validator(mode="after")
     def _content_given(self):
@@ -207,7 +238,12 @@ class ChatMessage(BaseModel):
 
     def plain(self) -> dict:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        out = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.role == "tool":
+            out |= {k: v for k, v in (("tool_call_id", self.tool_call_id), ("name", self.name)) if v is not None}
+        return out
 
 
 class ChatCompletionRequest(_Sampling):
@@ -215,20 +251,39 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v):
-        if v:
-            raise ValueError("tools are not supported by this server")
-        return v
+    @model_validator(mode="after")
+    def _tool_choice(self):
+        choice, names = self.tool_choice, [t.function.name for t in self.tools or []]
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            if choice.get("type") != "function" or name not in names:
+                raise ValueError(f"tool_choice names no given tool: {name!r} (tools: {', '.join(names) or 'none'})")
+        elif choice not in (None, "none", "auto", "required"):
+            raise ValueError(f"tool_choice must be none, auto, required or a named function, not {choice!r}")
+        elif choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if self.forced_tools() and self.structure() is not None:
+            raise ValueError("a required tool call and a structured-output field cannot both constrain the answer")
+        return self
 
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, v):
-        return _refuse(v, (None, "none"), "tool_choice")
+    def offered_tools(self) -> list[dict] | None:
+        """The tools the template renders (none where tool_choice is 'none')."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def forced_tools(self) -> list[dict] | None:
+        """The tools one of which the answer must call (tool_choice 'required' or a named function), or None."""
+        offered = self.offered_tools()
+        if not offered or self.tool_choice in (None, "auto"):
+            return None
+        if isinstance(self.tool_choice, dict):
+            return [t for t in offered if t["function"]["name"] == self.tool_choice["function"]["name"]]
+        return offered
 
     @property
     def token_budget(self) -> int | None:
@@ -321,7 +376,8 @@ class CompletionResponse(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict] | None = None
 
 
 class TopLogprob(BaseModel):
