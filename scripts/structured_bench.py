@@ -4,7 +4,9 @@ and a JSON Schema each) answered under their schema, greedy, prefill included, b
 - defaults: the defaults (the draft under the policy), the grammar's forced tokens drafted;
 - no-forced: the same, without forced drafts;
 - llama: llama-server's plain decoding with its own `json_schema` (same file, prompt ids and threads);
-interleaved task by task (each task starting one method further on). For every answer: tokens, seconds,
+interleaved task by task (each task starting one method further on), after an untimed warm-up pass
+over the first task; each run starts cold (the draft model keeps no cache of the prompt from the run
+before). For every answer: tokens, seconds,
 finish reason, whether it parses and validates (jsonschema), and for ours whether the tokens equal
 plain's. Prints JSON: per-method records and a summary (tokens/s over all tasks, ratios to plain,
 valid share of the answers that stopped, answers cut by the budget, greedy mismatches).
@@ -111,7 +113,7 @@ def main() -> None:
         peer = LlamaServerPeer(find_binary(args.llama_bin), resolve_model(args.model), None, eos, model.max_context,
                                torch.get_num_threads(), ROOT / "runs")
     records = []
-    for i, task in enumerate(tasks):
+    for n, (i, task) in enumerate([(0, tasks[0])] + list(enumerate(tasks))):  # first: an untimed warm-up
         ids = encode_messages(tok, messages_of(task))
         spec = ConstraintSpec("json_schema", task["schema"])
         order = methods[i % len(methods):] + methods[:i % len(methods)]
@@ -123,11 +125,14 @@ def main() -> None:
             else:
                 c = Timed(runner.constraint(spec))
                 engine = plain if m == "plain" else runner.engine
+                runner.engine.drafter.start(ids[:1])  # cold: no draft cache left from the method before
                 res = engine.generate(ids, cfg, eos, constraint=NoForced(c) if m == "no-forced" else c)
                 tokens, seconds, finish = res.tokens, time.perf_counter() - t0, res.finish_reason
                 grammar = {"grammar_seconds": c.seconds, "steps": res.stats.steps,
                            "decode_seconds": seconds - res.stats.prefill_seconds}
             text = tok.decode([t for t in tokens if t not in eos], skip_special_tokens=True)
+            if n == 0:
+                continue
             records.append({"task": task["id"], "method": m, "tokens": len(tokens), "seconds": seconds,
                             "finish": finish, "valid": check(text, task["schema"]), "ids": tokens}
                            | (grammar if m != "llama" else {}))

@@ -68,6 +68,9 @@ class Constraint:
         self.vocab = vocab
         self.vocab_size = vocab.size
         self.ended = False  # a stop id was taken
+        # masks met since the last advance, by the drafted tokens after the committed state: a drafter's
+        # masks (mask_after) are its draft's verify rows (masks_along), computed once
+        self.memo: dict[tuple[int, ...], torch.Tensor] = {}
 
     @property
     def finished(self) -> bool:
@@ -76,36 +79,42 @@ class Constraint:
 
     def allowed(self) -> torch.Tensor:
         """bool [vocab_size]: the tokens the grammar allows now (all False once a stop id is taken)."""
-        bits = torch.zeros(1, self.vocab.words, dtype=torch.int32)  # [1, words]
-        self.fill(bits[0])
-        return self.unpack(bits)[0]
+        return self.mask_here(())
 
     def masks_along(self, tokens: list[int]) -> torch.Tensor:
         """bool [m + 1, vocab_size]: the mask now and after each of tokens[:m], m being how many
         leading tokens the grammar takes; the state is as before afterwards."""
-        bits = torch.zeros(len(tokens) + 1, self.vocab.words, dtype=torch.int32)  # [len(tokens) + 1, words]
-        self.fill(bits[0])
+        rows = [self.mask_here(())]
         was_ended, m = self.ended, 0
         for token in tokens:
             if not self.take(token):
                 break
             m += 1
-            self.fill(bits[m])
+            rows.append(self.mask_here(tuple(tokens[:m])))
         self.undo(m, was_ended)
-        return self.unpack(bits[:m + 1])
+        return torch.stack(rows)
 
     def mask_after(self, drafted: list[int]) -> torch.Tensor | None:
         """bool [vocab_size]: what the grammar allows after `drafted`; None where it rejects a drafted
         token or allows nothing after them (as base.walk_masks, one mask computed); state unchanged."""
-        bits = torch.zeros(1, self.vocab.words, dtype=torch.int32)  # [1, words]
-        was_ended, taken = self.ended, 0
-        while taken < len(drafted) and self.take(drafted[taken]):
-            taken += 1
-        if taken == len(drafted):
+        mask = self.memo.get(tuple(drafted))
+        if mask is None:
+            was_ended, taken = self.ended, 0
+            while taken < len(drafted) and self.take(drafted[taken]):
+                taken += 1
+            if taken == len(drafted):
+                mask = self.mask_here(tuple(drafted))
+            self.undo(taken, was_ended)
+        return mask if mask is not None and mask.any() else None
+
+    def mask_here(self, key: tuple[int, ...]) -> torch.Tensor:
+        """bool [vocab_size]: the mask of the current state, reached by `key` after the committed one."""
+        mask = self.memo.get(key)
+        if mask is None:
+            bits = torch.zeros(1, self.vocab.words, dtype=torch.int32)  # [1, words]
             self.fill(bits[0])
-        self.undo(taken, was_ended)
-        mask = self.unpack(bits)[0]
-        return mask if mask.any() else None
+            mask = self.memo[key] = self.unpack(bits)[0]
+        return mask
 
     def tree_masks(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         """bool [n + 1, vocab_size]: row 0 the mask now, row i + 1 the mask after node i's path
@@ -129,6 +138,8 @@ class Constraint:
 
     def advance(self, tokens: list[int]) -> None:
         """Commit `tokens`, all or none (SpecdecError naming the first one the grammar rejects)."""
+        if tokens:
+            self.memo.clear()
         was_ended = self.ended
         for i, token in enumerate(tokens):
             if not self.take(token):

@@ -68,9 +68,9 @@ class ToolSyntax:
             return None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return None
-        args = obj.get(self.args_key, obj.get("arguments", obj.get("parameters", {})))
+        given = obj.get(self.args_key, obj.get("arguments", obj.get("parameters", {})))
         return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+                "function": {"name": obj["name"], "arguments": given if isinstance(given, str) else json.dumps(given)}}
 
     def may_start(self, text: str) -> int:
         """Where in `text` a call may start (its held-back tail, while streaming): len(text) if nowhere."""
