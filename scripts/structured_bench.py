@@ -12,7 +12,8 @@ plain's. Prints JSON: per-method records and a summary (tokens/s over all tasks,
 valid share of the answers that stopped, answers cut by the budget, greedy mismatches).
 
 Usage: python scripts/structured_bench.py [--model qwen2.5-coder-1.5b-instruct] [--draft qwen2.5-coder-0.5b-instruct]
-    [--limit N] [--max-new-tokens 256] [--methods plain,defaults,no-forced,llama] [--llama-bin DIR] > runs/structured.json
+    [--limit N] [--max-new-tokens 256] [--methods plain,defaults,no-forced,llama] [--llama-bin DIR] \
+    [--drafting '--ngram'] > runs/structured.json
 """
 
 from __future__ import annotations
@@ -94,11 +95,14 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--methods", default="plain,defaults,no-forced,llama")
     ap.add_argument("--llama-bin", default=None)
+    ap.add_argument("--drafting", default=None, help="generate's drafting flags for the speculative methods, as one "
+                                                     "string (default: --draft DRAFT, the defaults); e.g. '--ngram'")
     args = ap.parse_args()
     tasks = [json.loads(line) for line in TASKS.read_text().splitlines()]
     tasks = tasks[:args.limit] if args.limit else tasks
     methods = args.methods.split(",")
-    flags = build_parser().parse_args(["generate", "--model", args.model, "--draft", args.draft,
+    drafting_flags = args.drafting.split() if args.drafting else ["--draft", args.draft]
+    flags = build_parser().parse_args(["generate", "--model", args.model, *drafting_flags,
                                        "--max-new-tokens", str(args.max_new_tokens), "x"])
     model, drafting = settings(ModelSettings, flags), settings(DraftingSettings, flags)
     cfg = GenerationConfig(args.max_new_tokens, drafting.k)
@@ -140,7 +144,8 @@ def main() -> None:
                   f"{finish} valid={records[-1]['valid']}", file=sys.stderr)
     if peer is not None:
         peer.close()
-    print(json.dumps({"model": args.model, "draft": args.draft, "tasks": len(tasks),
+    print(json.dumps({"model": args.model, "drafting": " ".join(drafting_flags), "method": runner.method,
+                      "tasks": len(tasks),
                       "max_new_tokens": args.max_new_tokens, "summary": summary(records, methods),
                       "records": [{k: v for k, v in r.items() if k != "ids"} for r in records]}, indent=1))
 
