@@ -13,7 +13,7 @@ valid share of the answers that stopped, answers cut by the budget, greedy misma
 
 Usage: python scripts/structured_bench.py [--model qwen2.5-coder-1.5b-instruct] [--draft qwen2.5-coder-0.5b-instruct]
     [--limit N] [--max-new-tokens 256] [--methods plain,defaults,no-forced,llama] [--llama-bin DIR] \
-    [--drafting '--ngram'] > runs/structured.json
+    [--drafting=--ngram] > runs/structured.json
 """
 
 from __future__ import annotations
@@ -95,8 +95,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--methods", default="plain,defaults,no-forced,llama")
     ap.add_argument("--llama-bin", default=None)
-    ap.add_argument("--drafting", default=None, help="generate's drafting flags for the speculative methods, as one "
-                                                     "string (default: --draft DRAFT, the defaults); e.g. '--ngram'")
+    ap.add_argument("--drafting", default=None,
+                    help="generate's drafting flags for the speculative methods, one string given as --drafting=... "
+                         "(default: --draft DRAFT, the defaults); e.g. --drafting=--ngram")
     args = ap.parse_args()
     tasks = [json.loads(line) for line in TASKS.read_text().splitlines()]
     tasks = tasks[:args.limit] if args.limit else tasks
