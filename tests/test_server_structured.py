@@ -101,3 +101,24 @@ def test_bad_constraints_are_400s_that_name_the_problem(served, change, message)
     r = httpx.post(base + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400, r.text
     assert message in r.json()["error"]["message"]
+
+
+def test_concurrent_structured_requests_get_their_own_answers(served):
+    """Two requests under different grammars in one batch (their chains verified in one forward, each
+    under its own masks) get what each gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+    base, _ = served
+    bodies = [{"model": "smol", "prompt": "Answer: ", "max_tokens": 40, "temperature": 0,
+               "structured_outputs": {"regex": "(ab|cd){3,6}"}},
+              {"model": "smol", "prompt": "A list: ", "max_tokens": 40, "temperature": 0,
+               "json_schema": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 5}}]
+
+    def post(body):
+        r = httpx.post(base + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    alone = [post(b) for b in bodies]
+    with ThreadPoolExecutor(2) as ex:
+        together = list(ex.map(post, bodies * 2))
+    assert together == alone * 2
+    assert len(json.loads(alone[1])) >= 2 and set(alone[0]) <= set("abcd")
