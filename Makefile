@@ -25,7 +25,14 @@ run: venv
 	@echo "== plain decoding, same engine =="
 	$(VENV)/bin/specdec generate --model $(TARGET) --draft none --chat "$(PROMPT)"
 
+# what the tests read besides the package: the real models (SmolLM2 for CI, gemma3 for the family tests,
+# the Qwen pair for the cross-tokenizer and head tests) and llama.cpp's source (its converter writes the
+# family tests' GGUF files). Tests still skip without a CUDA device, a llama-server build
+# (scripts/llama_cpp.sh build) or the aarch64 cross compiler and qemu-user (.ci/run installs those two).
+TEST_MODELS ?= smollm2-135m-instruct gemma3-270m $(DRAFT) $(TARGET)
 test: venv
+	$(VENV)/bin/specdec pull $(TEST_MODELS)
+	scripts/llama_cpp.sh source
 	$(PY) -m pytest -q
 
 bench: venv

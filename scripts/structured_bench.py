@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -87,6 +88,16 @@ def check(text: str, schema: dict) -> bool:
         return False
 
 
+def cpu_name() -> str:
+    """The host's CPU model as lscpu names it (/proc/cpuinfo's model name), its family and model, and its cores."""
+    info: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    return (f"{info.get('model name', '?')}, CPU family {info.get('cpu family', '?')}, model {info.get('model', '?')}, "
+            f"{os.cpu_count()} cores")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -145,7 +156,7 @@ def main() -> None:
                   f"{finish} valid={records[-1]['valid']}", file=sys.stderr)
     if peer is not None:
         peer.close()
-    print(json.dumps({"model": args.model, "drafting": " ".join(drafting_flags), "method": runner.method,
+    print(json.dumps({"cpu": cpu_name(), "model": args.model, "drafting": " ".join(drafting_flags), "method": runner.method,
                       "tasks": len(tasks),
                       "max_new_tokens": args.max_new_tokens, "summary": summary(records, methods),
                       "records": [{k: v for k, v in r.items() if k != "ids"} for r in records]}, indent=1))

@@ -133,7 +133,12 @@ def add_structure_flags(p: argparse.ArgumentParser) -> None:
 
 
 def structure_of(args: argparse.Namespace):
-    """The ConstraintSpec the structure flags ask for, or None."""
+    """The ConstraintSpec the structure flags ask for (checked), or None."""
+    spec = _structure_of(args)
+    return spec.validate() if spec is not None else None
+
+
+def _structure_of(args: argparse.Namespace):
     from pathlib import Path
 
     from specdec.constraints import ConstraintSpec

@@ -303,3 +303,23 @@ def test_gguf_weights_where_there_are_none_is_a_clear_error(capsys, tiny_llama_d
 def test_profile_rejects_a_negative_draft_vocab(capsys, monkeypatch):
     monkeypatch.setattr("specdec.model.load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     assert "--draft-vocab must be >= 0" in cli_error(["profile", "--draft-vocab", "-1"], capsys)
+
+
+@pytest.mark.real
+def test_generate_under_a_structure_and_its_bad_inputs(capsys, smollm2_path, tmp_path):
+    """--json-schema from a file gives JSON that matches it; a malformed schema, regex or grammar, or
+    two structure flags at once, is a clear error and a non-zero exit, never a traceback."""
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                  "additionalProperties": False}))
+    base = ["generate", "--model", str(smollm2_path), "--ngram", "--max-new-tokens", "16", "--json"]
+    assert main(base + ["--json-schema", str(schema), "Is the sky blue?"]) == 0
+    assert isinstance(json.loads(json.loads(capsys.readouterr().out)["text"])["ok"], bool)
+    for bad, message in ((["--json-schema", "{not json"], "not valid JSON"), (["--regex", "bad("], "regex"),
+                         (["--grammar", "root ::= ("], "grammar"), (["--json-schema", "[1, 2]"], "JSON object")):
+        assert main(base + bad + ["x"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("specdec: error:") and message in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:  # argparse: the structure flags exclude each other
+        main(base + ["--regex", "a", "--json-object", "x"])
+    assert e.value.code == 2

@@ -245,6 +245,11 @@ BAD = [  # (endpoint, body changes, param named in the error)
     ("chat/completions", {"n": 3}, "n"),
     ("chat/completions", {"tools": [{"type": "function"}]}, "tools.0.function"),
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # no tool syntax
+    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}],
+                          "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ("chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("chat/completions", {"tool_choice": "sometimes"}, "tool_choice"),
+    ("chat/completions", {"response_format": {"type": "xml"}}, "response_format"),
     ("completions", {"stop": ["w" * 257]}, "stop"),  # the default limits: 256 characters, 512 messages
     ("chat/completions", {"stop": "w" * 257}, "stop"),
     ("chat/completions", {"messages": [{"role": "user", "content": "w1"}] * 513}, "messages"),

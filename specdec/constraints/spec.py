@@ -50,6 +50,17 @@ class ConstraintSpec:
         """llguidance's grammar for this spec (checked when a matcher is built from it)."""
         return GRAMMARS[self.kind](self.value)
 
+    def validate(self) -> "ConstraintSpec":
+        """The spec itself once its grammar checks out without a tokenizer (a malformed schema, regex or
+        grammar found before a model loads); SpecdecError naming the problem if it does not."""
+        try:
+            problem = LLMatcher.validate_grammar(self.grammar())
+        except ValueError as e:
+            problem = str(e)
+        if problem:
+            raise SpecdecError(f"the {self.kind} constraint is not valid: {problem.strip().splitlines()[0]}")
+        return self
+
 
 def check_schema(value) -> dict:
     if isinstance(value, str):

@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
@@ -69,12 +69,18 @@ class _Sampling(BaseModel):
     json_schema: dict | None = None  # llama-server's
     grammar: str | None = None  # llama-server's (GBNF)
 
+    @field_validator("response_format", "structured_outputs")
+    @classmethod
+    def _structure_shape(cls, v, info: ValidationInfo):
+        if v is not None and not (info.field_name == "response_format" and v.get("type", "text") == "text"):
+            _structure_of(info.field_name, v)  # ValueError naming what is wrong
+        return v
+
     @model_validator(mode="after")
     def _one_structure(self):
         given = [name for name, value in self._structures() if value is not None]
         if len(given) > 1:
             raise ValueError(f"give one structured-output field, not {len(given)}: {', '.join(given)}")
-        self.structure()  # validates its shape
         return self
 
     def _structures(self) -> list[tuple[str, Any]]:
@@ -255,9 +261,10 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Any = None
     parallel_tool_calls: bool = True
 
-    @model_validator(mode="after")
-    def _tool_choice(self):
-        choice, names = self.tool_choice, [t.function.name for t in self.tools or []]
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, choice, info: ValidationInfo):
+        names = [t.function.name for t in info.data.get("tools") or []]
         if isinstance(choice, dict):
             name = (choice.get("function") or {}).get("name")
             if choice.get("type") != "function" or name not in names:
@@ -266,6 +273,10 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError(f"tool_choice must be none, auto, required or a named function, not {choice!r}")
         elif choice == "required" and not names:
             raise ValueError("tool_choice 'required' needs tools")
+        return choice
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
         if self.forced_tools() and self.structure() is not None:
             raise ValueError("a required tool call and a structured-output field cannot both constrain the answer")
         return self
