@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
-from specdec.constraints.base import walk_masks
+from specdec.constraints.base import tree_masks, walk_masks
 from specdec.engine.generate import SpeculativeGenerator
 from specdec.engine.verify import accept_chain, accept_tree
 from specdec.model import load_model
@@ -73,7 +73,6 @@ class ToyConstraint:
         return walk_masks(self, drafted)
 
     def tree_masks(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        from specdec.constraints.base import tree_masks
         return tree_masks(self, tokens, parents)
 
 

@@ -10,6 +10,8 @@ from typing import Protocol
 
 import torch
 
+from specdec.tree import DraftTree
+
 
 class ConstraintProtocol(Protocol):
     """One sequence's grammar state (specdec.constraints.Constraint is the real one)."""
@@ -42,18 +44,8 @@ def tree_masks(constraint, tokens: list[int], parents: list[int]) -> torch.Tenso
     a token on that path. One masks_along per leaf."""
     rows = torch.zeros(len(tokens) + 1, constraint.vocab_size, dtype=torch.bool)  # [n + 1, vocab]
     rows[0] = constraint.allowed()
-    inner = set(parents)
-    for leaf in (i for i in range(len(tokens)) if i not in inner):
-        path = path_to(leaf, parents)
+    tree = DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+    for path in tree.paths():
         masks = constraint.masks_along([tokens[j] for j in path])  # [m + 1, vocab]
         rows[[j + 1 for j in path[:masks.shape[0] - 1]]] = masks[1:]
     return rows
-
-
-def path_to(node: int, parents: list[int]) -> list[int]:
-    """The nodes from the root's first child down to `node`."""
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]

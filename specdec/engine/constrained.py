@@ -12,14 +12,6 @@ import torch
 from specdec.tree import DraftTree
 
 
-def forced_room(seq) -> int:
-    """The most forced tokens a plain step (the policy's, or a drafter not started yet) may verify: k,
-    capped by the budget and the context; none in plain decoding (a drafter that drafts nothing)."""
-    if not seq.drafter.caps.drafts:
-        return 0
-    return max(0, min(seq.cfg.k, seq.cfg.max_new_tokens - seq.num_new - 1, seq.cache.capacity - seq.cache.length - 1))
-
-
 def constrain(constraint, draft: DraftTree, limit: int) -> tuple[DraftTree, torch.Tensor]:
     """A draft under a grammar and the masks of its verify rows # [1 + len, vocab]: a tree kept whole,
     each node's row masked after its path; a chain cut at the first token the grammar rejects, and

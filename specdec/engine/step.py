@@ -44,7 +44,7 @@ from specdec.policy import Action, Ask, Outcome, StepPolicy, sync
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.sampling.logprobs import TokenLogprob, token_logprobs
 from specdec.tree import DraftTree
-from specdec.engine.constrained import constrain, forced_room
+from specdec.engine.constrained import constrain
 from specdec.engine.verify import Verified, masked, verify, verify_chains, verify_tree
 
 
@@ -256,13 +256,22 @@ class _Row:
     masks: torch.Tensor | None = None  # the grammar's, bool # [1 + len(draft), vocab], where it has one
 
 
-def draft_length(seq: Sequence) -> int:
-    """The most draft tokens a step may verify: k, capped by the token budget and the context."""
-    if not seq.drafter.caps.drafts or not seq.speculate:
-        return 0
+def _room(seq: Sequence) -> int:
+    """k, capped by the token budget and the context."""
     budget = seq.cfg.max_new_tokens - seq.num_new - 1
     room = seq.cache.capacity - seq.cache.length - 1
     return max(0, min(seq.cfg.k, budget, room))
+
+
+def draft_length(seq: Sequence) -> int:
+    """The most draft tokens a step may verify: k, capped by the token budget and the context."""
+    return _room(seq) if seq.drafter.caps.drafts and seq.speculate else 0
+
+
+def forced_room(seq: Sequence) -> int:
+    """The most forced tokens (a grammar's) a plain step may verify, the policy's or one before the drafter
+    has started: as draft_length; none in plain decoding (a drafter that drafts nothing)."""
+    return _room(seq) if seq.drafter.caps.drafts else 0
 
 
 def _plan(seq: Sequence, batch: int) -> Action:
