@@ -25,7 +25,7 @@ from specdec.bench.profile import profile, synchronize
 from specdec.config import GenerationConfig
 from specdec.drafters.base import DraftState, NoDrafter
 from specdec.model.cuda_graphs import enable_cuda_graphs
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.model.transformer import ModelConfig, Transformer
 from specdec.tree import DraftTree
 
@@ -112,12 +112,12 @@ def main() -> None:
         t0 = time.perf_counter()
         prof = profile(target, draft, context=args.context, repeats=15)
         prof["profile_seconds"] = round(time.perf_counter() - t0, 1)
-        engine = SpeculativeGenerator(target, NoDrafter(), args.context + args.new_tokens + 64)
+        engine = Engine.single(target, NoDrafter(), args.context + args.new_tokens + 64)
         plain_rate, plain = decode_rate(engine, prompt, args.new_tokens)
         spec = {}
         for alpha in [float(a) for a in args.alphas.split(",")]:
             drafter = OracleDrafter(prompt, plain.tokens, alpha, target.config.vocab_size)
-            eng = SpeculativeGenerator(target, drafter, args.context + args.new_tokens + 64)
+            eng = Engine.single(target, drafter, args.context + args.new_tokens + 64)
             rate, res = decode_rate(eng, prompt, args.new_tokens, args.k)
             spec[str(alpha)] = {"tokens_per_second": round(rate, 2), "speedup": round(rate / plain_rate, 3),
                                 "measured_alpha": round(res.stats.alpha, 3), "tau": round(res.stats.tau, 3),

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from specdec.heads.checkpoint import load_head, target_fingerprint
-from specdec.heads.corpus import load_plan
-from specdec.heads.extract import load_records
-from specdec.heads.train import head_acceptance
 from specdec.model import load_model
+from specdec.training.corpus import load_plan
+from specdec.training.extract import load_records
+from specdec.training.train import head_acceptance
 
 
 def source_of(chunk_id: str) -> str:

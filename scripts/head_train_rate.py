@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from specdec.heads.extract import SELF_BATCH, ChunkRecord, answer_records, teacher
 from specdec.heads.modules import build_head, eagle_config, target_parts
-from specdec.heads.train import Trainer, TrainConfig
-from specdec.heads.vocab import select_vocab, token_counts
 from specdec.model import load_model
+from specdec.training.extract import SELF_BATCH, ChunkRecord, answer_records, teacher
+from specdec.training.train import Trainer, TrainConfig
+from specdec.training.vocab import select_vocab, token_counts
 
 
 def text_ids(tokenizer, n: int) -> list[int]:

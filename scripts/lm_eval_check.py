@@ -122,8 +122,8 @@ def engine_score(sched, context: list[int], continuation: list[int]) -> tuple[fl
     """The engine's own log-likelihood of the continuation after the context, and whether it is greedy."""
     from specdec.config import GenerationConfig
     from specdec.drafters.base import NoDrafter
-    from specdec.engine.generate import SpeculativeGenerator
-    engine = SpeculativeGenerator(sched.stepper.target, NoDrafter(), 1024)
+    from specdec.engine.engine import Engine
+    engine = Engine.single(sched.engine.target, NoDrafter(), 1024)
     r = engine.generate(context + continuation, GenerationConfig(1, 1, logprobs=1, prompt_logprobs=True))
     scored = r.prompt_logprobs[len(context):]
     return sum(s.logprob for s in scored), all(s.top[0][0] == s.token for s in scored)

@@ -33,7 +33,7 @@ from specdec.cli import build_parser  # noqa: E402
 from specdec.config import GenerationConfig  # noqa: E402
 from specdec.constraints import ConstraintSpec  # noqa: E402
 from specdec.drafters.base import NoDrafter  # noqa: E402
-from specdec.engine.generate import SpeculativeGenerator  # noqa: E402
+from specdec.engine.engine import Engine  # noqa: E402
 from specdec.flags import settings  # noqa: E402
 from specdec.model.tokenizer import encode_messages  # noqa: E402
 from specdec.runner import Runner  # noqa: E402
@@ -120,7 +120,7 @@ def main() -> None:
     cfg = GenerationConfig(args.max_new_tokens, drafting.k)
     runner = Runner.build(model, drafting, cfg)
     tok, eos = runner.target.tokenizer, runner.target.eos_ids
-    plain = SpeculativeGenerator(runner.engine.target, NoDrafter(), model.max_context, cache=runner.engine.cache)
+    plain = Engine.single(runner.engine.target, NoDrafter(), model.max_context, cache=runner.engine.cache)
     peer = None
     if "llama" in methods:
         from specdec.bench.llama_server import LlamaServerPeer, find_binary

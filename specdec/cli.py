@@ -67,30 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--context", type=integer, default=512, help="cached positions before the timed forward")
     prof.add_argument("--repeats", type=integer, default=7)
     prof.add_argument("--out", default="runs/profile.json", help="where to write the JSON")
-    from specdec.heads.cli import add_parsers as add_head_parsers  # imports nothing heavy
+    from specdec.training.cli import add_parsers as add_head_parsers  # imports nothing heavy
     add_head_parsers(sub, DEFAULT_TARGET)
     return parser
 
 
 def cmd_profile(args) -> int:
     from specdec.bench.profile import print_profile, profile, write_profile
-    from specdec.engine.build import log
+    from specdec.drafters.registry import DraftOptions, method
+    from specdec.engine.build import Builder
     from specdec.settings import ModelSettings
+    model = settings(ModelSettings, args)
+    draft, head = (method("draft") if args.draft else None), (method("head") if args.head is not None else None)
     if args.draft_vocab < 0:
         raise SpecdecError(f"--draft-vocab must be >= 0 (0 = full vocabulary), got {args.draft_vocab}")
-    model = settings(ModelSettings, args)
-    target = model.load(progress=log)
-    draft = model.load(args.draft, draft=True, progress=log, beside=target) if args.draft else None
-    draft_module = draft.module if draft else None
-    if draft_module is not None and 0 < args.draft_vocab < draft_module.config.vocab_size:
-        from specdec.drafters.draft_model import truncated_head
-        draft_module = truncated_head(draft_module, args.draft_vocab)
-    head = None
-    if args.head is not None:
-        from specdec.drafters.registry import Parts, build
-        from specdec.heads.find import load_head_for
-        prepared = load_head_for(args.head, target, args.model)
-        head = build("head", Parts(target, args.context + 2, heads={"eagle": prepared})).entry(args.context)
+    options = DraftOptions(draft=args.draft, draft_vocab=args.draft_vocab, head=args.head)
+    builder = Builder.load(model, [m for m in (draft, head) if m is not None], options, share_cache=False)
+    target = builder.target
+    # what a draft step runs: the draft model as the drafter holds it (its LM head cut to --draft-vocab)
+    draft_module = builder.drafter(draft).cost_model() if draft is not None else None
+    head = builder.drafter(head).entry(args.context) if head is not None else None
     result = profile(target.module, draft_module, args.context, args.repeats, head=head)
     if draft_module is not None:
         result["draft_vocab"] = args.draft_vocab
@@ -134,12 +130,21 @@ def cmd_loadtest(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    """Serve (under Ray Serve with --ray); beyond loopback with no API key, a one-line warning first."""
+    from specdec.server.guard import exposure_warning
+    model, drafting, srv, ray = serve_settings(args)
+    warning = exposure_warning(srv.host, srv.access())
+    if warning:
+        print(warning, file=sys.stderr)
+    if ray.ray:
+        from specdec.server.ray_serve import serve_ray
+        return serve_ray(model, drafting, srv, ray)
     from specdec.server import serve
-    return serve(*serve_settings(args))
+    return serve(model, drafting, srv)
 
 
 def cmd_datastore(args) -> int:
-    from specdec.datastore import datastore_from_files
+    from specdec.drafters.datastore import datastore_from_files
     from specdec.model.registry import resolve_model
     from specdec.model.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(resolve_model(args.model))
@@ -150,7 +155,7 @@ def cmd_datastore(args) -> int:
 
 
 def cmd_heads(args) -> int:
-    from specdec.heads.cli import run
+    from specdec.training.cli import run
     return run(args)
 
 

@@ -47,7 +47,7 @@ class TreeConfig:
 
     def __post_init__(self):
         if self.choices is not None:
-            return  # validated by specdec.tree.choices_to_parents
+            return  # validated by rank_paths (below) where the tree is built, and by the flags' parser
         if self.depth < 1 or self.topk < 1:
             raise SpecdecError(f"tree depth and topk must be >= 1, got depth={self.depth}, topk={self.topk}")
         if self.budget < self.depth:
@@ -79,3 +79,51 @@ class GenerationConfig:
             raise SpecdecError(f"k (draft length) must be >= 1, got {self.k}")
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def rank_paths(choices) -> tuple[list[int], list[int]]:
+    """A static tree from Medusa-style rank paths -> (parents, ranks), one entry a node (tree.choices_to_parents
+    makes them tensors).
+
+    Each choice is a path of ranks from the root: [0] is the root's top-1 candidate, [1, 0] is the
+    top-1 candidate after the root's top-2 candidate. Nodes come out in the order
+    sorted(choices, key=lambda c: (len(c), c)) (breadth first, siblings by rank), so parents precede
+    their children; ranks[i] is the last element of node i's path (which top-k candidate it is).
+    Raises SpecdecError for an empty list, a path that is not a non-empty list of non-negative ints,
+    a duplicate path, or a path whose prefix is not itself a choice.
+    """
+    if not isinstance(choices, (list, tuple)):
+        raise SpecdecError(f"tree choices must be a list of rank paths such as [[0], [1], [0, 0]], got {choices!r}")
+    if not choices:
+        raise SpecdecError("tree choices are empty; give rank paths such as [[0], [1], [0, 0]]")
+    for choice in choices:
+        if (not isinstance(choice, (list, tuple)) or not choice
+                or any(isinstance(r, bool) or not isinstance(r, int) for r in choice)):
+            raise SpecdecError(f"tree choice {choice!r} is not a non-empty list of ints such as [0, 1]")
+        if any(r < 0 for r in choice):
+            raise SpecdecError(f"tree choice {list(choice)} has a negative rank; ranks count from 0")
+    ordered = sorted((tuple(c) for c in choices), key=lambda c: (len(c), c))
+    index: dict[tuple[int, ...], int] = {}
+    parents = []
+    for i, path in enumerate(ordered):
+        if path in index:
+            raise SpecdecError(f"duplicate tree choice {list(path)}")
+        if len(path) > 1 and path[:-1] not in index:
+            raise SpecdecError(f"tree choice {list(path)} needs its prefix {list(path[:-1])} as a choice too")
+        parents.append(index[path[:-1]] if len(path) > 1 else -1)
+        index[path] = i
+    return parents, [p[-1] for p in ordered]
+
+
+def parse_schedule(text: str) -> dict[int, int]:
+    """'1:4,4:2,8:0' -> {1: 4, 4: 2, 8: 0}: from batch size 1 use k=4, from 4 use 2, from 8 plain."""
+    out = {}
+    try:
+        for item in text.split(","):
+            b, k = item.split(":")
+            out[int(b)] = int(k)
+    except ValueError:
+        raise SpecdecError(f"a k schedule is 'batch:k,batch:k' with integers, e.g. 1:4,4:2,8:0; got {text!r}") from None
+    if not out or min(out) < 1 or min(out.values()) < 0:
+        raise SpecdecError(f"a k schedule needs batch sizes >= 1 and k >= 0, got {text!r}")
+    return out

@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import fields
+from pathlib import Path
 
+from specdec.constraints import ConstraintSpec
 from specdec.drafters import registry
-from specdec.settings import API_KEY_ENV, DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET
+from specdec.settings import (API_KEY_ENV, DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, DraftingSettings,
+                              ModelSettings, RaySettings, ServeSettings)
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_DRAFT_VOCAB", "DEFAULT_TARGET", "integer", "settings"]
 
@@ -139,10 +142,6 @@ def structure_of(args: argparse.Namespace):
 
 
 def _structure_of(args: argparse.Namespace):
-    from pathlib import Path
-
-    from specdec.constraints import ConstraintSpec
-
     def text(value: str) -> str:  # a file's content, or the value itself
         path = Path(value)
         return path.read_text() if len(value) < 4096 and "\n" not in value and path.is_file() else value
@@ -300,7 +299,6 @@ def add_all_serve_flags(p: argparse.ArgumentParser) -> None:
 def serve_settings(args: argparse.Namespace) -> tuple:
     """(ModelSettings, DraftingSettings, ServeSettings, RaySettings) from `specdec serve`'s flags; the
     API key from $SPECDEC_API_KEY when --api-key is not given."""
-    from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
     if args.api_key is None and os.environ.get(API_KEY_ENV):
         args = argparse.Namespace(**{**vars(args), "api_key": os.environ[API_KEY_ENV]})
     return tuple(settings(cls, args) for cls in (ModelSettings, DraftingSettings, ServeSettings, RaySettings))

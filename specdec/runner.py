@@ -1,4 +1,4 @@
-"""`specdec generate`: one sequence through the engine the builder (engine.build) makes."""
+"""`specdec generate`: one request through the engine the builder (engine.build) makes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import sys
 from dataclasses import dataclass
 
 from specdec.config import GenerationConfig
-from specdec.engine.build import Engine, log
-from specdec.engine.generate import GenerationResult, SpeculativeGenerator
+from specdec.constraints import Grammars
+from specdec.engine.build import Builder, EnginePlan, log
+from specdec.engine.engine import Engine, GenerationResult
 from specdec.model import LoadedModel
 from specdec.model.tokenizer import encode_prompt
 from specdec.settings import DraftingSettings, ModelSettings
@@ -18,21 +19,17 @@ __all__ = ["Runner", "log", "stream_printer"]
 @dataclass
 class Runner:
     target: LoadedModel
-    engine: SpeculativeGenerator
+    engine: Engine
     cfg: GenerationConfig
     method: str
     grammars: object | None = None  # specdec.constraints.Grammars, built at the first structured answer
 
     @staticmethod
     def build(model: ModelSettings, drafting: DraftingSettings, cfg: GenerationConfig) -> "Runner":
-        built = Engine.from_settings(model, drafting)
-        drafter = built.drafter()
-        policy = None
-        if drafting.adaptive:  # adaptive: with the confidence rule; adaptive-k: k only
-            policy = built.policy(drafter, drafting.k, drafting.cost_profile, confidence=drafting.policy == "adaptive")
-        engine = SpeculativeGenerator(built.target.module, drafter, model.max_context, policy, cache=built.parts.cache)
-        k_text = f"k<={drafting.k} adaptive" if policy else f"k={drafting.k}"
-        return Runner(built.target, engine, cfg, built.label(drafter, k_text))
+        builder, chosen = Builder.from_settings(model, drafting)
+        engine = builder.engine(chosen, EnginePlan.of(drafting))  # one request at a time
+        k_text = f"k<={drafting.k} adaptive" if drafting.adaptive and engine.speculative else f"k={drafting.k}"
+        return Runner(builder.target, engine, cfg, builder.label(chosen, engine.drafter, k_text))
 
     def generate(self, prompt: str, chat: bool = False, on_tokens=None, structure=None) -> GenerationResult:
         """structure: a specdec.constraints.ConstraintSpec the answer must match, or None."""
@@ -45,7 +42,6 @@ class Runner:
         if structure is None:
             return None
         if self.grammars is None:
-            from specdec.constraints import Grammars
             self.grammars = Grammars.for_tokenizer(self.target.tokenizer, self.engine.target.config.vocab_size,
                                                    self.target.eos_ids)
         return self.grammars.constraint(structure)

@@ -4,17 +4,22 @@ nothing below the CLI reads the parsed command line).
 
   ModelSettings     the model flags of every command that loads one (add_model_flags)
   DraftingSettings  how generate and serve draft (add_spec_flags)
-  ServeSettings     the HTTP server (add_serve_flags); RaySettings its replicas (add_ray_flags)
+  ServeSettings     the HTTP server (add_serve_flags), with its Access and RequestLimits (server/guard.py
+                    enforces them); RaySettings its replicas (add_ray_flags)
   BenchSettings     specdec bench (add_bench_flags); LoadtestSettings specdec loadtest
 Sampling is config.SamplingParams, whose fields are the sampling flags'.
 """
 
 from __future__ import annotations
 
+import hmac
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from specdec.config import TreeConfig
+import specdec.model
+from specdec.config import TreeConfig, parse_schedule, rank_paths
 from specdec.drafters import registry
 from specdec.errors import SpecdecError
 
@@ -23,6 +28,8 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_DRAFT_VOCAB = 32768  # the draft scores ids < 32768: faster drafts for the Qwen2.5 pair, the output unchanged
 LOADTEST_MODES = ("off", "on", "policy")  # speculation off, on at a fixed k, the policy's choice
 API_KEY_ENV = "SPECDEC_API_KEY"  # serve's --api-key, kept out of the process list
+STATS_PATHS = ("/stats", "/metrics")
+MIB = 1 << 20
 
 
 def at_least(flag: str, value, low) -> None:
@@ -53,12 +60,11 @@ class ModelSettings:
         """load_model(spec or the model) with these settings; a draft named "self" is the model itself,
         loaded again as a draft (its blocks re-encoded in --draft-bits). beside: a model loaded before,
         whose tokenizer this one takes where the two files' tokenizers are the same."""
-        from specdec.model import load_model
         if draft and spec == SELF_DRAFT:
             spec = self.model
-        return load_model(spec or self.model, device=self.device, dtype=self.dtype, cuda_graphs=self.cuda_graphs,
-                          weight_dtype=self.weight_dtype, draft=draft, draft_bits=self.draft_bits,
-                          progress=progress or print, beside=beside)
+        return specdec.model.load_model(spec or self.model, device=self.device, dtype=self.dtype,
+                                        cuda_graphs=self.cuda_graphs, weight_dtype=self.weight_dtype, draft=draft,
+                                        draft_bits=self.draft_bits, progress=progress or print, beside=beside)
 
 
 @dataclass(frozen=True)
@@ -130,8 +136,6 @@ class DraftingSettings(DrafterKnobs):
 
 def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
     """Medusa-style choices from JSON text or a JSON file: [[0], [1], [0, 0], ...]."""
-    import json
-    import os
     raw = open(text).read() if os.path.isfile(text) else text
     try:
         value = json.loads(raw)
@@ -140,8 +144,7 @@ def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
                            f"or a file holding one; got {text[:60]!r}") from None
     if not isinstance(value, list) or not all(isinstance(c, list) and all(isinstance(r, int) for r in c) for c in value):
         raise SpecdecError(f"--tree-choices must be a list of lists of integers, got {text[:60]!r}")
-    from specdec.tree import choices_to_parents
-    choices_to_parents(value)  # validates: empty, negative ranks, missing prefixes, duplicates
+    rank_paths(value)  # validates: empty, negative ranks, missing prefixes, duplicates
     return tuple(tuple(c) for c in value)
 
 
@@ -161,7 +164,7 @@ class ServeSettings:
     served_model_name: str | None = None
     api_key: str | None = field(default=None, repr=False)  # or $SPECDEC_API_KEY (flags.serve_settings)
     api_key_protects_stats: bool = False
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 4 * MIB
     max_stop_length: int = 256
     max_messages: int = 512
 
@@ -182,7 +185,6 @@ class ServeSettings:
         self.schedule()
 
     def schedule(self) -> dict[int, int] | None:
-        from specdec.policy import parse_schedule
         return parse_schedule(self.k_schedule) if self.k_schedule else None
 
     def check_api_key(self) -> None:
@@ -193,15 +195,54 @@ class ServeSettings:
             raise SpecdecError("--api-key-protects-stats needs an API key: give --api-key KEY or set "
                                "$SPECDEC_API_KEY")
 
-    def access(self):
-        """Who may call what (server.guard.Access)."""
-        from specdec.server.guard import Access
+    def access(self) -> Access:
+        """Who may call what."""
         return Access(self.api_key, self.api_key_protects_stats)
 
-    def limits(self):
-        """The caps on a request (server.guard.RequestLimits)."""
-        from specdec.server.guard import RequestLimits
+    def limits(self) -> RequestLimits:
+        """The caps on a request."""
         return RequestLimits(self.max_body_bytes, self.max_stop_length, self.max_messages)
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may call what (server/guard.py enforces it): no key, everything is open."""
+
+    api_key: str | None = field(default=None, repr=False)
+    protects_stats: bool = False
+
+    def needs_key(self, path: str) -> bool:
+        """Every path but /health (and /stats, /metrics unless protects_stats), when there is a key."""
+        if self.api_key is None or path == "/health":
+            return False
+        return self.protects_stats or path not in STATS_PATHS
+
+    def allows(self, authorization: str | None) -> bool:
+        """Whether an Authorization header value carries the key (compared in constant time)."""
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or self.api_key is None:
+            return False
+        return hmac.compare_digest(given.strip().encode(), self.api_key.encode())
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The caps on one request (the serve flags of the same names)."""
+
+    max_body_bytes: int = 4 * MIB
+    max_stop_length: int = 256  # characters of one stop string
+    max_messages: int = 512  # messages of one chat request
+
+    def violation(self, stops: tuple[str, ...] = (), messages: int = 0) -> tuple[str, str] | None:
+        """(param, message) of the first limit a request's stop strings or message count exceed, or None."""
+        long = [s for s in stops if len(s) > self.max_stop_length]
+        if long:
+            return "stop", (f"Invalid value for 'stop': a stop string may have at most {self.max_stop_length} "
+                            f"characters; one has {len(long[0])}")
+        if messages > self.max_messages:
+            return "messages", (f"Invalid value for 'messages': at most {self.max_messages} messages per request, "
+                                f"got {messages}")
+        return None
 
 
 @dataclass(frozen=True)

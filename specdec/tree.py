@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.config import rank_paths
 from specdec.errors import SpecdecError
 
 
@@ -135,33 +136,8 @@ class DraftTree:
 
 
 def choices_to_parents(choices: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A static tree from Medusa-style rank paths -> (parents # [n], ranks # [n]), int64 on the CPU.
-
-    Each choice is a path of ranks from the root: [0] is the root's top-1 candidate, [1, 0] is the
-    top-1 candidate after the root's top-2 candidate. Nodes come out in the order
-    sorted(choices, key=lambda c: (len(c), c)) (breadth first, siblings by rank), so parents precede
-    their children; ranks[i] is the last element of node i's path (which top-k candidate it is).
-    Raises SpecdecError for an empty list, a path that is not a non-empty list of non-negative ints,
-    a duplicate path, or a path whose prefix is not itself a choice.
-    """
-    if not isinstance(choices, (list, tuple)):
-        raise SpecdecError(f"tree choices must be a list of rank paths such as [[0], [1], [0, 0]], got {choices!r}")
-    if not choices:
-        raise SpecdecError("tree choices are empty; give rank paths such as [[0], [1], [0, 0]]")
-    for choice in choices:
-        if (not isinstance(choice, (list, tuple)) or not choice
-                or any(isinstance(r, bool) or not isinstance(r, int) for r in choice)):
-            raise SpecdecError(f"tree choice {choice!r} is not a non-empty list of ints such as [0, 1]")
-        if any(r < 0 for r in choice):
-            raise SpecdecError(f"tree choice {list(choice)} has a negative rank; ranks count from 0")
-    ordered = sorted((tuple(c) for c in choices), key=lambda c: (len(c), c))
-    index: dict[tuple[int, ...], int] = {}
-    parents = []
-    for i, path in enumerate(ordered):
-        if path in index:
-            raise SpecdecError(f"duplicate tree choice {list(path)}")
-        if len(path) > 1 and path[:-1] not in index:
-            raise SpecdecError(f"tree choice {list(path)} needs its prefix {list(path[:-1])} as a choice too")
-        parents.append(index[path[:-1]] if len(path) > 1 else -1)
-        index[path] = i
-    return torch.tensor(parents, dtype=torch.long), torch.tensor([p[-1] for p in ordered], dtype=torch.long)
+    """A static tree from Medusa-style rank paths -> (parents # [n], ranks # [n]), int64 on the CPU, in
+    config.rank_paths' order (breadth first, siblings by rank: parents precede their children); raises
+    SpecdecError where rank_paths does."""
+    parents, ranks = rank_paths(choices)
+    return torch.tensor(parents, dtype=torch.long), torch.tensor(ranks, dtype=torch.long)

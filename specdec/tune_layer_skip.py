@@ -8,7 +8,7 @@ from __future__ import annotations
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.layer_skip import LayerSpec, make_layer_skip, resolve_layers
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
 
@@ -26,7 +26,7 @@ def _run_prompts(target: Transformer, layers: LayerSpec | None, prompts: list[li
     """Greedy runs over prompts with layer skip `layers` (None: plain decoding); totals and outputs."""
     cache = target.new_cache(capacity)
     drafter = NoDrafter() if layers is None else make_layer_skip(target, layers, capacity, cache if share else None)
-    engine = SpeculativeGenerator(target, drafter, capacity, cache=cache)
+    engine = Engine.single(target, drafter, capacity, cache=cache)
     tokens = steps = drafted = accepted = emitted = 0
     seconds = 0.0
     outputs = []

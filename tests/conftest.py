@@ -39,21 +39,20 @@ def make_drafter(name: str, target, capacity: int, draft=None, note=None, layers
     return build(name, Parts(target, capacity, draft, layers=layers), DraftOptions(**options), note)
 
 
-def run_stepper(stepper, prompts: list[list[int]], cfg, eos_ids, limits=(None, 0, 1)) -> dict[int, list[int]]:
-    """The server's slot pool: sequences join when a slot is free and leave when finished, with the
-    draft length limit cycling through `limits` round by round. Returns each prompt's new tokens."""
-    pending, got = list(enumerate(prompts)), {}
+def run_engine(engine, prompts: list[list[int]], cfg, eos_ids, limits=(None, 0, 1)) -> dict[int, list[int]]:
+    """Many requests through one engine: all added at once, each seated when a slot is free and out when
+    finished, with the draft length limit cycling through `limits` step by step. Returns each prompt's
+    new tokens."""
+    for i, p in enumerate(prompts):
+        engine.add_request(p, cfg, eos_ids, tag=i)
+    got = {}
     for round_no in range(500):
-        while pending and stepper.free:
-            i, p = pending.pop(0)
-            stepper.add(p, cfg, eos_ids, tag=i)
-        if not stepper.active:
+        if not engine.has_work:
             break
-        stepper.k_limit = limits[round_no % len(limits)]
-        for seq in stepper.run_round():
-            assert seq.finish_reason in ("stop", "length")
+        engine.k_limit = limits[round_no % len(limits)]
+        for seq in engine.step():
+            assert seq.finish_reason in ("stop", "length"), seq.error
             got[seq.tag] = seq.new_tokens
-            stepper.release(seq)
     return got
 
 

@@ -10,29 +10,7 @@
  * instructions per 256 weights of each kernel's inner loop (arm_counts.py --per-weights). The weights
  * are fixed bytes with every scale 1.0 (no kernel branches on the weights' values). */
 
-#define FW_MAX_PARTS 4
-typedef struct { /* cpu_forward.c's structs, the same layout */
-    int32_t type;
-    const uint8_t *data;
-    int64_t rows;
-} fw_part;
-typedef struct {
-    const float *bias;
-    int64_t n_parts, N, K;
-    fw_part parts[FW_MAX_PARTS];
-} fw_linear;
-typedef struct {
-    const float *ln1, *ln2, *attn_post, *mlp_post, *q_norm, *k_norm;
-    int32_t local, act;
-    fw_linear qkv, o, gate_up, down;
-} fw_layer;
-
-int forward_layers(const fw_layer *layers, int64_t L, float *x, int64_t T, int64_t D, int64_t H, int64_t KV,
-                   int64_t hd, int64_t I, float eps, float scale, const float *cos, const float *sin,
-                   const float *lcos, const float *lsin, float *kc, float *vc, int64_t cap, int64_t layer_stride,
-                   int64_t start, const uint8_t *mask, int64_t mask_stride, const uint8_t *lmask,
-                   int64_t lmask_stride, float *scratch, int nthreads);
-int64_t forward_scratch_floats(int64_t T, int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I);
+/* fw_part, fw_linear, fw_layer, forward_layers, forward_scratch_floats: kernels.h */
 
 static const void *get_opt(const char *name) {
     for (int i = 0; i < nblobs; i++)

@@ -14,19 +14,7 @@
 #include <string.h>
 
 #include "quant_q8.c" /* in this unit: rsub_check below uses its R_* primitives */
-void quant_dequantize(int type, const uint8_t *W, float *out, int64_t rows, int64_t K);
-void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t dim, int64_t ldx, float eps);
-void head_norm(float *y, const float *w, int64_t T, int64_t heads, int64_t hd, int64_t ldy, float eps);
-void rope(float *x, const float *cos, const float *sin, int64_t B, int64_t T, int64_t heads, int64_t D,
-          int64_t sxb, int64_t sxt, int64_t scb, int64_t sct);
-void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
-            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
-            int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, float scale,
-            int nthreads);
-void silu_mul(const float *g, const float *u, float *out, int64_t n);
-void silu_mul_scalar(const float *g, const float *u, float *out, int64_t n);
-void gelu_mul(const float *g, const float *u, float *out, int64_t n);
-const char *kernels_isa(void);
+/* the other sources' functions: kernels.h (quant_q8.c includes it) */
 
 typedef struct {
     char name[64];

@@ -24,7 +24,7 @@ from tests.conftest import random_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "specdec" / "model"
-C_SOURCES = [MODEL_DIR / n for n in ("quant_dequant.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
+C_SOURCES = [MODEL_DIR / n for n in ("quant_dequant.c", "quant_repack.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
 HARNESS = Path(__file__).with_name("kernel_harness.c")
 CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", "/usr/aarch64-linux-gnu"
 FLAGS = ["-O3", "-std=c11", "-fopenmp"]  # cpu_kernels.FLAGS' code generation (ISO C: no FMA contraction)

@@ -7,11 +7,10 @@ from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.engine.generate import SpeculativeGenerator
-from specdec.engine.verify import ragged_inputs
+from specdec.engine.engine import Engine
+from specdec.sampling.verify import ragged_inputs
 from specdec.errors import SpecdecError
-from specdec.server.stepper import StepwiseGenerator
-from tests.conftest import TINY_VOCAB, run_stepper
+from tests.conftest import TINY_VOCAB, run_engine
 
 PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60)), [7], [9, 9, 9, 9, 9, 9]]
 
@@ -35,35 +34,42 @@ def test_batched_greedy_equals_single_sequence(tiny_target, tiny_draft, drafter)
     factory = {"none": NoDrafter, "ngram": lambda: NgramDrafter(3, 1),
                "draft": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)}[drafter]
     cfg = GenerationConfig(30, 4)
-    single = SpeculativeGenerator(tiny_target, factory(), 256)
+    single = Engine.single(tiny_target, factory(), 256)
     expected = [single.generate(p, cfg).tokens for p in PROMPTS]
-    stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3)
-    done = run_stepper(stepper, PROMPTS, cfg, set(), limits=(None,))
+    stepper = Engine(tiny_target, factory, 256, max_batch=3)
+    done = run_engine(stepper, PROMPTS, cfg, set(), limits=(None,))
     for i, p in enumerate(PROMPTS):
         assert done[i] == expected[i], i
 
 
-def test_batch_k_schedule_and_errors(tiny_target):
-    stepper = StepwiseGenerator(tiny_target, lambda: NgramDrafter(3, 1), 64, max_batch=2)
+def test_batch_k_schedule_waiting_and_errors(tiny_target):
+    stepper = Engine(tiny_target, lambda: NgramDrafter(3, 1), 64, max_batch=2)
     stepper.k_limit = 0
-    b = stepper.add(PROMPTS[1], GenerationConfig(10, 4))
-    while not stepper.run_round():
+    b = stepper.add_request(PROMPTS[1], GenerationConfig(10, 4))
+    while not stepper.step():
         pass
     assert b.stats.k_chosen[0] == b.stats.steps  # all plain
-    stepper.add(PROMPTS[0], GenerationConfig(10, 4))
-    with pytest.raises(SpecdecError, match="no free"):
-        stepper.add(PROMPTS[0], GenerationConfig(10, 4))
-    stepper.release(b)
+    assert b.finish_reason == "length" and not stepper.running  # out of its slot
+    first, second, third = (stepper.add_request(PROMPTS[i], GenerationConfig(10, 4)) for i in (0, 1, 0))
+    stepper.step()
+    assert stepper.running == [first, second] and list(stepper.waiting) == [third]  # two slots: the third waits
+    stepper.abort(first)
+    assert first.finish_reason is None and sorted(stepper.pool.free) == [first.row]
+    stepper.step()
+    assert third in stepper.running and third.row == first.row and not stepper.waiting
+    stepper.abort(third)
+    stepper.abort(third)  # twice: nothing more
     with pytest.raises(SpecdecError, match="context"):
-        stepper.add(PROMPTS[2], GenerationConfig(60, 4))
+        stepper.add_request(PROMPTS[2], GenerationConfig(60, 4))
+    assert not stepper.waiting
 
 
 def test_batched_sampling_uses_each_requests_seed(tiny_target):
     cfg = GenerationConfig(20, 3, SamplingParams(0.9, seed=5))
-    alone = SpeculativeGenerator(tiny_target, NgramDrafter(3, 1), 256).generate(PROMPTS[1], cfg).tokens
-    stepper = StepwiseGenerator(tiny_target, lambda: NgramDrafter(3, 1), 256, max_batch=2)
-    a = stepper.add(PROMPTS[1], cfg)
-    stepper.add(PROMPTS[0], GenerationConfig(20, 3, SamplingParams(0.9, seed=6)))
-    while a not in stepper.run_round():
+    alone = Engine.single(tiny_target, NgramDrafter(3, 1), 256).generate(PROMPTS[1], cfg).tokens
+    stepper = Engine(tiny_target, lambda: NgramDrafter(3, 1), 256, max_batch=2)
+    a = stepper.add_request(PROMPTS[1], cfg)
+    stepper.add_request(PROMPTS[0], GenerationConfig(20, 3, SamplingParams(0.9, seed=6)))
+    while a not in stepper.step():
         pass
     assert a.new_tokens == alone

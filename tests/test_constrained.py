@@ -12,8 +12,8 @@ import torch
 
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.constraints.base import tree_masks, walk_masks
-from specdec.engine.generate import SpeculativeGenerator
-from specdec.engine.verify import accept_chain, accept_tree
+from specdec.engine.engine import Engine
+from specdec.sampling.verify import accept_chain, accept_tree
 from specdec.model import load_model
 from specdec.tree import DraftTree
 from tests.conftest import TINY_VOCAB, make_drafter
@@ -87,7 +87,7 @@ def draft(tiny_qwen_dir):
 
 
 def generate(target, drafter, prompt, sampling=SamplingParams(), k=3, max_new=30):
-    engine = SpeculativeGenerator(target.module, drafter, 256)
+    engine = Engine.single(target.module, drafter, 256)
     c = ToyConstraint(target.module.config.vocab_size)
     return engine.generate(prompt, GenerationConfig(max_new, k, sampling), {STOP}, constraint=c), c
 
@@ -109,7 +109,7 @@ def test_every_drafter_gives_constrained_plain_decoding(target, draft, plain, me
 
 
 def test_plain_decoding_under_the_grammar_obeys_it_and_differs_from_free_decoding(target, plain):
-    free = SpeculativeGenerator(target.module, make_drafter("none", target, 256), 256).generate(
+    free = Engine.single(target.module, make_drafter("none", target, 256), 256).generate(
         PROMPTS[0], GenerationConfig(30, 3), {STOP}).tokens
     assert free != plain[0]  # the grammar changed the output (the toy rejects a third of the ids)
     c = ToyConstraint(target.module.config.vocab_size)
@@ -223,7 +223,7 @@ def test_smollm2_json_schema_speculative_equals_plain_and_is_valid(smollm2, meth
 
     def run(drafter):
         c = grammars.constraint(ConstraintSpec("json_schema", SCHEMA))
-        return SpeculativeGenerator(module, drafter, 512).generate(prompt, cfg, smollm2.eos_ids, constraint=c)
+        return Engine.single(module, drafter, 512).generate(prompt, cfg, smollm2.eos_ids, constraint=c)
 
     plain = run(make_drafter("none", smollm2, 512))
     drafter = {"self": lambda: DraftModelDrafter(module, module.config.vocab_size, 512),
@@ -255,8 +255,8 @@ def test_smollm2_every_schema_task_speculative_equals_plain_and_stopped_answers_
     assert len(tasks) >= 50
     tok, module = smollm2.tokenizer, smollm2.module
     grammars = Grammars.for_tokenizer(tok, module.config.vocab_size, smollm2.eos_ids)
-    plain = SpeculativeGenerator(module, make_drafter("none", smollm2, 1024), 1024)
-    spec = SpeculativeGenerator(module, make_drafter("layer-skip", smollm2, 1024, layers=10), 1024)
+    plain = Engine.single(module, make_drafter("none", smollm2, 1024), 1024)
+    spec = Engine.single(module, make_drafter("layer-skip", smollm2, 1024, layers=10), 1024)
     cfg, stopped = GenerationConfig(96, 4), 0
     for task in tasks:
         ids = encode_messages(tok, [{"role": "system", "content": "Answer with JSON only, matching this JSON "

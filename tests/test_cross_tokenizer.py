@@ -14,7 +14,7 @@ from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import DraftState, NoDrafter
 from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdec.drafters.text_bridge import PROBES, Bridge, TokenText, bridge, incomplete_tail, target_tokens
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.model.registry import is_present
 from tests.conftest import make_drafter, tiny_model
@@ -228,8 +228,8 @@ def test_greedy_output_is_plain_decoding_s(models):
     proposals = []
     propose = drafter.propose
     drafter.propose = lambda state: proposals.append(propose(state)) or proposals[-1]
-    plain = SpeculativeGenerator(target.module, NoDrafter(), 1024)
-    spec = SpeculativeGenerator(target.module, drafter, 1024)
+    plain = Engine.single(target.module, NoDrafter(), 1024)
+    spec = Engine.single(target.module, drafter, 1024)
     accepted = 0
     for k, prompt in zip((4, 6), PROMPTS):
         ids = encode_prompt(target.tokenizer, prompt, chat=True)
@@ -257,8 +257,8 @@ def test_with_prompt_lookup_too_greedy_output_is_plain_decoding_s(models):
     prompt = "Repeat this line twice: for (int i = 0; i < n; i++) { sum += a[i]; }"
     ids = encode_prompt(target.tokenizer, prompt, chat=True)
     cfg = GenerationConfig(48, 4)
-    expected = SpeculativeGenerator(target.module, NoDrafter(), 1024).generate(ids, cfg, target.eos_ids).tokens
-    assert SpeculativeGenerator(target.module, drafter, 1024).generate(ids, cfg, target.eos_ids).tokens == expected
+    expected = Engine.single(target.module, NoDrafter(), 1024).generate(ids, cfg, target.eos_ids).tokens
+    assert Engine.single(target.module, drafter, 1024).generate(ids, cfg, target.eos_ids).tokens == expected
     assert drafter.model_steps > 0
 
 
@@ -266,17 +266,16 @@ def test_with_prompt_lookup_too_greedy_output_is_plain_decoding_s(models):
 def test_the_server_s_slots_draft_across_tokenizers_one_row_at_a_time(models):
     """The slot pool (serve) with one drafter per slot: chains drafted row by row, verified together."""
     from specdec.model.tokenizer import encode_prompt
-    from specdec.server.stepper import StepwiseGenerator
-    from tests.conftest import run_stepper
+    from tests.conftest import run_engine
     target, draft = models
     prompts = [encode_prompt(target.tokenizer, p, chat=True) for p in PROMPTS + ["Sort a list in Python."]]
     cfg = GenerationConfig(32, 4)
-    plain = SpeculativeGenerator(target.module, NoDrafter(), 512)
+    plain = Engine.single(target.module, NoDrafter(), 512)
     expected = {i: plain.generate(p, cfg, target.eos_ids).tokens for i, p in enumerate(prompts)}
-    stepper = StepwiseGenerator(target.module, lambda: make_drafter("draft", target, 512, draft, note=None), 512,
+    stepper = Engine(target.module, lambda: make_drafter("draft", target, 512, draft, note=None), 512,
                                 max_batch=2)
-    assert stepper.draft_cache is None  # no batched draft forward: each slot drafts its own chain
-    assert run_stepper(stepper, prompts, cfg, target.eos_ids, limits=(None,)) == expected
+    assert stepper.pool.draft_cache is None  # no batched draft forward: each slot drafts its own chain
+    assert run_engine(stepper, prompts, cfg, target.eos_ids, limits=(None,)) == expected
 
 
 @pytest.mark.real
@@ -301,7 +300,7 @@ def test_sampling_across_tokenizers_keeps_the_target_distribution(one_thread):
     prompt = [0, 1, 2, 0, 1]
     sampling = SamplingParams(1.0)
     joint = exact_joint(target, prompt, 3, sampling)
-    engine = SpeculativeGenerator(target, CrossTokenizerDrafter(pair, draft, 64), 64)
+    engine = Engine.single(target, CrossTokenizerDrafter(pair, draft, 64), 64)
     counts, drafted, accepted = {}, 0, 0
     for seed in range(N_TRIALS):
         result = engine.generate(prompt, GenerationConfig(4, 3, SamplingParams(1.0, seed=seed)))

@@ -16,10 +16,9 @@ from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.model.cuda_graphs import enable_cuda_graphs
-from specdec.engine.generate import SpeculativeGenerator
-from specdec.server.stepper import StepwiseGenerator
+from specdec.engine.engine import Engine
 from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
-from tests.conftest import TINY_VOCAB, run_stepper, tiny_model
+from tests.conftest import TINY_VOCAB, run_engine, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -42,7 +41,7 @@ def models(dtype: str, graphs: bool):
 @functools.cache
 def plain(dtype: str) -> list[list[int]]:
     target, _ = models(dtype, False)
-    return [SpeculativeGenerator(target, NoDrafter(), CAP).generate(p, GenerationConfig(32, 4)).tokens for p in PROMPTS]
+    return [Engine.single(target, NoDrafter(), CAP).generate(p, GenerationConfig(32, 4)).tokens for p in PROMPTS]
 
 
 def assert_greedy_match(model, dtype, prompt, got, expected, what):
@@ -87,7 +86,7 @@ DRAFTERS = {
 def test_greedy_equals_plain_for_every_drafter(method, dtype, graphs):
     target, draft = models(dtype, graphs)
     for policy in (None, adaptive()):
-        engine = SpeculativeGenerator(target, DRAFTERS[method](target, draft), CAP, policy=policy)
+        engine = Engine.single(target, DRAFTERS[method](target, draft), CAP, policy=policy)
         for prompt, expected in zip(PROMPTS, plain(dtype)):
             result = engine.generate(prompt, GenerationConfig(32, 4))
             assert_greedy_match(models(dtype, False)[0], dtype, prompt, result.tokens, expected,
@@ -103,10 +102,10 @@ def test_batched_greedy_equals_single_sequence(method, dtype, graphs):
     target, draft = models(dtype, graphs)
     prompts = PROMPTS + [[7], [9, 9, 9, 9, 9, 9]]
     cfg = GenerationConfig(30, 4)
-    expected = [SpeculativeGenerator(target, DRAFTERS[method](target, draft), CAP).generate(p, cfg).tokens
+    expected = [Engine.single(target, DRAFTERS[method](target, draft), CAP).generate(p, cfg).tokens
                 for p in prompts]
-    stepper = StepwiseGenerator(target, lambda: DRAFTERS[method](target, draft), CAP, max_batch=3)
-    done = run_stepper(stepper, prompts, cfg, set(), limits=(None,))
+    stepper = Engine(target, lambda: DRAFTERS[method](target, draft), CAP, max_batch=3)
+    done = run_engine(stepper, prompts, cfg, set(), limits=(None,))
     for i, p in enumerate(prompts):
         assert_greedy_match(models(dtype, False)[0], dtype, p, done[i], expected[i], f"{method} row {i}")
 
@@ -117,7 +116,6 @@ def test_stepper_equals_engine(tiny_qwen_dir, method, dtype):
     """The server's slot pool (pooled drafting, batched verify, a changing k limit) on CUDA."""
     from specdec.model import load_model
     from tests.conftest import make_drafter
-    from specdec.server.stepper import StepwiseGenerator
     dt = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     target = load_model(str(tiny_qwen_dir), device="cuda", dtype=dt, progress=lambda m: None)
     draft = load_model(str(tiny_qwen_dir), device="cuda", dtype=dt, progress=lambda m: None)
@@ -130,10 +128,10 @@ def test_stepper_equals_engine(tiny_qwen_dir, method, dtype):
 
     prompts = PROMPTS + [[7], [9, 9, 9, 9, 9, 9, 9]]
     cfg = GenerationConfig(24, 4)
-    expected = [SpeculativeGenerator(target.module, factory(), CAP).generate(p, cfg, target.eos_ids).tokens
+    expected = [Engine.single(target.module, factory(), CAP).generate(p, cfg, target.eos_ids).tokens
                 for p in prompts]
-    stepper = StepwiseGenerator(target.module, factory, CAP, max_batch=3, prefill_chunk=4)
-    got = run_stepper(stepper, prompts, cfg, target.eos_ids)
+    stepper = Engine(target.module, factory, CAP, max_batch=3, prefill_chunk=4)
+    got = run_engine(stepper, prompts, cfg, target.eos_ids)
     for i, p in enumerate(prompts):
         assert_greedy_match(target.module, dtype, p, got[i], expected[i], f"{method} sequence {i}")
 
@@ -143,7 +141,7 @@ def test_seeded_sampling_repeats_and_stays_in_vocabulary(dtype):
     target, draft = models(dtype, False)
     for method in ("draft", "tree", "hybrid", "ngram"):
         cfg = GenerationConfig(24, 4, SamplingParams(0.8, top_k=20, top_p=0.9, seed=7))
-        runs = [SpeculativeGenerator(target, DRAFTERS[method](target, draft), CAP).generate(PROMPTS[0], cfg).tokens
+        runs = [Engine.single(target, DRAFTERS[method](target, draft), CAP).generate(PROMPTS[0], cfg).tokens
                 for _ in range(2)]
         assert runs[0] == runs[1], method
         assert len(runs[0]) == 24 and all(0 <= t < TINY_VOCAB for t in runs[0]), method

@@ -8,7 +8,7 @@ from specdec.config import GenerationConfig
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.model.cuda_graphs import CudaGraphs, enable_cuda_graphs
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.model.transformer import causal_mask
 from tests.conftest import TINY_VOCAB, tiny_model
@@ -52,13 +52,13 @@ def test_cuda_graphs_keep_greedy_output_exact(dtype):
     prompt = [5, 17, 3, 88, 41, 5, 17]
     cfg = GenerationConfig(32, 4)
     eager = tiny_model(0).to("cuda", dtype)
-    plain = SpeculativeGenerator(eager, NoDrafter(), 128).generate(prompt, cfg).tokens
+    plain = Engine.single(eager, NoDrafter(), 128).generate(prompt, cfg).tokens
     graphed = tiny_model(0).to("cuda", dtype)
     draft = tiny_model(0).to("cuda", dtype)
     enable_cuda_graphs(graphed)
     enable_cuda_graphs(draft)
     for drafter in (NoDrafter(), DraftModelDrafter(draft, TINY_VOCAB, 128)):
-        gen = SpeculativeGenerator(graphed, drafter, 128)
+        gen = Engine.single(graphed, drafter, 128)
         assert gen.generate(prompt, cfg).tokens == plain
         assert gen.generate(prompt, cfg).tokens == plain  # replayed graphs, same caches
     assert 0 < graphed.graphs.captures <= graphed.graphs.max_graphs

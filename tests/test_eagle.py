@@ -8,12 +8,12 @@ import torch
 
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import NoDrafter
-from specdec.drafters.eagle import EagleDrafter, quantize_q8_0
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.drafters.eagle import EagleDrafter
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.heads.modules import build_head, eagle_config, medusa_config
-from specdec.server.stepper import StepwiseGenerator
-from tests.conftest import TINY_VOCAB, run_stepper, tiny_model
+from specdec.heads.prepared import quantize_q8_0
+from tests.conftest import TINY_VOCAB, run_engine, tiny_model
 from tests.test_engine import N_TRIALS, PROMPTS, SMALL_VOCAB, exact_joint, tv, tv_bound
 
 
@@ -45,8 +45,8 @@ def test_greedy_equals_plain_and_features_are_the_targets(tiny_target, k, vocab,
     ids = None if vocab == "full" else list(range(0, TINY_VOCAB, 2))  # the head cannot draft odd ids
     head = EagleDrafter(tiny_target, eagle_head(tiny_target, ids), 256)
     drafter = HybridDrafter(head, copy_n=1) if lookup else head
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
-    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
+    engine = Engine.single(tiny_target, drafter, 256)
     for prompt in PROMPTS:
         want = plain.generate(prompt, GenerationConfig(30, k)).tokens
         got = engine.generate(prompt, GenerationConfig(30, k))
@@ -83,7 +83,7 @@ def test_sampling_matches_target_distribution():
     prompt = [0, 1, 2, 0, 1]
     joint = exact_joint(target, prompt, 3, sampling)
     for ids in (None, [0, 2]):  # a cut vocabulary: q(1) = 0
-        engine = SpeculativeGenerator(target, EagleDrafter(target, eagle_head(target, ids, seed=3), 64), 64)
+        engine = Engine.single(target, EagleDrafter(target, eagle_head(target, ids, seed=3), 64), 64)
         counts = {}
         for seed in range(N_TRIALS):
             cfg = GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))
@@ -102,9 +102,9 @@ def test_the_server_pool_gives_the_engines_tokens(tiny_target, lookup):
                        else EagleDrafter(tiny_target, head, 256))
     cfg = GenerationConfig(24, 3)
     prompts = PROMPTS + [[7, 8], [9, 9, 9, 9, 9, 9]]
-    expected = [SpeculativeGenerator(tiny_target, NoDrafter(), 256).generate(p, cfg).tokens for p in prompts]
-    stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3, prefill_chunk=4)
-    got = run_stepper(stepper, prompts, cfg, set())
+    expected = [Engine.single(tiny_target, NoDrafter(), 256).generate(p, cfg).tokens for p in prompts]
+    stepper = Engine(tiny_target, factory, 256, max_batch=3, prefill_chunk=4)
+    got = run_engine(stepper, prompts, cfg, set())
     assert [got[i] for i in range(len(prompts))] == expected
 
 
@@ -123,27 +123,27 @@ def test_a_server_round_drafts_every_rows_chain_in_one_head_forward_per_position
     original, alone = eagle._ragged_entries, EagleDrafter._run
 
     def run(count_rounds: int = 0):
-        stepper = StepwiseGenerator(tiny_target, factory, 256, max_batch=3, prefill_chunk=64)
-        assert stepper.draft_cache is not None and all(d.cache.k.data_ptr() != stepper.drafters[0].cache.k.data_ptr()
-                                                       for d in stepper.drafters[1:])
-        seqs = [stepper.add(p, cfg, set()) for p in prompts]
-        stepper.run_round()  # the prefills
+        stepper = Engine(tiny_target, factory, 256, max_batch=3, prefill_chunk=64)
+        assert stepper.pool.draft_cache is not None and all(d.cache.k.data_ptr() != stepper.pool.drafters[0].cache.k.data_ptr()
+                                                       for d in stepper.pool.drafters[1:])
+        seqs = [stepper.add_request(p, cfg, set()) for p in prompts]
+        stepper.step()  # the prefills
         calls = []
         monkeypatch.setattr(eagle, "_ragged_entries", lambda *a: calls.append(len(a[2])) or original(*a))
         monkeypatch.setattr(EagleDrafter, "_run", lambda *a, **kw: calls.append("alone") or alone(*a, **kw))
         for _ in range(count_rounds):
-            stepper.run_round()
+            stepper.step()
         monkeypatch.undo()
-        while stepper.active:
-            for seq in stepper.run_round():
-                stepper.release(seq)
+        while stepper.has_work:
+            for seq in stepper.step():
+                stepper.abort(seq)
         return [s.new_tokens for s in seqs], calls
 
     tokens, calls = run(count_rounds=1)
     assert calls == [3] * k  # one forward per draft position, 3 rows each
     assert tokens == run()[0]
     if temperature == 0:
-        assert tokens == [SpeculativeGenerator(tiny_target, factory(), 256).generate(p, cfg).tokens for p in prompts]
+        assert tokens == [Engine.single(tiny_target, factory(), 256).generate(p, cfg).tokens for p in prompts]
 
 
 def test_quantize_q8_0_round_trips_within_half_a_step():
@@ -170,7 +170,7 @@ def test_a_head_of_another_kind_or_model_is_refused(tiny_target):
 def test_real_model_on_its_quantized_blocks(smollm2):
     """SmolLM2-135M on the CPU backend: the head's layers on Q8_0 blocks, its LM head the target's
     own blocks for a cut vocabulary; greedy output is plain decoding's, alone and in the server pool."""
-    from specdec.drafters.eagle import PreparedHead
+    from specdec.heads.prepared import PreparedHead
     from specdec.model.tokenizer import encode_prompt
     target = smollm2.module
     if target.weight_format != "gguf-q8":
@@ -179,11 +179,11 @@ def test_real_model_on_its_quantized_blocks(smollm2):
     assert type(prepared.fc).__name__ == "QuantLinear" and type(prepared.lm).__name__ == "QuantLinear"
     cfg = GenerationConfig(24, 3)
     prompts = [encode_prompt(smollm2.tokenizer, text, True) for text in ("def fib(n):", "Name three colors.")]
-    plain = [SpeculativeGenerator(target, NoDrafter(), 512).generate(p, cfg, smollm2.eos_ids).tokens for p in prompts]
-    engine = SpeculativeGenerator(target, EagleDrafter(target, prepared, 512), 512)
+    plain = [Engine.single(target, NoDrafter(), 512).generate(p, cfg, smollm2.eos_ids).tokens for p in prompts]
+    engine = Engine.single(target, EagleDrafter(target, prepared, 512), 512)
     assert [engine.generate(p, cfg, smollm2.eos_ids).tokens for p in prompts] == plain
-    stepper = StepwiseGenerator(target, lambda: EagleDrafter(target, prepared, 512), 512, max_batch=2, prefill_chunk=8)
-    got = run_stepper(stepper, prompts, cfg, smollm2.eos_ids)
+    stepper = Engine(target, lambda: EagleDrafter(target, prepared, 512), 512, max_batch=2, prefill_chunk=8)
+    got = run_engine(stepper, prompts, cfg, smollm2.eos_ids)
     assert [got[0], got[1]] == plain
 
 
@@ -260,8 +260,8 @@ def test_the_confidence_rule_ends_chains_and_output_stays_exact(tiny_target):
         assert len(tree) == length, answers
         assert [i for i, _ in asked] == list(range(len(asked))) and all(0 < p <= 1 for _, p in asked)
     policy = AdaptivePolicy(CostModel({1: 1.0, 2: 1.3, 3: 1.6, 9: 4.0}, 0.07), PolicyConfig(k_max=4, prior=0.9))
-    engine = SpeculativeGenerator(tiny_target, EagleDrafter(tiny_target, eagle_head(tiny_target), 256), 256, policy)
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    engine = Engine.single(tiny_target, EagleDrafter(tiny_target, eagle_head(tiny_target), 256), 256, policy)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
     for prompt in PROMPTS:
         cfg = GenerationConfig(40, 4)
         assert engine.generate(prompt, cfg).tokens == plain.generate(prompt, cfg).tokens
@@ -274,8 +274,8 @@ def test_eagle2_trees_are_exact(tiny_target, budget, depth, topk):
     from specdec.config import TreeConfig
     drafter = EagleDrafter(tiny_target, eagle_head(tiny_target), 256, TreeConfig(budget, depth, topk))
     assert drafter.caps.tree_nodes == budget
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
-    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
+    engine = Engine.single(tiny_target, drafter, 256)
     for prompt in PROMPTS:
         cfg = GenerationConfig(30, depth)
         got = engine.generate(prompt, cfg)
@@ -291,7 +291,7 @@ def test_eagle2_tree_sampling_matches_target_distribution():
     target = tiny_model(10, vocab_size=SMALL_VOCAB, max_position_embeddings=64)
     prompt = [0, 1, 2, 0, 1]
     joint = exact_joint(target, prompt, 3, SamplingParams(1.0))
-    engine = SpeculativeGenerator(target, EagleDrafter(target, eagle_head(target, seed=4), 64, TreeConfig(4, 2, 2)), 64)
+    engine = Engine.single(target, EagleDrafter(target, eagle_head(target, seed=4), 64, TreeConfig(4, 2, 2)), 64)
     counts = {}
     for seed in range(N_TRIALS):
         seq = tuple(engine.generate(prompt, GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))).tokens[:3])
@@ -312,8 +312,8 @@ def medusa_head(target, heads=3, seed=0):
 def test_medusa_chains_and_static_trees_are_exact(tiny_target, choices):
     from specdec.drafters.eagle import MedusaDrafter
     drafter = MedusaDrafter(tiny_target, medusa_head(tiny_target), 256, choices)
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
-    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
+    engine = Engine.single(tiny_target, drafter, 256)
     for prompt in PROMPTS:
         cfg = GenerationConfig(30, 3)
         got = engine.generate(prompt, cfg)
@@ -328,7 +328,7 @@ def test_medusa_sampling_matches_target_distribution():
     target = tiny_model(10, vocab_size=SMALL_VOCAB, max_position_embeddings=64)
     prompt = [0, 1, 2, 0, 1]
     joint = exact_joint(target, prompt, 3, SamplingParams(1.0))
-    engine = SpeculativeGenerator(target, MedusaDrafter(target, medusa_head(target, 2, seed=5), 64), 64)
+    engine = Engine.single(target, MedusaDrafter(target, medusa_head(target, 2, seed=5), 64), 64)
     counts = {}
     for seed in range(N_TRIALS):
         seq = tuple(engine.generate(prompt, GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))).tokens[:3])
@@ -420,7 +420,7 @@ def test_a_head_with_prompt_lookup_samples_the_targets_distribution():
     prompt = [0, 1, 2, 0, 1, 2, 0, 1]  # lookup drafts at the start, the head where the text stops repeating
     joint = exact_joint(target, prompt, 3, sampling)
     drafter = HybridDrafter(EagleDrafter(target, eagle_head(target, [0, 2], seed=3), 64), copy_n=2)
-    engine = SpeculativeGenerator(target, drafter, 64)
+    engine = Engine.single(target, drafter, 64)
     counts = {}
     for seed in range(N_TRIALS):
         seq = tuple(engine.generate(prompt, GenerationConfig(4, 2, SamplingParams(1.0, seed=seed))).tokens[:3])

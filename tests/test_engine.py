@@ -11,7 +11,7 @@ from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
 from tests.conftest import TINY_VOCAB, tiny_model
@@ -20,7 +20,7 @@ PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]
 
 
 def run(target, drafter, prompt, k=4, max_new=40, sampling=SamplingParams(), eos=frozenset()):
-    engine = SpeculativeGenerator(target, drafter, capacity=256)
+    engine = Engine.single(target, drafter, capacity=256)
     return engine.generate(prompt, GenerationConfig(max_new, k, sampling), eos)
 
 
@@ -89,7 +89,7 @@ def test_stats_per_position(tiny_target):
 
 
 def test_context_overflow_is_a_clear_error(tiny_target):
-    engine = SpeculativeGenerator(tiny_target, NoDrafter(), capacity=16)
+    engine = Engine.single(tiny_target, NoDrafter(), capacity=16)
     with pytest.raises(SpecdecError, match="context"):
         engine.generate(list(range(10)), GenerationConfig(max_new_tokens=8))
     with pytest.raises(SpecdecError, match="empty"):
@@ -98,8 +98,8 @@ def test_context_overflow_is_a_clear_error(tiny_target):
 
 def test_near_capacity_caps_k_and_stays_exact(tiny_target):
     prompt = list(range(20))
-    expected = SpeculativeGenerator(tiny_target, NoDrafter(), 28).generate(prompt, GenerationConfig(8, 1)).tokens
-    engine = SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_target, TINY_VOCAB, 28), 28)
+    expected = Engine.single(tiny_target, NoDrafter(), 28).generate(prompt, GenerationConfig(8, 1)).tokens
+    engine = Engine.single(tiny_target, DraftModelDrafter(tiny_target, TINY_VOCAB, 28), 28)
     assert engine.generate(prompt, GenerationConfig(8, 6)).tokens == expected
 
 
@@ -132,7 +132,7 @@ def tv_bound(cells: int, n: int, delta: float = 1e-4) -> float:
 
 
 def sample_first3(target, drafter, prompt, sampling, policy=None):
-    engine = SpeculativeGenerator(target, drafter, capacity=64, policy=policy)
+    engine = Engine.single(target, drafter, capacity=64, policy=policy)
     counts = {}
     for seed in range(N_TRIALS):
         cfg = GenerationConfig(4, 3, SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed))
@@ -183,7 +183,7 @@ def test_speculative_sampling_matches_target_distribution(sampling, methods):
 
 def test_same_seed_same_output(tiny_target, tiny_draft):
     cfg = GenerationConfig(20, 4, SamplingParams(0.8, seed=123))
-    runs = [SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 64), 64)
+    runs = [Engine.single(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 64), 64)
             .generate(PROMPTS[0], cfg).tokens for _ in range(2)]
     assert runs[0] == runs[1]
 

@@ -21,7 +21,7 @@ from specdec.config import GenerationConfig
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.model import cpu_kernels, load_model
 from specdec.model.loading import load_gguf_blocks, load_gguf_reference, open_gguf
 
@@ -227,9 +227,9 @@ def test_speculative_greedy_equals_plain(checkpoints, name, weights):
                         progress=lambda *a: None)
     module, vocab = loaded.module, model.config.vocab_size
     ids = prompt_ids(vocab, 12).tolist()[0] * 2  # a repeat: the n-gram drafter has something to propose
-    plain = SpeculativeGenerator(module, NoDrafter(), 128).generate(ids, GenerationConfig(40, 1), set()).tokens
+    plain = Engine.single(module, NoDrafter(), 128).generate(ids, GenerationConfig(40, 1), set()).tokens
     for drafter, k in [(NgramDrafter(3, 1), 4), (DraftModelDrafter(module, vocab, 128), 3)]:
-        result = SpeculativeGenerator(module, drafter, 128).generate(ids, GenerationConfig(40, k), set())
+        result = Engine.single(module, drafter, 128).generate(ids, GenerationConfig(40, k), set())
         assert result.tokens == plain, f"{name} {weights}: {type(drafter).__name__} differs from plain decoding"
 
 
@@ -331,7 +331,7 @@ def test_gemma3_270m_greedy_matches_transformers():
         with torch.inference_mode():
             expected = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False)
         expected = expected[0, len(ids):].tolist()
-        plain = lambda m: SpeculativeGenerator(m, NoDrafter(), 256).generate(ids, GenerationConfig(24, 1), set()).tokens  # noqa: E731
+        plain = lambda m: Engine.single(m, NoDrafter(), 256).generate(ids, GenerationConfig(24, 1), set()).tokens  # noqa: E731
         assert plain(ref.module) == expected, text
         got = plain(quant.module)
         first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)

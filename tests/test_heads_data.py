@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.heads.corpus import build_plan, grown, load_plan, plan_or_resume
-from specdec.heads.data import Document, RecoveryCount, interleave, iter_json_array, open_source, source_files
-from specdec.heads.overlap import OverlapGuard, default_eval_texts
-from specdec.heads.vocab import DraftVocab, select_vocab, token_counts
+from specdec.training.corpus import build_plan, grown, load_plan, plan_or_resume
+from specdec.training.data import Document, RecoveryCount, interleave, iter_json_array, open_source, source_files
+from specdec.training.overlap import OverlapGuard, default_eval_texts
+from specdec.training.vocab import DraftVocab, select_vocab, token_counts
 
 
 def records(n: int) -> list[dict]:
@@ -153,7 +153,7 @@ PROSE = ("The river rises in the hills and runs to the sea. " * 12).strip()
 
 
 def test_text_requests_are_made_from_prose_answers_only():
-    from specdec.heads.tasks import PASSAGE_CHARS, TEXT_TEMPLATES, text_documents
+    from specdec.training.tasks import PASSAGE_CHARS, TEXT_TEMPLATES, text_documents
     code = "```python\nprint(1)\n```\n" + PROSE
     convs = [conversation("c0", ("user", "What does it do?"), ("assistant", code)),  # code: none
              conversation("c1", ("user", "Short?"), ("assistant", "Yes.")),  # too short: none
@@ -179,7 +179,7 @@ def test_text_requests_are_made_from_prose_answers_only():
 
 
 def test_a_request_prompt_holds_all_its_turns_a_conversation_its_first():
-    from specdec.heads.extract import self_prompts
+    from specdec.training.extract import self_prompts
 
     class Words:  # no chat template: a prompt is its words' ids
         def encode(self, text, add_special_tokens=False):
@@ -253,7 +253,7 @@ class Box:
 
 
 def test_documented_functions_become_coding_requests(tmp_path):
-    from specdec.heads.tasks import TEMPLATES, task_documents
+    from specdec.training.tasks import TEMPLATES, task_documents
     (tmp_path / "mod.py").write_text(TASK_SOURCE)
     (tmp_path / "broken.py").write_text("def f(:\n")
     docs = list(task_documents(sorted(tmp_path.glob("*.py"))))
@@ -268,7 +268,7 @@ def test_documented_functions_become_coding_requests(tmp_path):
 
 def test_a_request_without_the_docstring_keeps_the_code():
     import ast
-    from specdec.heads.tasks import bare_code, function_task
+    from specdec.training.tasks import bare_code, function_task
     node = ast.parse(TASK_SOURCE).body[0]
     assert bare_code(node) == "def documented(a, b=2):\n    total = a + b\n    return total"
     doc = function_task(__import__("pathlib").Path("m.py"), node, TASK_SOURCE.splitlines())
@@ -276,7 +276,7 @@ def test_a_request_without_the_docstring_keeps_the_code():
 
 
 def test_take_turns_alternates_until_every_stream_ends():
-    from specdec.heads.data import take_turns
+    from specdec.training.data import take_turns
     doc = lambda name: Document(name, "x", name)  # noqa: E731
     got = [d.id for d in take_turns([iter([doc("a1"), doc("a2"), doc("a3")]), iter([doc("b1")])])]
     assert got == ["a1", "b1", "a2", "a3"]

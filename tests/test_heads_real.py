@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.heads.corpus import build_plan
-from specdec.heads.data import open_source
-from specdec.heads.extract import extract, load_records
 from specdec.heads.modules import build_head, eagle_config, target_parts
-from specdec.heads.overlap import OverlapGuard
-from specdec.heads.train import Trainer, TrainConfig
-from specdec.heads.vocab import select_vocab, token_counts
 from specdec.model.registry import model_path
+from specdec.training.corpus import build_plan
+from specdec.training.data import open_source
+from specdec.training.extract import extract, load_records
+from specdec.training.overlap import OverlapGuard
+from specdec.training.train import Trainer, TrainConfig
+from specdec.training.vocab import select_vocab, token_counts
 
 pytestmark = pytest.mark.real
 
@@ -74,7 +74,7 @@ def test_the_shipped_head_drafts_for_the_quantized_target_and_greedy_output_is_p
     from specdec.config import GenerationConfig
     from specdec.drafters.base import NoDrafter
     from specdec.drafters.eagle import EagleDrafter
-    from specdec.engine.generate import SpeculativeGenerator
+    from specdec.engine.engine import Engine
     from specdec.model import load_model
     from specdec.model.tokenizer import encode_prompt
     from specdec.heads.find import SHIPPED_HEADS, load_head_for
@@ -85,9 +85,9 @@ def test_the_shipped_head_drafts_for_the_quantized_target_and_greedy_output_is_p
     prepared = load_head_for(str(SHIPPED_HEADS / f"{name}-eagle"), loaded, name)
     target = loaded.module
     prompt = encode_prompt(loaded.tokenizer, "Write a Python function that returns the n-th Fibonacci number.", True)
-    plain = SpeculativeGenerator(target, NoDrafter(), 512).generate(prompt, GenerationConfig(40, 1), loaded.eos_ids)
+    plain = Engine.single(target, NoDrafter(), 512).generate(prompt, GenerationConfig(40, 1), loaded.eos_ids)
     for k in (1, 3):
-        engine = SpeculativeGenerator(target, EagleDrafter(target, prepared, 512), 512)
+        engine = Engine.single(target, EagleDrafter(target, prepared, 512), 512)
         out = engine.generate(prompt, GenerationConfig(40, k), loaded.eos_ids)
         assert out.tokens == plain.tokens
         assert out.stats.accepted > 0

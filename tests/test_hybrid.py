@@ -6,7 +6,7 @@ from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import DraftState, NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
 from tests.conftest import TINY_VOCAB
@@ -41,11 +41,11 @@ def test_lookup_only_never_touches_the_model(tiny_draft):
 def test_greedy_equivalence_with_policy_and_admission(tiny_target, tiny_draft):
     prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]
     cfg = GenerationConfig(40, 5, SamplingParams())
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
     for prefill_cost in (0.0, 100.0):  # admitted (model + lookup) and refused (lookup alone)
         policy = AdaptivePolicy(CostModel(FREE.verify_cost, 0.1, prefill_cost=prefill_cost), PolicyConfig(k_max=5))
         drafter = HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), copy_n=2)
-        engine = SpeculativeGenerator(tiny_target, drafter, 256, policy)
+        engine = Engine.single(tiny_target, drafter, 256, policy)
         for prompt in prompts:
             result = engine.generate(prompt, cfg)
             assert result.tokens == plain.generate(prompt, cfg).tokens

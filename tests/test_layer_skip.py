@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-import specdec.engine.verify as engine_module
+import specdec.sampling.verify as engine_module
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import Capabilities, DraftState, NoDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter, load_choice, make_layer_skip, parse_layer_spec, save_choice
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.model.partial import embed, forward_from_layer, forward_layers, head
 from specdec.tune_layer_skip import default_candidates, tune_layer_skip
@@ -36,7 +36,7 @@ def deep_target():
 
 @pytest.fixture(scope="module")
 def deep_plain(deep_target):
-    engine = SpeculativeGenerator(deep_target, NoDrafter(), 256)
+    engine = Engine.single(deep_target, NoDrafter(), 256)
     return [engine.generate(p, GenerationConfig(24, 4)).tokens for p in PROMPTS]
 
 
@@ -44,7 +44,7 @@ def layer_skip_engine(target, layers, mode, capacity=256, monkeypatch=None, poli
     """An engine with a LayerSkipDrafter in `mode`: 'own' cache, 'shared' target cache with a full
     verify pass, or 'shared-verify' (the engine's verify starts at layer L from the drafter's states)."""
     drafter = LayerSkipDrafter(target, layers, capacity)
-    engine = SpeculativeGenerator(target, drafter, capacity, policy=policy)
+    engine = Engine.single(target, drafter, capacity, policy=policy)
     if mode != "own":
         assert drafter.share_target_cache(engine.cache) is drafter
     if mode == "shared":  # the engine calls drafter.verify when its caps say so; this mode opts out
@@ -63,7 +63,7 @@ def test_greedy_equivalence(deep_target, deep_plain, monkeypatch, layers, k, mod
 
 
 def test_two_layer_model_and_eos(tiny_target, monkeypatch):
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256).generate(PROMPTS[0], GenerationConfig(30, 4)).tokens
+    plain = Engine.single(tiny_target, NoDrafter(), 256).generate(PROMPTS[0], GenerationConfig(30, 4)).tokens
     eos = plain[9]
     engine, _ = layer_skip_engine(tiny_target, 1, "shared-verify", monkeypatch=monkeypatch)
     assert engine.generate(PROMPTS[0], GenerationConfig(30, 4)).tokens == plain
@@ -74,7 +74,7 @@ def test_two_layer_model_and_eos(tiny_target, monkeypatch):
 def test_near_capacity_and_adaptive_k_stay_exact(deep_target, monkeypatch):
     from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
     prompt = list(range(20))
-    expected = SpeculativeGenerator(deep_target, NoDrafter(), 28).generate(prompt, GenerationConfig(8, 1)).tokens
+    expected = Engine.single(deep_target, NoDrafter(), 28).generate(prompt, GenerationConfig(8, 1)).tokens
     for mode in MODES:
         engine, _ = layer_skip_engine(deep_target, 2, mode, capacity=28, monkeypatch=monkeypatch)
         assert engine.generate(prompt, GenerationConfig(8, 6)).tokens == expected, mode
@@ -82,7 +82,7 @@ def test_near_capacity_and_adaptive_k_stay_exact(deep_target, monkeypatch):
     policy = AdaptivePolicy(CostModel({1: 1.0, 9: 3.0}, 0.5), PolicyConfig(k_max=4, probe_every=2))
     engine, _ = layer_skip_engine(deep_target, 2, "shared-verify", monkeypatch=monkeypatch, policy=policy)
     result = engine.generate(PROMPTS[2], GenerationConfig(40, 4))
-    plain = SpeculativeGenerator(deep_target, NoDrafter(), 256).generate(PROMPTS[2], GenerationConfig(40, 4)).tokens
+    plain = Engine.single(deep_target, NoDrafter(), 256).generate(PROMPTS[2], GenerationConfig(40, 4)).tokens
     assert result.tokens == plain
 
 
@@ -282,7 +282,7 @@ def test_default_candidates():
 def test_smollm2_layer_skip_greedy_equivalence(smollm2, monkeypatch):
     from specdec.model.tokenizer import encode_prompt
     ids = encode_prompt(smollm2.tokenizer, "Write a Python function that returns the factorial of n.", chat=True)
-    plain = SpeculativeGenerator(smollm2.module, NoDrafter(), 512).generate(ids, GenerationConfig(24, 1),
+    plain = Engine.single(smollm2.module, NoDrafter(), 512).generate(ids, GenerationConfig(24, 1),
                                                                              smollm2.eos_ids).tokens
     n = smollm2.module.config.num_layers
     for layers, mode in ((n - 4, "shared-verify"), (list(range(0, n, 2)), "own")):

@@ -17,12 +17,11 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.sampling.logprobs import token_logprobs
 from specdec.model.tokenizer import encode_messages
 from specdec.server import build_scheduler
-from specdec.server.stepper import StepwiseGenerator
 from tests.conftest import TINY_VOCAB
 from tests.test_server import CONTEXT, chat_dir, client, one_thread, running, serve_args  # noqa: F401 - fixtures
 
@@ -65,7 +64,7 @@ def assert_scores(target, prompt: list[int], new: list[int], scores, top: int = 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("which", list(DRAFTERS))
 def test_logprobs_equal_a_direct_forward(tiny_target, tiny_draft, which, temperature):
-    engine = SpeculativeGenerator(tiny_target, DRAFTERS[which](tiny_target, tiny_draft), 256)
+    engine = Engine.single(tiny_target, DRAFTERS[which](tiny_target, tiny_draft), 256)
     accepted = 0
     for seed, prompt in enumerate(PROMPTS):
         cfg = GenerationConfig(24, 3, SamplingParams(temperature, 0, 1.0, seed), logprobs=TOP)
@@ -83,7 +82,7 @@ def test_asking_changes_neither_tokens_nor_acceptance(tiny_target, tiny_draft, w
     for seed, prompt in enumerate(PROMPTS):
         runs = []
         for logprobs in (None, 0, 3):
-            engine = SpeculativeGenerator(tiny_target, DRAFTERS[which](tiny_target, tiny_draft), 256)
+            engine = Engine.single(tiny_target, DRAFTERS[which](tiny_target, tiny_draft), 256)
             cfg = GenerationConfig(30, 3, SamplingParams(temperature, 0, 0.95, 100 + seed), logprobs=logprobs)
             r = engine.generate(prompt, cfg)
             runs.append((r.tokens, r.stats.drafted, r.stats.accepted, r.stats.steps))
@@ -92,7 +91,7 @@ def test_asking_changes_neither_tokens_nor_acceptance(tiny_target, tiny_draft, w
 
 
 def test_top_zero_gives_the_token_alone_and_eos_cuts_alike(tiny_target):
-    engine = SpeculativeGenerator(tiny_target, NgramDrafter(3, 1), 256)
+    engine = Engine.single(tiny_target, NgramDrafter(3, 1), 256)
     full = engine.generate(PROMPTS[1], GenerationConfig(30, 4, logprobs=0))
     assert all(s.top == () for s in full.logprobs)
     eos = full.tokens[7]
@@ -102,7 +101,7 @@ def test_top_zero_gives_the_token_alone_and_eos_cuts_alike(tiny_target):
 
 
 def test_prompt_logprobs_equal_a_direct_forward(tiny_target, tiny_draft):
-    engine = SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256)
+    engine = Engine.single(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256)
     prompt = PROMPTS[2]
     r = engine.generate(prompt, GenerationConfig(6, 3, logprobs=2, prompt_logprobs=True))
     assert len(r.prompt_logprobs) == len(prompt) and r.prompt_logprobs[0] is None
@@ -113,7 +112,7 @@ def test_prompt_logprobs_equal_a_direct_forward(tiny_target, tiny_draft):
 def test_batched_pool_scores_every_row_and_the_prompt_past_the_prefix_cache(tiny_target, tiny_draft):
     """Four sequences in three slots, chains verified together, the prompt prefilled in chunks of 7;
     a repeated prompt that asks for the prompt's logprobs is prefilled whole again."""
-    pool = StepwiseGenerator(tiny_target, lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256, 3,
+    pool = Engine(tiny_target, lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256, 3,
                              prefill_chunk=7)
     prompts = PROMPTS + [PROMPTS[2]]
     asks = [GenerationConfig(20, 3, SamplingParams(0.0), logprobs=TOP),
@@ -122,14 +121,14 @@ def test_batched_pool_scores_every_row_and_the_prompt_past_the_prefix_cache(tiny
             GenerationConfig(20, 3, SamplingParams(0.0), logprobs=TOP, prompt_logprobs=True)]
     done, pending, widest = {}, list(enumerate(zip(prompts, asks))), 1
     for _ in range(200):
-        while pending and pool.free:
+        while pending and pool.pool.free:
             i, (p, cfg) = pending.pop(0)
-            pool.add(p, cfg, tag=i)
-        if not pool.active:
+            pool.add_request(p, cfg, tag=i)
+        if not pool.has_work:
             break
-        for seq in pool.run_round():
+        for seq in pool.step():
             done[seq.tag] = seq
-            pool.release(seq)
+            pool.abort(seq)
         widest = max(widest, pool.decode_batch)
     assert len(done) == 4 and widest > 1
     for i, seq in done.items():
@@ -177,7 +176,7 @@ def assert_server_scores(sched, prompt: list[int], pieces: list[str], logprobs: 
     """The answer's tokens (their texts) and logprobs against a direct forward over prompt + answer."""
     new = ids_of(sched, pieces)
     assert [sched.tokenizer.decode([t]) for t in new] == pieces
-    lp = direct(sched.stepper.target, prompt + new)
+    lp = direct(sched.engine.target, prompt + new)
     want = [float(lp[len(prompt) + i - 1, t]) for i, t in enumerate(new)]
     assert logprobs == pytest.approx(want, abs=TOL)
 
@@ -244,7 +243,7 @@ def test_echo_scores_the_prompt_past_the_prefix_cache(served):
     lp = choice.logprobs
     assert len(lp.tokens) == len(prompt) + 3
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    want = direct(sched.stepper.target, prompt)
+    want = direct(sched.engine.target, prompt)
     assert lp.token_logprobs[1:len(prompt)] == pytest.approx([float(want[i - 1, t]) for i, t in
                                                               enumerate(prompt) if i], abs=TOL)
     assert lp.text_offset[len(prompt)] == len(text)
@@ -313,7 +312,7 @@ def test_real_model_echo_and_token_texts(smollm2):
     """SmolLM2 (byte-level BPE): echo's prompt logprobs equal a direct forward, and the tokens' texts
     and bytes spell the answer."""
     from specdec.server.scheduler import Scheduler
-    from specdec.server.stepper import StepwiseGenerator as Pool
+    from specdec.engine.engine import Engine as Pool
     pool = Pool(smollm2.module, NoDrafter, 256, 1)
     sched = Scheduler(pool, smollm2.tokenizer, set(), k=2)
     with running(sched, "smol") as (base, _):

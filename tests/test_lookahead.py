@@ -7,7 +7,7 @@ import torch
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import DraftState, NoDrafter
 from specdec.drafters.lookahead import LookaheadDrafter, window_layout
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from tests.conftest import tiny_model
 from tests.test_engine import N_TRIALS, PROMPTS, SMALL_VOCAB, exact_joint, sample_first3, tv, tv_bound
@@ -59,14 +59,14 @@ def test_proposal_is_a_trie_of_the_continuations_of_the_last_token():
 
 @pytest.fixture(scope="module")
 def plain_outputs(tiny_target):
-    engine = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    engine = Engine.single(tiny_target, NoDrafter(), 256)
     return [engine.generate(p, GenerationConfig(40, 4)).tokens for p in PROMPTS]
 
 
 @pytest.mark.parametrize("window, ngram, candidates", [(4, 3, 4), (1, 2, 1), (6, 5, 3), (3, 2, 8)])
 def test_greedy_equivalence(tiny_target, plain_outputs, window, ngram, candidates):
     drafter = LookaheadDrafter(window, ngram, candidates)
-    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    engine = Engine.single(tiny_target, drafter, 256)
     for prompt, expected in zip(PROMPTS, plain_outputs):
         result = engine.generate(prompt, GenerationConfig(40, ngram - 1))
         assert result.tokens == expected
@@ -76,9 +76,9 @@ def test_greedy_equivalence(tiny_target, plain_outputs, window, ngram, candidate
 def test_greedy_equivalence_at_the_end_of_the_context(tiny_target):
     """A context that holds exactly prompt + budget + one step's scratch slots (tree + window)."""
     prompt = PROMPTS[1]
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 64).generate(prompt, GenerationConfig(56, 4)).tokens
+    plain = Engine.single(tiny_target, NoDrafter(), 64).generate(prompt, GenerationConfig(56, 4)).tokens
     drafter = LookaheadDrafter(4, 3, 4)
-    engine = SpeculativeGenerator(tiny_target, drafter, len(prompt) + 56 + drafter.max_tree_nodes)
+    engine = Engine.single(tiny_target, drafter, len(prompt) + 56 + drafter.max_tree_nodes)
     assert engine.generate(prompt, GenerationConfig(56, 2)).tokens == plain
     with pytest.raises(SpecdecError, match="does not fit"):
         engine.generate(prompt, GenerationConfig(57, 2))
@@ -87,7 +87,7 @@ def test_greedy_equivalence_at_the_end_of_the_context(tiny_target):
 def test_jacobi_guesses_are_accepted_on_a_predictable_model():
     """A 3-token vocabulary makes the Jacobi n-grams right often: more than one token per step."""
     target = tiny_model(10, vocab_size=SMALL_VOCAB, max_position_embeddings=256)
-    engine = SpeculativeGenerator(target, LookaheadDrafter(4, 4, 4), 256)
+    engine = Engine.single(target, LookaheadDrafter(4, 4, 4), 256)
     result = engine.generate([0, 1, 2, 0, 1], GenerationConfig(60, 3))
     assert result.stats.tau > 1.2
 
@@ -112,7 +112,7 @@ def test_window_never_reaches_the_committed_cache(tiny_target):
     """After a step the cache holds exactly the committed tokens' keys: equal to a plain prefill's."""
     prompt = PROMPTS[2]
     drafter = LookaheadDrafter(5, 3, 4)
-    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    engine = Engine.single(tiny_target, drafter, 256)
     out = engine.generate(prompt, GenerationConfig(20, 2)).tokens
     seq = prompt + out[:-1]  # the last token is emitted but not yet fed
     assert engine.cache.length == len(seq)

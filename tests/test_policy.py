@@ -8,7 +8,7 @@ from specdec.drafters.base import END, GO_ON, NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.policy.costs import quadratic_part
 from specdec.policy import (AdaptivePolicy, CostModel, Outcome, PolicyConfig, best_k, expected_tokens, fit_prefill,
@@ -322,9 +322,9 @@ def test_an_unadmitted_request_runs_plain_without_starting_the_drafter(tiny_targ
             super().start(prompt)
 
     costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=1.0)  # prefill dearer than any saving
-    engine = SpeculativeGenerator(tiny_target, Counting(tiny_draft, TINY_VOCAB, 256), 256,
+    engine = Engine.single(tiny_target, Counting(tiny_draft, TINY_VOCAB, 256), 256,
                                   AdaptivePolicy(costs, PolicyConfig(k_max=6, prior=0.9)))
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
     cfg = GenerationConfig(20, 6, SamplingParams())
     result = engine.generate(PROMPTS[2], cfg)
     assert result.tokens == plain.generate(PROMPTS[2], cfg).tokens
@@ -375,8 +375,8 @@ def test_a_deferred_drafter_starts_mid_answer_and_stays_exact(tiny_target, tiny_
     policy.reset()
     per_token = policy._prefill_terms(29, 20, 1)[1]
     policy.costs.prefill_cost = 6 * per_token / 29  # the prompt's prefill (29 tokens) costs 6 tokens' saving
-    engine = SpeculativeGenerator(tiny_target, Counting(tiny_draft, TINY_VOCAB, 256), 256, policy)
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    engine = Engine.single(tiny_target, Counting(tiny_draft, TINY_VOCAB, 256), 256, policy)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
     cfg = GenerationConfig(20, 6, SamplingParams())
     result = engine.generate(PROMPTS[2], cfg)  # 30 tokens
     assert result.tokens == plain.generate(PROMPTS[2], cfg).tokens
@@ -389,7 +389,7 @@ def test_a_deferred_drafter_starts_mid_answer_and_stays_exact(tiny_target, tiny_
     assert adm["horizon"] == 20 and adm["share"] == policy.cfg.commit_share
     short = engine.generate(PROMPTS[2], GenerationConfig(8, 6, SamplingParams()))  # too short to pay: never
     assert short.stats.draft_started_at is None and short.stats.drafted == 0 and len(Counting.starts) == 1
-    hybrid = SpeculativeGenerator(tiny_target, HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)), 256,
+    hybrid = Engine.single(tiny_target, HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)), 256,
                                   AdaptivePolicy(policy.costs, PolicyConfig(k_max=6, prior=0.9)))
     for prompt in PROMPTS:  # lookup drafts while the model waits, then both
         assert hybrid.generate(prompt, cfg).tokens == plain.generate(prompt, cfg).tokens
@@ -419,12 +419,12 @@ PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]
 
 @pytest.mark.parametrize("which", ["draft", "ngram", "pmin"])
 def test_adaptive_and_early_stop_stay_greedy_exact(tiny_target, tiny_draft, which):
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
     drafter = {"draft": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256),
                "ngram": lambda: NgramDrafter(3, 1),
                "pmin": lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256, p_min=0.5)}[which]()
     policy = None if which == "pmin" else AdaptivePolicy(CPU, PolicyConfig(k_max=6))
-    engine = SpeculativeGenerator(tiny_target, drafter, 256, policy)
+    engine = Engine.single(tiny_target, drafter, 256, policy)
     for prompt in PROMPTS:
         cfg = GenerationConfig(40, 6, SamplingParams())
         expected = plain.generate(prompt, cfg).tokens
@@ -437,7 +437,7 @@ def test_adaptive_and_early_stop_stay_greedy_exact(tiny_target, tiny_draft, whic
 
 def test_adaptive_goes_plain_with_a_useless_drafter(tiny_target, tiny_draft):
     """The 1-layer random draft rarely agrees with the target: the policy ends up mostly plain."""
-    engine = SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256,
+    engine = Engine.single(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256,
                                   AdaptivePolicy(CPU, PolicyConfig(k_max=6)))
     stats = engine.generate(PROMPTS[2], GenerationConfig(120, 6, SamplingParams())).stats
     assert stats.plain_fraction > 0.5, stats.k_chosen
@@ -509,12 +509,12 @@ def test_tree_drafter_under_the_policy_is_exact_and_uses_both_shapes(tiny_target
     from specdec.config import TreeConfig
     prompts = [[5, 17, 3, 88, 41, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2]]
     cfg = GenerationConfig(40, 8)
-    plain = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
     drafter = DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, tree=TreeConfig(16, 4, 4))
     assert drafter.tree_actions() == {"tree_sizes": (4, 8, 16), "tree_depth": 4}
     policy = AdaptivePolicy(CostModel({1: 1.0, 17: 1.0, 33: 1.6}, draft_cost=0.05),
                             PolicyConfig(k_max=8, prior=0.5, **drafter.tree_actions()))
-    engine = SpeculativeGenerator(tiny_target, drafter, 256, policy)
+    engine = Engine.single(tiny_target, drafter, 256, policy)
     shapes = []
     original = drafter.propose
     drafter.propose = lambda state: shapes.append(state.tree) or original(state)
@@ -657,8 +657,8 @@ def test_the_rule_in_the_engine_is_greedy_exact_and_lengthens_and_ends_chains():
                 return out
             return cap, counted
 
-    plain = SpeculativeGenerator(target, NoDrafter(), 256)
-    engine = SpeculativeGenerator(target, DraftModelDrafter(target, TINY_VOCAB, 256), 256,
+    plain = Engine.single(target, NoDrafter(), 256)
+    engine = Engine.single(target, DraftModelDrafter(target, TINY_VOCAB, 256), 256,
                                   Counting(CPU, PolicyConfig(k_max=6)))
     for prompt in PROMPTS:
         cfg = GenerationConfig(40, 6, SamplingParams())
@@ -749,7 +749,7 @@ def test_an_old_profile_s_prefill_price_is_split_into_the_draft_s_weight_read_an
     assert costs.prefill_fixed == pytest.approx(0.4) and costs.prefill(512) == pytest.approx(0.0156 * 512)
     new = dict(old, draft_prefill_fixed=0.9, draft_prefill_cost=0.02)
     assert CostModel.from_profile(new).prefill(100) == pytest.approx(2.9)
-    assert CostModel.from_profile(old, "lookup").prefill(100) == 0.0
+    assert CostModel.from_profile(old, draft_model=False).prefill(100) == 0.0
 
 
 def test_the_learning_allowance_pays_a_prefill_s_fixed_part_and_bounds_the_rest():

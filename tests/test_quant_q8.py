@@ -210,14 +210,14 @@ def test_real_model_q8_speculation_gives_plain_tokens(smollm2_q8):
     from specdec.config import GenerationConfig
     from specdec.drafters.base import NoDrafter
     from specdec.drafters.draft_model import DraftModelDrafter
-    from specdec.engine.generate import SpeculativeGenerator
+    from specdec.engine.engine import Engine
     from specdec.model.tokenizer import encode_prompt
     q8, _ = smollm2_q8
     ids = encode_prompt(q8.tokenizer, "Write a Python function that checks whether a number is prime.", chat=True)
-    plain = SpeculativeGenerator(q8.module, NoDrafter(), 512).generate(ids, GenerationConfig(40, 1), q8.eos_ids)
+    plain = Engine.single(q8.module, NoDrafter(), 512).generate(ids, GenerationConfig(40, 1), q8.eos_ids)
     drafter = DraftModelDrafter(q8.module, q8.module.config.vocab_size, 512, head_rows=8192)
     for k in (3, 8):
-        out = SpeculativeGenerator(q8.module, drafter, 512).generate(ids, GenerationConfig(40, k), q8.eos_ids)
+        out = Engine.single(q8.module, drafter, 512).generate(ids, GenerationConfig(40, k), q8.eos_ids)
         assert out.tokens == plain.tokens
 
 

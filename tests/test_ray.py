@@ -70,9 +70,9 @@ def reference(smollm2):
     """Greedy answers of one plain engine (the replicas draft by n-gram lookup: the same tokens)."""
     from specdec.config import GenerationConfig
     from specdec.drafters.base import NoDrafter
-    from specdec.engine.generate import SpeculativeGenerator
+    from specdec.engine.engine import Engine
     from specdec.model.tokenizer import encode_prompt
-    engine = SpeculativeGenerator(smollm2.module, NoDrafter(), 1024)
+    engine = Engine.single(smollm2.module, NoDrafter(), 1024)
 
     def answer(prompt: str) -> str:
         ids = encode_prompt(smollm2.tokenizer, prompt, False)

@@ -6,7 +6,7 @@ from specdec.config import GenerationConfig
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.model.tokenizer import encode_prompt
 from tests.conftest import tiny_model
 
@@ -27,7 +27,7 @@ def smollm2_variant(request, smollm2_path):
 def prompts_and_plain(smollm2_variant):
     smollm2 = smollm2_variant
     ids = [encode_prompt(smollm2.tokenizer, p, chat=True) for p in PROMPTS]
-    engine = SpeculativeGenerator(smollm2.module, NoDrafter(), 512)
+    engine = Engine.single(smollm2.module, NoDrafter(), 512)
     return ids, [engine.generate(p, GenerationConfig(48, 1), smollm2.eos_ids).tokens for p in ids]
 
 
@@ -38,7 +38,7 @@ def test_smollm2_greedy_equivalence(smollm2_variant, prompts_and_plain, which, k
     drafter = {"self": lambda: DraftModelDrafter(smollm2.module, vocab, 512),
                "random": lambda: DraftModelDrafter(tiny_model(5, vocab_size=vocab), vocab, 512),
                "ngram": lambda: NgramDrafter(3, 1)}[which]()
-    engine = SpeculativeGenerator(smollm2.module, drafter, 512)
+    engine = Engine.single(smollm2.module, drafter, 512)
     ids, plain = prompts_and_plain
     for prompt, expected in zip(ids, plain):
         result = engine.generate(prompt, GenerationConfig(48, k), smollm2.eos_ids)

@@ -16,9 +16,18 @@ from specdec.errors import SpecdecError
 from tests.test_cli import cli_error
 
 ROOT = Path(__file__).resolve().parent.parent
-WIRING = ["specdec/runner.py", "specdec/server/__init__.py", "specdec/bench/compare.py", "specdec/bench/records.py",
-          "specdec/settings.py", "specdec/engine/build.py", "specdec/cli.py",
-          "specdec/flags.py"]
+# the wiring: every module that builds, runs, prices, serves or reports drafters (outside specdec/drafters/,
+# and outside the heads and training, whose 'eagle' and 'medusa' are head kinds); whole packages by glob,
+# so a module added to one is checked too
+WIRING_PACKAGES = ["specdec/engine", "specdec/policy", "specdec/server", "specdec/bench"]
+WIRING_MODULES = ["specdec/runner.py", "specdec/settings.py", "specdec/cli.py", "specdec/flags.py",
+                  "specdec/tune_layer_skip.py", "specdec/metrics.py", "specdec/config.py"]
+NOT_WIRING = {  # modules in those packages whose strings only look like drafter names
+    "specdec/bench/llama_server.py": "llama-server's own modes (plain, spec, lookup)",
+    "specdec/server/protocol.py": "OpenAI's tool_choice 'none'",
+}
+WIRING = sorted({p.relative_to(ROOT).as_posix() for d in WIRING_PACKAGES for p in (ROOT / d).rglob("*.py")}
+                - set(NOT_WIRING)) + [m for m in WIRING_MODULES if (ROOT / m).is_file()]
 
 
 TOY_MODULE = '''"""A toy drafter in a module of its own: proposes the last committed token (k times, or --repeat-times)."""

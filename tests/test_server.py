@@ -24,7 +24,7 @@ import torch
 from specdec.flags import add_all_serve_flags, serve_settings
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.model import load_model
 from specdec.model.tokenizer import encode_messages
@@ -33,8 +33,7 @@ from specdec.server.app import create_app, make_server
 from specdec.server.guard import Access, RequestLimits, exposure_warning
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler, TextTracker, k_schedule
-from specdec.server.stepper import StepwiseGenerator
-from tests.conftest import make_drafter, run_stepper
+from tests.conftest import make_drafter, run_engine
 
 K = 3
 CONTEXT = 512
@@ -111,7 +110,7 @@ def main(chat_dir, tiny_qwen_dir):
 
 def reference(sched: Scheduler, ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int | None = None):
     """The engine's own output for the same prompt ids and drafter configuration."""
-    engine = SpeculativeGenerator(sched.stepper.target, sched.stepper.drafter_factory(), CONTEXT)
+    engine = Engine.single(sched.engine.target, sched.engine.drafter, CONTEXT)
     return engine.generate(ids, GenerationConfig(max_tokens, K, SamplingParams(temperature, 0, 1.0, seed)),
                            sched.eos_ids)
 
@@ -274,7 +273,7 @@ def test_other_bad_requests(main):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
-    for number in ("prompt (3 tokens)", "max_tokens (600)", "603", "context of 512 tokens"):
+    for number in ("prompt (3 tokens)", "new_tokens (600)", "max_tokens", "603", "context of 512 tokens"):
         assert number in err["message"], err["message"]
     r = httpx.post(base + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
@@ -437,19 +436,15 @@ def test_a_server_beyond_loopback_without_a_key_warns(capsys, monkeypatch):
 
 # ---- a slow server: 2 slots, a queue of 1, speculation off above 1 active sequence ----
 
-class SlowStepper(StepwiseGenerator):
+class SlowEngine(Engine):
     """Each step sleeps (so requests overlap reliably); a prompt starting with token 93 fails in decode.
     The slow server has no end-of-sequence ids, so every request runs to its max_tokens."""
 
     delay = 0.01
 
-    def step(self, seq):
+    def step(self):
         time.sleep(self.delay)
-        return super().step(seq)
-
-    def decode(self, seqs):  # the batched decode path
-        time.sleep(self.delay)
-        return super().decode(seqs)
+        return super().step()
 
 
 class FailingDrafter(DraftModelDrafter):
@@ -467,7 +462,7 @@ class FailingDrafter(DraftModelDrafter):
 
 def slow_scheduler(target, max_batch=2, max_queue=1) -> Scheduler:
     factory = lambda: FailingDrafter(target.module, target.module.config.vocab_size, CONTEXT)  # noqa: E731
-    stepper = SlowStepper(target.module, factory, CONTEXT, max_batch)
+    stepper = SlowEngine(target.module, factory, CONTEXT, max_batch)
     return Scheduler(stepper, target.tokenizer, set(), k=K, max_queue=max_queue,  # no EOS: runs to max_tokens
                      k_for_batch=k_schedule(spec_off_batch=1), metrics=ServerMetrics())
 
@@ -517,7 +512,7 @@ def test_queue_full_is_429_and_speculation_switches_off_under_load(slow, tiny_ta
             assert int(r.headers["Retry-After"]) >= 1
             assert r.json()["error"]["code"] == "queue_full"
         else:  # speculation went off and on again between steps; greedy output is still the engine's
-            plain = SpeculativeGenerator(tiny_target_loaded.module,
+            plain = Engine.single(tiny_target_loaded.module,
                                          DraftModelDrafter(tiny_target_loaded.module, 96, CONTEXT), CONTEXT)
             ref = plain.generate(prompts[i], GenerationConfig(60, K))
             assert r.json()["choices"][0]["text"] == text_of(sched, ref.tokens)
@@ -634,7 +629,7 @@ def test_stepper_interleaved_equals_engine(tiny_target_loaded, tiny_qwen_dir, me
         return make_drafter("draft" if method == "tree" else method, target, CONTEXT, draft, tree=tree, layers=1)
 
     stepper = assert_stepper_matches_engine(target, factory, STEPPER_PROMPTS, batched)
-    assert sorted(stepper.free) == [0, 1, 2]
+    assert sorted(stepper.pool.free) == [0, 1, 2]
 
 
 STEPPER_PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 50)), [7], [9, 9, 9, 9, 9, 9, 9]]
@@ -651,34 +646,30 @@ def test_layer_skip_slots_draft_into_their_rows_of_the_target_cache_and_verify_f
                         lambda *a, **kw: first_layers.append(a[4]) or forward_from_layer(*a, **kw))
     stepper = assert_stepper_matches_engine(target, lambda: make_drafter("layer-skip", target, CONTEXT, layers=1),
                                             STEPPER_PROMPTS, batched=True)
-    assert all(d.shared is row and d.cache is None for d, row in zip(stepper.drafters, stepper.rows))
+    assert all(d.shared is row and d.cache is None for d, row in zip(stepper.pool.drafters, stepper.pool.rows))
     assert first_layers and set(first_layers) == {1}
     sched = build_scheduler(*serve_args("--model", str(tiny_llama_dir), "--layer-skip", "1", "--policy", "fixed",
                                         "--max-batch", "2"), progress=lambda m: None)
-    assert [d.shared for d in sched.stepper.drafters] == sched.stepper.rows
+    assert [d.shared for d in sched.engine.pool.drafters] == sched.engine.pool.rows
 
 
 def assert_stepper_matches_engine(target, factory, prompts, batched):
     """A 3-slot pool prefilling 4 tokens per step gives each prompt the engine's greedy tokens."""
     cfg = GenerationConfig(24, K)
-    expected = [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg, target.eos_ids).tokens
+    expected = [Engine.single(target.module, factory(), CONTEXT).generate(p, cfg, target.eos_ids).tokens
                 for p in prompts]
-    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4, batched=batched)
-    got = run_stepper(stepper, prompts, cfg, target.eos_ids)
+    stepper = Engine(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=4, batched=batched)
+    got = run_engine(stepper, prompts, cfg, target.eos_ids)
     assert [got[i] for i in range(len(prompts))] == expected
     return stepper
 
 
 def test_sigterm_drains_and_exits_cleanly(tiny_llama_dir):
-    """The real signal path: serve() in a child process, SIGTERM, exit status 0 and no traceback."""
+    """The real signal path: `specdec serve` in a child process, SIGTERM, exit status 0 and no traceback."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = ("import argparse, sys\n"
-            "from specdec.flags import add_all_serve_flags, serve_settings\n"
-            "from specdec.server import serve\n"
-            "p = argparse.ArgumentParser(); add_all_serve_flags(p)\n"
-            "sys.exit(serve(*serve_settings(p.parse_args(sys.argv[1:]))))\n")
+    code = "import sys\nfrom specdec.cli import main\nsys.exit(main(['serve', *sys.argv[1:]]))\n"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
     proc = subprocess.Popen([sys.executable, "-c", code, "--model", str(tiny_llama_dir), "--device", "cpu",
                              "--ngram", "--max-context", "256", "--port", str(port), "--shutdown-grace", "1"],
@@ -709,10 +700,10 @@ def test_batched_round_verifies_every_chain_in_one_forward(tiny_target_loaded):
     """3 decoding sequences with n-gram chains: one target forward per round, ragged over 3 rows."""
     target = tiny_target_loaded
     factory = lambda: make_drafter("ngram", target, CONTEXT)  # noqa: E731
-    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64)
+    stepper = Engine(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64)
     for p in ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5], list(range(30, 50))):
-        stepper.add(p, GenerationConfig(12, K), set())
-    stepper.run_round()  # prefills
+        stepper.add_request(p, GenerationConfig(12, K), set())
+    stepper.step()  # prefills
     calls = []
     original = target.module.forward
 
@@ -722,7 +713,7 @@ def test_batched_round_verifies_every_chain_in_one_forward(tiny_target_loaded):
 
     target.module.forward = counting
     try:
-        stepper.run_round()
+        stepper.step()
     finally:
         del target.module.forward
     assert len(calls) == 1 and calls[0][0] == 3
@@ -740,9 +731,9 @@ def test_batched_round_drafts_every_chain_together(tiny_target_loaded, tiny_qwen
     cfg = GenerationConfig(16, K, SamplingParams(temperature=temperature, seed=3))
 
     def run(count_rounds: int = 0):
-        stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64)
-        seqs = [stepper.add(p, cfg, set()) for p in prompts]
-        stepper.run_round()  # prefills (and the draft model's own)
+        stepper = Engine(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64)
+        seqs = [stepper.add_request(p, cfg, set()) for p in prompts]
+        stepper.step()  # prefills (and the draft model's own)
         calls, original = [], draft.module.forward
 
         def counting(tokens, *args, **kwargs):
@@ -751,19 +742,19 @@ def test_batched_round_drafts_every_chain_together(tiny_target_loaded, tiny_qwen
         draft.module.forward = counting
         try:
             for _ in range(count_rounds):
-                stepper.run_round()
+                stepper.step()
         finally:
             del draft.module.forward
-        while stepper.active:
-            for seq in stepper.run_round():
-                stepper.release(seq)
+        while stepper.has_work:
+            for seq in stepper.step():
+                stepper.abort(seq)
         return [s.new_tokens for s in seqs], calls
 
     tokens, calls = run(count_rounds=1)
     assert len(calls) == K and all(shape[0] == 3 for shape in calls)  # one forward per draft position, 3 rows
     assert tokens == run()[0]  # seeded: the same tokens again
     if temperature == 0:
-        assert tokens == [SpeculativeGenerator(target.module, factory(), CONTEXT).generate(p, cfg).tokens
+        assert tokens == [Engine.single(target.module, factory(), CONTEXT).generate(p, cfg).tokens
                           for p in prompts]
 
 
@@ -774,20 +765,20 @@ def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):
     target = tiny_target_loaded
     costs = CostModel({1: 1.0, 5: 1.0, 6: 6.0, 100: 100.0})
     factory = lambda: make_drafter("ngram", target, CONTEXT)  # noqa: E731
-    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64,
+    stepper = Engine(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64,
                                 policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4)))
-    alone = stepper.add([1, 2, 3, 1, 2, 3, 1, 2], GenerationConfig(12, 4), set())
-    stepper.run_round()  # prefill
-    stepper.run_round()
+    alone = stepper.add_request([1, 2, 3, 1, 2, 3, 1, 2], GenerationConfig(12, 4), set())
+    stepper.step()  # prefill
+    stepper.step()
     assert alone.stats.k_chosen[-1] == 1 and len(alone.stats.k_chosen) == 5  # k = 4
-    others = [stepper.add(p, GenerationConfig(12, 4), set()) for p in ([4, 5, 4, 5, 4, 5], [7, 8, 9, 7, 8])]
-    stepper.run_round()  # the newcomers prefill; the first sequence decodes alone once more
-    stepper.run_round()  # three decode together
+    others = [stepper.add_request(p, GenerationConfig(12, 4), set()) for p in ([4, 5, 4, 5, 4, 5], [7, 8, 9, 7, 8])]
+    stepper.step()  # the newcomers prefill; the first sequence decodes alone once more
+    stepper.step()  # three decode together
     assert stepper.decode_batch == 3
     for seq in [alone] + others:
         assert seq.stats.k_chosen[0] >= 1  # the shared round was plain for everyone
         # and its plain row reported the target's confidence to the sequence's policy (observe_target)
-        assert seq.policy.inner.request_shadow_trials >= 1
+        assert seq.policy.request_shadow_trials >= 1
 
 
 def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_loaded, tiny_qwen_dir):
@@ -813,11 +804,11 @@ def test_a_rented_draft_prefill_is_bought_mid_answer_in_the_server(tiny_target_l
         return p
 
     factory = lambda: Counting(draft.module, target.module.config.vocab_size, CONTEXT)  # noqa: E731
-    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=2, prefill_chunk=64, policy_factory=policy)
-    seq = stepper.add(prompt, cfg, set())
+    stepper = Engine(target.module, factory, CONTEXT, max_batch=2, prefill_chunk=64, policy_factory=policy)
+    seq = stepper.add_request(prompt, cfg, set())
     while seq.finish_reason is None:
-        stepper.run_round()
-    plain = SpeculativeGenerator(target.module, make_drafter("none", target, CONTEXT), CONTEXT).generate(prompt, cfg)
+        stepper.step()
+    plain = Engine.single(target.module, make_drafter("none", target, CONTEXT), CONTEXT).generate(prompt, cfg)
     assert seq.new_tokens == plain.tokens
     started = seq.stats.draft_started_at
     assert started is not None and 0 < started < 20 and starts == [29 + started]  # prompt + answer so far
@@ -832,13 +823,13 @@ def test_a_probe_in_a_full_round_is_capped(tiny_target_loaded):
     # 5 (so a probe is allowed), but 5 rows x 3 positions cost 1.5 steps for one row's guess
     costs = CostModel({1: 1.0, 10: 1.0, 100: 10.0})
     factory = lambda: make_drafter("ngram", target, CONTEXT)  # noqa: E731
-    stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=5, prefill_chunk=64,
+    stepper = Engine(target.module, factory, CONTEXT, max_batch=5, prefill_chunk=64,
                                 policy_factory=lambda: AdaptivePolicy(costs, PolicyConfig(k_max=4, prior=0.0, probe_k=2)))
-    seqs = [stepper.add([1, 2, 3, 1, 2, 3, 1 + i], GenerationConfig(12, 4), set()) for i in range(5)]
-    stepper.run_round()  # prefills
-    seqs[0].policy.inner.plain_run = 100  # this one is due for a probe
+    seqs = [stepper.add_request([1, 2, 3, 1, 2, 3, 1 + i], GenerationConfig(12, 4), set()) for i in range(5)]
+    stepper.step()  # prefills
+    seqs[0].policy.plain_run = 100  # this one is due for a probe
     assert seqs[0].policy.plan(Ask(4, batch=5)).k == 2
-    stepper.run_round()
+    stepper.step()
     assert stepper.round_width == 1 and all(s.stats.k_chosen[0] >= 1 for s in seqs)
 
 
@@ -853,20 +844,20 @@ def test_prefix_cache_reuses_a_conversations_turns_and_output_is_unchanged(tiny_
         turn1 = list(range(40, 60))
         outputs = {}
         for cached in (True, False):
-            stepper = StepwiseGenerator(target.module, factory, CONTEXT, max_batch=2, prefill_chunk=8,
+            stepper = Engine(target.module, factory, CONTEXT, max_batch=2, prefill_chunk=8,
                                         prefix_cache=cached)
-            first = run_stepper(stepper, [turn1, [5, 6, 7, 8]], cfg, set())
+            first = run_engine(stepper, [turn1, [5, 6, 7, 8]], cfg, set())
             turn2 = turn1 + first[0] + [9, 10, 11]
-            seq = stepper.add(turn2, cfg, set(), tag=0)
+            seq = stepper.add_request(turn2, cfg, set(), tag=0)
             while seq.finish_reason is None:
-                stepper.run_round()
+                stepper.step()
             outputs[cached] = (first, seq.new_tokens, seq.stats.cached_tokens)
         (first_c, second_c, hit), (first_p, second_p, none) = outputs[True], outputs[False]
         assert first_c == first_p and second_c == second_p, method
         assert none == 0 and hit >= len(turn1) + len(first_c[0]) - 1, method  # the answer's last token was never fed
-    stats = StepwiseGenerator(target.module, lambda: make_drafter("none", target, CONTEXT), CONTEXT, max_batch=1)
-    stats.held[0] = [1, 2, 3]
-    assert stats._slot_for([1, 2, 3]) == (0, 2)  # the prompt's last token is always prefilled
+    stats = Engine(target.module, lambda: make_drafter("none", target, CONTEXT), CONTEXT, max_batch=1)
+    stats.pool.held[0] = [1, 2, 3]
+    assert stats.pool._slot_for([1, 2, 3]) == (0, 2)  # the prompt's last token is always prefilled
 
 
 def test_the_api_reports_cached_prompt_tokens(main):

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from specdec.config import GenerationConfig
 from specdec.constraints import ConstraintSpec, Grammars
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.model.tokenizer import encode_messages
 from specdec.server import build_scheduler
 from tests.test_server import client, running, serve_args
@@ -49,10 +49,10 @@ def test_sdk_parse_gives_a_valid_object_equal_to_the_engines(served):
     choice = out.choices[0]
     assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Person)
     # the engine's own constrained greedy output, with the same drafter, gives the same text
-    grammars = Grammars.for_tokenizer(sched.tokenizer, sched.stepper.target.config.vocab_size, sched.eos_ids)
+    grammars = Grammars.for_tokenizer(sched.tokenizer, sched.engine.target.config.vocab_size, sched.eos_ids)
     schema = Person.model_json_schema()
     ids = encode_messages(sched.tokenizer, messages)
-    engine = SpeculativeGenerator(sched.stepper.target, sched.stepper.drafter_factory(), CONTEXT)
+    engine = Engine.single(sched.engine.target, sched.engine.drafter, CONTEXT)
     ref = engine.generate(ids, GenerationConfig(80, 4), sched.eos_ids,
                           constraint=grammars.constraint(ConstraintSpec("json_schema", schema)))
     assert choice.message.content == sched.tokenizer.decode(ref.tokens, skip_special_tokens=True)

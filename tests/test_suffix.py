@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from specdec.config import GenerationConfig, SamplingParams
-from specdec.datastore import (build_datastore, datastore_from_files, load_datastore, tokenizer_fingerprint)
+from specdec.drafters.datastore import (build_datastore, datastore_from_files, load_datastore, tokenizer_fingerprint)
 from specdec.drafters.base import DraftState, NoDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.drafters.suffix_automaton import SuffixAutomaton
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from tests.test_engine import PROMPTS
 
@@ -266,7 +266,7 @@ def test_datastore_from_files_errors(tmp_path):
 # --- in the engine ---------------------------------------------------------------------------------
 
 def generate(target, drafter, prompt, sampling=SamplingParams()):
-    return SpeculativeGenerator(target, drafter, capacity=256).generate(prompt, GenerationConfig(40, 4, sampling))
+    return Engine.single(target, drafter, capacity=256).generate(prompt, GenerationConfig(40, 4, sampling))
 
 
 def test_greedy_equivalence_tiny(tiny_target):

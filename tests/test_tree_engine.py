@@ -7,7 +7,7 @@ import torch
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.base import DraftState, NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from tests.conftest import TINY_VOCAB, tiny_model
 from tests.test_engine import N_TRIALS, PROMPTS, SMALL_VOCAB, exact_joint, sample_first3, tv, tv_bound
@@ -18,7 +18,7 @@ TREES = [TreeConfig(8, 3, 2), TreeConfig(16, 4, 4), TreeConfig(5, 5, 1), TreeCon
 
 @pytest.fixture(scope="module")
 def plain_outputs(tiny_target):
-    engine = SpeculativeGenerator(tiny_target, NoDrafter(), 256)
+    engine = Engine.single(tiny_target, NoDrafter(), 256)
     return [engine.generate(p, GenerationConfig(40, 4)).tokens for p in PROMPTS]
 
 
@@ -27,7 +27,7 @@ def plain_outputs(tiny_target):
 @pytest.mark.parametrize("which", ["other", "self"])
 def test_greedy_equivalence_for_every_tree_shape(tiny_target, tiny_draft, plain_outputs, tree, which):
     model = tiny_target if which == "self" else tiny_draft
-    engine = SpeculativeGenerator(tiny_target, DraftModelDrafter(model, TINY_VOCAB, 256, tree=tree), 256)
+    engine = Engine.single(tiny_target, DraftModelDrafter(model, TINY_VOCAB, 256, tree=tree), 256)
     depth = 3 if tree.choices else tree.depth
     for prompt, expected in zip(PROMPTS, plain_outputs):
         result = engine.generate(prompt, GenerationConfig(40, depth))
@@ -40,8 +40,8 @@ def test_greedy_equivalence_for_every_tree_shape(tiny_target, tiny_draft, plain_
 
 def test_tree_beats_chain_acceptance_with_a_weak_draft(tiny_target, tiny_draft):
     """Same depth: extra branches can only add accepted paths (greedy), so tau never drops."""
-    chain = SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256)
-    tree = SpeculativeGenerator(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256,
+    chain = Engine.single(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256)
+    tree = Engine.single(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256,
                                                                tree=TreeConfig(24, 3, 4)), 256)
     cfg = GenerationConfig(60, 3)
     taus = [(chain.generate(p, cfg).stats.tau, tree.generate(p, cfg).stats.tau) for p in PROMPTS]
@@ -85,13 +85,13 @@ def test_bad_tree_settings_are_clear_errors(tiny_target, tiny_draft):
         TreeConfig(budget=3, depth=4)
     drafter = DraftModelDrafter(tiny_draft, TINY_VOCAB, 64, tree=TreeConfig(40, 4, 4))
     with pytest.raises(SpecdecError, match="tree of 40 nodes"):
-        SpeculativeGenerator(tiny_target, drafter, 64).generate(PROMPTS[0], GenerationConfig(20, 4))
+        Engine.single(tiny_target, drafter, 64).generate(PROMPTS[0], GenerationConfig(20, 4))
 
 
 def test_keep_compacts_the_accepted_path(tiny_target):
     """After a tree step the cache holds exactly what a plain forward over the emitted tokens gives."""
     drafter = DraftModelDrafter(tiny_target, TINY_VOCAB, 256, tree=TreeConfig(12, 3, 3))
-    engine = SpeculativeGenerator(tiny_target, drafter, 256)
+    engine = Engine.single(tiny_target, drafter, 256)
     out = engine.generate(PROMPTS[0], GenerationConfig(10, 3)).tokens
     seq = PROMPTS[0] + out
     ref = tiny_target.new_cache(256)

@@ -3,7 +3,8 @@
  * core, best of 7 runs. The step from C to C + 1 is a verified row's multiply-adds (maddubs, madd by the
  * scales, the mins, the float steps); ns/block at C = 1 minus that step is the block's own unpacking.
  * Build (from the repository root):
- *   gcc -O3 -march=native -std=gnu11 -Ispecdec/model scripts/cmicro/q4k_rows.c -o q4k_rows && ./q4k_rows */
+ *   gcc -O3 -march=native -std=gnu11 -Ispecdec/model scripts/cmicro/q4k_rows.c specdec/model/quant_dequant.c \
+ *       specdec/model/quant_repack.c -o q4k_rows -lm && ./q4k_rows */
 #include <stdio.h>
 #include <time.h>
 

@@ -4,7 +4,7 @@
  * against the instruction sequence's own rate (int8_dot_throughput.c); v(C) is time(C) / time(1).
  * Build (from the repository root), for a named target as cpu_kernels.target_flags gives it:
  *   gcc -O3 -march=x86-64-v3 [-mavxvnni] -std=gnu11 -Ispecdec/model scripts/cmicro/rp_rows.c \
- *       specdec/model/quant_dequant.c -o rp_rows -lm && ./rp_rows */
+ *       specdec/model/quant_dequant.c specdec/model/quant_repack.c -o rp_rows -lm && ./rp_rows */
 #include <stdio.h>
 #include <time.h>
 

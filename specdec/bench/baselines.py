@@ -10,6 +10,7 @@ import time
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.model.loading import gguf_hf_config, gguf_state_dict, hf_state_dict, open_gguf
 
 
 def hf_model(source, share=None):
@@ -22,7 +23,6 @@ def hf_model(source, share=None):
     source = Path(source)
     if source.is_dir():
         return AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
-    from specdec.model.loading import gguf_hf_config, gguf_state_dict, hf_state_dict, open_gguf
     gguf = open_gguf(source)
     cfg = gguf_hf_config(gguf)
     config = AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype")})

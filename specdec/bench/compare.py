@@ -13,14 +13,18 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specdec.bench.datasets import Prompt
-from specdec.bench.llama_server import parse_spec_pin
+import torch
+
+from specdec.bench import report
+from specdec.bench.baselines import HFBaseline
+from specdec.bench.datasets import Prompt, load_prompts
+from specdec.bench.llama_server import LlamaServerPeer, find_binary, parse_spec_pin
 from specdec.bench.records import HF_KINDS, LLAMA_KINDS, Record, all_kinds, is_ours  # noqa: F401 (re-exported)
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.registry import DraftOptions, Parts, method
-from specdec.engine.build import build_policy, draft_options, load_parts, log
-from specdec.engine.generate import SpeculativeGenerator
+from specdec.engine.build import Builder, EnginePlan, draft_options, load_parts, log
 from specdec.errors import SpecdecError
+from specdec.model.registry import resolve_model
 from specdec.model.tokenizer import encode_messages, encode_prompt
 from specdec.settings import BenchSettings, ModelSettings
 
@@ -141,8 +145,8 @@ class Comparison:
                 if s.kind not in drafters:
                     drafters[s.kind] = m.build(parts, options, log)
                 drafter = drafters[s.kind]
-            policy = build_policy(drafter, parts.target, s.k, cost_profile, confidence=s.confidence) if s.adaptive else None
-            self.engines[s.label] = SpeculativeGenerator(parts.target.module, drafter, parts.capacity, policy, parts.cache)
+            plan = EnginePlan(s.k, s.adaptive, s.confidence, cost_profile)
+            self.engines[s.label] = Builder(parts, options).engine(m, plan, drafter=drafter)
 
     def encode(self, messages: list[dict]) -> list[int]:
         return encode_turns(self.target.tokenizer, messages)
@@ -280,16 +284,11 @@ class Peers:
 
 def make_peers(model: ModelSettings, bench: BenchSettings, target, kinds: set[str]) -> Peers:
     """Load only the peers that still have work (a resumed run may have none)."""
-    from specdec.model.registry import resolve_model
     peers = Peers()
     if kinds & set(HF_KINDS):
-        from specdec.bench.baselines import HFBaseline
         assistant = resolve_model(bench.draft) if "hf-assisted" in kinds else None
         peers.hf = HFBaseline(resolve_model(model.model), target.eos_ids, assistant, share=target.module)
     if kinds & set(LLAMA_KINDS):
-        import torch
-
-        from specdec.bench.llama_server import LlamaServerPeer, find_binary
         draft_path = resolve_model(bench.draft) if "llama-spec" in kinds else None
         peers.llama = LlamaServerPeer(find_binary(bench.llama_bin), resolve_model(model.model), draft_path,
                                       target.eos_ids, model.max_context, torch.get_num_threads(), Path(bench.out))
@@ -309,14 +308,11 @@ def complete_prompts(records: list[Record], prompts: list[Prompt], specs: list[M
 
 def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     """`specdec bench`: load models once, run every method on every prompt, write the results."""
-    from specdec.bench import report
-    from specdec.bench.datasets import load_prompts
     specs = parse_methods(bench.methods, parse_k_list(bench.k))
     peers = sorted(s.label for s in specs if s.kind in HF_KINDS or s.kind in LLAMA_KINDS)
     if bench.ignore_eos and peers:
         raise SpecdecError(f"--ignore-eos applies to our methods only; drop it or the peers {peers}")
     if {s.kind for s in specs} & set(LLAMA_KINDS) and not bench.report_only:
-        from specdec.bench.llama_server import find_binary
         find_binary(bench.llama_bin)  # a missing build fails now, not after the models load
     prompts = select_prompts(load_prompts(bench.dataset), bench.categories, bench.limit)
     out = Path(bench.out)

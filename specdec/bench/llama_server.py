@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.model.registry import specdec_home
 
 BINARY = "llama-server"
 BUILD_HINT = "build one offline with `scripts/llama_cpp.sh build` (llama.cpp from the llama-cpp-python sdist)"
@@ -36,7 +37,6 @@ BUILD_HINT = "build one offline with `scripts/llama_cpp.sh build` (llama.cpp fro
 def find_binary(where: str | None = None) -> Path:
     """llama-server from --llama-bin (a directory or the binary), $SPECDEC_LLAMA_BIN, PATH, or the build
     `scripts/llama_cpp.sh build` makes; a clear error naming where it looked."""
-    from specdec.model.registry import specdec_home
     tried = []
     for source in (where, os.environ.get("SPECDEC_LLAMA_BIN")):
         if source:

@@ -28,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specdec.bench.datasets import load_prompts
+from specdec.engine.build import log
 from specdec.errors import SpecdecError
 from specdec.settings import LoadtestSettings, ModelSettings
 
@@ -236,7 +238,6 @@ def replica_deltas(before: dict | None, after: dict | None) -> dict:
 
 def prompt_mix(lt: LoadtestSettings) -> list:
     """The prompts to send, categories interleaved so that every level sees a mix."""
-    from specdec.bench.datasets import load_prompts
     prompts = load_prompts(lt.dataset)
     if lt.categories:
         keep = set(lt.categories.split(","))
@@ -258,7 +259,6 @@ def server_flags(model: ModelSettings, lt: LoadtestSettings) -> list[str]:
 
 
 def run_loadtest(model: ModelSettings, lt: LoadtestSettings) -> dict:
-    from specdec.engine.build import log
     levels, modes = lt.levels(), lt.mode_list()
     mixed = prompt_mix(lt)
     out = Path(lt.out)

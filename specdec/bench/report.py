@@ -20,10 +20,11 @@ import sys
 import statistics
 from pathlib import Path
 
-from specdec.bench.records import LLAMA_KINDS, Record, is_ours
-from specdec.policy import interpolate
+from specdec.bench.records import LLAMA_KINDS, Record, chain_theory, drafts, drafts_with_model, is_ours, is_plain
+from specdec.policy import interpolate, load_profile
 
 OWN_PLAIN = {"hf-assisted": "hf", "hf-lookup": "hf", "llama-spec": "llama", "llama-lookup": "llama"}
+PEER_COLORS = {"hf": "gray", "llama": "brown"}  # the plots' lines of the peers' plain decoding (ours: black)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -48,7 +49,7 @@ def _ratios(recs: list[Record], ref: list[Record]) -> list[float]:
 
 def summarize(records: list[Record], greedy: bool = True) -> dict:
     by_method = _by_method(records)
-    plain = by_method.get("plain", [])
+    plain = next((recs for recs in by_method.values() if is_plain(recs[0].method_kind)), [])
     out = {}
     for method, recs in by_method.items():
         kind = recs[0].method_kind
@@ -68,9 +69,9 @@ def summarize(records: list[Record], greedy: bool = True) -> dict:
         if kind in OWN_PLAIN and OWN_PLAIN[kind] in by_method:
             own = _ratios(recs, by_method[OWN_PLAIN[kind]])
             s["speedup_vs_own_plain_mean"] = round(statistics.mean(own), 3) if own else None
-        reference = "llama" if kind in LLAMA_KINDS else "plain"
-        if greedy and method != reference and reference in by_method:
-            s["greedy_mismatches"] = mismatches(recs, by_method[reference])
+        reference = by_method.get("llama", []) if kind in LLAMA_KINDS else plain
+        if greedy and recs is not reference and reference:
+            s["greedy_mismatches"] = mismatches(recs, reference)
         if is_ours(kind):
             s.update(acceptance_summary([turn for r in recs for turn in r.stats]))
         elif any(r.peer for r in recs):  # llama-server's own count of drafted and accepted tokens
@@ -122,14 +123,18 @@ def predicted_speedup(alpha: float, k: int, c: float, v: float) -> float:
 
 
 def read_cost_profile(path: str) -> dict:
-    from specdec.policy import load_profile
     data = load_profile(path)
     return {"verify_cost": data["verify_cost"], "draft_cost_ratio": data.get("draft_cost_ratio")}
 
 
+def plain_of(methods: dict) -> dict | None:
+    """The summary of our plain decoding (the method of ours that drafts nothing), or None."""
+    return next((s for s in methods.values() if is_plain(s["kind"])), None)
+
+
 def plain_step_seconds(methods: dict) -> float | None:
     """Seconds of one plain decode step in this run, or None when plain decoding was too short to time."""
-    plain = methods.get("plain")
+    plain = plain_of(methods)
     if not plain or not plain.get("steps") or not plain.get("decode_tokens_per_second"):
         return None
     t1 = plain["time_split"]["verify_seconds"] / plain["steps"]
@@ -141,15 +146,15 @@ def theory(methods: dict, cost_profile: dict | None = None) -> dict:
     t1 = plain_step_seconds(methods)
     if t1 is None:
         return {}  # too little plain decoding timed to turn seconds into step costs
-    plain = methods["plain"]
+    plain = plain_of(methods)
     out = {}
     for label, s in methods.items():
-        if s["kind"] not in ("draft", "ngram", "suffix") or not s.get("steps") or s.get("adaptive"):
+        if not chain_theory(s["kind"]) or not s.get("steps") or s.get("adaptive"):
             continue
         k = s["k"]
         if cost_profile:
             v = interpolate(cost_profile["verify_cost"], k + 1)
-            c = (cost_profile["draft_cost_ratio"] or 0.0) if s["kind"] == "draft" else 0.0
+            c = (cost_profile["draft_cost_ratio"] or 0.0) if drafts_with_model(s["kind"]) else 0.0
             source = "profile"
         else:
             v = s["time_split"]["verify_seconds"] / s["steps"] / t1
@@ -280,7 +285,7 @@ def make_plots(summary: dict, out: Path) -> list[Path]:
 def _plot_speedups(plt, summary: dict):
     cats = list(summary["categories"]) + (["all"] if len(summary["categories"]) > 1 else [])
     scopes = {**summary["categories"], "all": summary["methods"]}
-    labels = [m for m in summary["methods"] if m != "plain"]
+    labels = [m for m, s in summary["methods"].items() if not is_plain(s["kind"])]
     if not labels:
         return None
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(labels)) / 3), 4))
@@ -314,7 +319,7 @@ def _plot_tokens_per_second(plt, summary: dict):
     kinds: dict[str, list[tuple[int, float]]] = {}
     adaptive = {m: s for m, s in summary["methods"].items() if s.get("adaptive")}
     for s in summary["methods"].values():
-        if s["kind"] not in ("plain", "hf", "llama") and not s.get("adaptive"):
+        if drafts(s["kind"]) and not s.get("adaptive"):
             kinds.setdefault(s["kind"], []).append((s["k"], s["tokens_per_second_total"]))
     if not (kinds or adaptive):
         return None
@@ -324,10 +329,10 @@ def _plot_tokens_per_second(plt, summary: dict):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
     for label, s in adaptive.items():
         ax.axhline(s["tokens_per_second_total"], ls=":", lw=1.2, label=f"{label} (adaptive k)")
-    for base in ("plain", "hf", "llama"):
-        if base in summary["methods"]:
-            ax.axhline(summary["methods"][base]["tokens_per_second_total"], ls="--", lw=0.8,
-                       label=f"{base} (no drafting)", color={"plain": "black", "hf": "gray", "llama": "brown"}[base])
+    for base, s in summary["methods"].items():
+        if not drafts(s["kind"]):
+            ax.axhline(s["tokens_per_second_total"], ls="--", lw=0.8, label=f"{base} (no drafting)",
+                       color=PEER_COLORS.get(s["kind"], "black"))
     ax.set_xlabel("k (draft tokens per step)")
     ax.set_ylabel("tokens/s")
     ax.legend(fontsize=7)

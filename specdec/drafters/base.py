@@ -5,6 +5,7 @@ gives every optional method a default, so the engine never probes a drafter for 
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -12,10 +13,11 @@ import torch
 
 from specdec.config import SamplingParams
 from specdec.drafters.registry import Entry
+from specdec.model.timing import timed
 from specdec.tree import DraftTree
 
 if TYPE_CHECKING:
-    from specdec.engine.verify import Verified
+    from specdec.sampling.verify import Verified
 
 
 @dataclass
@@ -135,8 +137,6 @@ class BaseDrafter:
     def step_seconds(self, context: int = 256, repeats: int = 5) -> float:
         """Median seconds of one draft token (entry) at `context` cached positions; the drafter is
         started afresh afterwards."""
-        import statistics
-        from specdec.policy.measure import timed
         run = self.entry(context)
         seconds = statistics.median(timed(run, self.features.device, repeats))
         self.start([])

@@ -24,8 +24,9 @@ import torch
 from specdec.drafters.base import END, BaseDrafter, Capabilities, DraftState
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.registry import Entry
-from specdec.drafters.text_bridge import Bridge, target_tokens
+from specdec.drafters.text_bridge import Bridge, bridge, target_tokens
 from specdec.errors import SpecdecError
+from specdec.model.tokenizer import check_compatible
 from specdec.model.transformer import Transformer
 from specdec.tree import DraftTree
 
@@ -144,7 +145,6 @@ def start_token(tokenizer) -> list[int]:
 
 def same_tokenizer(target_tok, draft_tok) -> bool:
     """The draft's ids are the target's (check_compatible passes)."""
-    from specdec.model.tokenizer import check_compatible
     if target_tok is draft_tok:  # one tokenizer, taken by the draft from the target's identical file metadata
         return True
     try:
@@ -161,7 +161,6 @@ def model_drafter(target, draft, capacity: int, options, note=None) -> BaseDraft
     if same_tokenizer(target.tokenizer, draft.tokenizer):
         return DraftModelDrafter(draft.module, target.module.config.vocab_size, capacity, options.draft_vocab,
                                  options.p_min, options.tree, options.window)
-    from specdec.drafters.text_bridge import bridge
     if options.tree is not None:
         raise SpecdecError(f"{draft.name} has another tokenizer than {target.name}: it drafts chains across "
                            "tokenizers, not trees; drop --tree-budget / --tree-choices or use a draft of the same "
@@ -181,4 +180,4 @@ def build_draft(parts, options, note):
 
 
 DRAFTERS = [(Entry("draft", build_draft, lambda p, o, d: f"draft {o.draft}", draft_model=True, trees=True,
-                   chosen_by=("--draft",)), {"tree": {"tree_sizes": True}})]
+                   chain_theory=True, chosen_by=("--draft",)), {"tree": {"tree_sizes": True}})]

@@ -9,11 +9,13 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
+from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.model.quant import first_rows
 from specdec.model.kv_cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits, sample
+from specdec.sampling.verify import ragged_inputs
 from specdec.tokens import common_prefix
 from specdec.tree import DraftTree, choices_to_parents
 
@@ -254,7 +256,6 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
     behaves as DraftModelDrafter.propose: it catches up on its committed tokens (a ragged first
     forward), drafts greedily or samples from its own q with its own generator, stops early under
     p_min, and leaves its cache holding exactly the tokens it fed."""
-    from specdec.engine.verify import ragged_inputs
     if not drafters:
         return []
     model, device = drafters[0].model, cache.k.device
@@ -340,7 +341,6 @@ def truncated_head(model: Transformer, rows: int) -> Transformer:
     view._modules = dict(model._modules)
     view.lm_head = first_rows(model.lm_head, rows)  # [rows, hidden] of the weights, a view
     if getattr(model, "graphs", None) is not None:  # the view's graphs must replay the view's own head
-        from specdec.model.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(view, model.graphs.max_tokens)
     return view
 

@@ -19,11 +19,15 @@ for model drafts), so the output is exactly the target's.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
+from specdec.drafters.cross_tokenizer import build_draft
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.eagle import build_head, head_label
 from specdec.drafters.ngram import ngram_continuation
 from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
@@ -102,18 +106,14 @@ def _hybrid_of(model_build):
 
 
 def _draft(parts, options, note):
-    from specdec.drafters.cross_tokenizer import build_draft
     return build_draft(parts, options, note)
 
 
 def _head(parts, options, note):
-    from dataclasses import replace
-    from specdec.drafters.eagle import build_head
     return build_head(parts, replace(options, tree=None), note)
 
 
 def _head_label(parts, options, drafter):
-    from specdec.drafters.eagle import head_label
     return f"{head_label(parts, options, drafter)} + prompt lookup"
 
 

@@ -17,7 +17,7 @@ its own small cache (len(layers) layers), kept in step with the committed tokens
 Verify. With a shared cache the drafter also holds the layer-L inputs (hidden states) of [last
 committed token] + drafts, so the verify pass can start at layer L (`forward_from_layer`) instead
 of recomputing layers 0..L-1 for those k + 1 positions: `LayerSkipDrafter.verify`, which the
-engine calls in place of `specdec.engine.verify.verify` (the drafter's caps say own_verify). Numerically the
+engine calls in place of `specdec.sampling.verify.verify` (the drafter's caps say own_verify). Numerically the
 reused values come from one-token passes while a plain verify computes them in one (k + 1)-token
 pass; both are the exact target computation, and may differ only in float rounding by GEMM shape,
 as plain and speculative decoding already do.
@@ -47,8 +47,8 @@ import torch
 from specdec.config import SamplingParams
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState
 from specdec.drafters.registry import Entry
-from specdec.engine.verify import Verified, accept_chain
-from specdec.engine.verify import verify as full_verify
+from specdec.sampling.verify import Verified, accept_chain
+from specdec.sampling.verify import verify as full_verify
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
 from specdec.model.partial import embed, forward_from_layer, forward_layers, head
@@ -260,7 +260,7 @@ class LayerSkipDrafter(BaseDrafter):
 def verify_from_draft(target: Transformer, drafter: LayerSkipDrafter, cache: KVCache, last_token: int,
                       tree: DraftTree, sampling: SamplingParams, generator: torch.Generator,
                       masks: torch.Tensor | None = None) -> Verified:
-    """specdec.engine.verify.verify, reusing the drafter's layers 0..L-1 for [last token] + draft."""
+    """specdec.sampling.verify.verify, reusing the drafter's layers 0..L-1 for [last token] + draft."""
     hidden = drafter.verify_hidden(cache, last_token, tree) if target is drafter.target else None
     if hidden is None:
         return full_verify(target, cache, last_token, tree, sampling, generator, masks=masks)

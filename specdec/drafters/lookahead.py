@@ -29,7 +29,7 @@ from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
 from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Transformer
-from specdec.engine.verify import Verified, accept_tree
+from specdec.sampling.verify import Verified, accept_tree
 from specdec.tree import DraftTree
 
 

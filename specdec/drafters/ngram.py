@@ -70,7 +70,7 @@ def _build(parts, options, note):
     return NgramDrafter(s.max_n, s.min_n)
 
 
-DRAFTERS = [(Entry("ngram", _build, settings=NgramConfig, flags=add_flags,
+DRAFTERS = [(Entry("ngram", _build, settings=NgramConfig, flags=add_flags, chain_theory=True,
                    from_flags=lambda v: NgramConfig(v["ngram_max"], v["ngram_min"]),
                    switch="draft by n-gram prompt lookup instead of a model; with --draft MODEL or --head H: both "
                           "(hybrid: lookup when the last 3 tokens occurred before, the model or head otherwise)"),

@@ -18,9 +18,12 @@ Adding a drafter: one new module in specdec/drafters/ holding its class and its 
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+import specdec.drafters as package
 from specdec.config import TreeConfig
 from specdec.errors import SpecdecError
 
@@ -80,6 +83,9 @@ class Entry:
     trees: bool = False  # takes --tree-budget / --tree-choices
     no_trees: str = NO_TREES  # the refusal when given a tree anyway
     drafts: bool = True  # False: plain decoding (takes no k)
+    # the bench's theory check fits its chains: k drafts a step, each one draft-model forward (c, the
+    # profile's draft cost when draft_model) or a free lookup, so a step costs k c + v(k + 1)
+    chain_theory: bool = False
     slot_bytes: Callable[[DraftOptions], int] = lambda options: 0  # memory per server slot beyond the KV cache
     # its own settings: a frozen dataclass (validated on construction, all fields defaulted), the flags
     # that fill it (added to generate, serve and bench), and how: flag values by dest -> settings
@@ -132,10 +138,6 @@ def _find() -> None:
     if _FOUND:
         return
     _FOUND = True
-    import importlib
-    import pkgutil
-
-    import specdec.drafters as package
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{package.__name__}.{info.name}")
         for entry, aliases in getattr(module, "DRAFTERS", ()):

@@ -4,7 +4,7 @@ Three sources, each a suffix automaton over token ids:
 
 - request: this request's prompt + output, extended as tokens are committed;
 - cache: earlier requests (prompt + output), at most max_cache_tokens, oldest evicted first;
-- datastore: an optional read-only corpus (specdec.datastore), frozen into numpy arrays.
+- datastore: an optional read-only corpus (drafters/datastore.py), frozen into numpy arrays.
 
 Proposal rule. Each source reports the longest suffix of the committed tokens that occurs in it
 (for the request: that occurs earlier, so something followed it). The longest match wins; ties go to
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.drafters.base import BaseDrafter, DraftState
+from specdec.drafters.datastore import load_datastore, tokenizer_fingerprint
 from specdec.drafters.registry import Entry
 from specdec.drafters.suffix_automaton import NO_MATCH, SuffixAutomaton
 from specdec.errors import SpecdecError
@@ -88,7 +89,7 @@ class SuffixDrafter(BaseDrafter):
     """
 
     def __init__(self, max_cache_tokens: int = 1_000_000, min_match: int = 1, datastore=None):
-        """datastore: a specdec.datastore.Datastore (its frozen `automaton` is what a proposal reads), or None."""
+        """datastore: a drafters.datastore.Datastore (its frozen `automaton` is what a proposal reads), or None."""
         if max_cache_tokens < 0:
             raise SpecdecError(f"max_cache_tokens must be >= 0 (0 = no cache), got {max_cache_tokens}")
         if min_match < 1:
@@ -155,13 +156,12 @@ def add_flags(p) -> None:
 
 
 def _build(parts, options, note):
-    from specdec.datastore import load_datastore, tokenizer_fingerprint
     s = options.of("suffix")
     store = load_datastore(s.datastore, tokenizer_fingerprint(parts.target.tokenizer)) if s.datastore else None
     return SuffixDrafter(s.cache_tokens, s.min_match, store)
 
 
-DRAFTERS = [(Entry("suffix", _build, settings=SuffixConfig, flags=add_flags,
+DRAFTERS = [(Entry("suffix", _build, settings=SuffixConfig, flags=add_flags, chain_theory=True,
                    from_flags=lambda v: SuffixConfig(v["suffix_cache_tokens"], v["suffix_min_match"], v["datastore"]),
                    needs_switch={"datastore": "--datastore"},
                    slot_bytes=lambda o: SUFFIX_BYTES_PER_TOKEN * o.of("suffix").cache_tokens,

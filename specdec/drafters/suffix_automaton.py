@@ -1,5 +1,5 @@
 """Suffix automata over token ids, for the suffix drafter (drafters/suffix.py) and its datastores
-(specdec/datastore.py): a mutable one, extended token by token, and a frozen one in numpy arrays.
+(drafters/datastore.py): a mutable one, extended token by token, and a frozen one in numpy arrays.
 
 Cost. Appending a token is amortised O(1) (suffix automaton construction). Matching is incremental:
 each committed token advances the cache and datastore matches in amortised O(1) dict look-ups or

@@ -1,15 +1,20 @@
 """The one builder: loads the target and what the chosen drafters need (registry entries), once;
-then builds drafters and policies from those parts (a policy's costs measured, or read from a
-profile, for this target, and corrected by the drafter's own cost hints). generate (runner.Runner), serve
-(server.build_scheduler) and bench (bench.compare) all start here."""
+then builds drafters, policies (a policy's costs measured, or read from a profile, for this target,
+and corrected by the drafter's own cost hints) and engines from those parts. generate
+(runner.Runner), serve (server.build_scheduler), bench (bench.compare) and profile all start here."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 
+from specdec.drafters.layer_skip import load_choice, parse_layer_spec
 from specdec.drafters.registry import DEFAULT_HEAD_KIND, DraftOptions, Method, Parts, method
+from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
+from specdec.heads.find import load_head_for
+from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, load_profile
+from specdec.policy.measure import cached_costs
 from specdec.settings import DrafterKnobs, DraftingSettings, ModelSettings
 
 
@@ -19,7 +24,6 @@ def log(msg: str) -> None:
 
 def layer_spec(model_name: str, knobs: DraftOptions):
     """--layer-skip: L, a layer list, or 'auto' (the choice `specdec tune-layer-skip` saved for the model)."""
-    from specdec.drafters.layer_skip import load_choice, parse_layer_spec
     if knobs.layer_skip is None:
         raise SpecdecError("the layer-skip method needs --layer-skip L, a layer list, or 'auto' "
                            "(the choice `specdec tune-layer-skip` saved)")
@@ -36,7 +40,6 @@ def load_parts(model: ModelSettings, methods: list[Method], options: DraftOption
                share_cache: bool = True) -> Parts:
     """The target, and the draft model, heads and layer-skip spec that any of `methods` needs; with
     share_cache, the target's cache that the engines (and layer skip's drafter) use."""
-    from specdec.heads.find import load_head_for
     target = model.load(progress=progress)
     drafts = any(m.entry.draft_model for m in methods)
     draft = model.load(options.draft, draft=True, progress=progress, beside=target) if drafts else None
@@ -61,35 +64,80 @@ def drafting_options(drafting: DraftingSettings) -> DraftOptions:
     return draft_options(drafting, draft=drafting.draft, tree=drafting.tree_config())
 
 
+@dataclass(frozen=True)
+class EnginePlan:
+    """How an engine drafts and how many requests it holds: k (the policy's largest), the adaptive
+    policy or none (confidence: with its confidence rule), and the slots."""
+    k: int = 4
+    adaptive: bool = True
+    confidence: bool = True
+    cost_profile: str | None = None
+    max_batch: int = 1
+    prefill_chunk: int = 256
+    prefix_cache: bool = False  # a server's choice; generate and bench prefill every prompt whole
+
+    @staticmethod
+    def of(drafting: DraftingSettings, **slots) -> "EnginePlan":
+        """generate's and serve's plan: adaptive draws on the confidence rule, adaptive-k picks k only."""
+        return EnginePlan(drafting.k, drafting.adaptive, drafting.policy == "adaptive", drafting.cost_profile,
+                          **slots)
+
+
 @dataclass
-class Engine:
-    """One drafting method over its loaded parts: make drafters (one per sequence slot) and its policy."""
+class Builder:
+    """Loaded parts (load_parts) and the drafters' options: drafters, policies and engines for any
+    method, so that generate, bench, profile and serve build alike."""
     parts: Parts
-    method: Method
     options: DraftOptions
 
     @staticmethod
+    def load(model: ModelSettings, methods: list[Method], options: DraftOptions, progress=log,
+             share_cache: bool = True) -> "Builder":
+        return Builder(load_parts(model, methods, options, progress, share_cache), options)
+
+    @staticmethod
     def from_settings(model: ModelSettings, drafting: DraftingSettings, progress=log,
-                      share_cache: bool = True) -> "Engine":
-        chosen, options = method(drafting.method), drafting_options(drafting)
-        return Engine(load_parts(model, [chosen], options, progress, share_cache), chosen, options)
+                      share_cache: bool = True) -> tuple["Builder", Method]:
+        """generate's and serve's builder, and the method their settings name."""
+        chosen = method(drafting.method)
+        return Builder.load(model, [chosen], drafting_options(drafting), progress, share_cache), chosen
 
     @property
     def target(self):
         return self.parts.target
 
-    def drafter(self, note=log):
-        """A new drafter; `note` (a one-line log, or None) hears how it drafts."""
-        return self.method.build(self.parts, self.options, note)
+    def drafter(self, m: Method, note=log, options: DraftOptions | None = None):
+        """A new drafter of method m; `note` (a one-line log, or None) hears how it drafts."""
+        return m.build(self.parts, options or self.options, note)
 
-    def label(self, drafter, k_text: str) -> str:
+    def label(self, m: Method, drafter, k_text: str) -> str:
         """How generate names what it runs: 'draft M k<=4 adaptive', 'plain'."""
-        entry = self.method.entry
-        name = entry.label(self.parts, self.method.options(self.options), drafter)
-        return f"{name} {k_text}" if entry.drafts else name
+        name = m.entry.label(self.parts, m.options(self.options), drafter)
+        return f"{name} {k_text}" if m.entry.drafts else name
 
     def policy(self, drafter, k_max: int, cost_profile: str | None = None, max_rows: int = 0, confidence: bool = True):
         return build_policy(drafter, self.target, k_max, cost_profile, max_rows, confidence)
+
+    def engine(self, m: Method, plan: EnginePlan, note=log, options: DraftOptions | None = None,
+               drafter=None) -> Engine:
+        """An engine of plan.max_batch slots drafting with method m (drafter: the first slot's, made
+        already); each slot's policy starts from the same costs."""
+        first = drafter if drafter is not None else self.drafter(m, note, options)
+        rows = plan.max_batch * (plan.k + 1) if plan.max_batch > 1 else 0
+        policy = self.policy(first, plan.k, plan.cost_profile, rows, plan.confidence) if plan.adaptive else None
+        if plan.max_batch == 1:
+            return Engine(self.target.module, lambda: first, self.parts.capacity, 1,
+                          (lambda: policy) if policy is not None else None, plan.prefill_chunk,
+                          prefix_cache=plan.prefix_cache, cache=self.parts.cache)
+        made = [first]
+
+        def drafters():  # the first slot's is the one made; the others are built quietly
+            return made.pop() if made else self.drafter(m, None, options)
+
+        def policies():
+            return AdaptivePolicy(policy.costs, policy.cfg)
+        return Engine(self.target.module, drafters, self.parts.capacity, plan.max_batch,
+                      policies if policy is not None else None, plan.prefill_chunk, prefix_cache=plan.prefix_cache)
 
 
 def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, max_rows: int = 0,
@@ -97,13 +145,11 @@ def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, m
     """An AdaptivePolicy for this drafter (None for plain decoding): costs from a `specdec profile`
     JSON or measured now (v(n) up to n = max(k_max + 1, max_rows): a server measures up to
     max_batch (k_max + 1) rows), corrected by the drafter's own cost hints (drafters/base.py)."""
-    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig, load_profile
-    from specdec.policy.measure import cached_costs
     if not drafter.caps.drafts:
         return None
     model = drafter.cost_model()
     if cost_profile:
-        costs = CostModel.from_profile(load_profile(cost_profile), "draft" if model is not None else "lookup")
+        costs = CostModel.from_profile(load_profile(cost_profile), draft_model=model is not None)
     else:
         top = max(k_max + 1, max_rows)
         sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}

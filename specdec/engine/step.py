@@ -44,8 +44,8 @@ from specdec.policy import Action, Ask, Outcome, StepPolicy, sync
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.sampling.logprobs import TokenLogprob, token_logprobs
 from specdec.tree import DraftTree
-from specdec.engine.constrained import constrain
-from specdec.engine.verify import Verified, masked, verify, verify_chains, verify_tree
+from specdec.sampling.constrained import constrain
+from specdec.sampling.verify import Verified, masked, verify, verify_chains, verify_tree
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -67,9 +67,9 @@ class Sequence:
     cfg: GenerationConfig
     eos_ids: set[int]
     generator: torch.Generator
-    cache: object  # KVCache: this sequence's keys/values (row `row` of the step's batched cache)
-    drafter: Drafter
-    policy: StepPolicy
+    cache: object = None  # KVCache: this sequence's keys/values (row `row` of the step's batched cache)
+    drafter: Drafter | None = None  # (cache, drafter, policy: its slot's, from when it is seated)
+    policy: StepPolicy | None = None
     row: int = 0
     on_tokens: Callable[[list[int]], None] | None = None
     tag: object = None
@@ -82,6 +82,7 @@ class Sequence:
     logprobs: list[TokenLogprob] | None = None  # one per new token, where cfg.logprobs asks
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (the first: None), where asked
     constraint: object | None = None  # a specdec.constraints.Constraint (structured output), or None
+    error: Exception | None = None  # what failed it (finish_reason 'error')
 
     def __post_init__(self):
         if self.cfg.logprobs is not None:
@@ -137,12 +138,13 @@ def check_fits(capacity: int, drafter: Drafter, prompt: list[int], max_new_token
     if tree_nodes and len(prompt) + max_new_tokens + tree_nodes > capacity:
         raise SpecdecError(f"a draft tree of {tree_nodes} nodes does not fit after prompt ({len(prompt)}) + "
                            f"max_new_tokens ({max_new_tokens}) in the context of {capacity} tokens; "
-                           "lower --tree-budget or --max-new-tokens, or raise --max-context")
+                           "lower the tree budget (--tree-budget) or the new tokens (max_tokens, --max-new-tokens), "
+                           "or raise the context (--max-context)")
     need = len(prompt) + max_new_tokens
     if need > capacity:
         raise SpecdecError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {need} "
-                           f"exceeds the context of {capacity} tokens; shorten the prompt, "
-                           "lower --max-new-tokens or raise --max-context")
+                           f"exceeds the context of {capacity} tokens; shorten the prompt, ask for fewer new tokens "
+                           "(max_tokens, --max-new-tokens) or raise the context (--max-context)")
 
 
 # ---- prefill and the drafter's start ----
@@ -274,8 +276,8 @@ def forced_room(seq: Sequence) -> int:
     return _room(seq) if seq.drafter.caps.drafts else 0
 
 
-def _plan(seq: Sequence, batch: int) -> Action:
-    k_cap = draft_length(seq)
+def _plan(seq: Sequence, batch: int, k_limit: int | None) -> Action:
+    k_cap = draft_length(seq) if k_limit is None else min(draft_length(seq), k_limit)
     caps = seq.drafter.caps
     room = seq.cache.capacity - seq.cache.length - 1
     return seq.policy.plan(Ask(k_cap, batch, room if caps.tree_nodes else None, caps.knows_confidence))
@@ -370,13 +372,15 @@ def _verify_together(target: Transformer, cache, rows: list[_Row]) -> list[Verif
 
 
 def step(target: Transformer, cache, seqs: list[Sequence], load: int = 1, pool=None,
-         width_rule: Callable[[list[tuple[StepPolicy, int]]], int] | None = None) -> StepReport:
+         width_rule: Callable[[list[tuple[StepPolicy, int]]], int] | None = None,
+         k_limit: int | None = None) -> StepReport:
     """One speculative step for every sequence in `seqs` (decoding, unfinished).
 
     cache: the batched target cache whose row `seq.row` is each sequence's cache; load: sequences a
     drafter's prefill started now would stall; pool: a batched draft cache whose rows are the pooled
     draft models' caches (their chains are drafted together); width_rule: picks the common width of
-    the chains verified together from each row's (policy, k) (default: the widest)."""
+    the chains verified together from each row's (policy, k) (default: the widest); k_limit: every
+    row's draft length at most this (None: no cap)."""
     failed: list[tuple[Sequence, Exception]] = []
     batch = max(1, sum(1 for s in seqs if not s.drafter.caps.own_verify))
     rows = []
@@ -385,13 +389,13 @@ def step(target: Transformer, cache, seqs: list[Sequence], load: int = 1, pool=N
             if seq.pending and _drafter_pays(seq, load):  # a put-off prefill: buy it now
                 _start_now(seq)
             t0 = time.perf_counter()
-            rows.append(_Row(seq, _plan(seq, batch), 0.0))
+            rows.append(_Row(seq, _plan(seq, batch, k_limit), 0.0))
         except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
             failed.append((seq, e))
             continue
         rows[-1].seconds = time.perf_counter() - t0
-    if width_rule is not None:
-        chains = [r for r in rows if not r.seq.drafter.caps.tree_nodes and not r.seq.drafter.caps.own_verify]
+    chains = [r for r in rows if not r.seq.drafter.caps.tree_nodes and not r.seq.drafter.caps.own_verify]
+    if width_rule is not None and len(chains) > 1:
         w = width_rule([(r.seq.policy, r.action.k) for r in chains])
         for r in chains:  # trees and own verifies run alone, at their own width
             a = r.action

@@ -1,11 +1,8 @@
-"""Self-drafting heads (EAGLE, Medusa) trained by self-distillation on the target's own features.
+"""Self-drafting heads (EAGLE, Medusa): what a drafter needs to run one. They sit below the drafters;
+making them (specdec.training) sits above the engine.
 
-data.py     training text: ShareGPT conversations, source files, the target's own answers
-overlap.py  the guard that keeps evaluation prompts out of the training text
-vocab.py    the draft vocabulary (most frequent training tokens) and its d2t / t2d maps
-extract.py  the target's features and top-k distributions, in resumable shards
-modules.py  the head modules (EAGLE, EAGLE-3 for imported checkpoints, Medusa)
-train.py    the training loop, its resumable state and the validation estimate of acceptance
+modules.py     the head modules (EAGLE, EAGLE-3 for imported checkpoints, Medusa)
 checkpoint.py  head files in the published EAGLE / Medusa layouts, with a target fingerprint
-cli.py      `specdec train-head` and `specdec heads`
+prepared.py    a head made ready for its target (Q8_0 layers on the CPU backend, the target's LM head rows)
+find.py        a head by name, directory or 'auto', checked against its target and prepared
 """

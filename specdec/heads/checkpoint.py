@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -21,12 +22,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specdec.errors import SpecdecError
-from specdec.heads.corpus import write_json_atomic
 from specdec.heads.modules import HeadConfig, build_head
 
 META = "specdec_head.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 IGNORED_KEYS = ("embed_tokens.weight",)  # EAGLE-1 files carry the target's embedding; ours is the target's own
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """JSON written aside and renamed into place (a kill leaves the old file or the new, never half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

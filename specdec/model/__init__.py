@@ -6,6 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.errors import SpecdecError
+from specdec.model import cpu_kernels
+from specdec.model.cuda_graphs import enable_cuda_graphs
+from specdec.model.loading import (load_gguf_blocks, load_gguf_reference, load_hf_dir, open_gguf, resolve_device,
+                                   resolve_dtype, use_gguf_blocks)
+from specdec.model.registry import resolve_model
+from specdec.model.tokenizer import eos_ids, load_tokenizer
 from specdec.model.transformer import Transformer
 
 
@@ -45,13 +52,6 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     the same as that model's but for the chat template (a draft reads the target's token ids and never
     renders a chat), that model's tokenizer is taken as it is instead of being built again.
     """
-    from specdec.errors import SpecdecError
-    from specdec.model import cpu_kernels
-    from specdec.model.loading import (load_gguf_blocks, load_gguf_reference, load_hf_dir, open_gguf,
-                                       resolve_device, resolve_dtype, use_gguf_blocks)
-    from specdec.model.registry import resolve_model
-    from specdec.model.tokenizer import eos_ids, load_tokenizer
-
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dev, dtype)
     if cuda_graphs and dev.type != "cuda":
@@ -74,6 +74,5 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=draft_bits if draft else 8) if blocks \
             else load_gguf_reference(gguf, dev, torch_dtype)
     if cuda_graphs:
-        from specdec.model.cuda_graphs import enable_cuda_graphs
         enable_cuda_graphs(module)
     return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer), key)

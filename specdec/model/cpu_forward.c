@@ -13,41 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t dim, int64_t ldx, float eps);
-void rope(float *x, const float *cos, const float *sin, int64_t B, int64_t T, int64_t heads, int64_t D,
-          int64_t sxb, int64_t sxt, int64_t scb, int64_t sct);
-void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
-            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
-            int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, float scale,
-            int nthreads);
-void head_norm(float *y, const float *w, int64_t T, int64_t heads, int64_t hd, int64_t ldy, float eps);
-void gate_mul(const float *g, const float *u, float *out, int64_t n, int act);
-int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
-                  int64_t n, int64_t ldx, int64_t ldy, int nthreads);
-
-#define FW_MAX_PARTS 4
-#define FW_MAX_T 16
-
-typedef struct {
-    int32_t type; /* ggml type id */
-    const uint8_t *data; /* rows x row bytes */
-    int64_t rows;
-} fw_part;
-
-typedef struct {
-    const float *bias; /* N floats or NULL */
-    int64_t n_parts, N, K;
-    fw_part parts[FW_MAX_PARTS]; /* stacked along the N outputs */
-} fw_linear;
-
-typedef struct {
-    const float *ln1, *ln2; /* the attention's and the MLP's input norm weights [D] */
-    const float *attn_post, *mlp_post; /* norms of the attention's and the MLP's outputs [D], or NULL */
-    const float *q_norm, *k_norm; /* per-head norms of q and k [hd], or NULL */
-    int32_t local; /* a sliding-window layer: the local RoPE rows and mask */
-    int32_t act; /* the gate's activation: 0 SiLU, 1 GELU-tanh */
-    fw_linear qkv, o, gate_up, down;
-} fw_layer;
+#include "kernels.h"
 
 /* Y[T, N] = X[T, K] . W^T + b, as cpu_kernels.quant_linear does it (part by part, the bias per part) */
 static int linear(const fw_linear *l, const float *X, float *Y, int64_t T, int nthreads) {

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from specdec.model import cpu_kernels
+from specdec.model.quant import QuantLinear
+from specdec.model.transformer import RMSNorm
 
 MAX_T = 16  # cpu_forward.c's FW_MAX_T
 MAX_PARTS = 4  # FW_MAX_PARTS
@@ -43,7 +45,6 @@ class _Layer(ctypes.Structure):
 
 
 def _linear(layer) -> _Linear | None:
-    from specdec.model.quant import QuantLinear
     if not isinstance(layer, QuantLinear) or not 1 <= len(layer.parts) <= MAX_PARTS:
         return None
     if layer.bias is not None and not (layer.bias.dtype is torch.float32 and layer.bias.is_contiguous()):
@@ -116,7 +117,6 @@ def _one_row(t: torch.Tensor) -> bool:
 def enable(model: nn.Module) -> bool:
     """Give a CPU fp32 model whose every decoder layer qualifies a CpuForward (model.cpu_forward);
     returns whether it did."""
-    from specdec.model.transformer import RMSNorm
     model.cpu_forward = None
     if not cpu_kernels.available():
         return False

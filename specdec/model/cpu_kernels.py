@@ -1,5 +1,6 @@
 """Our own CPU kernels, built on first use: the GEMM on a GGUF file's blocks against 8-bit
-activations (`quant_q8.c`), the blocks' dequantizer (`quant_dequant.c`), RMSNorm, RoPE, attention
+activations (`quant_q8.c`), the blocks' dequantizer (`quant_dequant.c`), their repacking at load
+(`quant_repack.c`), RMSNorm, RoPE, attention
 and the MLP's gates (`fused_ops.c`), and the layer loop in one call (`cpu_forward.c`).
 
 The C sources ship in the package; the first call compiles them with the system C compiler
@@ -33,8 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_q8.c", "fused_ops.c", "cpu_forward.c")]
-HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "quant_kq.h", "quant_rp.h", "quant_neon.h", "quant_rp_neon.h", "quant_rp_mm.h")]
+SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_repack.c", "quant_q8.c", "fused_ops.c",
+                                                "cpu_forward.c")]
+HEADERS = [Path(__file__).with_name(n) for n in ("kernels.h", "simd.h", "quant_kq.h", "quant_rp.h", "quant_neon.h", "quant_rp_neon.h", "quant_rp_mm.h")]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
 OPENMP = (["-fopenmp"], ["-Xpreprocessor", "-fopenmp", "-lomp"], [])  # tried in turn: gcc/clang, Apple clang + libomp, none
 TARGET_ENV = "SPECDEC_CPU_TARGET"

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 /* sum of x[j]^2 in the order the x86-64-v3 build's vectorized reduction (below) takes: 8 lanes over

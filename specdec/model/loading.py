@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from specdec.errors import SpecdecError
+from specdec.model import cpu_forward, cpu_kernels
 from specdec.model.gguf_file import GGUFFile
 from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
 from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfig, Transformer, rope_row_order
@@ -265,7 +266,6 @@ def _reordered(name: str, cfg: dict) -> bool:
 
 def dequantize(gguf: GGUFFile, name: str, cfg: dict) -> torch.Tensor:
     """A tensor's fp32 values [rows, K] (or [K] for a vector), in the HF row order."""
-    from specdec.model import cpu_kernels
     info, data = gguf.tensors[name], _rows(gguf, name, cfg)
     if data.dtype == np.float32:
         return torch.from_numpy(np.array(data))
@@ -408,7 +408,6 @@ def _reencoded_parts(gguf: GGUFFile, names: list[str], cfg: dict):
             runs[-1][1].append(name)
         else:
             runs.append((final(name), [name]))
-    from specdec.model import cpu_kernels
     parts = []
     for qtype, run in runs:
         sources = [_rows(gguf, n, cfg) for n in run]
@@ -430,10 +429,9 @@ FOUR_BIT_SOURCES = {2, 3, 6, 8, 14}  # Q4_0, Q4_1, Q5_0, Q8_0, Q6_K: what a 4-bi
 
 
 def _repacked(gguf: GGUFFile, names: list[str], parts, K: int, bits: int = 8):
-    """Each part in the kernels' tiles of 16 output rows where its format has such a layout (quant_rp.h;
+    """Each part in the kernels' tiles of 16 output rows where its format has such a layout (quant_repack.c;
     in new private memory), the others as they are; the weights' pages in the map are released.
     bits 4 (a draft model): the 32-weight formats and Q6_K re-encoded as Q4_0 (lossy; Q4_K is already 4-bit)."""
-    from specdec.model import cpu_kernels
 
     def one(qtype, data):
         if data.shape[0] % cpu_kernels.REPACK_ROWS:
@@ -487,14 +485,12 @@ def _refuse_blocks(gguf: GGUFFile, name: str, readable: bool) -> None:
         fmt = GGMLQuantizationType(qtype).name
     except ValueError:
         fmt = f"ggml type {qtype}"
-    from specdec.model import cpu_kernels
     raise SpecdecError(f"{gguf.path}: tensor {name} is in the block format {fmt}, which our CPU kernels do not run "
                        f"(they run {', '.join(cpu_kernels.QUANT_TYPES)}); use a file in one of those, or "
                        "--weight-dtype float32 (the torch reference, every weight dequantized to fp32 in memory)")
 
 
 def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
-    from specdec.model import cpu_kernels
     info = gguf.tensors["token_embd.weight"]
     if gguf.tensor(info.name).dtype == np.uint8 and cpu_kernels.quant_row_bytes(info.ggml_type, info.dims[0]):
         return QuantEmbedding(info.ggml_type, _tensor(gguf.tensor(info.name)), info.dims[0])
@@ -512,7 +508,6 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     (quant_rp.h: prefill and verification run several times faster; private memory instead of the
     file's shared pages), else read through the map as they lie in the file. bits 4 (with repack, for a
     draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1) and Q6_K re-encoded as Q4_0, lossy."""
-    from specdec.model import cpu_forward, cpu_kernels
     if not cpu_kernels.available():
         raise SpecdecError(f"the CPU backend needs our kernels, which cannot be built here "
                            f"({cpu_kernels.unavailable_reason()}); use --weight-dtype float32")
@@ -575,7 +570,6 @@ def use_gguf_blocks(device: torch.device, weight_dtype: str | None, source: Path
     """Whether the model runs on its GGUF file's own blocks (the CPU backend): "auto" (or None) takes
     them for a .gguf model on the CPU where our kernels build, "gguf-q8" asks for them (an error where
     they cannot be had), "float32" asks for the torch reference."""
-    from specdec.model import cpu_kernels
     if weight_dtype not in (None, *WEIGHT_DTYPES):
         raise SpecdecError(f"unknown --weight-dtype {weight_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
     if weight_dtype == "float32":

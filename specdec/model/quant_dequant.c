@@ -10,10 +10,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd.h"
-
-/* ggml's type ids (GGMLQuantizationType) */
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 
 /* Per format, `prep` decodes a block's scales once (into pre[]), and `g32` gives group s (32 weights)
  * of the block as 32/VL fp32 vectors, in order of K, from the packed bits in registers. */
@@ -296,8 +294,8 @@ static const qkernels *kernels_of(int type) {
     }
 }
 
-/* Bytes of one row of K weights in `type`, or 0 if the type is not supported or K does not fit it. */
-int64_t quant_rp_row_bytes(int rtype, int64_t K); /* quant_q8.c: the repacked types */
+/* Bytes of one row of K weights in `type` (a repacked type's: quant_repack.c), or 0 if the type is not
+ * supported or K does not fit it. */
 int64_t quant_row_bytes(int type, int64_t K) {
     if (type >= 100) return quant_rp_row_bytes(type, K);
     const qkernels *ks = kernels_of(type);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 /* What this build needs of the CPU, in /proc/cpuinfo's names (cpu_kernels.py checks them at load) */
@@ -79,7 +80,6 @@ const char *kernels_isa(void) {
         ;
 }
 
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 #define QMAX_C 16
 #ifndef Q8_CHUNK
 #define Q8_CHUNK QMAX_C /* inputs a kernel call takes in a long prefill (at most QMAX_C, even: whole pairs) */
@@ -313,7 +313,6 @@ static inline __m256i lane_sums8(const __m256i *p) {
 #endif
 
 typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
-int64_t quant_row_bytes(int type, int64_t K);
 #include "quant_rp.h"
 #define Q_ALL_C(X, a, b, c) X(a, b, c, 1) X(a, b, c, 2) X(a, b, c, 3) X(a, b, c, 4) X(a, b, c, 5) X(a, b, c, 6) \
     X(a, b, c, 7) X(a, b, c, 8) X(a, b, c, 9) X(a, b, c, 10) X(a, b, c, 11) X(a, b, c, 12) X(a, b, c, 13)          \

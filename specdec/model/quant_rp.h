@@ -1,5 +1,5 @@
-/* Repacked weights and their kernels (included by quant_q8.c only, after its act type, DPBUSD and
- * DPWSSD).
+/* The kernels on repacked weights (included by quant_q8.c only, after its act type, DPBUSD and
+ * DPWSSD); quant_repack.c writes the tiles at load.
  *
  * At load, a GGUF matrix in Q4_K, Q6_K or Q8_0 (and the 4-bit draft's Q4_0) is rewritten in memory
  * into tiles of 16 output rows: for each block of K (256 or 32 weights) a tile holds the 16 rows'
@@ -37,16 +37,10 @@
 #ifndef SPECDEC_QUANT_RP_H
 #define SPECDEC_QUANT_RP_H
 
-enum { T_Q4_0_R16 = 102, T_Q8_0_R16 = 108, T_Q4_K_R16 = 112, T_Q6_K_R16 = 114 };
-#define RP_ROWS 16
-#define RP_MAXC 8
-#define RP_Q4_K_TILE 2368
-#define RP_Q6_K_TILE 3360
-#define RP_Q8_0_TILE 544
-#define RP_Q4_0_TILE 288
+#define RP_MAXC 8 /* activation rows a kernel call takes (the types, RP_ROWS, the tile sizes: kernels.h) */
 
 #if SIMD_NEON
-#include "quant_rp_neon.h" /* RP_W 4: four quarters of a chunk; RP_Q8_BIAS 0 */
+#include "quant_rp_neon.h" /* RP_W 4: four quarters of a chunk */
 #elif defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define RP_W 16
 typedef __m512i rvi;
@@ -105,9 +99,6 @@ typedef __m256 rvf;
 #else
 #define R_VNNI 0 /* DPBUSD is maddubs + madd: exact only while a pair of products fits int16 */
 #endif
-#endif
-#ifndef RP_Q8_BIAS
-#define RP_Q8_BIAS 0x80 /* Q8_0_R16's weights as w + 128, vpdpbusd's unsigned operand */
 #endif
 #define RP_H (RP_ROWS / RP_W) /* register widths a tile takes: 1 (AVX-512), 2 (AVX2) or 4 (NEON) */
 
@@ -451,144 +442,6 @@ static void rp_offsets(int o_kind, const int16_t *s, int64_t K, int32_t *o) {
         const int32_t off = o_kind == O_NEG128_32 ? 128 : 8;
         for (int64_t b = 0; b < K16 / 2; b++) o[2 * b] = -off * (s[2 * b] + s[2 * b + 1]);
     }
-}
-
-/* ---- repacking (at load, once) ---- */
-
-/* Q4_K block -> q[256] (0..15), sc[8], mn[8] */
-static void unpack_q4_k(const uint8_t *b, uint8_t *q, uint8_t *sc, uint8_t *mn) {
-    uint32_t u[4];
-    q4_k_scale_bytes(b, u);
-    memcpy(sc, u, 8);
-    memcpy(mn, u + 2, 8);
-    q4_k_values(b, q);
-}
-
-static void repack_q4_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) { /* one block of 16 rows */
-    uint8_t q[16][256], sc[16][8], mn[16][8];
-    for (int i = 0; i < 16; i++) unpack_q4_k(src + i * rb, q[i], sc[i], mn[i]);
-    for (int s = 0; s < 8; s++)
-        for (int r = 0; r < 4; r++)
-            for (int i = 0; i < 16; i++)
-                for (int e = 0; e < 4; e++)
-                    dst[(4 * s + r) * 64 + 4 * i + e] = (uint8_t)(q[i][32 * s + 4 * r + e] | q[i][32 * s + 16 + 4 * r + e] << 4);
-    for (int s = 0; s < 8; s++)
-        for (int i = 0; i < 16; i++) dst[2048 + 16 * s + i] = sc[i][s];
-    for (int p = 0; p < 4; p++)
-        for (int i = 0; i < 16; i++) dst[2176 + 32 * p + 2 * i] = mn[i][2 * p], dst[2176 + 32 * p + 2 * i + 1] = mn[i][2 * p + 1];
-    for (int i = 0; i < 16; i++) memcpy(dst + 2304 + 2 * i, src + i * rb, 2), memcpy(dst + 2336 + 2 * i, src + i * rb + 2, 2);
-}
-
-static void repack_q6_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
-    uint8_t q[16][256];
-    for (int i = 0; i < 16; i++)
-        q6_k_values(src + i * rb, q[i]);
-    for (int u = 0; u < 16; u++)
-        for (int i = 0; i < 16; i++)
-            for (int e = 0; e < 4; e++) {
-                const uint8_t *g = q[i] + 16 * u + e; /* g[0], g[4], g[8], g[12]: the four groups' e-th weights */
-                uint8_t *o = dst + 192 * u + 4 * i + e;
-                o[0] = (uint8_t)((g[0] & 15) | (g[4] & 15) << 4);
-                o[64] = (uint8_t)((g[8] & 15) | (g[12] & 15) << 4);
-                o[128] = (uint8_t)(g[0] >> 4 | (g[4] >> 4) << 2 | (g[8] >> 4) << 4 | (g[12] >> 4) << 6);
-            }
-    for (int u = 0; u < 16; u++)
-        for (int i = 0; i < 16; i++) dst[3072 + 16 * u + i] = src[i * rb + 192 + u];
-    for (int i = 0; i < 16; i++) memcpy(dst + 3328 + 2 * i, src + i * rb + 208, 2);
-}
-
-static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
-    for (int g = 0; g < 8; g++)
-        for (int i = 0; i < 16; i++)
-            for (int e = 0; e < 4; e++) dst[64 * g + 4 * i + e] = src[i * rb + 2 + 4 * g + e] ^ RP_Q8_BIAS;
-    for (int i = 0; i < 16; i++) memcpy(dst + 512 + 2 * i, src + i * rb, 2);
-}
-
-/* the repacked type of a GGUF type, 0 if none */
-int quant_repacked_type(int type) {
-    switch (type) {
-    case T_Q4_K: return T_Q4_K_R16;
-    case T_Q6_K: return T_Q6_K_R16;
-    case T_Q8_0: return T_Q8_0_R16;
-    default: return 0;
-    }
-}
-
-/* Bytes a row takes in repacked `rtype` (a tile's bytes over 16), 0 if not a repacked type or K does not fit */
-int64_t quant_rp_row_bytes(int rtype, int64_t K) {
-    const rp_kernels *rk = rp_kernels_of(rtype);
-    return rk && K > 0 && K % rk->qk == 0 ? K / rk->qk * rk->tile / RP_ROWS : 0;
-}
-
-/* rows (a multiple of 16) rows of K weights in GGUF `type` at src -> repacked at dst
- * (rows x quant_rp_row_bytes bytes). Returns the repacked type, or -1. */
-int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
-    const int rtype = quant_repacked_type(type);
-    const rp_kernels *rk = rp_kernels_of(rtype);
-    if (!rk || rows % RP_ROWS || K <= 0 || K % rk->qk) return -1;
-    const int64_t nb = K / rk->qk, rb = quant_row_bytes(type, K), tiles = rows / RP_ROWS;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t t = 0; t < tiles; t++)
-        for (int64_t ib = 0; ib < nb; ib++) {
-            const uint8_t *s = src + t * RP_ROWS * rb + ib * (rb / nb);
-            uint8_t *d = dst + (t * nb + ib) * rk->tile;
-            if (type == T_Q4_K) repack_q4_k_tile(s, rb, d);
-            else if (type == T_Q6_K) repack_q6_k_tile(s, rb, d);
-            else repack_q8_0_tile(s, rb, d);
-        }
-    return rtype;
-}
-
-
-/* ---- the 4-bit draft: any 32-weight or K-quant format re-encoded as Q4_0 and repacked ---- */
-
-void quant_dequantize(int type, const uint8_t *W, float *out, int64_t rows, int64_t K);
-
-/* one block of 32 weights as Q4_0 (llama.cpp's rounding): d = the largest-magnitude weight / -8,
- * q = min(15, trunc(w / d + 8.5)) */
-static void q4_0_block(const float *x, uint16_t *d16, uint8_t *q) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 32; j++)
-        if (amax < (x[j] < 0 ? -x[j] : x[j])) amax = x[j] < 0 ? -x[j] : x[j], max = x[j];
-    const float d = max / -8.0f;
-    *d16 = f32_to_f16(d);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < 32; j++) {
-        const int v = (int)(x[j] * id + 8.5f);
-        q[j] = (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
-    }
-}
-
-/* rows (a multiple of 16) rows of K weights in GGUF `type` -> Q4_0_R16 at dst (rows x quant_rp_row_bytes).
- * Returns T_Q4_0_R16, or -1. Lossy: a draft's weights only (its numerics never reach the output). */
-int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
-    const int64_t rb = quant_row_bytes(type, K);
-    if (!rb || rows % RP_ROWS || K % 32) return -1;
-    const int64_t nb = K / 32, tiles = rows / RP_ROWS;
-    int bad = 0;
-#pragma omp parallel num_threads(nthreads) reduction(| : bad)
-    {
-        float *x = malloc(sizeof(float) * (size_t)(RP_ROWS * K));
-        if (!x) bad = 1;
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            if (!x) continue;
-            quant_dequantize(type, src + t * RP_ROWS * rb, x, RP_ROWS, K);
-            for (int64_t ib = 0; ib < nb; ib++) {
-                uint8_t *o = dst + (t * nb + ib) * RP_Q4_0_TILE;
-                for (int i = 0; i < RP_ROWS; i++) {
-                    uint8_t q[32];
-                    uint16_t d16;
-                    q4_0_block(x + i * K + 32 * ib, &d16, q);
-                    memcpy(o + 256 + 2 * i, &d16, 2);
-                    for (int g = 0; g < 4; g++)
-                        for (int e = 0; e < 4; e++) o[64 * g + 4 * i + e] = (uint8_t)(q[4 * g + e] | q[16 + 4 * g + e] << 4);
-                }
-            }
-        }
-        free(x);
-    }
-    return bad ? -1 : T_Q4_0_R16;
 }
 
 #endif

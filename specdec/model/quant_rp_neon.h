@@ -47,8 +47,7 @@ static inline int32x4_t r_s8_32(const uint8_t *p) {
 #define R_FMA(a, b, c) vfmaq_f32(c, a, b) /* a * b + c, fused */
 #define R_STOREF(p, v) vst1q_f32(p, v)
 #define R_VNNI 1
-/* Q8_0_R16 stores w itself here (sdot's signed operand): its dot product from 0 */
-#define RP_Q8_BIAS 0
+/* Q8_0_R16 stores w itself here (RP_Q8_BIAS 0, simd.h: sdot's signed operand): its dot product from 0 */
 #define R_Q8_DOT(dot, raw, xv) r_dot4(dot, raw, xv)
 #define R_Q8_START(o) R_ZERO()
 /* R_VNNI: quant_rp.h's int32 sub-block sums (sdot, then the scale's multiply) */

@@ -1,4 +1,4 @@
-/* Vector types and helpers shared by the kernels (fused_ops.c, quant_dequant.c, quant_q8.c): AVX-512 where the compiler
+/* Vector types and helpers shared by the kernels (fused_ops.c, quant_dequant.c, quant_repack.c, quant_q8.c): AVX-512 where the compiler
  * targets it (-march=native), else AVX2 + FMA; on aarch64, NEON with VL 8 (a vec is two float32x4 halves), so
  * every lane-wise sum and every reduction (vsum) runs in the AVX2 build's order and gives its bits. */
 #ifndef SPECDEC_SIMD_H
@@ -15,6 +15,9 @@
 #include <immintrin.h>
 #define SD_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #endif
+/* Q8_0_R16's weight bytes are w ^ RP_Q8_BIAS (quant_repack.c writes them, quant_rp.h's kernels read
+ * them): w + 128 on x86 (vpdpbusd's unsigned operand), w itself on NEON (sdot's and smmla's signed one) */
+#define RP_Q8_BIAS (SIMD_NEON ? 0 : 0x80)
 
 #if SIMD_NEON
 #define VL 8

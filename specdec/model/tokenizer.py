@@ -13,6 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.model.byte_bpe import ByteLevelTokenizer, build_backend
+from specdec.model.gguf_file import GGUFFile
 
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>")
 MAX_VOCAB_SIZE_DIFFERENCE = 128  # as llama.cpp's draft compatibility check
@@ -36,7 +38,6 @@ def load_tokenizer(source: Path, gguf=None):
     if Path(source).is_dir():
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(str(source))
-    from specdec.model.gguf_file import GGUFFile
     return gguf_tokenizer(gguf if gguf is not None else GGUFFile(Path(source)))
 
 
@@ -83,7 +84,6 @@ def gguf_tokenizer(gguf, transformers_only: bool = False):
     """A tokenizer built from a GGUFFile's metadata, in memory: byte-level BPE files on the tokenizers
     library directly (byte_bpe), any other through transformers' GGUF tokenizer builders."""
     info, config = gguf_metadata(gguf)
-    from specdec.model.byte_bpe import ByteLevelTokenizer, build_backend
     backend = None if transformers_only else build_backend(info)
     if backend is not None:
         return ByteLevelTokenizer(backend, config)
@@ -208,7 +208,6 @@ class ControlTokens:
 
 
 def eos_ids(tokenizer) -> set[int]:
-    from specdec.model.byte_bpe import ByteLevelTokenizer
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     token_id = tokenizer.token_id if isinstance(tokenizer, ByteLevelTokenizer) else tokenizer.get_vocab().get
     return ids | {i for i in map(token_id, END_OF_TURN) if i is not None}

@@ -67,17 +67,3 @@ class PolicyConfig:
         if self.tree_sizes and (self.tree_depth < 1 or min(self.tree_sizes) < 2):
             raise SpecdecError(f"tree sizes need at least 2 nodes and a depth >= 1, got {self.tree_sizes}, "
                                f"depth {self.tree_depth}")
-
-
-def parse_schedule(text: str) -> dict[int, int]:
-    """'1:4,4:2,8:0' -> {1: 4, 4: 2, 8: 0}: from batch size 1 use k=4, from 4 use 2, from 8 plain."""
-    out = {}
-    try:
-        for item in text.split(","):
-            b, k = item.split(":")
-            out[int(b)] = int(k)
-    except ValueError:
-        raise SpecdecError(f"a k schedule is 'batch:k,batch:k' with integers, e.g. 1:4,4:2,8:0; got {text!r}") from None
-    if not out or min(out) < 1 or min(out.values()) < 0:
-        raise SpecdecError(f"a k schedule needs batch sizes >= 1 and k >= 0, got {text!r}")
-    return out

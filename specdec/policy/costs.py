@@ -78,19 +78,20 @@ class CostModel:
         return batch * k * self.draft_cost + self.v(batch * (k + 1))
 
     @staticmethod
-    def from_profile(data: dict, drafter_kind: str = "draft") -> "CostModel":
+    def from_profile(data: dict, *, draft_model: bool = True) -> "CostModel":
+        """The costs a `specdec profile` JSON measured; its draft model's (c, the prefill's price) only for a
+        drafter that drafts with a model (drafters.base.BaseDrafter.cost_model() is not None), else a lookup's."""
         curve = {int(n): float(v) for n, v in data["verify_cost"].items()}
-        draft = drafter_kind == "draft"
-        c = float(data.get("draft_cost_ratio") or 0.0) if draft else 0.0
-        prefill = float(data.get("draft_prefill_cost") or 0.0) if draft else 0.0
-        fixed = float(data.get("draft_prefill_fixed") or 0.0) if draft else 0.0
-        if draft and prefill > 0 and "draft_prefill_fixed" not in data:
+        c = float(data.get("draft_cost_ratio") or 0.0) if draft_model else 0.0
+        prefill = float(data.get("draft_prefill_cost") or 0.0) if draft_model else 0.0
+        fixed = float(data.get("draft_prefill_fixed") or 0.0) if draft_model else 0.0
+        if draft_model and prefill > 0 and "draft_prefill_fixed" not in data:
             # a profile from before the fixed part was measured: its per-token price is one
             # context-long prefill over its length. Any prefill reads the draft's weights at least
             # once (c), so that much is fixed and the rest per token.
             context = float(data.get("context") or 512)
             fixed, prefill = c, max(prefill - c / context, 0.0)
-        quadratic = float(data.get("draft_prefill_quadratic") or 0.0) if draft else 0.0
+        quadratic = float(data.get("draft_prefill_quadratic") or 0.0) if draft_model else 0.0
         return CostModel(curve, c, data.get("step_seconds"), prefill, fixed, quadratic)
 
 

@@ -18,27 +18,13 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from specdec.model import cpu_kernels
+from specdec.model.registry import specdec_home
+from specdec.model.timing import sync, timed  # noqa: F401 (sync re-exported: specdec.policy.sync)
 from specdec.policy.costs import CostModel, fit_prefill, quadratic_part
 
 if TYPE_CHECKING:
     from specdec.model.transformer import Transformer
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> list[float]:
-    """Seconds of each of `repeats` calls of fn, after one warm-up call."""
-    times = []
-    for _ in range(repeats + 1):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return times[1:]
 
 
 def forward_seconds(model: Transformer, n: int, context: int, repeats: int, last_only: bool = False) -> float:
@@ -134,7 +120,6 @@ def fingerprint(model: Transformer) -> str:
 
 def host_key(device: torch.device) -> str:
     """The host as far as speed goes: the CPU's model name and flags, its threads, the kernel build."""
-    from specdec.model import cpu_kernels
     cpu = ""
     try:
         info = Path("/proc/cpuinfo").read_text().splitlines()
@@ -151,7 +136,6 @@ RECHECK = 1.5  # a cached plain step this much slower than a fresh one is measur
 
 
 def _cost_path(target: Transformer, draft: Transformer | None, sizes) -> Path:
-    from specdec.model.registry import specdec_home
     key = json.dumps([COSTS_VERSION, host_key(target.device), fingerprint(target),
                       fingerprint(draft) if draft is not None else None, sorted(sizes)])
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"

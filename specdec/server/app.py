@@ -164,7 +164,7 @@ class Endpoints:
     def __init__(self, scheduler: Scheduler, model_name: str, limits: RequestLimits = RequestLimits()):
         self.scheduler, self.model_name, self.limits = scheduler, model_name, limits
         self.tokenizer = scheduler.tokenizer
-        self.vocab_size = scheduler.stepper.target.config.vocab_size
+        self.vocab_size = scheduler.engine.target.config.vocab_size
         self._grammars: Grammars | None = None  # built at the first structured request (about a second)
 
     async def completions(self, body: CompletionRequest, request: Request):
@@ -207,7 +207,7 @@ class Endpoints:
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
         max_tokens = body.token_budget
         if max_tokens is None:  # OpenAI: as many as the context leaves
-            max_tokens = self.scheduler.context - len(ids) - self.scheduler.stepper.tree_nodes
+            max_tokens = self.scheduler.context - len(ids) - self.scheduler.engine.tree_nodes
             if max_tokens < 1:
                 raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
                                     f"{self.scheduler.context} tokens", param="messages",

@@ -1,4 +1,5 @@
-"""What a request passes before the API reads it, and the limits on what it may ask.
+"""What a request passes before the API reads it, and the limits on what it may ask (the two objects,
+Access and RequestLimits, are settings: specdec.settings builds them from the serve flags).
 
 - Access: with an API key (`--api-key`, or $SPECDEC_API_KEY), every path but /health (every /v1/
   route, /openapi.json, unknown paths) needs the header `Authorization: Bearer KEY`, else 401 in
@@ -13,58 +14,12 @@
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-from dataclasses import dataclass, field
 
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from specdec.settings import API_KEY_ENV
-
-STATS_PATHS = ("/stats", "/metrics")
-MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class Access:
-    """Who may call what: no key, everything is open."""
-
-    api_key: str | None = field(default=None, repr=False)
-    protects_stats: bool = False
-
-    def needs_key(self, path: str) -> bool:
-        """Every path but /health (and /stats, /metrics unless protects_stats), when there is a key."""
-        if self.api_key is None or path == "/health":
-            return False
-        return self.protects_stats or path not in STATS_PATHS
-
-    def allows(self, authorization: str | None) -> bool:
-        """Whether an Authorization header value carries the key (compared in constant time)."""
-        scheme, _, given = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or self.api_key is None:
-            return False
-        return hmac.compare_digest(given.strip().encode(), self.api_key.encode())
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """The caps on one request (the serve flags of the same names)."""
-
-    max_body_bytes: int = 4 * MIB
-    max_stop_length: int = 256  # characters of one stop string
-    max_messages: int = 512  # messages of one chat request
-
-    def violation(self, stops: tuple[str, ...] = (), messages: int = 0) -> tuple[str, str] | None:
-        """(param, message) of the first limit a request's stop strings or message count exceed, or None."""
-        long = [s for s in stops if len(s) > self.max_stop_length]
-        if long:
-            return "stop", (f"Invalid value for 'stop': a stop string may have at most {self.max_stop_length} "
-                            f"characters; one has {len(long[0])}")
-        if messages > self.max_messages:
-            return "messages", (f"Invalid value for 'messages': at most {self.max_messages} messages per request, "
-                                f"got {messages}")
-        return None
+from specdec.settings import API_KEY_ENV, Access, RequestLimits  # noqa: F401 (RequestLimits re-exported for the app)
 
 
 def is_loopback(host: str) -> bool:

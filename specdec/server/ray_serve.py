@@ -33,6 +33,8 @@ from fastapi import FastAPI, Request  # at module level: the routes' annotations
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specdec.errors import SpecdecError
+from specdec.server import build_scheduler
+from specdec.server.app import create_app
 from specdec.server.guard import Access, Guard
 from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
 
@@ -141,8 +143,6 @@ class Replica:
     def __init__(self, model: ModelSettings, drafting: DraftingSettings, srv: ServeSettings, threads: int):
         import httpx
         from ray import serve
-        from specdec.server import build_scheduler
-        from specdec.server.app import create_app
         import torch
         torch.set_num_threads(threads)
         self.grace = srv.shutdown_grace

@@ -4,22 +4,22 @@ The event loop never runs torch. It calls `submit()` (cheap: checks, then a queu
 lock) and receives `Event`s through the `sink` it passed, which the scheduler thread calls (the app's
 sink hops back onto the loop with `call_soon_threadsafe`).
 
-The thread's loop, one iteration per round:
-1. admit: move queued requests into free slots (`StepwiseGenerator.add`);
-2. reap: end sequences that were cancelled (client gone), passed their deadline ('timeout') or are
-   being aborted at shutdown ('abort'); their slots are free for the next admission;
-3. set the round's draft-length limit from the number of active sequences (`k_for_batch`);
-4. step every active sequence once (`StepwiseGenerator.run_round`): a prefill chunk or one
-   speculative step; an exception fails that sequence only ('error'), never the thread;
-5. deliver: decode each sequence's new tokens to text, cut at the first stop string (then the
-   sequence ends with 'stop' and leaves its slot), send the text that can no longer change, with
+`submit()` hands the request to the engine (`Engine.add_request`, which checks that it fits: a bad
+request is the client's error), where it waits for a slot; the queue is bounded here. The engine
+steps; the server admits, streams and cancels. The thread's loop, one iteration per round:
+1. reap: end requests that were cancelled (client gone), passed their deadline ('timeout') or are
+   being aborted at shutdown ('abort'): `Engine.abort`, their slots free for the next;
+2. set the round's draft-length limit from the number of requests in slots (`k_for_batch`);
+3. one `Engine.step()`: waiting requests take free slots, each request in a slot runs a prefill
+   (chunk) or one speculative step; an exception fails that request only ('error'), never the thread;
+4. deliver: decode each request's new tokens to text, cut at the first stop string (then the
+   request ends with 'stop' and leaves its slot), send the text that can no longer change, with
    its tokens' logprobs where the request asks (the tokens whose text is sent: none past a stop
    string, nor an end-of-sequence token; the prompt's with the first event, for echo).
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import math
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.config import GenerationConfig, SamplingParams
+from specdec.engine.engine import Engine, Sequence
 from specdec.errors import SpecdecError
 from specdec.server.logprobs import Scored, TokenTexts
 from specdec.server.metrics import ServerMetrics
-from specdec.server.stepper import Sequence, StepwiseGenerator
 
 log = logging.getLogger("specdec.server")
 
@@ -188,16 +188,17 @@ class Handle:
 
 
 class Scheduler:
-    """Owns a StepwiseGenerator on one thread; admits from a bounded queue into `max_batch` slots."""
+    """Owns an engine (specdec.engine.Engine) on one thread: bounds its wait queue, steps it, streams
+    each request's text and ends requests that are cancelled, time out or are aborted."""
 
-    def __init__(self, stepper: StepwiseGenerator, tokenizer, eos_ids: set[int], k: int = 4, max_queue: int = 64,
+    def __init__(self, engine: Engine, tokenizer, eos_ids: set[int], k: int = 4, max_queue: int = 64,
                  request_timeout: float | None = None, k_for_batch: Callable[[int], int | None] | None = None,
                  metrics: ServerMetrics | None = None, memory=None, model=None):
         if max_queue < 0:
             raise SpecdecError(f"max_queue must be >= 0, got {max_queue}")
         if k < 1:
             raise SpecdecError(f"k (draft length) must be >= 1, got {k}")
-        self.stepper = stepper
+        self.engine = engine
         self.tokenizer = tokenizer
         self.tokenizer_lock = threading.Lock()  # the app encodes while this thread decodes
         self.token_texts = TokenTexts(tokenizer, self.tokenizer_lock)
@@ -209,25 +210,23 @@ class Scheduler:
         self.metrics = metrics or ServerMetrics()
         self.memory = memory  # a MemoryPlan, for /stats
         self.model = model  # the LoadedModel, when built from CLI values
-        self.metrics.max_batch.set(stepper.max_batch)
-        self.metrics.speculation_on.set(int(stepper.speculative))
+        self.metrics.max_batch.set(engine.max_batch)
+        self.metrics.speculation_on.set(int(engine.speculative))
         self._cv = threading.Condition()
-        self._queue: collections.deque[Handle] = collections.deque()
-        self._running: list[Handle] = []
-        self._n_running = 0
+        self._handles: list[Handle] = []  # submitted and not ended (waiting in the engine or in a slot)
         self._draining = False
         self._abort = False
         self._stop = False
         self._thread: threading.Thread | None = None
         self._mean_seconds = 1.0  # running mean of request durations, for Retry-After
-        self.speculation_on = stepper.speculative
+        self.speculation_on = engine.speculative
         self.k_limit: int | None = None
 
     # ---- the app's side (any thread) ----
 
     @property
     def context(self) -> int:
-        return self.stepper.capacity
+        return self.engine.capacity
 
     @property
     def alive(self) -> bool:
@@ -248,32 +247,22 @@ class Scheduler:
             raise ShuttingDown("the server is shutting down and admits no new requests")
         if not self.alive:
             raise ShuttingDown("the scheduler is not running")
-        self.check_fits(len(prompt), params.max_tokens)
-        self.stepper.check_fits(prompt, params.max_tokens)
-        params.generation(self.k)  # validates
+        cfg = params.generation(self.k)  # validates
         deadline = time.monotonic() + self.request_timeout if self.request_timeout else None
         handle = Handle(list(prompt), params, sink, deadline, TextTracker(self.tokenizer, params.stop,
                                                                           self.tokenizer_lock))
         with self._cv:
-            free = self.stepper.max_batch - self._n_running
-            if len(self._queue) >= self.max_queue + free:
-                raise QueueFull(f"the queue is full ({self.max_queue} waiting, {self.stepper.max_batch} running); "
+            free = self.engine.max_batch - len(self.engine.running)
+            if len(self.engine.waiting) >= self.max_queue + free:
+                raise QueueFull(f"the queue is full ({self.max_queue} waiting, {self.engine.max_batch} running); "
                                 "retry later", self._retry_after())
-            self._queue.append(handle)
-            self.metrics.queue_depth.set(len(self._queue))
+            handle.seq = self.engine.add_request(handle.prompt, cfg, self.eos_ids, constraint=params.constraint,
+                                                 tag=handle)  # checks the fit: a SpecdecError is the client's
+            self._handles.append(handle)
+            self.metrics.prompt_tokens.inc(len(prompt))
+            self._sync_counts()
             self._cv.notify()
         return handle
-
-    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
-        """SpecdecError in the API's words unless prompt + max_tokens (+ a draft tree's scratch) fit the context."""
-        if prompt_len < 1:
-            raise SpecdecError("the prompt is empty; give at least one token")
-        tree = self.stepper.tree_nodes
-        need = prompt_len + max_tokens + tree
-        if need > self.context:
-            extra = f" + draft tree scratch ({tree})" if tree else ""
-            raise SpecdecError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}){extra} = {need} exceeds "
-                               f"the context of {self.context} tokens; shorten the prompt or lower max_tokens")
 
     def drain(self, grace: float) -> None:
         """Stop admitting; requests still running after `grace` seconds end with 'abort'."""
@@ -295,15 +284,16 @@ class Scheduler:
 
     def snapshot(self) -> dict:
         with self._cv:
-            return {"active": self._n_running, "queued": len(self._queue), "max_batch": self.stepper.max_batch,
-                    "free_slots": self.stepper.max_batch - self._n_running, "max_queue": self.max_queue,
+            active, queued = len(self.engine.running), len(self.engine.waiting)
+            return {"active": active, "queued": queued, "max_batch": self.engine.max_batch,
+                    "free_slots": self.engine.max_batch - active, "max_queue": self.max_queue,
                     "context": self.context, "speculation_on": self.speculation_on, "k": self.k,
                     "k_limit": self.k_limit, "draining": self._draining, "alive": self.alive,
                     "request_timeout": self.request_timeout,
                     "memory": self.memory.summary() if self.memory is not None else None}
 
     def _retry_after(self) -> int:
-        waves = (len(self._queue) + 1) / max(1, self.stepper.max_batch)
+        waves = (len(self.engine.waiting) + 1) / max(1, self.engine.max_batch)
         return int(min(60, max(1, math.ceil(self._mean_seconds * waves))))
 
     def _begin_abort(self) -> None:
@@ -317,88 +307,56 @@ class Scheduler:
         try:
             while True:
                 with self._cv:
-                    while not (self._stop or self._queue or self._running):
+                    while not (self._stop or self._handles):
                         self._cv.wait(0.5)
                     if self._stop:
                         break
                 try:
-                    self._admit()
                     self._reap()
-                    if self._running:
+                    if self.engine.has_work:
                         self._round()
                 except Exception:  # noqa: BLE001 - keep serving; the failing request was ended
                     log.exception("scheduler iteration failed")
                     time.sleep(0.01)
         finally:
             with self._cv:
-                left = list(self._queue) + list(self._running)
-                self._queue.clear()
+                left = list(self._handles)
             for h in left:
                 self._end(h, "abort")
 
-    def _admit(self) -> None:
-        with self._cv:
-            while self._queue and self.stepper.free:
-                h = self._queue.popleft()
-                if h.cancelled:
-                    self._end(h, "cancelled")
-                    continue
-                try:
-                    h.seq = self.stepper.add(h.prompt, h.params.generation(self.k), self.eos_ids, tag=h,
-                                             constraint=h.params.constraint)
-                except Exception as e:  # noqa: BLE001
-                    self._end(h, "error", f"could not start the request: {e}")
-                    continue
-                self._running.append(h)
-                self.metrics.prompt_tokens.inc(len(h.prompt))
-            self._sync_counts()
-
     def _sync_counts(self) -> None:
-        self._n_running = len(self._running)
-        self.metrics.queue_depth.set(len(self._queue))
-        self.metrics.active.set(len(self._running))
+        self.metrics.queue_depth.set(len(self.engine.waiting))
+        self.metrics.active.set(len(self.engine.running))
 
     def _reap(self) -> None:
+        """End the requests that were cancelled, passed their deadline or are aborted at shutdown."""
         now = time.monotonic()
-
-        def why(h: Handle) -> str | None:
-            if h.cancelled:
-                return "cancelled"
-            if self._abort:
-                return "abort"
-            if h.deadline is not None and now > h.deadline:
-                return "timeout"
-            return None
-
-        for h in list(self._running):
-            reason = why(h)
-            if reason:
-                self._end(h, reason)
         with self._cv:
-            ended = [(h, why(h)) for h in self._queue]
-            if any(r for _, r in ended):
-                self._queue = collections.deque(h for h, r in ended if not r)
-                for h, r in ended:
-                    if r:
-                        self._end(h, r)
-            self._sync_counts()
+            handles = list(self._handles)
+        for h in handles:
+            if h.cancelled:
+                self._end(h, "cancelled")
+            elif self._abort:
+                self._end(h, "abort")
+            elif h.deadline is not None and now > h.deadline:
+                self._end(h, "timeout")
 
     def _round(self) -> None:
-        limit = self.k_for_batch(len(self._running)) if self.k_for_batch else None
-        self.stepper.k_limit = self.k_limit = limit
+        """One engine step at the draft-length limit of the load, then every request's new text."""
+        with self._cv:
+            load = min(len(self._handles), self.engine.max_batch)
+        limit = self.k_for_batch(load) if self.k_for_batch else None
+        self.engine.k_limit = self.k_limit = limit
         k_now = self.k if limit is None else min(self.k, limit)
-        self.speculation_on = self.stepper.speculative and k_now > 0
+        self.speculation_on = self.engine.speculative and k_now > 0
         self.metrics.speculation_on.set(int(self.speculation_on))
-        self.metrics.draft_k.set(k_now if self.stepper.speculative else 0)
-        errors: dict[Sequence, Exception] = {}
-
-        def on_error(seq: Sequence, e: Exception) -> None:
-            errors[seq] = e
-            log.error("request %s failed in its step", getattr(seq.tag, "id", "?"), exc_info=e)
-
-        done = self.stepper.run_round(on_error)
-        for h in list(self._running):
-            if h.seq in errors:
+        self.metrics.draft_k.set(k_now if self.engine.speculative else 0)
+        done = self.engine.step()
+        with self._cv:
+            self._sync_counts()
+            handles = list(self._handles)
+        for h in handles:
+            if h.seq.error is not None:
                 continue
             try:
                 self._deliver(h)
@@ -406,15 +364,15 @@ class Scheduler:
                 log.exception("request %s failed while decoding its text", h.id)
                 self._end(h, "error", f"decoding the output failed: {type(e).__name__}: {e}")
         for seq in done:
-            h = seq.tag
-            if seq in errors:
-                e = errors[seq]
-                self._end(h, "error", f"the request failed in the engine: {type(e).__name__}: {e}")
+            e = seq.error
+            if e is not None:
+                log.error("request %s failed in its step", seq.tag.id, exc_info=e)
+                self._end(seq.tag, "error", f"the request failed in the engine: {type(e).__name__}: {e}")
             else:
-                self._end(h, seq.finish_reason or "stop")
+                self._end(seq.tag, seq.finish_reason or "stop")
 
     def _deliver(self, h: Handle) -> None:
-        if h.done or h.seq is None:
+        if h.done:
             return
         new = h.seq.new_tokens[h.sent_tokens:]
         if not new:
@@ -430,38 +388,34 @@ class Scheduler:
             self._end(h, "stop")
 
     def _end(self, h: Handle, reason: str, error: str | None = None) -> None:
-        """Finish a request once: free its slot, send the rest of its text, usage and reason."""
+        """Finish a request once: out of the engine (its slot free), the rest of its text, usage and reason."""
         if h.done:
             return
         h.done = True
         seq = h.seq
-        if seq is not None:
-            self.stepper.release(seq)
-            if h in self._running:
-                self._running.remove(h)
-            with self._cv:
-                self._sync_counts()
+        self.engine.abort(seq)
+        with self._cv:
+            if h in self._handles:
+                self._handles.remove(h)
+            self._sync_counts()
         tail, scored, prompt_scored = "", [], None
         if error is None:
             try:
-                if seq is not None and h.sent_tokens < len(seq.new_tokens):
+                if h.sent_tokens < len(seq.new_tokens):
                     h.tracker.add(seq.new_tokens[h.sent_tokens:])
                     h.sent_tokens = len(seq.new_tokens)
                 tail = h.tracker.flush()
                 scored, prompt_scored = self._scored(h), self._prompt_scored(h)
             except Exception as e:  # noqa: BLE001
                 reason, error = "error", f"decoding the output failed: {type(e).__name__}: {e}"
-        stats = seq.stats if seq is not None else None
-        completion = len(seq.new_tokens) if seq is not None else 0
+        stats, completion = seq.stats, len(seq.new_tokens)
         usage = {"prompt_tokens": len(h.prompt), "completion_tokens": completion,
                  "total_tokens": len(h.prompt) + completion,
-                 "prompt_tokens_details": {"cached_tokens": stats.cached_tokens if stats else 0},
-                 "speculative": {"drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
-                                 "tau": round(stats.tau, 4) if stats else 0.0,
-                                 "steps": stats.steps if stats else 0,
-                                 "plain_steps": (stats.k_chosen[0] if stats and stats.k_chosen else 0)}}
+                 "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+                 "speculative": {"drafted": stats.drafted, "accepted": stats.accepted, "tau": round(stats.tau, 4),
+                                 "steps": stats.steps, "plain_steps": stats.k_chosen[0] if stats.k_chosen else 0}}
         self.metrics.finished.labels(reason=reason).inc()
-        if stats is not None:
+        if stats.steps or completion:
             self.metrics.record_generation(stats)
             if h.t_first is not None and completion > 1:
                 self.metrics.tpot.observe((time.monotonic() - h.t_first) / (completion - 1))

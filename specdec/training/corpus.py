@@ -7,14 +7,14 @@ run extracts exactly the chunks it planned.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from specdec.errors import SpecdecError
-from specdec.heads.data import Document
-from specdec.heads.overlap import OverlapGuard
+from specdec.heads.checkpoint import write_json_atomic
+from specdec.training.data import Document
+from specdec.training.overlap import OverlapGuard
 
 MIN_CHUNK = 4
 VAL_EVERY = 10  # every 10th admitted document is held out until the validation budget is met
@@ -141,13 +141,6 @@ def grown(previous: Plan, fresh: Plan) -> Plan:
                       documents=len({document_of(c.id) for c in plan.chunks}),
                       grown_from=previous.stats.get("train_tokens"))
     return plan
-
-
-def write_json_atomic(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 def split_chunks(plan: Plan, split: str) -> Iterator[Chunk]:

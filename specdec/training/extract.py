@@ -18,7 +18,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specdec.errors import SpecdecError
-from specdec.heads.corpus import Chunk, write_json_atomic
+from specdec.heads.checkpoint import write_json_atomic
+from specdec.model.tokenizer import encode_messages
+from specdec.sampling.verify import ragged_inputs
+from specdec.training.corpus import Chunk
 
 DEFAULT_TOP_K = 32
 SHARD_TOKENS = 32768
@@ -183,7 +186,6 @@ def answer_records(module, prompts: Iterable[tuple[str, list[int]]], max_prompt:
     features and top-k come from the very forwards that chose the tokens (the prompt's prefill, then one decode row per token),
     so an answer is never read twice. A finished row takes the next prompt; records come out as their
     answers end."""
-    from specdec.engine.verify import ragged_inputs
     device, queue, batch = module.device, iter(prompts), batch or SELF_BATCH
     cache = module.new_cache(max_prompt + max_new_tokens + 1, batch=batch)
     rows: list[_Answer | None] = [None] * batch  # the answer in each cache row
@@ -217,10 +219,9 @@ def answer_records(module, prompts: Iterable[tuple[str, list[int]]], max_prompt:
 
 def self_prompts(tokenizer, documents, count: int, max_prompt: int, guard, taken: set[str]) -> Iterator[tuple[str, list[int]]]:
     """(id, prompt tokens) for up to `count` documents: a ShareGPT conversation's first user turn, a
-    request made here (specdec.heads.tasks) all its turns; not in `taken`, not overlapping the
+    request made here (specdec.training.tasks) all its turns; not in `taken`, not overlapping the
     evaluation sets, at most max_prompt tokens through the chat template (a longer one is skipped:
     cut, it would lose the template's assistant turn; so is one of no tokens)."""
-    from specdec.model.tokenizer import encode_messages
     made = 0
     for doc in documents:
         if made >= count:

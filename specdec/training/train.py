@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
-from specdec.heads.extract import ChunkRecord
 from specdec.heads.modules import TargetParts, target_parts
-from specdec.heads.vocab import DraftVocab
+from specdec.training.extract import ChunkRecord
+from specdec.training.vocab import DraftVocab
 
 CHECKPOINT = "checkpoint.pt"
 VAL_LOG = "val.jsonl"

@@ -1,15 +1,34 @@
-"""`specdec train-head` and `specdec heads`: their flags and handlers (imports nothing heavy at load)."""
+"""`specdec train-head` and `specdec heads`: their flags and handlers. A training run plans its corpus,
+self-generates answers, extracts the target's features and trains the head, each step resuming where a
+killed run stopped."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import signal
 import sys
+import zlib
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+
 from specdec.errors import SpecdecError
+from specdec.heads.checkpoint import load_head, save_head, target_fingerprint
+from specdec.heads.find import default_out, heads_home
+from specdec.heads.modules import build_head, eagle_config, medusa_config, target_parts
+from specdec.model import load_model
+from specdec.training.corpus import Chunk, build_plan, document_of, grown, load_plan, plan_or_resume
+from specdec.training.data import RecoveryCount, interleave, open_source, source_files, take_turns
+from specdec.training.extract import (SELF_VAL_EVERY, ShardWriter, answer_records, extract, extracted_ids,
+                                      load_records, read_manifest, self_prompts)
+from specdec.training.overlap import OverlapGuard, default_eval_texts
+from specdec.training.tasks import FAMILIES, task_documents, text_documents
+from specdec.training.train import Trainer, TrainConfig, batch_groups
+from specdec.training.vocab import DraftVocab, select_vocab, token_counts
 
 
 def _int(text: str) -> int:
@@ -80,7 +99,6 @@ DEFAULT_SELF_PROMPTS = "chat,code"
 
 
 def self_families(args) -> list[str]:
-    from specdec.heads.tasks import FAMILIES
     families = [f.strip() for f in args.self_prompts.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not families:
@@ -110,15 +128,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
-def heads_home() -> Path:
-    from specdec.model.registry import specdec_home
-    return specdec_home() / "heads"
-
-
-def default_out(model: str, kind: str) -> Path:
-    return heads_home() / f"{Path(model).name.removesuffix('.gguf')}-{kind}"
-
-
 @contextlib.contextmanager
 def sigterm_interrupts():
     """`kill` (SIGTERM) stops a run as Ctrl-C does: what is done is saved (the training checkpoint,
@@ -141,16 +150,13 @@ def train_head(args) -> int:
 
 
 def _train_head(args) -> int:
-    from specdec.heads.data import open_source
     if args.threads > 0:
-        import torch
         torch.set_num_threads(args.threads)
     # a missing source (the prompts of --self-generate too) fails before the model loads
     for spec in args.data + ([self_source(args)] if args.self_generate else []):
         open_source(spec, None)
     if args.init and not Path(args.init).is_dir():
         raise SpecdecError(f"--init {args.init}: no such head directory")
-    from specdec.model import load_model
     lm = load_model(args.model, device=args.device)
     if args.draft_vocab > lm.module.config.vocab_size:
         raise SpecdecError(f"--draft-vocab {args.draft_vocab} is larger than the model's vocabulary "
@@ -165,8 +171,6 @@ def _train_head(args) -> int:
 
 
 def prepare_corpus(args, lm, work: Path, log):
-    from specdec.heads.checkpoint import target_fingerprint
-    from specdec.heads.corpus import load_plan, plan_or_resume
     fingerprint = target_fingerprint(lm.module, lm.tokenizer)
     val_tokens = args.val_tokens or max(1024, args.tokens // 50)
     saved = work / "plan.json"
@@ -187,9 +191,6 @@ def prepare_corpus(args, lm, work: Path, log):
 def make_plan(args, lm, val_tokens: int, settings: dict, store: tuple[Path, dict], log, previous=None):
     """The corpus plan; with `previous` (a saved plan with smaller budgets), that plan grown to these:
     its chunks kept, new documents and only the missing self-generated answers added."""
-    from specdec.heads.corpus import build_plan, grown
-    from specdec.heads.data import RecoveryCount, interleave, open_source
-    from specdec.heads.overlap import OverlapGuard, default_eval_texts
     texts, names = default_eval_texts()
     guard = OverlapGuard(texts)
     log(f"overlap guard: {len(guard.grams)} n-grams from {', '.join(names)}")
@@ -228,8 +229,6 @@ def self_requests(args, tokenizer, taken: set[str]) -> list:
     """The prompts' sources (--self-prompts), to take turns: ShareGPT conversations, coding requests
     made from the functions of the --data source files (none from a file the plan holds; none when
     --data names no files), text requests about ShareGPT's answers."""
-    from specdec.heads.data import open_source, source_files
-    from specdec.heads.tasks import task_documents, text_documents
     streams = []
     for family in self_families(args):
         if family == "chat":
@@ -246,7 +245,6 @@ def self_requests(args, tokenizer, taken: set[str]) -> list:
 
 def self_doc(chunk_id: str) -> str:
     """The ShareGPT document of a chunk (an answer's chunk: the conversation it answers)."""
-    from specdec.heads.corpus import document_of
     return document_of(chunk_id).removeprefix("self:")
 
 
@@ -254,13 +252,6 @@ def self_chunks(args, lm, guard, taken: set[str], count: int, features: Path, se
     """Chunks of `count` answers of the target to prompts (self_requests) not in `taken`; their features are
     written into the feature store as they are generated (answers already there, from a killed run,
     are kept, not generated again). Only ids and tokens stay in memory."""
-    import itertools
-    import zlib
-    from tqdm import tqdm
-    from specdec.heads.corpus import Chunk
-    from specdec.heads.data import take_turns
-    from specdec.heads.extract import (SELF_VAL_EVERY, ShardWriter, answer_records, load_records, read_manifest,
-                                       self_prompts)
     features.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(features, settings)
     saved = {cid for shard in manifest["shards"] for cid in shard["chunks"] if cid.startswith("self:")}
@@ -291,8 +282,6 @@ def feature_settings(args, lm, fingerprint: dict) -> dict:
 
 
 def extract_features(args, lm, plan, directory: Path, fingerprint: dict):
-    from tqdm import tqdm
-    from specdec.heads.extract import extract, extracted_ids, load_records, read_manifest
     settings = feature_settings(args, lm, fingerprint)
     done = extracted_ids(read_manifest(directory, settings))
     todo = [c for c in plan.chunks if c.id not in done]  # the bar and its ETA: what is left, not what is kept
@@ -303,9 +292,6 @@ def extract_features(args, lm, plan, directory: Path, fingerprint: dict):
 
 
 def train_on(args, lm, plan, records: dict, out: Path, fingerprint: dict, log) -> dict:
-    from tqdm import tqdm
-    from specdec.heads.checkpoint import save_head
-    from specdec.heads.train import Trainer, TrainConfig, batch_groups
     train = [records[c.id] for c in plan.chunks if c.split == "train" and c.id in records]
     val = [records[c.id] for c in plan.chunks if c.split == "val" and c.id in records]
     head, parts = init_head(args, lm, fingerprint) if args.init else new_head(args, lm, train)
@@ -326,9 +312,6 @@ def train_on(args, lm, plan, records: dict, out: Path, fingerprint: dict, log) -
 
 def init_head(args, lm, fingerprint: dict):
     """The head of --init (checked against the target and --kind), to train on, with its draft vocabulary."""
-    from specdec.heads.checkpoint import load_head
-    from specdec.heads.modules import target_parts
-    from specdec.heads.vocab import DraftVocab
     head, _ = load_head(args.init, fingerprint)
     if head.config.kind != args.kind:
         raise SpecdecError(f"--init {args.init} holds an {head.config.kind} head; this run trains --kind {args.kind}")
@@ -337,8 +320,6 @@ def init_head(args, lm, fingerprint: dict):
 
 
 def new_head(args, lm, train: list):
-    from specdec.heads.modules import build_head, eagle_config, medusa_config, target_parts
-    from specdec.heads.vocab import select_vocab, token_counts
     cfg_t = lm.module.config
     vocab = select_vocab(token_counts((r.tokens.tolist() for r in train), cfg_t.vocab_size), args.draft_vocab,
                          lm.eos_ids)

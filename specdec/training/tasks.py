@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-from specdec.heads.data import Document
+from specdec.training.data import Document
 
 FAMILIES = ("chat", "code", "text")  # --self-prompts: ShareGPT first turns, coding and text requests
 

@@ -1,0 +1,160 @@
+/* Repacking at load, once: a GGUF matrix in Q4_K, Q6_K or Q8_0 rewritten into tiles of RP_ROWS output
+ * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit draft any 32-weight or
+ * K-quant format re-encoded as Q4_0 and tiled the same way. Scalar code: it runs once per matrix, on
+ * the block formats' integers as simd.h decodes them (one decoder per format). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+typedef struct {
+    int64_t qk, tile; /* weights a block, a tile's bytes a block */
+} rp_block;
+
+static rp_block rp_block_of(int rtype) {
+    rp_block b = {0, 0};
+    switch (rtype) {
+    case T_Q4_K_R16: b.qk = 256, b.tile = RP_Q4_K_TILE; break;
+    case T_Q6_K_R16: b.qk = 256, b.tile = RP_Q6_K_TILE; break;
+    case T_Q8_0_R16: b.qk = 32, b.tile = RP_Q8_0_TILE; break;
+    case T_Q4_0_R16: b.qk = 32, b.tile = RP_Q4_0_TILE; break;
+    default: break;
+    }
+    return b;
+}
+
+/* Q4_K block -> q[256] (0..15), sc[8], mn[8] */
+static void unpack_q4_k(const uint8_t *b, uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    uint32_t u[4];
+    q4_k_scale_bytes(b, u);
+    memcpy(sc, u, 8);
+    memcpy(mn, u + 2, 8);
+    q4_k_values(b, q);
+}
+
+static void repack_q4_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) { /* one block of 16 rows */
+    uint8_t q[16][256], sc[16][8], mn[16][8];
+    for (int i = 0; i < 16; i++) unpack_q4_k(src + i * rb, q[i], sc[i], mn[i]);
+    for (int s = 0; s < 8; s++)
+        for (int r = 0; r < 4; r++)
+            for (int i = 0; i < 16; i++)
+                for (int e = 0; e < 4; e++)
+                    dst[(4 * s + r) * 64 + 4 * i + e] = (uint8_t)(q[i][32 * s + 4 * r + e] | q[i][32 * s + 16 + 4 * r + e] << 4);
+    for (int s = 0; s < 8; s++)
+        for (int i = 0; i < 16; i++) dst[2048 + 16 * s + i] = sc[i][s];
+    for (int p = 0; p < 4; p++)
+        for (int i = 0; i < 16; i++) dst[2176 + 32 * p + 2 * i] = mn[i][2 * p], dst[2176 + 32 * p + 2 * i + 1] = mn[i][2 * p + 1];
+    for (int i = 0; i < 16; i++) memcpy(dst + 2304 + 2 * i, src + i * rb, 2), memcpy(dst + 2336 + 2 * i, src + i * rb + 2, 2);
+}
+
+static void repack_q6_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
+    uint8_t q[16][256];
+    for (int i = 0; i < 16; i++)
+        q6_k_values(src + i * rb, q[i]);
+    for (int u = 0; u < 16; u++)
+        for (int i = 0; i < 16; i++)
+            for (int e = 0; e < 4; e++) {
+                const uint8_t *g = q[i] + 16 * u + e; /* g[0], g[4], g[8], g[12]: the four groups' e-th weights */
+                uint8_t *o = dst + 192 * u + 4 * i + e;
+                o[0] = (uint8_t)((g[0] & 15) | (g[4] & 15) << 4);
+                o[64] = (uint8_t)((g[8] & 15) | (g[12] & 15) << 4);
+                o[128] = (uint8_t)(g[0] >> 4 | (g[4] >> 4) << 2 | (g[8] >> 4) << 4 | (g[12] >> 4) << 6);
+            }
+    for (int u = 0; u < 16; u++)
+        for (int i = 0; i < 16; i++) dst[3072 + 16 * u + i] = src[i * rb + 192 + u];
+    for (int i = 0; i < 16; i++) memcpy(dst + 3328 + 2 * i, src + i * rb + 208, 2);
+}
+
+static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
+    for (int g = 0; g < 8; g++)
+        for (int i = 0; i < 16; i++)
+            for (int e = 0; e < 4; e++) dst[64 * g + 4 * i + e] = src[i * rb + 2 + 4 * g + e] ^ RP_Q8_BIAS;
+    for (int i = 0; i < 16; i++) memcpy(dst + 512 + 2 * i, src + i * rb, 2);
+}
+
+/* the repacked type of a GGUF type, 0 if none */
+int quant_repacked_type(int type) {
+    switch (type) {
+    case T_Q4_K: return T_Q4_K_R16;
+    case T_Q6_K: return T_Q6_K_R16;
+    case T_Q8_0: return T_Q8_0_R16;
+    default: return 0;
+    }
+}
+
+/* Bytes a row takes in repacked `rtype` (a tile's bytes over 16), 0 if not a repacked type or K does not fit */
+int64_t quant_rp_row_bytes(int rtype, int64_t K) {
+    const rp_block rk = rp_block_of(rtype);
+    return rk.qk && K > 0 && K % rk.qk == 0 ? K / rk.qk * rk.tile / RP_ROWS : 0;
+}
+
+/* rows (a multiple of 16) rows of K weights in GGUF `type` at src -> repacked at dst
+ * (rows x quant_rp_row_bytes bytes). Returns the repacked type, or -1. */
+int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
+    const int rtype = quant_repacked_type(type);
+    const rp_block rk = rp_block_of(rtype);
+    if (!rk.qk || rows % RP_ROWS || K <= 0 || K % rk.qk) return -1;
+    const int64_t nb = K / rk.qk, rb = quant_row_bytes(type, K), tiles = rows / RP_ROWS;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t ib = 0; ib < nb; ib++) {
+            const uint8_t *s = src + t * RP_ROWS * rb + ib * (rb / nb);
+            uint8_t *d = dst + (t * nb + ib) * rk.tile;
+            if (type == T_Q4_K) repack_q4_k_tile(s, rb, d);
+            else if (type == T_Q6_K) repack_q6_k_tile(s, rb, d);
+            else repack_q8_0_tile(s, rb, d);
+        }
+    return rtype;
+}
+
+
+/* ---- the 4-bit draft: any 32-weight or K-quant format re-encoded as Q4_0 and repacked ---- */
+
+/* one block of 32 weights as Q4_0 (llama.cpp's rounding): d = the largest-magnitude weight / -8,
+ * q = min(15, trunc(w / d + 8.5)) */
+static void q4_0_block(const float *x, uint16_t *d16, uint8_t *q) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (amax < (x[j] < 0 ? -x[j] : x[j])) amax = x[j] < 0 ? -x[j] : x[j], max = x[j];
+    const float d = max / -8.0f;
+    *d16 = f32_to_f16(d);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const int v = (int)(x[j] * id + 8.5f);
+        q[j] = (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
+    }
+}
+
+/* rows (a multiple of 16) rows of K weights in GGUF `type` -> Q4_0_R16 at dst (rows x quant_rp_row_bytes).
+ * Returns T_Q4_0_R16, or -1. Lossy: a draft's weights only (its numerics never reach the output). */
+int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
+    const int64_t rb = quant_row_bytes(type, K);
+    if (!rb || rows % RP_ROWS || K % 32) return -1;
+    const int64_t nb = K / 32, tiles = rows / RP_ROWS;
+    int bad = 0;
+#pragma omp parallel num_threads(nthreads) reduction(| : bad)
+    {
+        float *x = malloc(sizeof(float) * (size_t)(RP_ROWS * K));
+        if (!x) bad = 1;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            if (!x) continue;
+            quant_dequantize(type, src + t * RP_ROWS * rb, x, RP_ROWS, K);
+            for (int64_t ib = 0; ib < nb; ib++) {
+                uint8_t *o = dst + (t * nb + ib) * RP_Q4_0_TILE;
+                for (int i = 0; i < RP_ROWS; i++) {
+                    uint8_t q[32];
+                    uint16_t d16;
+                    q4_0_block(x + i * K + 32 * ib, &d16, q);
+                    memcpy(o + 256 + 2 * i, &d16, 2);
+                    for (int g = 0; g < 4; g++)
+                        for (int e = 0; e < 4; e++) o[64 * g + 4 * i + e] = (uint8_t)(q[4 * g + e] | q[16 + 4 * g + e] << 4);
+                }
+            }
+        }
+        free(x);
+    }
+    return bad ? -1 : T_Q4_0_R16;
+}
