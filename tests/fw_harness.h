@@ -101,7 +101,7 @@ static int count_gemm_main(int type, int repack, int64_t N, int64_t K, int64_t C
     uint8_t *R = W;
     if (repack) {
         t = quant_repacked_type(type) ? quant_repacked_type(type) : 102; /* else the draft's Q4_0_R16 */
-        R = alloc(N * quant_row_bytes(t, K));
+        R = alloc(N * quant_rp_row_bytes(t, K));
         if ((t == 102 ? quant_requant_q4_0(type, W, R, N, K, 1) : quant_repack(type, W, R, N, K, 1)) != t)
             die("cannot repack", "");
     }

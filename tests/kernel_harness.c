@@ -163,15 +163,15 @@ static void format(int type) {
     const int64_t Nv = N - 12; /* a last tile of 4 valid rows */
     const int rtype = quant_repacked_type(type);
     if (rtype) {
-        uint8_t *R = alloc(N * quant_row_bytes(rtype, K));
+        uint8_t *R = alloc(N * quant_rp_row_bytes(rtype, K));
         if (quant_repack(type, W, R, N, K, 2) != rtype) die("repack failed", "");
         snprintf(name, sizeof name, "repack_%d", type);
-        uint8_t *P = alloc(N * quant_row_bytes(rtype, K)); /* published in x86's layout: Q8_0's w + 128 */
-        memcpy(P, R, N * quant_row_bytes(rtype, K));
+        uint8_t *P = alloc(N * quant_rp_row_bytes(rtype, K)); /* published in x86's layout: Q8_0's w + 128 */
+        memcpy(P, R, N * quant_rp_row_bytes(rtype, K));
         if (type == T_Q8_0)
-            for (int64_t t = 0; t < N * quant_row_bytes(rtype, K) / RP_Q8_0_TILE; t++)
+            for (int64_t t = 0; t < N * quant_rp_row_bytes(rtype, K) / RP_Q8_0_TILE; t++)
                 for (int j = 0; j < 512; j++) P[t * RP_Q8_0_TILE + j] ^= 0x80 ^ RP_Q8_BIAS;
-        put(name, P, N * quant_row_bytes(rtype, K));
+        put(name, P, N * quant_rp_row_bytes(rtype, K));
         free(P);
         if (type == T_Q4_K || type == T_Q6_K) {
             int8_t q[512];
@@ -186,10 +186,10 @@ static void format(int type) {
         gemms(name, rtype, R, X, bias, Nv, K);
         free(R);
     }
-    uint8_t *R4 = alloc(N * quant_row_bytes(102, K));
+    uint8_t *R4 = alloc(N * quant_rp_row_bytes(102, K));
     if (quant_requant_q4_0(type, W, R4, N, K, 2) != 102) die("requant failed", "");
     snprintf(name, sizeof name, "requant_%d", type);
-    put(name, R4, N * quant_row_bytes(102, K));
+    put(name, R4, N * quant_rp_row_bytes(102, K));
     snprintf(name, sizeof name, "gemm_%d_as_q4_0_r16", type);
     gemms(name, 102, R4, X, bias, Nv, K);
     free(R4);

@@ -179,7 +179,7 @@ class Engine:
             self._guarded(seq, lambda s: prefill(self.target, s, chunk, self._load(starting=True)), done)
         groups = [[s] for s in decoding] if not self.batched else [decoding] if decoding else []
         for group in groups:
-            width_rule = self._width if self.pool.adaptive else None
+            width_rule = round_width if self.pool.adaptive else None
             pool = self.pool.draft_cache if len(group) > 1 else None  # one row drafts as generate does
             report = step(self.target, self.cache, group, self._load(starting=False), pool, width_rule, self.k_limit)
             self.decode_batch, self.round_width = report.batch, report.width
@@ -187,10 +187,6 @@ class Engine:
                 self._fail(seq, e, done)
             done += [s for s in group if s.finish_reason is not None and s not in done]
         return done
-
-    @staticmethod
-    def _width(chosen) -> int:
-        return round_width([(p, k) for p, k in chosen])
 
     def _guarded(self, seq: Sequence, fn, done: list[Sequence]) -> None:
         try:

@@ -149,6 +149,8 @@ def load(extra_flags: list[str] | None = None, target: str | None = None):
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.quant_row_bytes.argtypes = [ctypes.c_int, i64]
     lib.quant_row_bytes.restype = i64
+    lib.quant_rp_row_bytes.argtypes = [ctypes.c_int, i64]
+    lib.quant_rp_row_bytes.restype = i64
     lib.quant_dequantize.argtypes = [ctypes.c_int, p, p, i64, i64]
     lib.quant_dequantize.restype = None
     lib.quant_gemm_q8.argtypes = [ctypes.c_int, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int]
@@ -230,13 +232,15 @@ def _check(what: str, **tensors) -> None:
 
 
 def quant_row_bytes(qtype: int, K: int, lib=None) -> int:
-    """Bytes of one row of K weights in GGUF block format `qtype`; 0 where our kernels cannot read it."""
+    """Bytes of one row of K weights in GGUF block format `qtype` or a repacked layout (REPACKED_TYPES);
+    0 where our kernels cannot read it."""
     return _row_bytes(_lib_or_raise(lib), qtype, K)
 
 
 @functools.lru_cache(maxsize=None)
 def _row_bytes(lib, qtype: int, K: int) -> int:  # cached: quant_linear checks every part on every call
-    return int(lib.quant_row_bytes(qtype, K))
+    repacked = qtype in REPACKED_TYPES.values()
+    return int(lib.quant_rp_row_bytes(qtype, K) if repacked else lib.quant_row_bytes(qtype, K))
 
 
 def quant_q8_supported(qtype: int, K: int, lib=None) -> bool:

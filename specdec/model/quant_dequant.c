@@ -294,10 +294,9 @@ static const qkernels *kernels_of(int type) {
     }
 }
 
-/* Bytes of one row of K weights in `type` (a repacked type's: quant_repack.c), or 0 if the type is not
- * supported or K does not fit it. */
+/* Bytes of one row of K weights in GGUF block format `type` (a repacked layout's: quant_rp_row_bytes),
+ * or 0 if the type is not supported or K does not fit it. */
 int64_t quant_row_bytes(int type, int64_t K) {
-    if (type >= 100) return quant_rp_row_bytes(type, K);
     const qkernels *ks = kernels_of(type);
     return ks && K % ks->qk == 0 ? K / ks->qk * ks->bytes : 0;
 }
