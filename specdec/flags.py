@@ -108,7 +108,7 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=("fixed", "adaptive", "adaptive-k"), default="adaptive",
                    help="adaptive (default): pick k in 0..k each step from measured costs and running acceptance "
                         "(0 = plain step), and let a draft model's chain go on or end by its own confidence "
-                        "(single-sequence generation; the server picks k only); adaptive-k: pick k only; "
+                        "(generate and every server slot alike); adaptive-k: pick k only; "
                         "fixed: draft k every step")
     p.add_argument("--drafter", default=None,
                    help="a registered drafter by name (any module of specdec/drafters/), instead of the flags above; "
