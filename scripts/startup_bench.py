@@ -8,7 +8,9 @@ e.g. a `git worktree` of an older commit: `python -m` there imports that checkou
 llama-completion on the same GGUF file, the raw prompt). A `+draft` suffix adds the draft model (ours only).
 
 Usage: python scripts/startup_bench.py --setups ours,ours+draft,llama [--rounds 3] [--max-new-tokens 32] \
-    > runs/startup.json
+    [--prompt-file FILE] > runs/startup.json
+
+--prompt-file: the prompt's text from a file (a long prompt: the first token then waits for its prefill).
 """
 
 import argparse
@@ -31,10 +33,10 @@ def command(setup: str, args) -> tuple[list[str], dict, str]:
         from specdec.bench.llama_server import find_binary
         binary = find_binary(args.llama_bin).parent / "llama-completion"
         return [str(binary), "-m", str(pull(args.model)), "-c", str(args.max_context), "-t", "2", "-tb", "2",
-                "-n", str(args.max_new_tokens), "--temp", "0", "-no-cnv", "--no-display-prompt", "-p", PROMPT], env, cwd
+                "-n", str(args.max_new_tokens), "--temp", "0", "-no-cnv", "--no-display-prompt", "-p", args.prompt], env, cwd
     cmd = [sys.executable, "-m", "specdec.cli", "generate", "--model", args.model, "--chat",
            "--max-new-tokens", str(args.max_new_tokens), "--max-context", str(args.max_context),
-           "--draft", args.draft if draft else "none", PROMPT]
+           "--draft", args.draft if draft else "none", args.prompt]
     if base.startswith("ours@"):  # `python -m` puts the working directory first on sys.path
         cwd = base.split("@", 1)[1]
     return cmd, env, cwd
@@ -75,7 +77,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--max-context", type=int, default=2048)
+    ap.add_argument("--prompt-file", default=None, help="the prompt's text (default: a one-line coding question)")
     args = ap.parse_args()
+    args.prompt = Path(args.prompt_file).read_text() if args.prompt_file else PROMPT
     setups = args.setups.split(",")
     runs: dict[str, list] = {s: [] for s in setups}
     for r in range(args.rounds):
@@ -83,6 +87,7 @@ def main() -> None:
             runs[s].append(run_once(*command(s, args)))
             print(f"round {r} {s}: {runs[s][-1]}", file=sys.stderr)
     out = {"model": args.model, "draft": args.draft, "max_new_tokens": args.max_new_tokens,
+           "prompt_chars": len(args.prompt), "prompt_file": args.prompt_file,
            "max_context": args.max_context, "rounds": args.rounds, "home_extra_gb": home_extra_gb(), "setups": {}}
     for s, rs in runs.items():
         out["setups"][s] = {k: statistics.median(x[k] for x in rs) for k in ("first_token_s", "total_s", "peak_rss_gb")}

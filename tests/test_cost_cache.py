@@ -2,16 +2,16 @@
 
 import pytest
 
-from specdec.policy import CostModel
+from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
 from specdec.policy import measure
 from tests.conftest import tiny_model
 
 
 @pytest.fixture
 def fake_measure(monkeypatch, tmp_path):
-    """_measure and the start-up check's timer replaced by fixed numbers; the calls to _measure counted."""
+    """_measure replaced by fixed numbers; the calls to _measure counted."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    state = {"calls": 0, "spread": 1.0, "now": 0.010, "c": 0.25}
+    state = {"calls": 0, "spread": 1.0, "c": 0.25}
 
     def fake(target, draft, sizes, context=256, repeats=3):
         state["calls"] += 1
@@ -19,7 +19,6 @@ def fake_measure(monkeypatch, tmp_path):
             state["spread"]
 
     monkeypatch.setattr(measure, "_measure", fake)
-    monkeypatch.setattr(measure, "timed", lambda fn, device, repeats: [state["now"]] * repeats)
     return state
 
 
@@ -39,21 +38,44 @@ def test_another_pair_or_other_sizes_are_measured_anew(fake_measure, tiny_target
     assert fake_measure["calls"] == 4
 
 
-def test_a_cached_step_far_slower_than_the_live_one_is_measured_again(fake_measure, tiny_target, tiny_draft):
+def test_a_cached_entry_is_read_without_timing_a_step(fake_measure, tiny_target, tiny_draft, monkeypatch):
+    """No forward runs at start for a cached entry (the first token waits for none)."""
     measure.cached_costs(tiny_target, tiny_draft)
-    fake_measure["now"] = 0.010 / 1.4  # within RECHECK: still the cache
-    measure.cached_costs(tiny_target, tiny_draft)
-    assert fake_measure["calls"] == 1
-    fake_measure["now"] = 0.010 / 2.0  # the entry was measured on a busy host
-    measure.cached_costs(tiny_target, tiny_draft)
-    assert fake_measure["calls"] == 2
+    monkeypatch.setattr(measure, "timed", lambda *a, **k: pytest.fail("a step was timed at start"))
+    costs = measure.cached_costs(tiny_target, tiny_draft)
+    assert fake_measure["calls"] == 1 and costs.source and costs.draft_cost == 0.25
 
 
-def test_a_live_step_slower_than_the_cached_one_keeps_the_entry(fake_measure, tiny_target, tiny_draft):
-    """A busy host at start: the calibration scales the cached ratios; measuring now costs seconds and
+def plain_steps(costs, *seconds):
+    """A policy on `costs` that sees plain steps of these seconds (the engine's observe_time)."""
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=4))
+    for s in seconds:
+        policy.observe_time(0, None, s)
+    return policy
+
+
+def test_live_plain_steps_far_faster_than_the_cached_ones_mark_it_stale(fake_measure, tiny_target, tiny_draft):
+    """The entry was measured on a busy host: this run keeps its costs (the calibration scales them),
+    and the next start measures afresh."""
+    measure.cached_costs(tiny_target, tiny_draft)
+    plain_steps(measure.cached_costs(tiny_target, tiny_draft), *[0.010 / 1.4] * 4)  # within RECHECK
+    assert measure.cached_costs(tiny_target, tiny_draft) and fake_measure["calls"] == 1
+    costs = measure.cached_costs(tiny_target, tiny_draft)
+    policy = plain_steps(costs, 0.010 / 2.0)  # one fast step alone is not enough
+    assert measure.cached_costs(tiny_target, tiny_draft) and fake_measure["calls"] == 1
+    policy.observe_time(0, None, 0.010 / 2.0)
+    assert policy.costs is costs and costs.draft_cost == 0.25 and costs.source is None
+    fake_measure["c"] = 0.3
+    assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.3 and fake_measure["calls"] == 2
+    assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.3 and fake_measure["calls"] == 2
+
+
+def test_live_steps_slower_than_the_cached_ones_keep_the_entry(fake_measure, tiny_target, tiny_draft):
+    """A busy host now: the calibration scales the cached ratios; measuring now costs seconds and
     would not be kept."""
     measure.cached_costs(tiny_target, tiny_draft)
-    fake_measure.update(now=0.010 * 3.0, c=0.9)
+    plain_steps(measure.cached_costs(tiny_target, tiny_draft), *[0.010 * 3.0] * 4)
+    fake_measure["c"] = 0.9
     assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.25
     assert fake_measure["calls"] == 1
 
@@ -70,12 +92,14 @@ def test_a_measurement_on_a_busy_host_is_used_but_not_kept(fake_measure, tiny_ta
 def test_a_busy_measurement_keeps_the_cached_entry(fake_measure, tiny_target, tiny_draft, tmp_path):
     measure.cached_costs(tiny_target, tiny_draft)
     (path,) = (tmp_path / "costs").glob("*.json")
-    before = path.read_text()
-    fake_measure.update(now=0.004, spread=3.0, c=0.9)  # the entry looks slow, and the measurement is noisy
+    plain_steps(measure.cached_costs(tiny_target, tiny_draft), *[0.004] * 3)  # the entry looks slow: stale
+    stale = path.read_text()
+    fake_measure.update(spread=3.0, c=0.9)  # and the measurement at the next start is noisy
     assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.25
-    assert fake_measure["calls"] == 2 and path.read_text() == before
+    assert fake_measure["calls"] == 2 and path.read_text() == stale
     fake_measure.update(spread=1.0)  # a quiet re-measurement replaces the entry
     assert measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.9
+    assert fake_measure["calls"] == 3 and measure.cached_costs(tiny_target, tiny_draft).draft_cost == 0.9
 
 
 def test_a_broken_cache_file_is_measured_again(fake_measure, tiny_target, tiny_draft, tmp_path):

@@ -201,3 +201,25 @@ def test_a_draft_window_prefills_only_the_prompts_tail_and_feeds_every_later_tok
     assert drafter.cache.length == len(drafter.cached)
     with pytest.raises(SpecdecError, match="window"):
         DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, window=-1)
+
+
+def test_the_first_token_is_streamed_before_the_draft_prefills_the_prompt(tiny_target, tiny_draft, plain_outputs):
+    """The first token waits for the target's prefill alone: the draft model's prefill (the prompt,
+    as before) comes after it is emitted; a request that ends at its first token prefills no draft."""
+    events = []
+
+    class Recording(DraftModelDrafter):
+        def start(self, prompt):
+            events.append(("start", list(prompt)))
+            super().start(prompt)
+
+    drafter = Recording(tiny_draft, TINY_VOCAB, 256)
+    engine = Engine.single(tiny_target, drafter, capacity=256)
+    result = engine.generate(PROMPTS[0], GenerationConfig(20, 4), frozenset(),
+                             on_tokens=lambda new: events.append(("tokens", list(new))))
+    assert result.tokens == plain_outputs[0][:20]
+    assert events[0] == ("tokens", plain_outputs[0][:1]) and events[1] == ("start", PROMPTS[0])
+    assert result.stats.draft_started_at == 0 and result.stats.drafted > 0
+    events.clear()
+    engine.generate(PROMPTS[0], GenerationConfig(1, 4), frozenset(), on_tokens=lambda new: events.append(("tokens", new)))
+    assert [e[0] for e in events] == ["tokens"]

@@ -306,6 +306,7 @@ def reference_q4_0(w: np.ndarray) -> np.ndarray:
     weight) / -8 in fp16, q = min(15, trunc(w / d + 8.5)), weight = d (q - 8)."""
     b = w.reshape(-1, 32).astype(np.float32)
     mx = b[np.arange(b.shape[0]), np.abs(b).argmax(1)]
+    mx = np.where(mx != 0, mx, np.float32(0))  # an all-zero block: +0 (llama.cpp's max starts there), d = -0
     d = (mx / np.float32(-8)).astype(np.float16).astype(np.float32)
     d32 = (mx / np.float32(-8)).astype(np.float32)  # the scale the rounding uses (before fp16)
     with np.errstate(divide="ignore"):
@@ -378,6 +379,40 @@ def test_a_4_bit_draft_is_llama_cpp_q4_0_of_its_weights(fmt):
     scale = (xq.abs() @ w.abs().T).max().item()
     assert (y.double() - xq @ w.T).abs().max().item() < 1e-6 * scale
     assert torch.equal(cpu_kernels.quant_linear(x[3:4], [(rtype, packed)]), y[3:4])
+
+
+def decode_q4_0_r16(packed: np.ndarray, rows: int, K: int) -> np.ndarray:
+    """Q4_0_R16 tiles (quant_repack.c) back to fp32 weights [rows, K]: a tile a block of 32 weights of
+    16 rows, row i's nibbles in four 4-byte groups 64 bytes apart (low nibbles weights 0-15, high
+    16-31), its fp16 scale at 256 + 2 i; weight = d (q - 8)."""
+    tiles = packed.reshape(rows // 16, K // 32, 288)
+    nib = tiles[:, :, :256].reshape(rows // 16, K // 32, 4, 16, 4).transpose(0, 3, 1, 2, 4)  # tile, row, block, g, e
+    nib = nib.reshape(rows // 16, 16, K // 32, 16)
+    q = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.float32) - 8
+    d = tiles[:, :, 256:].copy().view(np.float16).astype(np.float32).transpose(0, 2, 1)  # tile, row, block
+    return (q * d[..., None]).reshape(rows, K)
+
+
+@kernel
+def test_the_4_bit_draft_encoding_is_llama_cpp_q4_0_bit_for_bit(other_build):
+    """requant_q4_0's tiles, decoded, are reference_q4_0 of the weights exactly, in this build and the
+    others: random blocks, a block whose largest magnitude comes twice with opposite signs (the first
+    one sets the scale), and all-zero blocks."""
+    K, N = 256, 32
+    data = random_blocks("Q8_0", N, K, seed=9)
+    blocks = data.reshape(N, K // 32, 34)
+    blocks[0, 0, 2:] = 3
+    blocks[0, 0, 2 + 5], blocks[0, 0, 2 + 20] = 0x9C, 100  # -100 at weight 5, +100 at 20: the scale is -100's
+    blocks[1, 1, 2:] = 3
+    blocks[1, 1, 2 + 4], blocks[1, 1, 2 + 30] = 100, 0x9C  # +100 first
+    blocks[2, :, 2:] = 0  # all zeros
+    blocks[3, 2, 2:] = 0x80  # -128 everywhere: ties throughout
+    w = gguf_py_dequantize("Q8_0", data, K).numpy()
+    want = reference_q4_0(w)
+    for lib in (None, other_build):
+        rtype, packed = cpu_kernels.requant_q4_0(cpu_kernels.QUANT_TYPES["Q8_0"], torch.from_numpy(data), K, lib=lib)
+        got = decode_q4_0_r16(packed.numpy(), N, K)
+        assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
 
 
 def test_a_bad_or_foreign_target_is_a_clear_error(monkeypatch):

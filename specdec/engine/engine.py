@@ -11,7 +11,7 @@ Each `step()`:
 1. seats waiting requests in free slots (first come, first seated);
 2. a sequence whose prompt is not yet in the cache prefills: all of it, or one chunk of
    `prefill_chunk` tokens while other sequences decode (a long prompt holds them up for one chunk at
-   a time); after its last chunk, the first token and the drafter's start;
+   a time); after its last chunk, the first token (streamed at once) and then the drafter's start;
 3. every decoding sequence: one speculative step together (`step.step`): each proposes its own
    draft (pooled drafters for all rows in one forward per position), every chain is verified in ONE
    target forward over ragged rows, trees and drafters with a verify of their own alone. Every row

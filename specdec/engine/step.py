@@ -151,7 +151,9 @@ def check_fits(capacity: int, drafter: Drafter, prompt: list[int], max_new_token
 
 def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: int = 1) -> str | None:
     """The prompt's next `chunk` tokens (None: all of it) into the sequence's cache. After the last:
-    the first token, the drafter's start (`start_drafter`, at `load` sequences), emitted."""
+    the policy's word on the drafter's start (`admit_drafter`, at `load` sequences), the first token
+    emitted (streamed), then the drafter's prefill of the prompt where it starts now, unless the
+    answer ended at that token."""
     t0 = time.perf_counter()
     cache = seq.cache
     if seq.prefilled == 0:
@@ -178,9 +180,12 @@ def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: 
     scored = logits if seq.constraint is None else masked(logits[None], seq.constraint.allowed()[None])[0]
     first = int(scored.argmax()) if sampling.greedy else int(sample(probs_from_logits(scored, sampling),
                                                                     seq.generator))
-    start_drafter(seq, load)  # a draft model prefills here: part of the request's prefill time
+    pays = admit_drafter(seq, load)  # decided at the request's start, before anything is generated
+    reason = seq.emit([first], _scores(seq, logits[None], [first]))  # streamed before the drafter's prefill
+    if pays and reason is None:
+        _start_now(seq, seq.prompt_len)  # a draft model prefills the prompt: part of the request's prefill
     seq.stats.prefill_seconds += time.perf_counter() - t0
-    return seq.emit([first], _scores(seq, logits[None], [first]))
+    return reason
 
 
 def prefill_from(seq: Sequence, cached: int) -> None:
@@ -198,23 +203,23 @@ def _scores(seq: Sequence, rows: torch.Tensor, tokens: list[int]) -> list[TokenL
     return token_logprobs(rows, tokens, seq.cfg.logprobs)
 
 
-def start_drafter(seq: Sequence, load: int = 1) -> None:
+def admit_drafter(seq: Sequence, load: int = 1) -> bool:
     """A new request: the policy starts afresh and decides whether the drafter's prefill of this
-    prompt pays now (at `load` sequences, which a draft prefill stalls). If not, the request runs
-    plain (a drafter that can draft by lookup alone does so) and the policy is asked again before
-    each step: the drafter starts, prefilling the text so far, once the answer has run long enough
-    to win its prefill back."""
+    prompt pays now (at `load` sequences, which a draft prefill stalls); True: the caller starts it
+    (`_start_now`). If not, the request runs plain (a drafter that can draft by lookup alone does so)
+    and the policy is asked again before each step: the drafter starts, prefilling the text so far,
+    once the answer has run long enough to win its prefill back."""
     seq.policy.reset()
     pays = _drafter_pays(seq, load)
     admission = seq.policy.last_admission
     seq.stats.draft_admission = dict(admission) if admission else None
     if pays:
-        _start_now(seq)
-        return
+        return True
     seq.pending, seq.stats.draft_started_at = True, None
     seq.speculate = seq.drafter.caps.lookup_only
     if seq.speculate:
         seq.drafter.start_lookup_only(seq.tokens[:seq.prompt_len])
+    return False
 
 
 def _drafter_pays(seq: Sequence, load: int) -> bool:
@@ -224,17 +229,19 @@ def _drafter_pays(seq: Sequence, load: int) -> bool:
     return seq.policy.start_now(n, seq.num_new, seq.cfg.max_new_tokens, load)
 
 
-def _start_now(seq: Sequence) -> None:
-    """The drafter prefills the text so far (the prompt, or the prompt and the answer so far)."""
+def _start_now(seq: Sequence, upto: int | None = None) -> None:
+    """The drafter prefills the text so far (upto: its first `upto` tokens, the prompt at the
+    request's start; None: the prompt and the answer so far, mid-answer)."""
     t0 = time.perf_counter()
-    seq.drafter.start(list(seq.tokens))
+    tokens = seq.tokens[:upto] if upto is not None else list(seq.tokens)
+    seq.drafter.start(tokens)
     sync(seq.cache.k.device)
     seconds = time.perf_counter() - t0
     seq.pending, seq.speculate = False, True
-    seq.stats.draft_started_at = seq.num_new
-    if seq.num_new:  # mid-answer: a prefill all the same (the request's own is over by now)
+    seq.stats.draft_started_at = len(tokens) - seq.prompt_len
+    if upto is None and seq.num_new:  # mid-answer: a prefill all the same (the request's own is over by now)
         seq.stats.prefill_seconds += seconds
-    seq.policy.observe_prefill(seq.drafter.prefill_tokens(len(seq.tokens)), seconds)
+    seq.policy.observe_prefill(seq.drafter.prefill_tokens(len(tokens)), seconds)
 
 
 # ---- the step ----

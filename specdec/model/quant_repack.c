@@ -1,6 +1,6 @@
 /* Repacking at load, once: a GGUF matrix in Q4_K, Q6_K or Q8_0 rewritten into tiles of RP_ROWS output
  * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit draft any 32-weight or
- * K-quant format re-encoded as Q4_0 and tiled the same way. Scalar code: it runs once per matrix, on
+ * K-quant format re-encoded as Q4_0 and tiled the same way. Scalar code (the 4-bit encoding's extremes in vectors): it runs once per matrix, on
  * the block formats' integers as simd.h decodes them (one decoder per format). */
 #include <stdint.h>
 #include <stdlib.h>
@@ -112,19 +112,36 @@ int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64
 
 /* ---- the 4-bit draft: any 32-weight or K-quant format re-encoded as Q4_0 and repacked ---- */
 
-/* one block of 32 weights as Q4_0 (llama.cpp's rounding): d = the largest-magnitude weight / -8,
- * q = min(15, trunc(w / d + 8.5)) */
-static void q4_0_block(const float *x, uint16_t *d16, uint8_t *q) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 32; j++)
-        if (amax < (x[j] < 0 ? -x[j] : x[j])) amax = x[j] < 0 ? -x[j] : x[j], max = x[j];
+/* one block of 32 weights as Q4_0 (llama.cpp's rounding): d = the largest-magnitude weight (the first
+ * such) / -8, q = min(15, trunc(w / d + 8.5)); the block's row i of a tile's 16 written at o (its nibbles'
+ * four 4-byte groups 64 bytes apart, low nibbles weights 0-15, high 16-31; its fp16 d at o + 256 + 2i).
+ * The extremes come from lane-wise max and min; a block whose largest and smallest are equal in magnitude
+ * (all zeros, or +a beside -a) takes the scalar search for the first, as llama.cpp's loop finds it. */
+static void q4_0_block(const float *x, uint8_t *o, int i) {
+    vec hi = VLOAD(x), lo = hi;
+    for (int j = VL; j < 32; j += VL) {
+        const vec v = VLOAD(x + j);
+        hi = VMAX(hi, v), lo = VMIN(lo, v);
+    }
+    const float top = vhmax(hi), bottom = vhmin(lo);
+    float max = top > -bottom ? top : bottom;
+    if (top == -bottom) {
+        float amax = 0.0f;
+        max = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (amax < (x[j] < 0 ? -x[j] : x[j])) amax = x[j] < 0 ? -x[j] : x[j], max = x[j];
+    }
     const float d = max / -8.0f;
-    *d16 = f32_to_f16(d);
+    const uint16_t d16 = f32_to_f16(d);
+    memcpy(o + 256 + 2 * i, &d16, 2);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t q[32], b[16];
     for (int j = 0; j < 32; j++) {
         const int v = (int)(x[j] * id + 8.5f);
         q[j] = (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
     }
+    for (int j = 0; j < 16; j++) b[j] = (uint8_t)(q[j] | q[16 + j] << 4);
+    for (int g = 0; g < 4; g++) memcpy(o + 64 * g + 4 * i, b + 4 * g, 4);
 }
 
 /* rows (a multiple of 16) rows of K weights in GGUF `type` -> Q4_0_R16 at dst (rows x quant_rp_row_bytes).
@@ -144,14 +161,7 @@ int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows,
             quant_dequantize(type, src + t * RP_ROWS * rb, x, RP_ROWS, K);
             for (int64_t ib = 0; ib < nb; ib++) {
                 uint8_t *o = dst + (t * nb + ib) * RP_Q4_0_TILE;
-                for (int i = 0; i < RP_ROWS; i++) {
-                    uint8_t q[32];
-                    uint16_t d16;
-                    q4_0_block(x + i * K + 32 * ib, &d16, q);
-                    memcpy(o + 256 + 2 * i, &d16, 2);
-                    for (int g = 0; g < 4; g++)
-                        for (int e = 0; e < 4; e++) o[64 * g + 4 * i + e] = (uint8_t)(q[4 * g + e] | q[16 + 4 * g + e] << 4);
-                }
+                for (int i = 0; i < RP_ROWS; i++) q4_0_block(x + i * K + 32 * ib, o, i);
             }
         }
         free(x);

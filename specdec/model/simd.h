@@ -94,6 +94,34 @@ static inline float vsum(vec v) {
 #define VADD(a, b) _mm256_add_ps(a, b)
 #endif
 
+/* lane-wise max and min, and a vector's largest and smallest lane (exact in any order: finite inputs) */
+#if SIMD_NEON
+static inline vec v_max(vec a, vec b) { return v_pair(vmaxq_f32(a.lo, b.lo), vmaxq_f32(a.hi, b.hi)); }
+static inline vec v_min(vec a, vec b) { return v_pair(vminq_f32(a.lo, b.lo), vminq_f32(a.hi, b.hi)); }
+#define VMAX(a, b) v_max(a, b)
+#define VMIN(a, b) v_min(a, b)
+static inline float vhmax(vec v) { return vmaxvq_f32(vmaxq_f32(v.lo, v.hi)); }
+static inline float vhmin(vec v) { return vminvq_f32(vminq_f32(v.lo, v.hi)); }
+#elif VL == 16
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VMIN(a, b) _mm512_min_ps(a, b)
+static inline float vhmax(vec v) { return _mm512_reduce_max_ps(v); }
+static inline float vhmin(vec v) { return _mm512_reduce_min_ps(v); }
+#else
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VMIN(a, b) _mm256_min_ps(a, b)
+static inline float vhmax(vec v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+static inline float vhmin(vec v) {
+    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_min_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+#endif
+
 /* Inside an OpenMP parallel region: this thread's index *t of *T (0 of 1 without OpenMP). */
 static inline void thread_index(int64_t *t, int64_t *T) {
 #ifdef _OPENMP

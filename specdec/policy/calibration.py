@@ -17,9 +17,13 @@ that slows down slows every kind of step, so a slow spell seen while plain must 
 look cheap. The calibration carries over to the next request. rho_spec is measured only on drafted
 steps, so once drafting has stopped (probe_every plain steps in a row) each plain step moves it a
 plain_relax share back toward rho_v, the curve's own ratio: a slow spell that made verifies look dear cannot lock drafting (and its probes) out for good.
+Costs read from the cache ($SPECDEC_HOME/costs, measure.cached_costs) are not checked at start: plain
+steps that run RECHECK times faster than the entry's mark it stale, and the next start measures anew.
 """
 
 from __future__ import annotations
+
+from specdec.policy.measure import RECHECK, mark_stale
 
 
 class Calibration:
@@ -79,8 +83,10 @@ class Calibration:
         if nodes or (width or k + 1) > 1:  # a multi-position verify (a padded batch row's too)
             self.rho_spec = (1 - d) * self.rho_spec + d * self._median3("rho_spec", ratio)
         else:
-            before = self.rho_v
-            self.rho_v = (1 - d) * self.rho_v + d * self._median3("rho_v", ratio)
+            before, live = self.rho_v, self._median3("rho_v", ratio)
+            self.rho_v = (1 - d) * self.rho_v + d * live
+            if live * RECHECK < 1 and self.costs.source:  # two of the last three plain steps: the cached
+                mark_stale(self.costs)  # entry came from a busy host; the next start measures again
             if self.plain_run > 1:  # in a plain run: the drafting prices were last measured steps ago
                 self._host_moved(self.rho_v / before)
             if self.plain_run >= self.cfg.probe_every:

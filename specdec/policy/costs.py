@@ -20,7 +20,7 @@ num_speculative_tokens_per_batch_size) overrides the model.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdec.errors import SpecdecError
 
@@ -47,6 +47,7 @@ class CostModel:
     prefill_cost: float = 0.0  # the drafter's prefill per prompt token, relative to one plain step
     prefill_fixed: float = 0.0  # and per prefill forward, whatever its length (reading the weights, small-M GEMMs)
     prefill_quadratic: float = 0.0  # and per token squared (attention over the prompt so far)
+    source: str | None = field(default=None, compare=False)  # the cache file these were read from (measure.py)
 
     def __post_init__(self):
         if not self.verify_cost or 1 not in self.verify_cost:

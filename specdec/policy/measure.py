@@ -20,6 +20,7 @@ import torch
 
 from specdec.model import cpu_kernels
 from specdec.model.registry import specdec_home
+from specdec.errors import SpecdecError
 from specdec.model.timing import sync, timed  # noqa: F401 (sync re-exported: specdec.policy.sync)
 from specdec.policy.costs import CostModel, fit_prefill, quadratic_part
 
@@ -145,31 +146,23 @@ def _cost_path(target: Transformer, draft: Transformer | None, sizes) -> Path:
 def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1, 2, 3, 5, 9),
                  progress: Callable[[str], None] = lambda m: None) -> CostModel:
     """measure_costs, kept in $SPECDEC_HOME/costs under the host, both models' fingerprints, the kernel
-    build and the sizes. A cached entry is used after a check of three plain steps. The costs are ratios
-    to a plain step, and the policy's calibration scales them by the live step times from the first
-    steps on, so a live step slower than the cached one (a busy host: a measurement now would not be
-    kept) keeps the entry; one faster by RECHECK (the entry was measured on a busy host) is measured
-    again. A measurement whose plain steps spread by more than RECHECK (a busy host) is not kept, and
-    where a cached entry exists that entry is used instead (measured on a quiet host, it is the better
-    guess); else it is used."""
+    build and the sizes. A cached entry is used as it is, with no step timed at start: the costs are
+    ratios to a plain step, and the policy's calibration scales them by the live step times from the
+    first steps on. Live plain steps faster by RECHECK than the entry's (it was measured on a busy host)
+    mark the entry stale (mark_stale, from policy/calibration.py), and the next start measures again. A
+    measurement whose plain steps spread by more than RECHECK (a busy host) is not kept; where a
+    cached entry exists, that entry is used instead (measured on a quiet host, it is the better guess)."""
     path = _cost_path(target, draft, sizes)
     try:
         data = json.loads(path.read_text())
         cached = CostModel({int(n): v for n, v in data["verify_cost"].items()}, data["draft_cost"],
                            data["step_seconds"], data["prefill_cost"], data["prefill_fixed"],
-                           data["prefill_quadratic"])
-    except (OSError, ValueError, KeyError, TypeError):
+                           data["prefill_quadratic"], source=str(path))
+    except (OSError, ValueError, KeyError, TypeError, SpecdecError):
         cached = None
-    if cached is not None and cached.step_seconds:
-        cache = target.new_cache(256 + 2)
-        cache.advance(256)
-        x = torch.randint(0, target.config.vocab_size, (1, 1), device=cache.k.device)
-        now = statistics.median(timed(lambda: target(x, cache, 256), cache.k.device, 3))
-        if now * RECHECK >= cached.step_seconds:
-            progress(f"policy costs: from {path}")
-            return cached
-        progress(f"policy costs: a plain step takes {now * 1e3:.1f} ms against the cached {cached.step_seconds * 1e3:.1f} "
-                 "(measured on a busy host?); measuring again")
+    if cached is not None and cached.step_seconds and not data.get("stale"):
+        progress(f"policy costs: from {path}")
+        return cached
     t0 = time.perf_counter()
     costs, spread = _measure(target, draft, sizes)
     if spread <= RECHECK:
@@ -181,6 +174,7 @@ def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1
                                    "prefill_quadratic": costs.prefill_quadratic, "measured_seconds":
                                    round(time.perf_counter() - t0, 2), "measured_at": time.time()}))
         os.replace(tmp, path)
+        costs.source = str(path)
     elif cached is not None:
         progress(f"policy costs: plain steps spread {spread:.2f}x while measuring (a busy host); the cached "
                  f"entry is used, {path}")
@@ -188,3 +182,20 @@ def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1
     else:
         progress(f"policy costs: plain steps spread {spread:.2f}x while measuring (a busy host); not kept")
     return costs
+
+
+def mark_stale(costs: CostModel) -> None:
+    """Live plain steps ran RECHECK times faster than the cached entry `costs` came from says (it was
+    measured on a busy host): the entry is marked stale, so that the next start measures afresh (and
+    keeps the entry should that measurement be noisy too). This run keeps the costs: the policy's
+    calibration scales them by the live step times."""
+    if not costs.source:
+        return
+    path, costs.source = Path(costs.source), None
+    try:
+        data = json.loads(path.read_text())
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**data, "stale": True}))
+        os.replace(tmp, path)
+    except (OSError, ValueError, TypeError):
+        pass  # gone or unreadable: the next start measures anyway
