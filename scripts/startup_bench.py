@@ -30,7 +30,9 @@ def command(setup: str, args) -> tuple[list[str], dict, str]:
     base, draft = setup.split("+")[0], setup.endswith("+draft")
     env, cwd = dict(os.environ), str(Path(__file__).resolve().parents[1])
     if base == "llama":  # llama.cpp's llama-completion, greedy, the raw prompt (its own chat mode off)
+        from specdec import peer_environ
         from specdec.bench.llama_server import find_binary
+        env = peer_environ()
         binary = find_binary(args.llama_bin).parent / "llama-completion"
         return [str(binary), "-m", str(pull(args.model)), "-c", str(args.max_context), "-t", "2", "-tb", "2",
                 "-n", str(args.max_new_tokens), "--temp", "0", "-no-cnv", "--no-display-prompt", "-p", args.prompt], env, cwd

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from specdec import peer_environ
 from specdec.errors import SpecdecError
 from specdec.model.registry import specdec_home
 
@@ -122,7 +123,7 @@ class LlamaServer:
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+                                     env=peer_environ(), preexec_fn=_die_with_parent)
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 300.0) -> None:
