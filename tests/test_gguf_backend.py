@@ -254,6 +254,22 @@ def test_a_4_bit_draft_and_the_self_draft(tmp_path):
 
 
 @kernel
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_draft_head_cut_at_load_is_the_full_heads_first_rows(tmp_path, tied):
+    """head_rows (--draft-vocab): the LM head holds only its first rows, the same tiles as the full
+    head's, so the logits are the full model's first ones bit for bit and a truncated view changes nothing."""
+    from specdec.drafters.draft_model import truncated_head
+    path = write_tiny_gguf(tmp_path / "q8.gguf", tiny_model(4, tie_word_embeddings=tied), "llama", "Q8_0")
+    full, cut = (load_gguf_blocks(GGUFFile(path), reencode=True, bits=4, head_rows=r) for r in (0, 32))
+    assert cut.lm_head.out_features == 32 and full.lm_head.out_features == TINY_VOCAB
+    x = torch.randint(0, TINY_VOCAB, (1, 9))
+    a, b = full(x, full.new_cache(16), 0), cut(x, cut.new_cache(16), 0)
+    assert b.shape[-1] == 32 and torch.equal(a[..., :32], b)
+    view = truncated_head(cut, 32)
+    assert torch.equal(view(x, view.new_cache(16), 0), b)
+
+
+@kernel
 def test_a_4_bit_draft_takes_q5_0_blocks_straight_to_q4_0(tmp_path):
     """A 4-bit draft re-encodes its Q5_0 blocks once, as Q4_0 from the stored weights (not through
     Q8_0 first): the layers equal Q4_0 made from the Q5_0 weights themselves."""

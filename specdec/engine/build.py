@@ -42,7 +42,9 @@ def load_parts(model: ModelSettings, methods: list[Method], options: DraftOption
     share_cache, the target's cache that the engines (and layer skip's drafter) use."""
     target = model.load(progress=progress)
     drafts = any(m.entry.draft_model for m in methods)
-    draft = model.load(options.draft, draft=True, progress=progress, beside=target) if drafts else None
+    # the draft's LM head only for the ids it scores (--draft-vocab): the rest is never converted
+    draft = model.load(options.draft, draft=True, progress=progress, beside=target,
+                       head_rows=options.draft_vocab) if drafts else None
     heads = {}
     for m in methods:
         if m.entry.head and m.head_kind not in heads:

@@ -33,7 +33,7 @@ class LoadedModel:
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
                cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False,
-               draft_bits: int = 4, beside: LoadedModel | None = None) -> LoadedModel:
+               draft_bits: int = 4, beside: LoadedModel | None = None, head_rows: int = 0) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     The backend is chosen here, once. On the CPU a .gguf model runs on the file's own quantized
@@ -51,6 +51,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     beside: a model loaded before (the target, for its draft): where this file's tokenizer metadata is
     the same as that model's but for the chat template (a draft reads the target's token ids and never
     renders a chat), that model's tokenizer is taken as it is instead of being built again.
+    head_rows > 0 (a draft under --draft-vocab, on the CPU backend): its LM head holds only the first
+    head_rows outputs, the ids the drafter scores; the rest is never converted or held.
     """
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dev, dtype)
@@ -71,7 +73,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         tokenizer = beside.tokenizer if same else load_tokenizer(source, gguf)
         gguf.forget_strings()
         repack = weight_dtype != "gguf-q8-mapped"
-        module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=draft_bits if draft else 8) if blocks \
+        module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=draft_bits if draft else 8,
+                                  head_rows=head_rows) if blocks \
             else load_gguf_reference(gguf, dev, torch_dtype)
     if cuda_graphs:
         enable_cuda_graphs(module)

@@ -447,11 +447,12 @@ def _repacked(gguf: GGUFFile, names: list[str], parts, K: int, bits: int = 8):
 
 
 def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False, repack: bool = True,
-            bits: int = 8) -> nn.Module:
+            bits: int = 8, rows: int = 0) -> nn.Module:
     """One linear layer over the weights `bases` (GGUF names without ".weight") stacked along the outputs:
     a QuantLinear where our kernels read every part's format (repack: in their tiles, where the format
     has them), an fp32 nn.Linear where the weights are plain floats (F32, F16, BF16); a block format
-    our kernels do not read is refused (SpecdecError naming it and the tensor)."""
+    our kernels do not read is refused (SpecdecError naming it and the tensor). rows > 0: only the
+    first `rows` outputs (a draft's LM head under --draft-vocab: the rest is never read or converted)."""
     names = [f"{b}.weight" for b in bases]
     K = gguf.tensors[names[0]].dims[0]
     biases = [f"{b}.bias" for b in bases]
@@ -461,6 +462,9 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False,
                           for n, w in zip(biases, names)])
     if all(supported(gguf.tensors[n].ggml_type, K) for n in names):
         parts = _parts(gguf, names, cfg, reencode)
+        if rows > 0:
+            parts = QuantLinear(parts, K).first_rows(rows).parts
+            bias = bias[:rows] if bias is not None else None
         return QuantLinear(_repacked(gguf, names, parts, K, bits) if repack else parts, K, bias)
     for n in names:
         _refuse_blocks(gguf, n, supported(gguf.tensors[n].ggml_type, K))
@@ -498,7 +502,8 @@ def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
     return nn.Embedding.from_pretrained(dequantize(gguf, info.name, cfg), freeze=True)
 
 
-def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True, bits: int = 8) -> Transformer:
+def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True, bits: int = 8,
+                     head_rows: int = 0) -> Transformer:
     """The CPU backend's model of a GGUF file: linear layers on the file's own blocks (q/k/v and
     gate/up fused into one GEMM each), the embedding dequantized row by row, norms and biases read
     as they are, our fused ops for RMSNorm, RoPE, attention and SiLU, and the layer loop in C
@@ -507,7 +512,9 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     layers' Q4_K, Q6_K and Q8_0 blocks rewritten at load into the kernels' tiles of 16 output rows
     (quant_rp.h: prefill and verification run several times faster; private memory instead of the
     file's shared pages), else read through the map as they lie in the file. bits 4 (with repack, for a
-    draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1) and Q6_K re-encoded as Q4_0, lossy."""
+    draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1) and Q6_K re-encoded as Q4_0, lossy.
+    head_rows > 0 (a draft under --draft-vocab): the LM head holds only its first head_rows outputs
+    (logits for ids below it; the drafter scores no others), so the rest is never converted or held."""
     if not cpu_kernels.available():
         raise SpecdecError(f"the CPU backend needs our kernels, which cannot be built here "
                            f"({cpu_kernels.unavailable_reason()}); use --weight-dtype float32")
@@ -543,7 +550,8 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
         mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, bits)
         attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
     backbone.norm.cpu_ops = True
-    model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode, repack, bits)
+    model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode, repack,
+                            bits, head_rows if 0 < head_rows < cfg["vocab_size"] else 0)
     model.weight_format = "gguf-q8"
     cpu_forward.enable(model)
     return model.eval()
