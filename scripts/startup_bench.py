@@ -81,7 +81,12 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--prompt-file", default=None, help="the prompt's text (default: a one-line coding question)")
     args = ap.parse_args()
-    args.prompt = Path(args.prompt_file).read_text() if args.prompt_file else PROMPT
+    try:
+        args.prompt = Path(args.prompt_file).read_text() if args.prompt_file else PROMPT
+    except OSError as e:
+        ap.error(f"--prompt-file: {e}")
+    if not args.prompt.strip():
+        ap.error("--prompt-file: the file holds no prompt")
     setups = args.setups.split(",")
     runs: dict[str, list] = {s: [] for s in setups}
     for r in range(args.rounds):

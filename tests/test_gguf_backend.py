@@ -267,6 +267,8 @@ def test_a_draft_head_cut_at_load_is_the_full_heads_first_rows(tmp_path, tied):
     assert b.shape[-1] == 32 and torch.equal(a[..., :32], b)
     view = truncated_head(cut, 32)
     assert torch.equal(view(x, view.new_cache(16), 0), b)
+    assert load_gguf_blocks(GGUFFile(path), reencode=True, bits=4, head_rows=TINY_VOCAB + 16).lm_head.out_features \
+        == TINY_VOCAB  # a --draft-vocab past the vocabulary keeps the whole head
 
 
 @kernel

@@ -551,7 +551,7 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
         attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
     backbone.norm.cpu_ops = True
     model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode, repack,
-                            bits, head_rows if 0 < head_rows < cfg["vocab_size"] else 0)
+                            bits, head_rows)
     model.weight_format = "gguf-q8"
     cpu_forward.enable(model)
     return model.eval()

@@ -1,7 +1,8 @@
 /* Repacking at load, once: a GGUF matrix in Q4_K, Q6_K or Q8_0 rewritten into tiles of RP_ROWS output
  * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit draft any 32-weight or
- * K-quant format re-encoded as Q4_0 and tiled the same way. Scalar code (the 4-bit encoding's extremes in vectors): it runs once per matrix, on
- * the block formats' integers as simd.h decodes them (one decoder per format). */
+ * K-quant format re-encoded as Q4_0 and tiled the same way. Scalar code (but the 4-bit encoding's
+ * extremes, in vectors): it runs once per matrix, on the block formats' integers as simd.h decodes
+ * them (one decoder per format). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

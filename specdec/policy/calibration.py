@@ -85,8 +85,8 @@ class Calibration:
         else:
             before, live = self.rho_v, self._median3("rho_v", ratio)
             self.rho_v = (1 - d) * self.rho_v + d * live
-            if live * RECHECK < 1 and self.costs.source:  # two of the last three plain steps: the cached
-                mark_stale(self.costs)  # entry came from a busy host; the next start measures again
+            if live * RECHECK < 1:  # two of the last three plain steps: a cached entry came from a busy
+                mark_stale(self.costs)  # host; the next start measures again
             if self.plain_run > 1:  # in a plain run: the drafting prices were last measured steps ago
                 self._host_moved(self.rho_v / before)
             if self.plain_run >= self.cfg.probe_every:

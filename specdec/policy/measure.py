@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from specdec.errors import SpecdecError
 from specdec.model import cpu_kernels
 from specdec.model.registry import specdec_home
-from specdec.errors import SpecdecError
 from specdec.model.timing import sync, timed  # noqa: F401 (sync re-exported: specdec.policy.sync)
 from specdec.policy.costs import CostModel, fit_prefill, quadratic_part
 
