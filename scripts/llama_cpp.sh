@@ -8,6 +8,8 @@
 #                                 on 2 cores). x86-64-v3 and x86-64-v3+avxvnni build for those targets
 #                                 (GGML_NATIVE off, AVX2/FMA/F16C/BMI2, and AVX-VNNI), as SPECDEC_CPU_TARGET
 #                                 builds our kernels, so both are measured on one host for one target.
+#                                 avx512: AVX-512 with VBMI, VNNI and BF16 but no AMX (a Zen 4/5's set,
+#                                 for a host whose native build would take AMX).
 #
 # Everything goes under $SPECDEC_HOME/llama.cpp (default ~/.cache/specdec/llama.cpp): the source in src/,
 # the binaries in src/build/bin (native: what `specdec bench --llama-bin` and the tests look for) or
@@ -39,7 +41,10 @@ if [ "$what" = build ]; then
         x86-64-v3+avxvnni) build="$DEST/src/build-$target"
             isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
                  -DGGML_AVX_VNNI=ON) ;;
-        *) echo "$0: unknown target $target (native, x86-64-v3, x86-64-v3+avxvnni)" >&2; exit 2 ;;
+        avx512) build="$DEST/src/build-$target"
+            isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                 -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON) ;;
+        *) echo "$0: unknown target $target (native, x86-64-v3, x86-64-v3+avxvnni, avx512)" >&2; exit 2 ;;
     esac
     cache="$build/CMakeCache.txt"
     if [ -L "$build" ] && [ ! -e "$build" ]; then
@@ -54,6 +59,6 @@ if [ "$what" = build ]; then
         --target llama-server llama-completion llama-speculative-simple llama-bench > "$DEST/build-$target.log"
     echo "llama.cpp binaries: $build/bin"
 elif [ "$what" != source ]; then
-    echo "usage: $0 [source|build [native|x86-64-v3|x86-64-v3+avxvnni]]" >&2
+    echo "usage: $0 [source|build [native|x86-64-v3|x86-64-v3+avxvnni|avx512]]" >&2
     exit 2
 fi

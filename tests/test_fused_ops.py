@@ -72,17 +72,38 @@ def test_attend_matches_sdpa(head_dim, heads, kv):
                                    atol=2e-5, rtol=1e-4)
 
 
-def test_attend_same_bits_whatever_the_query_count_and_zeros_for_no_slot():
+@pytest.mark.parametrize("start,T", [(50, 8), (0, 37), (230, 21)])
+def test_attend_same_bits_whatever_the_query_count_and_zeros_for_no_slot(start, T):
+    """Queries are blocked by position (each key and value row loaded once for several positions) and
+    their slots by chunks: a query must still get the bits it gets alone, in a prefill from slot 0, a
+    prefill chunk after a cached prefix and a verify pass (prefix slots shared, the diagonal per position)."""
     torch.manual_seed(2)
-    k_cache, v_cache = torch.randn(1, 2, 64, 128), torch.randn(1, 2, 64, 128)
-    q = torch.randn(1, 8, 16 * 128)
-    mask = causal_mask(50, 8, "cpu")
-    full = cpu_kernels.attend(q, k_cache, v_cache, 58, 12, mask=mask)
-    for t in range(8):
-        one = cpu_kernels.attend(q[:, t:t + 1].contiguous(), k_cache, v_cache, 51 + t, 12)
+    S = start + T
+    k_cache, v_cache = torch.randn(1, 2, S + 3, 128), torch.randn(1, 2, S + 3, 128)
+    q = torch.randn(1, T, 16 * 128)
+    full = cpu_kernels.attend(q, k_cache, v_cache, S, 12, mask=causal_mask(start, T, "cpu"))
+    for t in range(T):
+        one = cpu_kernels.attend(q[:, t:t + 1].contiguous(), k_cache, v_cache, start + t + 1, 12)
         assert torch.equal(one[:, 0], full[:, t])
-    blind = torch.zeros(1, 1, 8, 58, dtype=torch.bool)
-    assert torch.equal(cpu_kernels.attend(q, k_cache, v_cache, 58, 12, mask=blind), torch.zeros(1, 8, 12 * 128))
+    blind = torch.zeros(1, 1, T, S, dtype=torch.bool)
+    assert torch.equal(cpu_kernels.attend(q, k_cache, v_cache, S, 12, mask=blind), torch.zeros(1, T, 12 * 128))
+
+
+def test_a_verify_pass_over_a_tree_gives_each_node_its_bits_alone():
+    """Several tree nodes in one pass: their shared prefix goes through the blocked tiles, each node's
+    ancestors on its own; each node must get what a pass of that node alone under its own mask gets."""
+    torch.manual_seed(4)
+    start, T = 70, 7
+    k_cache, v_cache = torch.randn(1, 2, 80, 128), torch.randn(1, 2, 80, 128)
+    q = torch.randn(1, T, 16 * 128)
+    mask = causal_mask(start, T, "cpu").clone()
+    mask[:, start:] &= torch.rand(T, T) < 0.5  # a node sees some of the nodes before it
+    mask[3, 12] = False  # and one node misses a prefix slot: its run from slot 0 is shorter
+    full = cpu_kernels.attend(q, k_cache, v_cache, start + T, 12, mask=mask)
+    for t in range(T):
+        one = cpu_kernels.attend(q[:, t:t + 1].contiguous(), k_cache, v_cache, start + T, 12,
+                                 mask=mask[t:t + 1].contiguous())
+        assert torch.equal(one[:, 0], full[:, t])
 
 
 @pytest.mark.parametrize("head_dim", [128, 48])

@@ -93,57 +93,141 @@ static inline float exp_nonpos(float x) {
     return x < -87.f ? 0.f : y * scale.f;
 }
 
-/* One task of attend(): the G = H / KV query heads q [G, D] of one position that share one kv head
- * (keys kg, values vg [slots, D]), over the n slots it sees, in order: slot idx[j] for j < n (idx
- * NULL: slots 0..n-1). Writes o [G, D]. Scratch: p [G, n], mx [G], sum [G]. Needs D % (4 VL) == 0.
+/* Attention, blocked: one task takes ATT_QB consecutive positions of one kv head (their G = H / KV
+ * query heads each), so each key and value row is loaded once for all of their queries rather than
+ * once a query. A query-at-a-time loop streams the whole cache from memory for every position of a
+ * long prompt; blocked, a chunk of ATT_SC slots stays in L1 while every query of the task uses it.
  *
- * The visible slots are taken in their order and nothing else enters a sum, so a query gets the same
- * bits wherever its slots lie: a token tree's node (its prefix and its ancestors, siblings masked
- * between them) gets what a plain step over the same tokens at consecutive slots gets.
+ * The bits are those of one query alone, whatever the blocking: a query's score for a slot is one dot
+ * product (FMAs over the head in steps of VL, then vsum, times the scale); its softmax takes its visible
+ * slots in order (max, exp_nonpos, lane_sum); its output sums p[j] v[slot j] over them in order (one
+ * FMA chain a lane), then multiplies by 1 / sum. Blocking changes which queries share a load, never the
+ * order of a query's arithmetic. So a prefill (whole or in chunks), a verify pass, a tree node (its
+ * prefix and ancestors, siblings masked between them) and a one-token step give a query the same bits.
  *
- * The work is a pair of tiny GEMMs; blocks of queries keep independent FMA chains in flight (one
- * query at a time waits on one chain's latency, about 5x slower). */
-#define SCORES_BLOCK(NB)                                                                            \
-    static inline void scores_##NB(const float *q, const float *ks, int64_t D, float scale, float *p, \
-                                   int64_t n, int64_t j) {                                           \
-        vec acc[NB];                                                                                \
-        for (int i = 0; i < NB; i++) acc[i] = VZERO();                                              \
-        for (int64_t c = 0; c < D; c += VL) {                                                       \
-            vec kv = VLOAD(ks + c);                                                                 \
-            for (int i = 0; i < NB; i++) acc[i] = VFMA(VLOAD(q + i * D + c), kv, acc[i]);          \
-        }                                                                                           \
-        for (int i = 0; i < NB; i++) p[i * n + j] = vsum(acc[i]) * scale;                           \
-    }
-SCORES_BLOCK(4)
-SCORES_BLOCK(2)
-SCORES_BLOCK(1)
+ * The slots every position of a task sees, from slot 0 on (the cache's prefix; in a causal prefill all
+ * but the diagonal block), go through shared register tiles; each position's other visible slots (a
+ * tree's ancestors, the diagonal) one position at a time. */
+#define ATT_QB 8  /* positions a task */
+#define ATT_SC 32 /* slots a pass over the keys or values keeps in L1 (16 KB at 128 dims) */
+#if defined(__AVX512F__)
+#define ATT_TQ 4 /* the scores' register tile: ATT_TQ queries x 4 slots (16 of 32 registers) */
+#else
+#define ATT_TQ 2 /* 8 accumulators: AVX2 has 16 registers, NEON's vec takes two */
+#endif
 
-/* o[i, j0 : j0 + 4 VL] = sum over the seen slots j of p[i, j] v[slot j, j0 : j0 + 4 VL], for NB queries. */
-#define VALUES_BLOCK(NB)                                                                            \
-    static inline void values_##NB(const float *p, int64_t n, const float *vg, const int64_t *idx, int64_t D, \
-                                   int64_t j0, const float *inv, float *o) {                         \
-        vec acc[NB][4];                                                                             \
-        for (int i = 0; i < NB; i++)                                                                \
-            for (int c = 0; c < 4; c++) acc[i][c] = VZERO();                                        \
-        for (int64_t j = 0; j < n; j++) {                                                           \
-            const float *vs = vg + (idx ? idx[j] : j) * D + j0;                                     \
-            vec v0 = VLOAD(vs), v1 = VLOAD(vs + VL), v2 = VLOAD(vs + 2 * VL), v3 = VLOAD(vs + 3 * VL); \
-            for (int i = 0; i < NB; i++) {                                                          \
-                vec e = VSET1(p[i * n + j]);                                                        \
-                acc[i][0] = VFMA(e, v0, acc[i][0]);                                                 \
-                acc[i][1] = VFMA(e, v1, acc[i][1]);                                                 \
-                acc[i][2] = VFMA(e, v2, acc[i][2]);                                                 \
-                acc[i][3] = VFMA(e, v3, acc[i][3]);                                                 \
-            }                                                                                       \
-        }                                                                                           \
-        for (int i = 0; i < NB; i++) {                                                              \
-            vec w = VSET1(inv[i]);                                                                  \
-            for (int c = 0; c < 4; c++) VSTORE(o + i * D + j0 + c * VL, VMUL(acc[i][c], w));        \
-        }                                                                                           \
+/* ps[i][j + s] = scale * q_i . k_s for NQ queries qs[i] and NK consecutive slots ks + s * D */
+#define SCORES_TILE(NAME, NQ, NK)                                                                      \
+    static inline void NAME(const float *const *qs, const float *ks, int64_t D, float scale, float *const *ps, \
+                            int64_t j) {                                                               \
+        vec acc[NQ][NK];                                                                               \
+        for (int i = 0; i < NQ; i++)                                                                   \
+            for (int s = 0; s < NK; s++) acc[i][s] = VZERO();                                          \
+        for (int64_t c = 0; c < D; c += VL) {                                                          \
+            vec kv[NK];                                                                                \
+            for (int s = 0; s < NK; s++) kv[s] = VLOAD(ks + s * D + c);                                \
+            for (int i = 0; i < NQ; i++) {                                                             \
+                const vec qv = VLOAD(qs[i] + c);                                                       \
+                for (int s = 0; s < NK; s++) acc[i][s] = VFMA(qv, kv[s], acc[i][s]);                   \
+            }                                                                                          \
+        }                                                                                              \
+        for (int i = 0; i < NQ; i++)                                                                   \
+            for (int s = 0; s < NK; s++) ps[i][j + s] = vsum(acc[i][s]) * scale;                       \
     }
-VALUES_BLOCK(4)
-VALUES_BLOCK(2)
-VALUES_BLOCK(1)
+#if defined(__AVX512F__)
+/* f[4 s + i] = vsum(a[4 i + s]) for 16 vectors, each through vsum's own tree of adds (halves, quarters,
+ * lanes 0 + 2 and 1 + 3, then those two), so each sum has vsum's bits: the same pairs are added, four
+ * sums to an instruction where vsum adds one. */
+static inline __m512 vsum16(const __m512 *a) {
+    __m512 r[8], w[4], z[2];
+    for (int k = 0; k < 8; k++) /* r[k]: a[2k]'s halves summed in quarters 0-1, a[2k + 1]'s in 2-3 */
+        r[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 4; k++) /* w[k]: quarter q holds a[4k + q]'s 4 partial sums */
+        w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int k = 0; k < 2; k++) /* z[k], quarter q: a[8k + q]'s 2 partial sums, then a[8k + 4 + q]'s */
+        z[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* SCORES_TILE(4, 4) with its 16 sums through vsum16 */
+static inline void scores_tile(const float *const *qs, const float *ks, int64_t D, float scale, float *const *ps,
+                               int64_t j) {
+    __m512 acc[16];
+    for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += VL) {
+        const __m512 k0 = VLOAD(ks + c), k1 = VLOAD(ks + D + c), k2 = VLOAD(ks + 2 * D + c), k3 = VLOAD(ks + 3 * D + c);
+        for (int i = 0; i < 4; i++) {
+            const __m512 qv = VLOAD(qs[i] + c);
+            acc[4 * i] = VFMA(qv, k0, acc[4 * i]), acc[4 * i + 1] = VFMA(qv, k1, acc[4 * i + 1]);
+            acc[4 * i + 2] = VFMA(qv, k2, acc[4 * i + 2]), acc[4 * i + 3] = VFMA(qv, k3, acc[4 * i + 3]);
+        }
+    }
+    float f[16];
+    _mm512_storeu_ps(f, _mm512_mul_ps(vsum16(acc), _mm512_set1_ps(scale)));
+    for (int i = 0; i < 4; i++)
+        for (int s = 0; s < 4; s++) ps[i][j + s] = f[4 * s + i];
+}
+#else
+SCORES_TILE(scores_tile, ATT_TQ, 4)
+#endif
+SCORES_TILE(scores_col, ATT_TQ, 1)
+SCORES_TILE(scores_row, 1, 4)
+SCORES_TILE(scores_one, 1, 1)
+
+/* scores of queries [0, nq) for the consecutive slots [s0, s1) (keys kg + s * D) into ps[i][s] */
+static void scores_span(const float *const *qs, float *const *ps, int64_t nq, int64_t s0, int64_t s1,
+                        const float *kg, int64_t D, float scale) {
+    int64_t i = 0;
+    for (; i + ATT_TQ <= nq; i += ATT_TQ) {
+        int64_t s = s0;
+        for (; s + 4 <= s1; s += 4) scores_tile(qs + i, kg + s * D, D, scale, ps + i, s);
+        for (; s < s1; s++) scores_col(qs + i, kg + s * D, D, scale, ps + i, s);
+    }
+    for (; i < nq; i++) {
+        int64_t s = s0;
+        for (; s + 4 <= s1; s += 4) scores_row(qs + i, kg + s * D, D, scale, ps + i, s);
+        for (; s < s1; s++) scores_one(qs + i, kg + s * D, D, scale, ps + i, s);
+    }
+}
+
+/* os[i][c0 : c0 + 4 VL] = (first ? 0 : os[i][...]) + sum over j in [j0, j1), in order, of
+ * ps[i][j] v[slot][c0 : c0 + 4 VL] (slot idx[j], or j for idx NULL), for NB queries */
+#define VALUES_RUN(NAME, NB)                                                                           \
+    static inline void NAME(float *const *ps, int64_t j0, int64_t j1, const float *vg, const int64_t *idx, \
+                            int64_t D, int64_t c0, float *const *os, int first) {                      \
+        vec acc[NB][4];                                                                                \
+        for (int i = 0; i < NB; i++)                                                                   \
+            for (int c = 0; c < 4; c++) acc[i][c] = first ? VZERO() : VLOAD(os[i] + c0 + c * VL);      \
+        for (int64_t j = j0; j < j1; j++) {                                                            \
+            const float *vs = vg + (idx ? idx[j] : j) * D + c0;                                        \
+            const vec v0 = VLOAD(vs), v1 = VLOAD(vs + VL), v2 = VLOAD(vs + 2 * VL), v3 = VLOAD(vs + 3 * VL); \
+            for (int i = 0; i < NB; i++) {                                                             \
+                const vec e = VSET1(ps[i][j]);                                                         \
+                acc[i][0] = VFMA(e, v0, acc[i][0]);                                                    \
+                acc[i][1] = VFMA(e, v1, acc[i][1]);                                                    \
+                acc[i][2] = VFMA(e, v2, acc[i][2]);                                                    \
+                acc[i][3] = VFMA(e, v3, acc[i][3]);                                                    \
+            }                                                                                          \
+        }                                                                                              \
+        for (int i = 0; i < NB; i++)                                                                   \
+            for (int c = 0; c < 4; c++) VSTORE(os[i] + c0 + c * VL, acc[i][c]);                        \
+    }
+VALUES_RUN(values_4, 4)
+VALUES_RUN(values_1, 1)
+
+/* values over slot indices [j0, j1) for queries [0, nq), every 4 VL of the head */
+static void values_span(float *const *ps, float *const *os, int64_t nq, int64_t j0, int64_t j1, const float *vg,
+                        const int64_t *idx, int64_t D, int first) {
+    int64_t i = 0;
+    for (; i + 4 <= nq; i += 4)
+        for (int64_t c0 = 0; c0 < D; c0 += 4 * VL) values_4(ps + i, j0, j1, vg, idx, D, c0, os + i, first);
+    for (; i < nq; i++)
+        for (int64_t c0 = 0; c0 < D; c0 += 4 * VL) values_1(ps + i, j0, j1, vg, idx, D, c0, os + i, first);
+}
 
 /* sum of p[0 .. n) lane-wise in steps of VL (the tail padded with zeros), then vsum: a fixed order */
 static inline float lane_sum(const float *p, int64_t S) {
@@ -158,59 +242,74 @@ static inline float lane_sum(const float *p, int64_t S) {
     return vsum(acc);
 }
 
-static void attend_task(const float *q, const float *kg, const float *vg, const int64_t *idx, int64_t n, float *o,
-                        int64_t G, int64_t D, float scale, float *p, float *mx, float *sum) {
-    if (n == 0) { /* saw no slot: zeros */
-        for (int64_t j = 0; j < G * D; j++) o[j] = 0.f;
-        return;
-    }
-    for (int64_t j = 0; j < n; j++) {
-        const float *ks = kg + (idx ? idx[j] : j) * D;
-        int64_t i = 0;
-        for (; i + 4 <= G; i += 4) scores_4(q + i * D, ks, D, scale, p + i * n, n, j);
-        for (; i + 2 <= G; i += 2) scores_2(q + i * D, ks, D, scale, p + i * n, n, j);
-        for (; i < G; i++) scores_1(q + i * D, ks, D, scale, p + i * n, n, j);
-    }
-    for (int64_t i = 0; i < G; i++) { /* softmax numerators in place */
-        float *pi = p + i * n, x = -INFINITY;
-        for (int64_t j = 0; j < n; j++) x = pi[j] > x ? pi[j] : x;
-        mx[i] = x;
+/* the largest of p[0 .. n) (-inf for none), lane-wise: a max is exact, so any order gives the scalar
+ * loop's value (of two zeros, either sign: exp_nonpos(p - max) does not tell them apart) */
+static inline float max_of(const float *p, int64_t n) {
+    vec m = VSET1(-INFINITY);
+    int64_t j = 0;
+    for (; j + VL <= n; j += VL) m = VMAX(m, VLOAD(p + j));
+    float x = vhmax(m);
+    for (; j < n; j++) x = p[j] > x ? p[j] : x;
+    return x;
+}
+
+/* One task for D % (4 VL) == 0: P positions of G query heads each (query u * G + i at qs[u * G + i],
+ * its output at os[u * G + i], its score row at ps[u * G + i], >= n[u] floats); position u sees the
+ * slots idx[u][0 .. n[u]) of kg, vg (idx[u] NULL: slots 0 .. n[u] - 1), the first `shared` of them
+ * slots 0 .. shared - 1 for every position. Scratch: inv [P G]. */
+static void attend_block(const float *const *qs, float *const *os, float *const *ps, int64_t P, int64_t G,
+                         int64_t *const *idx, const int64_t *n, int64_t shared, const float *kg, const float *vg,
+                         int64_t D, float scale, float *inv) {
+    const int64_t nq = P * G;
+    for (int64_t s0 = 0; s0 < shared; s0 += ATT_SC) /* the shared slots: every query, a chunk at a time */
+        scores_span(qs, ps, nq, s0, s0 + ATT_SC < shared ? s0 + ATT_SC : shared, kg, D, scale);
+    for (int64_t u = 0; u < P; u++) /* each position's own slots, in its order */
+        for (int64_t j = shared; j < n[u]; j++) {
+            const int64_t s = idx[u] ? idx[u][j] : j;
+            scores_span(qs + u * G, ps + u * G, G, j, j + 1, kg + (s - j) * D, D, scale);
+        }
+    for (int64_t q = 0; q < nq; q++) { /* softmax numerators in place */
+        float *p = ps[q];
+        const int64_t m = n[q / G];
+        const float x = max_of(p, m);
 #pragma omp simd
-        for (int64_t j = 0; j < n; j++) pi[j] = exp_nonpos(pi[j] - x);
-        sum[i] = 1.f / lane_sum(pi, n);
+        for (int64_t j = 0; j < m; j++) p[j] = exp_nonpos(p[j] - x);
+        inv[q] = m ? 1.f / lane_sum(p, m) : 0.f;
     }
-    for (int64_t j0 = 0; j0 < D; j0 += 4 * VL) {
-        int64_t i = 0;
-        for (; i + 4 <= G; i += 4) values_4(p + i * n, n, vg, idx, D, j0, sum + i, o + i * D);
-        for (; i + 2 <= G; i += 2) values_2(p + i * n, n, vg, idx, D, j0, sum + i, o + i * D);
-        for (; i < G; i++) values_1(p + i * n, n, vg, idx, D, j0, sum + i, o + i * D);
+    for (int64_t s0 = 0; s0 < shared; s0 += ATT_SC)
+        values_span(ps, os, nq, s0, s0 + ATT_SC < shared ? s0 + ATT_SC : shared, vg, NULL, D, s0 == 0);
+    for (int64_t u = 0; u < P; u++)
+        if (n[u] > shared || shared == 0) /* (shared == 0: starts every sum, at zero for a blind query) */
+            values_span(ps + u * G, os + u * G, G, shared, n[u], vg, idx[u], D, shared == 0);
+    for (int64_t q = 0; q < nq; q++) { /* times 1 / sum; a query that saw no slot gets zeros */
+        const vec w = VSET1(inv[q]);
+        for (int64_t c = 0; c < D; c += VL) VSTORE(os[q] + c, VMUL(VLOAD(os[q] + c), w));
     }
 }
 
 /* The same for any D, one query at a time, plainly. */
 static void attend_task_any(const float *q, const float *kg, const float *vg, const int64_t *idx, int64_t n,
-                            float *o, int64_t G, int64_t D, float scale, float *p, float *mx, float *sum) {
+                            float *o, int64_t G, int64_t D, float scale, float *p) {
     for (int64_t i = 0; i < G; i++) {
         const float *qi = q + i * D;
-        float *pi = p + i * n, *oi = o + i * D, x = -INFINITY, total = 0.f;
+        float *oi = o + i * D, x = -INFINITY, total = 0.f;
         for (int64_t j = 0; j < D; j++) oi[j] = 0.f;
+        if (n == 0) continue;
         for (int64_t j = 0; j < n; j++) {
             const float *ks = kg + (idx ? idx[j] : j) * D;
             float dot = 0.f;
             for (int64_t c = 0; c < D; c++) dot += qi[c] * ks[c];
-            pi[j] = dot * scale;
-            x = pi[j] > x ? pi[j] : x;
+            p[j] = dot * scale;
+            x = p[j] > x ? p[j] : x;
         }
-        mx[i] = x;
-        if (n == 0) continue;
         for (int64_t j = 0; j < n; j++) {
             const float *vs = vg + (idx ? idx[j] : j) * D;
-            float e = exp_nonpos(pi[j] - x);
+            float e = exp_nonpos(p[j] - x);
             total += e;
             for (int64_t c = 0; c < D; c++) oi[c] += e * vs[c];
         }
-        sum[i] = 1.f / total;
-        for (int64_t c = 0; c < D; c++) oi[c] *= sum[i];
+        const float inv = 1.f / total;
+        for (int64_t c = 0; c < D; c++) oi[c] *= inv;
     }
 }
 
@@ -221,36 +320,60 @@ static void attend_task_any(const float *q, const float *kg, const float *vg, co
  *   mask: bool, query (b, t) sees slot s iff mask[b * smb + t * smt + s] (NULL: all S slots)
  *   out:  head h of query (b, t) at out + b * sob + t * sot + h * D
  * A query that sees no slot gets zeros. Softmax in fp32 of q.k times `scale`. Each query's result
- * is computed by the same code whatever B and T are. */
+ * is computed by the same code whatever B and T are (attend_block). */
 void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
             int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, float scale,
             int nthreads) {
-    const int64_t G = H / KV, tasks = B * KV * T;
+    /* blocks of at most ATT_QB positions, even in size, and enough of them for every thread to get a task */
+    const int64_t G = H / KV, want = (nthreads + B * KV - 1) / (B * KV), S1 = S > 0 ? S : 1;
+    int64_t blocks = (T + ATT_QB - 1) / ATT_QB;
+    blocks = blocks < want ? (want < T ? want : T) : blocks;
+    const int64_t per = (T + blocks - 1) / blocks;
+    blocks = (T + per - 1) / per;
+    const int64_t tasks = B * KV * blocks;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *p = malloc(sizeof(float) * (size_t)(G * (S > 0 ? S : 1) + 2 * G));
-        int64_t *idx = malloc(sizeof(int64_t) * (size_t)(S > 0 ? S : 1)); /* the slots a masked query sees */
-#pragma omp for schedule(static)
+        /* a thread's scratch: score rows [QB G, S], visible slots [QB, S], the rows' pointers, 1 / sums */
+        float *pbuf = malloc(sizeof(float) * (size_t)(ATT_QB * G * S1 + ATT_QB * G));
+        int64_t *ibuf = malloc(sizeof(int64_t) * (size_t)(ATT_QB * S1 + ATT_QB));
+        const float **qs = malloc(sizeof(float *) * (size_t)(ATT_QB * G));
+        float **os = malloc(sizeof(float *) * (size_t)(2 * ATT_QB * G));
+        int64_t **idx = malloc(sizeof(int64_t *) * ATT_QB);
+        if (!pbuf || !ibuf || !qs || !os || !idx) abort(); /* a few MB at most */
+        float **ps = os + ATT_QB * G, *inv = pbuf + ATT_QB * G * S1;
+        int64_t *n = ibuf + ATT_QB * S1;
+#pragma omp for schedule(static, 1)
         for (int64_t task = 0; task < tasks; task++) {
-            int64_t b = task / (KV * T), g = (task / T) % KV, t = task % T;
-            int64_t r = rows ? rows[b] : b;
-            const float *qg = q + b * sqb + t * sqt + g * G * D;
+            const int64_t b = task / (KV * blocks), g = (task / blocks) % KV, t0 = (task % blocks) * per;
+            const int64_t P = T - t0 < per ? T - t0 : per, r = rows ? rows[b] : b;
             const float *kg = k + r * skr + g * skh, *vg = v + r * skr + g * skh;
-            const uint8_t *m = mask ? mask + b * smb + t * smt : NULL;
-            float *o = out + b * sob + t * sot + g * G * D;
-            float *mx = p + G * S, *sum = mx + G;
-            int64_t n = S;
-            if (m) {
-                n = 0;
-                for (int64_t s = 0; s < S; s++)
-                    if (m[s]) idx[n++] = s;
+            int64_t shared = S;
+            for (int64_t u = 0; u < P; u++) {
+                const int64_t t = t0 + u;
+                const uint8_t *m = mask ? mask + b * smb + t * smt : NULL;
+                for (int64_t i = 0; i < G; i++) {
+                    qs[u * G + i] = q + b * sqb + t * sqt + (g * G + i) * D;
+                    os[u * G + i] = out + b * sob + t * sot + (g * G + i) * D;
+                    ps[u * G + i] = pbuf + (u * G + i) * S1;
+                }
+                idx[u] = NULL, n[u] = S;
+                if (m) {
+                    int64_t lead = 0, c = 0;
+                    idx[u] = ibuf + u * S1;
+                    while (lead < S && m[lead]) idx[u][c++] = lead++; /* the run of slots from 0 */
+                    for (int64_t s = lead; s < S; s++)
+                        if (m[s]) idx[u][c++] = s;
+                    n[u] = c;
+                    shared = lead < shared ? lead : shared;
+                }
             }
-            if (D % (4 * VL) == 0) attend_task(qg, kg, vg, m ? idx : NULL, n, o, G, D, scale, p, mx, sum);
-            else attend_task_any(qg, kg, vg, m ? idx : NULL, n, o, G, D, scale, p, mx, sum);
+            if (D % (4 * VL) == 0) attend_block(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, inv);
+            else
+                for (int64_t u = 0; u < P; u++)
+                    attend_task_any(qs[u * G], kg, vg, idx[u], n[u], os[u * G], G, D, scale, ps[u * G]);
         }
-        free(p);
-        free(idx);
+        free(pbuf), free(ibuf), free(qs), free(os), free(idx);
     }
 }
 
