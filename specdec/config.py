@@ -77,8 +77,8 @@ class GenerationConfig:
             raise SpecdecError("prompt_logprobs needs logprobs (the number of top alternatives) too")
         if self.k < 1:
             raise SpecdecError(f"k (draft length) must be >= 1, got {self.k}")
-        if self.max_new_tokens < 1:
-            raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_new_tokens < 0:
+            raise SpecdecError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
 
 
 def rank_paths(choices) -> tuple[list[int], list[int]]:

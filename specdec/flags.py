@@ -29,6 +29,13 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def positive(text: str) -> int:
+    value = integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def settings(cls, args: argparse.Namespace):
     """cls (a settings dataclass) from the parsed flags of the same names; validated on construction.
     The drafters' own flags become `drafters` (name -> its settings) and their switches `switches`."""
@@ -121,7 +128,7 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=integer, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     p.add_argument("--seed", type=integer, default=None)
-    p.add_argument("--max-new-tokens", type=integer, default=128)
+    p.add_argument("--max-new-tokens", type=positive, default=128)
 
 
 def add_structure_flags(p: argparse.ArgumentParser) -> None:
@@ -244,7 +251,7 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
                             "its calibrated confidence) for our drafting methods; 'auto-k': the k choice alone "
                             "(default: %(default)s, the best fixed k measured in the default mode next to the policy)")
     add_drafter_knobs(bench)
-    bench.add_argument("--max-new-tokens", type=integer, default=128)
+    bench.add_argument("--max-new-tokens", type=positive, default=128)
     bench.add_argument("--temperature", type=float, default=0.0,
                        help="0 = greedy (outputs are checked token for token against plain decoding)")
     bench.add_argument("--seed", type=integer, default=None, help="base seed for sampling (per prompt: seed + index)")

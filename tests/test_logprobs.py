@@ -8,6 +8,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import pytest
 import torch
 
@@ -256,6 +257,36 @@ def test_echo_scores_the_prompt_past_the_prefix_cache(served):
     assert values[1:] == pytest.approx(lp.token_logprobs[1:], abs=TOL)
     plain = c.completions.create(model="tiny", prompt=text, max_tokens=3, temperature=0, echo=True)
     assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
+
+
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(served):
+    """OpenAI's legacy scoring call: the prompt's logprobs and nothing generated, whole and streamed;
+    without echo, or on the chat endpoint, max_tokens 0 is a 400 that says why."""
+    base, sched = served
+    c = client(base)
+    text = "w7 w8 w9 w30 w31"
+    prompt = sched.tokenizer.encode(text)
+    want = direct(sched.engine.target, prompt)
+    for stream in (False, True):
+        out = c.completions.create(model="tiny", prompt=text, max_tokens=0, temperature=0, echo=True, logprobs=2,
+                                   stream=stream)
+        chunks = [ch.choices[0] for ch in out] if stream else [out.choices[0]]
+        assert "".join(ch.text for ch in chunks) == text and chunks[-1].finish_reason == "length"
+        tokens = [t for ch in chunks if ch.logprobs for t in ch.logprobs.tokens]
+        values = [v for ch in chunks if ch.logprobs for v in ch.logprobs.token_logprobs]
+        assert len(tokens) == len(prompt) and values[0] is None
+        assert values[1:] == pytest.approx([float(want[i - 1, t]) for i, t in enumerate(prompt) if i], abs=TOL)
+        if not stream:
+            assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(prompt)
+    bare = c.completions.create(model="tiny", prompt=text, max_tokens=0, echo=True)
+    assert bare.choices[0].text == text and bare.choices[0].logprobs is None
+    for call, args in ((c.completions.create, {"prompt": text}),
+                       (c.chat.completions.create, {"messages": [{"role": "user", "content": text}]})):
+        with pytest.raises(openai.BadRequestError, match="max_tokens") as e:
+            call(model="tiny", max_tokens=0, **args)
+        assert e.value.status_code == 400
+    again = c.completions.create(model="tiny", prompt=text, max_tokens=4, temperature=0)  # the server goes on
+    assert again.usage.completion_tokens == 4 or again.choices[0].finish_reason == "stop"
 
 
 def test_logprobs_stop_where_a_stop_string_cuts(served):

@@ -183,7 +183,8 @@ class Endpoints:
         echo = None
         if body.echo:  # the answer starts with the prompt as given (token ids: their text)
             echo = body.prompt if isinstance(body.prompt, str) else await self.encode(self.tokenizer.decode, ids)
-        return await self.run(request, body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS, chat=False,
+        max_tokens = DEFAULT_COMPLETION_TOKENS if body.max_tokens is None else body.max_tokens  # 0: echo alone
+        return await self.run(request, body, ids, max_tokens, chat=False,
                               logprobs=body.logprobs, echo=echo, constraint=await self.constraint_of(body))
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):

@@ -3,7 +3,8 @@
 
 Supported: model, prompt / messages, max_tokens (chat: also max_completion_tokens), temperature,
 top_p, top_k, seed, stop (a string or a list), stream (+ stream_options.include_usage), n = 1;
-logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20).
+logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20);
+completions' max_tokens 0 with echo: the prompt scored (its logprobs, with logprobs), nothing generated.
 Structured output, on both endpoints (one of them a request): response_format {"type": "json_object"}
 or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (OpenAI's); vLLM's
 structured_outputs {json | regex | grammar | choice} and its older guided_json, guided_regex,
@@ -47,7 +48,7 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0, description="0: completions with echo only (the prompt scored)")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, description="0 or -1 = off (a common extension)")
@@ -184,6 +185,12 @@ class CompletionRequest(_Sampling):
             raise ValueError("token ids must be >= 0")
         return v
 
+    @model_validator(mode="after")
+    def _zero_needs_echo(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 generates nothing: it scores the prompt with echo: true (and logprobs)")
+        return self
+
     @field_validator("best_of")
     @classmethod
     def _no_best_of(cls, v):
@@ -277,6 +284,9 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _one_constraint(self):
+        if self.max_tokens == 0:
+            raise ValueError("max_tokens must be >= 1 in a chat completion (to score a prompt: /v1/completions "
+                             "with max_tokens 0 and echo)")
         if self.forced_tools() and self.structure() is not None:
             raise ValueError("a required tool call and a structured-output field cannot both constrain the answer")
         return self
