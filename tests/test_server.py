@@ -216,7 +216,7 @@ def test_chat_non_streaming_and_streaming(main):
 
 
 BAD = [  # (endpoint, body changes, param named in the error)
-    ("completions", {"n": 2}, "n"),
+    ("completions", {"n": 0}, "n"),
     ("completions", {"max_tokens": -1}, "max_tokens"),
     ("completions", {"max_tokens": "many"}, "max_tokens"),
     ("completions", {"temperature": -1}, "temperature"),
@@ -241,7 +241,7 @@ BAD = [  # (endpoint, body changes, param named in the error)
     ("chat/completions", {"logprobs": "perhaps"}, "logprobs"),
     ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true, as OpenAI
-    ("chat/completions", {"n": 3}, "n"),
+    ("chat/completions", {"n": 129}, "n"),
     ("chat/completions", {"tools": [{"type": "function"}]}, "tools.0.function"),
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # no tool syntax
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}],
@@ -283,8 +283,43 @@ def test_other_bad_requests(main):
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert httpx.get(base + "/v1/nothing").json()["error"]["type"] == "not_found_error"
     with pytest.raises(openai.BadRequestError) as exc:
-        client(base).completions.create(model="tiny", prompt="w1", max_tokens=4, n=2)
-    assert "n=1" in str(exc.value)
+        client(base).completions.create(model="tiny", prompt="w1", max_tokens=4, n=200)
+    assert "1..128" in str(exc.value)
+
+
+def test_n_choices_whole_and_streamed_are_each_what_a_request_alone_gives(main):
+    """n > 1: n samples of one prompt, each what a request of its own gives (greedy: the engine's
+    output; seeded: choice i as a request with seed + i), the prompt counted once in the usage and
+    the completions summed; streamed, each chunk names its choice and the usage comes once, last."""
+    base, sched = main
+    c = client(base)
+    ids = [(7 * i) % 90 + 3 for i in range(50)]
+    out = c.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0, n=3)
+    want = text_of(sched, reference(sched, ids, 12).tokens)
+    assert [ch.index for ch in out.choices] == [0, 1, 2] and all(ch.text == want for ch in out.choices)
+    assert out.usage.prompt_tokens == len(ids)
+    seeded = c.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=1.0, seed=5, n=3)
+    alone = [c.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=1.0, seed=5 + i)
+             for i in range(3)]
+    assert [ch.text for ch in seeded.choices] == [a.choices[0].text for a in alone]
+    assert len({ch.text for ch in seeded.choices}) > 1  # three samples, not one thrice
+    assert seeded.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    chunks = list(c.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=1.0, seed=5, n=3,
+                                       stream=True, stream_options={"include_usage": True}))
+    texts = ["".join(ch.choices[0].text for ch in chunks if ch.choices and ch.choices[0].index == i) for i in range(3)]
+    assert texts == [ch.text for ch in seeded.choices]
+    assert [ch.usage for ch in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].usage.completion_tokens == seeded.usage.completion_tokens and not chunks[-1].choices
+    messages = [{"role": "user", "content": "w3 w4 w5"}]
+    chat = c.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, n=2)
+    assert [ch.index for ch in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content
+    streamed = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, n=2,
+                                              stream=True))
+    for i in range(2):
+        mine = [ch.choices[0] for ch in streamed if ch.choices[0].index == i]
+        assert mine[0].delta.role == "assistant" and mine[-1].finish_reason == chat.choices[i].finish_reason
+        assert "".join(m.delta.content or "" for m in mine) == chat.choices[i].message.content
 
 
 def test_concurrent_requests_all_complete_with_engine_outputs(main):
@@ -858,6 +893,35 @@ def test_prefix_cache_reuses_a_conversations_turns_and_output_is_unchanged(tiny_
     stats = Engine(target.module, lambda: make_drafter("none", target, CONTEXT), CONTEXT, max_batch=1)
     stats.pool.held[0] = [1, 2, 3]
     assert stats.pool._slot_for([1, 2, 3]) == (0, 2)  # the prompt's last token is always prefilled
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_requests_with_one_prompt_share_its_prefill_and_output_is_unchanged(tiny_target_loaded, temperature):
+    """Several samples of one prompt submitted at once: the first prefills it, the others wait for that
+    and copy its keys/values (cached_tokens: all but the prompt's last token); every output, greedy or
+    seeded, equals what a prefill of its own gives. A short prompt and one asking for its prompt's
+    logprobs do not wait."""
+    target = tiny_target_loaded
+    prompt = list(range(40, 90))
+    for method in ("none", "draft"):
+        factory = lambda m=method: make_drafter(m, target, CONTEXT, target)  # noqa: E731
+        outputs = {}
+        for shared in (True, False):
+            stepper = Engine(target.module, factory, CONTEXT, max_batch=4, prefill_chunk=16, prefix_cache=shared)
+            seqs = [stepper.add_request(prompt, GenerationConfig(10, 3, SamplingParams(temperature, seed=i)), set())
+                    for i in range(4)]
+            while any(s.finish_reason is None for s in seqs):
+                stepper.step()
+            outputs[shared] = ([s.new_tokens for s in seqs], [s.stats.cached_tokens for s in seqs])
+        (tokens, cached), (alone, none) = outputs[True], outputs[False]
+        assert tokens == alone, method
+        assert cached == [0] + [len(prompt) - 1] * 3 and none == [0] * 4, method
+    stepper = Engine(target.module, lambda: make_drafter("none", target, CONTEXT), CONTEXT, max_batch=3)
+    first = stepper.add_request(prompt, GenerationConfig(4, 3), set())
+    short = stepper.add_request(prompt[:20], GenerationConfig(4, 3), set())  # under SHARED_PREFILL tokens
+    scored = stepper.add_request(prompt, GenerationConfig(4, 3, logprobs=0, prompt_logprobs=True), set())
+    stepper.step()
+    assert first in stepper.running and short in stepper.running and scored in stepper.running
 
 
 def test_the_api_reports_cached_prompt_tokens(main):

@@ -8,7 +8,8 @@ step (`step.step`).
 A request's fit in the context is checked once, at `add_request`; it then waits for a free slot.
 Each `step()`:
 
-1. seats waiting requests in free slots (first come, first seated);
+1. seats waiting requests in free slots (first come, first seated; one whose prompt a running
+   sequence is prefilling waits for it, then copies those keys/values: `shares_a_prefill`);
 2. a sequence whose prompt is not yet in the cache prefills: all of it, or one chunk of
    `prefill_chunk` tokens while other sequences decode (a long prompt holds them up for one chunk at
    a time); after its last chunk, the first token (streamed at once) and then the drafter's start;
@@ -40,8 +41,11 @@ from specdec.errors import SpecdecError
 from specdec.metrics import GenerationStats
 from specdec.model.transformer import Transformer
 from specdec.policy import round_width
+from specdec.tokens import common_prefix
 
 __all__ = ["Engine", "GenerationResult", "Sequence"]
+
+SHARED_PREFILL = 32  # prompt tokens worth waiting for another sequence's prefill to copy (Engine.shares_a_prefill)
 
 
 @dataclass
@@ -159,10 +163,25 @@ class Engine:
 
     def _seat(self) -> None:
         with self.lock:
+            held: list[Sequence] = []
             while self.waiting and self.pool.free:
                 seq = self.waiting.popleft()
-                self.pool.seat(seq)
+                if self.shares_a_prefill(seq):  # it waits for the prompt's keys/values to copy
+                    held.append(seq)
+                    continue
+                self.pool.seat(seq, self.running)
                 self.running.append(seq)
+            self.waiting.extendleft(reversed(held))
+
+    def shares_a_prefill(self, seq: Sequence) -> bool:
+        """Whether a running sequence is prefilling a prompt that covers most of this one's (at least
+        SHARED_PREFILL tokens and half of it): then this one is seated once that prefill is done, and
+        copies those keys/values instead of computing them again (several samples of one prompt)."""
+        if not self.pool.prefix_cache or seq.cfg.prompt_logprobs or len(seq.tokens) <= SHARED_PREFILL:
+            return False
+        need = max(SHARED_PREFILL, len(seq.tokens) // 2)
+        return any(s.prefilled < s.prompt_len and s.finish_reason is None
+                   and common_prefix(s.tokens[:s.prompt_len], seq.tokens) >= need for s in self.running)
 
     def _load(self, starting: bool) -> int:
         """The batch a draft prefill would stall: the decoding sequences (plus this one at its start)."""

@@ -11,6 +11,11 @@ output is the same with and without it. A slot's drafter reuses its own state th
 model its cache, a head its features). A request that asks for its prompt's logprobs needs the logits
 of every prompt position, so it prefills its whole prompt.
 
+A running sequence whose prefill is done shares its prompt too: a request whose prompt starts with it
+gets those keys/values copied from that sequence's row into its own (several samples of one prompt,
+`n` > 1; the same system prompt from several clients at once). The engine holds such a request back
+while the sequence it would share with is still prefilling (`shares_a_prefill`).
+
 Pooled drafters' caches (a draft model's, or a head's) become rows of one batched cache, so that a
 step drafts for every sequence in one forward per position (`propose_pooled`); with one slot there is
 nothing to pool.
@@ -72,14 +77,20 @@ class SlotPool:
         """Scratch slots a draft tree needs past the end of a sequence (0 for chains)."""
         return self.drafters[0].caps.tree_nodes
 
-    def seat(self, seq: Sequence) -> None:
+    def seat(self, seq: Sequence, running: list[Sequence] = ()) -> None:
         """A free slot for the sequence: its cache row, drafter and policy; the cached prefix of its
-        prompt stays in place and its prefill starts after it."""
+        prompt stays in place, or a longer one is copied from a running sequence's row, and its prefill
+        starts after it."""
         if not self.free:
             raise SpecdecError("no free slot")
         slot, reuse = self._slot_for(seq.tokens)
         if seq.cfg.prompt_logprobs:  # every prompt position's logits are asked: the whole prompt is prefilled
             reuse = 0
+        elif self.prefix_cache:
+            source, shared = self._live_prefix(seq.tokens, running)
+            if shared > reuse:
+                self._copy_prefix(source.row, slot, shared)
+                reuse = shared
         self.free.remove(slot)
         self.clock += 1
         self.used[slot] = self.clock
@@ -96,6 +107,27 @@ class SlotPool:
         best = max(self.free, key=lambda b: (min(common_prefix(self.held[b], prompt), len(prompt) - 1),
                                              -self.used[b]))
         return best, min(common_prefix(self.held[best], prompt), len(prompt) - 1)
+
+    @staticmethod
+    def _live_prefix(prompt: list[int], running: list[Sequence]) -> tuple[Sequence | None, int]:
+        """(the running sequence whose committed keys/values hold the longest prefix of this prompt,
+        that prefix's length; at most all but the prompt's last token), or (None, 0)."""
+        best, shared = None, 0
+        for s in running:
+            if s.prefilled < s.prompt_len or s.finish_reason is not None:
+                continue
+            n = min(common_prefix(s.tokens[:s.cache.length], prompt), len(prompt) - 1)
+            if n > shared:
+                best, shared = s, n
+        return best, shared
+
+    def _copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Slots 0..n-1 of row src's keys/values into row dst (whose cached tokens are dropped)."""
+        to, of = self.rows[dst], self.rows[src]
+        to.k[:, :, :, :n] = of.k[:, :, :, :n]
+        to.v[:, :, :, :n] = of.v[:, :, :, :n]
+        to.length = n
+        self.held[dst] = []
 
     def release(self, seq: Sequence) -> None:
         """The sequence's slot is free; it holds the committed tokens' keys/values for a later prefix

@@ -184,8 +184,8 @@ class Endpoints:
         if body.echo:  # the answer starts with the prompt as given (token ids: their text)
             echo = body.prompt if isinstance(body.prompt, str) else await self.encode(self.tokenizer.decode, ids)
         max_tokens = DEFAULT_COMPLETION_TOKENS if body.max_tokens is None else body.max_tokens  # 0: echo alone
-        return await self.run(request, body, ids, max_tokens, chat=False,
-                              logprobs=body.logprobs, echo=echo, constraint=await self.constraint_of(body))
+        return await self.run(request, body, ids, max_tokens, chat=False, logprobs=body.logprobs, echo=echo,
+                              constraints=[await self.constraint_of(body) for _ in range(body.n)])
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
@@ -215,8 +215,8 @@ class Endpoints:
                                code="context_length_exceeded")
         forced = body.forced_tools()
         structure = syntax.call_grammar(forced, body.parallel_tool_calls) if forced else None
-        return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n,
-                              constraint=await self.constraint_of(body, structure), tools=syntax)
+        return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n, tools=syntax,
+                              constraints=[await self.constraint_of(body, structure) for _ in range(body.n)])
 
     async def constraint_of(self, body, spec: ConstraintSpec | None = None):
         """The grammar state (a fresh specdec.constraints.Constraint) of `spec`, else of the request's
@@ -300,9 +300,11 @@ class Endpoints:
         return await asyncio.to_thread(run)
 
     def submit(self, ids: list[int], body, max_tokens: int, sink, logprobs: int | None = None, echo: bool = False,
-               constraint=None):
+               constraint=None, choice: int = 0):
+        """One choice of the request (choice i of n draws from seed + i where a seed is given)."""
+        seed = None if body.seed is None else (body.seed + choice) % 2**63
         try:
-            sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, body.seed)
+            sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, seed)
         except SpecdecError as e:
             raise APIError(400, str(e)) from None
         try:
@@ -319,31 +321,109 @@ class Endpoints:
             raise APIError(400, str(e), param="max_tokens" if code else None, code=code) from None
 
     async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool,
-                  logprobs: int | None = None, echo: str | None = None, constraint=None,
+                  logprobs: int | None = None, echo: str | None = None, constraints: list = (None,),
                   tools: ToolSyntax | None = None):
         """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer;
-        constraint: the answer's grammar, or None; tools: the syntax its tool calls are read in, or None."""
+        constraints: each choice's grammar (one choice a constraint; None: none); tools: the syntax its tool
+        calls are read in, or None. Choices after the first are submitted with it and wait for its
+        prefill of the prompt, then copy it (specdec.engine.Engine.shares_a_prefill)."""
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-        handle = self.submit(ids, body, max_tokens, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                             logprobs, echo is not None, constraint)
-        answer = Answer(self.model_name, new_id("chatcmpl" if chat else "cmpl"), now(), chat, logprobs is not None,
-                        echo, tools)
+        queues: list[asyncio.Queue[Event]] = [asyncio.Queue() for _ in constraints]
+        handles = []
+        try:
+            for i, (events, constraint) in enumerate(zip(queues, constraints)):
+                handles.append(self.submit(ids, body, max_tokens,
+                                           lambda ev, q=events: loop.call_soon_threadsafe(q.put_nowait, ev),
+                                           logprobs, echo is not None, constraint, choice=i))
+        except BaseException:
+            for handle in handles:
+                handle.cancel()
+            raise
+        rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
+        answers = [Answer(self.model_name, rid, created, chat, logprobs is not None, echo, tools, index=i)
+                   for i in range(len(handles))]
 
-        async def next_event() -> Event | None:
-            """The next event, or None once the client has gone (then the request is cancelled)."""
-            while True:
-                try:
-                    return await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        handle.cancel()
-                        return None
+        def events_of(events: asyncio.Queue, handle):
+            async def next_event() -> Event | None:
+                """The next event, or None once the client has gone (then the request is cancelled)."""
+                while True:
+                    try:
+                        return await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
+                    except asyncio.TimeoutError:
+                        if await request.is_disconnected():
+                            handle.cancel()
+                            return None
+            return next_event
 
+        sources = [events_of(q, h) for q, h in zip(queues, handles)]
         if not body.stream:
-            return await answer.whole(next_event, handle)
-        return StreamingResponse(answer.stream(next_event, handle, body.include_usage), media_type="text/event-stream",
+            if len(answers) == 1:
+                return await answers[0].whole(sources[0], handles[0])
+            try:
+                outs = await asyncio.gather(*(a.whole(s, h) for a, s, h in zip(answers, sources, handles)))
+            finally:
+                for handle in handles:  # all of them end together (a failed or abandoned one ends the rest)
+                    handle.cancel()
+            if any(isinstance(out, Response) for out in outs):  # the client has gone
+                return Response(status_code=499)
+            first = outs[0]
+            first.choices = [out.choices[0] for out in outs]
+            first.usage = Usage(**merge_usage([out.usage.model_dump() for out in outs]))
+            return first
+        if len(answers) == 1:
+            stream = answers[0].stream(sources[0], handles[0], body.include_usage)
+        else:
+            stream = merged(answers, sources, handles, body.include_usage)
+        return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def merge_usage(usages: list[dict]) -> dict:
+    """One request's usage over its choices: the prompt once (its cached tokens as the first choice's, the
+    one that prefilled it), the completions' tokens and the speculation summed, tau over all steps."""
+    completion = sum(u["completion_tokens"] for u in usages)
+    spec = [u["speculative"] for u in usages]
+    steps = sum(s["steps"] for s in spec)
+    return {"prompt_tokens": usages[0]["prompt_tokens"], "completion_tokens": completion,
+            "total_tokens": usages[0]["prompt_tokens"] + completion,
+            "prompt_tokens_details": dict(usages[0]["prompt_tokens_details"]),
+            "speculative": {"drafted": sum(s["drafted"] for s in spec), "accepted": sum(s["accepted"] for s in spec),
+                            "tau": round(sum(s["tau"] * s["steps"] for s in spec) / steps, 4) if steps else 0.0,
+                            "steps": steps, "plain_steps": sum(s["plain_steps"] for s in spec)}}
+
+
+async def merged(answers: list["Answer"], sources, handles, include_usage: bool):
+    """The choices' streams as one, their chunks in the order they come (each names its choice's index),
+    then the usage of them all (where asked) and one [DONE]."""
+    chunks: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def pump(answer, source, handle):
+        try:
+            async for chunk in answer.stream(source, handle, False, last=False):
+                await chunks.put(chunk)
+        finally:
+            await chunks.put(None)
+
+    tasks = [asyncio.create_task(pump(a, s, h)) for a, s, h in zip(answers, sources, handles)]
+    try:
+        left = len(tasks)
+        while left:
+            chunk = await chunks.get()
+            if chunk is None:
+                left -= 1
+                continue
+            yield chunk
+        for task in tasks:
+            task.result()  # (an error in one choice's stream ends the request)
+        if include_usage and all(a.usage for a in answers):
+            yield sse({"id": answers[0].rid, "object": answers[0].object, "created": answers[0].created,
+                       "model": answers[0].model_name, "choices": [], "usage": merge_usage([a.usage for a in answers])})
+        yield "data: [DONE]\n\n"
+    finally:
+        for task in tasks:
+            task.cancel()
+        for handle in handles:
+            handle.cancel()
 
 
 class Answer:
@@ -351,8 +431,10 @@ class Answer:
     tokens' logprobs where asked, and the prompt (echo) in front of a completion's text."""
 
     def __init__(self, model_name: str, rid: str, created: int, chat: bool, logprobs: bool = False,
-                 echo: str | None = None, tools: ToolSyntax | None = None):
+                 echo: str | None = None, tools: ToolSyntax | None = None, index: int = 0):
         self.model_name, self.rid, self.created, self.chat, self.tools = model_name, rid, created, chat, tools
+        self.index = index  # the choice's index in the request (n > 1)
+        self.usage: dict | None = None  # the choice's usage once it is done (streams)
         self.object = "chat.completion.chunk" if chat else "text_completion"
         self.logprobs, self.echo = logprobs, echo
         self.offsets = CompletionLogprobs(len(echo or ""))  # the answer's tokens start after the prompt's text
@@ -383,11 +465,12 @@ class Answer:
             finish = "tool_calls" if calls and ev.finish_reason == "stop" else ev.finish_reason
             message = ChatMessageOut(content=content, tool_calls=calls or None)
             return ChatCompletionResponse(id=self.rid, created=self.created, model=self.model_name, usage=usage,
-                                          choices=[ChatChoice(message=message, logprobs=logprobs, finish_reason=finish)])
+                                          choices=[ChatChoice(index=self.index, message=message, logprobs=logprobs,
+                                                              finish_reason=finish)])
         logprobs = self.completion_logprobs(prompt, scored) if self.logprobs else None
         return CompletionResponse(id=self.rid, created=self.created, model=self.model_name, usage=usage,
-                                  choices=[CompletionChoice(text=(self.echo or "") + text, logprobs=logprobs,
-                                                            finish_reason=ev.finish_reason)])
+                                  choices=[CompletionChoice(index=self.index, text=(self.echo or "") + text,
+                                                            logprobs=logprobs, finish_reason=ev.finish_reason)])
 
     def completion_logprobs(self, prompt: list[Scored], scored: list[Scored]) -> dict:
         """{tokens, token_logprobs, top_logprobs, text_offset} of the prompt's tokens (offsets from 0)
@@ -395,7 +478,8 @@ class Answer:
         head, tail = CompletionLogprobs(0).shape(prompt), self.offsets.shape(scored)
         return {key: head[key] + tail[key] for key in tail}
 
-    async def stream(self, next_event, handle, include_usage: bool):
+    async def stream(self, next_event, handle, include_usage: bool, last: bool = True):
+        """The answer's chunks; last: then the usage chunk (where asked) and [DONE] (not for one choice of several)."""
         finished, first = False, True
         calls = ToolStream(self.tools) if self.tools else None
         try:
@@ -425,11 +509,13 @@ class Answer:
                             yield self.chunk(None, tool_calls=made)
                             finish = "tool_calls" if finish == "stop" else finish
                     yield self.chunk(None, finish=finish)
-                    if include_usage:
+                    self.usage = ev.usage
+                    if include_usage and last:
                         yield sse({"id": self.rid, "object": self.object, "created": self.created,
                                    "model": self.model_name, "choices": [], "usage": ev.usage})
                     break
-            yield "data: [DONE]\n\n"
+            if last:
+                yield "data: [DONE]\n\n"
             finished = True
         finally:
             if not finished:
@@ -445,10 +531,10 @@ class Answer:
             if tool_calls:
                 delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(tool_calls)]}
             logprobs = {"content": chat_content(scored), "refusal": None} if asked else None
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             logprobs = shaped if shaped is not None else self.offsets.shape(scored) if asked else None
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": self.index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return sse({"id": self.rid, "object": self.object, "created": self.created, "model": self.model_name,
                     "choices": [choice]})
 

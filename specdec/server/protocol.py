@@ -2,7 +2,8 @@
 /tokenize and /detokenize.
 
 Supported: model, prompt / messages, max_tokens (chat: also max_completion_tokens), temperature,
-top_p, top_k, seed, stop (a string or a list), stream (+ stream_options.include_usage), n = 1;
+top_p, top_k, seed, stop (a string or a list), stream (+ stream_options.include_usage), n (1..128
+samples of the prompt, prefilled once; with a seed, choice i draws from seed + i);
 logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20);
 completions' max_tokens 0 with echo: the prompt scored (its logprobs, with logprobs), nothing generated.
 Structured output, on both endpoints (one of them a request): response_format {"type": "json_object"}
@@ -10,7 +11,7 @@ or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (OpenAI'
 structured_outputs {json | regex | grammar | choice} and its older guided_json, guided_regex,
 guided_grammar, guided_choice; llama-server's json_schema and grammar (GBNF). The answer is generated
 under the grammar (specdec.constraints), speculatively and losslessly.
-Refused with a 400 naming the field: n != 1, logprobs or top_logprobs out of range, best_of > 1,
+Refused with a 400 naming the field: n outside 1..128, logprobs or top_logprobs out of range, best_of > 1,
 suffix, non-zero presence/frequency penalties, logit_bias, two structured-output fields at once, a
 tool_choice naming no given tool, tools where the model's chat template has none (server/tools.py).
 Tools: OpenAI's `tools`, `tool_choice` (none, auto, required, a named function) and
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 8
+MAX_CHOICES = 128  # n: samples of one prompt in a request (OpenAI's limit)
 
 
 def _refuse(value, allowed, what: str):
@@ -101,9 +103,9 @@ class _Sampling(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"only n=1 is supported, got n={v}")
+    def _choices(cls, v: int) -> int:
+        if not 1 <= v <= MAX_CHOICES:
+            raise ValueError(f"n (choices) must be 1..{MAX_CHOICES}, got n={v}")
         return v
 
     @field_validator("stop")
