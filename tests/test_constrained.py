@@ -108,6 +108,22 @@ def test_every_drafter_gives_constrained_plain_decoding(target, draft, plain, me
         assert c.n == len(expected)  # the grammar moved with every emitted token (advance checks each)
 
 
+def test_pooled_drafts_are_masked_as_a_single_sequences_are(target, plain):
+    """Sequences drafting together (one draft forward per position over every row, as the server's
+    batches do) draft from their grammars' masked distributions as a sequence alone does: the same
+    tokens, and the same steps (a draft cut at its first rejected token would take more)."""
+    alone = [generate(target, make_drafter("draft", target, 256, target), p)[0] for p in PROMPTS]
+    engine = Engine(target.module, lambda: make_drafter("draft", target, 256, target), 256, max_batch=len(PROMPTS))
+    assert engine.pool.draft_cache is not None  # the drafters are pooled
+    seqs = [engine.add_request(p, GenerationConfig(30, 3), {STOP}, constraint=ToyConstraint(
+        target.module.config.vocab_size)) for p in PROMPTS]
+    while any(s.finish_reason is None for s in seqs):
+        engine.step()
+    for seq, one, expected in zip(seqs, alone, plain):
+        assert seq.new_tokens == one.tokens == expected
+        assert seq.stats.steps == one.stats.steps and seq.stats.drafted == one.stats.drafted
+
+
 def test_plain_decoding_under_the_grammar_obeys_it_and_differs_from_free_decoding(target, plain):
     free = Engine.single(target.module, make_drafter("none", target, 256), 256).generate(
         PROMPTS[0], GenerationConfig(30, 3), {STOP}).tokens

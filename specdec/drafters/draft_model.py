@@ -254,8 +254,8 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
 
     The drafters' caches must be rows `rows` of `cache` (KVCache.row) and share one model. Each row
     behaves as DraftModelDrafter.propose: it catches up on its committed tokens (a ragged first
-    forward), drafts greedily or samples from its own q with its own generator, stops early under
-    p_min, and leaves its cache holding exactly the tokens it fed."""
+    forward), drafts greedily or samples from its own q with its own generator (masked by its grammar
+    where it has one), stops early under p_min, and leaves its cache holding exactly the tokens it fed."""
     if not drafters:
         return []
     model, device = drafters[0].model, cache.k.device
@@ -277,6 +277,12 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
             d, state = drafters[i], states[i]
             d.cache.advance(len(feeds[i]))
             row = align_vocab(logits[j, len(feeds[i]) - 1], d.target_vocab)  # [vocab]
+            if state.mask is not None:  # under a grammar: draft from the masked distribution
+                allowed = state.mask([int(t) for t in drafted[i]])  # [vocab]
+                if allowed is None:  # the grammar is over: every drafted token has been fed
+                    stopped[i] = True
+                    continue
+                row = row.masked_fill(~allowed.to(row.device), float("-inf"))
             q = None if state.sampling.greedy else probs_from_logits(row, state.sampling)
             decision = d._decide(row, q, state, len(drafted[i]))
             if decision == END:
