@@ -124,6 +124,33 @@ def test_pooled_drafts_are_masked_as_a_single_sequences_are(target, plain):
         assert seq.stats.steps == one.stats.steps and seq.stats.drafted == one.stats.drafted
 
 
+@pytest.mark.parametrize("pooled", [False, True])
+def test_an_eagle_head_drafts_only_what_the_grammar_allows(target, plain, monkeypatch, pooled):
+    """A head (over its kept ids) drafts from the masked distribution, alone and pooled: no draft is
+    ever cut at a token the grammar rejects, and greedy output is constrained plain decoding's."""
+    import specdec.engine.step as step_module
+    from specdec.drafters.eagle import EagleDrafter
+    from tests.test_eagle import eagle_head
+    module = target.module
+    head = eagle_head(module, list(range(0, module.config.vocab_size, 2)) + [STOP, 3, 5])
+    cuts = []
+    original = step_module.constrain
+
+    def watched(constraint, draft, limit):
+        out, masks = original(constraint, draft, limit)
+        cuts.append(draft.is_chain and len(out) < len(draft))
+        return out, masks
+
+    monkeypatch.setattr(step_module, "constrain", watched)
+    engine = Engine(module, lambda: EagleDrafter(module, head, 256), 256, max_batch=len(PROMPTS) if pooled else 1)
+    seqs = [engine.add_request(p, GenerationConfig(30, 3), {STOP}, constraint=ToyConstraint(module.config.vocab_size))
+            for p in PROMPTS]
+    while any(s.finish_reason is None for s in seqs):
+        engine.step()
+    assert [s.new_tokens for s in seqs] == plain
+    assert cuts and not any(cuts) and sum(s.stats.drafted for s in seqs) > 0
+
+
 def test_plain_decoding_under_the_grammar_obeys_it_and_differs_from_free_decoding(target, plain):
     free = Engine.single(target.module, make_drafter("none", target, 256), 256).generate(
         PROMPTS[0], GenerationConfig(30, 3), {STOP}).tokens

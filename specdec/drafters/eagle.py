@@ -115,6 +115,18 @@ class EagleDrafter(BaseDrafter):
         full[self.ids] = logits
         return probs_from_logits(full, state.sampling)
 
+    def masked(self, logits: torch.Tensor, state: DraftState, drafted: list) -> torch.Tensor | None:
+        """Draft-vocabulary logits # [draft_vocab] as the head drafts from them: under a grammar, its
+        mask after the tokens drafted so far; None where the grammar allows none of the head's ids
+        (or is over): the chain ends there."""
+        if state.mask is None:
+            return logits
+        allowed = state.mask([int(t) for t in drafted])  # [vocab]
+        if allowed is None:
+            return None
+        keep = allowed.to(logits.device)[self.ids]  # [draft_vocab]
+        return logits.masked_fill(~keep, float("-inf")) if keep.any() else None
+
     def propose(self, state: DraftState) -> DraftTree:
         tokens = state.tokens
         n = len(tokens)
@@ -132,11 +144,14 @@ class EagleDrafter(BaseDrafter):
         limit = min(state.limit, self.capacity - n)
         drafted, qs = [], []
         for i in range(limit):
-            q = self._q(logits[-1], state)
-            decision = GO_ON if state.stop is None else state.stop(i, self._top(logits[-1], q))
+            row = self.masked(logits[-1], state, drafted)  # [draft_vocab]
+            if row is None:
+                break
+            q = self._q(row, state)
+            decision = GO_ON if state.stop is None else state.stop(i, self._top(row, q))
             if decision == END:
                 break
-            token = self.ids[logits[-1].argmax()] if q is None else sample(q, state.generator)
+            token = self.ids[row.argmax()] if q is None else sample(q, state.generator)
             drafted.append(token.view(1))
             qs.append(q)
             if decision == LAST or i + 1 == limit:
@@ -247,11 +262,14 @@ def propose_head_chains(drafters: list[EagleDrafter], states: list[DraftState], 
             limit = min(state.limit, d.capacity - len(state.tokens))
             if done >= limit:
                 continue
-            q = d._q(logits[j, last], state)
-            decision = GO_ON if state.stop is None else state.stop(done, d._top(logits[j, last], q))
+            row = d.masked(logits[j, last], state, drafted[i])  # [draft_vocab]
+            if row is None:
+                continue
+            q = d._q(row, state)
+            decision = GO_ON if state.stop is None else state.stop(done, d._top(row, q))
             if decision == END:
                 continue
-            token = d.ids[logits[j, last].argmax()] if q is None else sample(q, state.generator)
+            token = d.ids[row.argmax()] if q is None else sample(q, state.generator)
             drafted[i].append(token.view(1))
             qs[i].append(q)
             if decision != LAST and done + 1 < limit:  # next: the head's own feature and this token
