@@ -151,6 +151,29 @@ def test_an_eagle_head_drafts_only_what_the_grammar_allows(target, plain, monkey
     assert cuts and not any(cuts) and sum(s.stats.drafted for s in seqs) > 0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_draft_model_takes_the_forced_tokens_in_one_forward(target, draft, plain, monkeypatch, temperature):
+    """Where the grammar forces the next tokens, a draft model's chain starts with them (q one-hot),
+    fed with its other tokens in one forward, and drafts past them: fewer draft forwards; greedy
+    output stays constrained plain decoding's, sampled output obeys the grammar (its q there is the
+    masked draft's own, one-hot; only the random stream differs, as no draw picks a forced token)."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+    forwards = []
+    original = DraftModelDrafter._logits
+    monkeypatch.setattr(DraftModelDrafter, "_logits", lambda self, x: forwards.append(1) or original(self, x))
+    sampling = SamplingParams(temperature=temperature, seed=4)
+    runs = {}
+    for take in (True, False):
+        if not take:
+            monkeypatch.setattr(DraftModelDrafter, "_forced", staticmethod(lambda state: []))
+        forwards.clear()
+        out = [generate(target, make_drafter("draft", target, 256, draft), p, sampling)[0].tokens for p in PROMPTS]
+        runs[take] = (out, len(forwards))
+    (tokens, n_forced), (same, n_plain) = runs[True], runs[False]
+    assert temperature > 0 or tokens == same == plain  # (generate's grammar checks every emitted token)
+    assert n_forced < n_plain
+
+
 def test_plain_decoding_under_the_grammar_obeys_it_and_differs_from_free_decoding(target, plain):
     free = Engine.single(target.module, make_drafter("none", target, 256), 256).generate(
         PROMPTS[0], GenerationConfig(30, 3), {STOP}).tokens

@@ -40,6 +40,9 @@ class DraftState:
     # tokens + drafted (None where the grammar rejects drafted). A drafter whose ids are the target's
     # may draft from its masked distribution (its q is then that one); None: no grammar.
     mask: Callable[[list[int]], torch.Tensor | None] | None = None
+    # forced(n): the next tokens the grammar forces (it allows exactly one), at most n. A drafter may
+    # take them as its chain's first tokens (q one-hot) and draft past them; None: no grammar.
+    forced: Callable[[int], list[int]] | None = None
 
     @property
     def limit(self) -> int:

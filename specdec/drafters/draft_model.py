@@ -105,9 +105,16 @@ class DraftModelDrafter(BaseDrafter):
             return self._propose_tree(state)
         feed = self._sync(state.tokens)
         device = self.cache.k.device
-        x = torch.tensor([feed], device=device)  # [1, T]
-        drafted, qs, stopped = [], [], False
-        for i in range(state.limit):
+        forced = self._forced(state)  # the grammar's next tokens: fed with the others in one forward
+        if forced and len(forced) == state.limit:  # they fill the chain: fed but the last, as a chain's
+            self._logits(torch.tensor([feed + forced[:-1]], device=device))
+            self.cached += forced[:-1]
+            return forced_draft(forced, state, self.target_vocab, device)
+        x = torch.tensor([feed + forced], device=device)  # [1, T]
+        drafted = [torch.tensor([t], device=device) for t in forced]
+        qs = [None if state.sampling.greedy else one_hot_q(t, self.target_vocab, device) for t in forced]
+        stopped = False
+        for i in range(len(forced), state.limit):
             logits = self._logits(x)  # [vocab]
             if state.mask is not None:  # under a grammar: draft from the masked distribution
                 allowed = state.mask([int(t) for t in drafted])  # [vocab]
@@ -132,6 +139,11 @@ class DraftModelDrafter(BaseDrafter):
 
     def observe(self, num_accepted: int) -> None:
         pass
+
+    @staticmethod
+    def _forced(state: DraftState) -> list[int]:
+        """The tokens the grammar forces next, up to the chain's limit (none without a grammar)."""
+        return state.forced(state.limit) if state.forced is not None and state.limit >= 1 else []
 
     def _decide(self, logits: torch.Tensor, q: torch.Tensor | None, state: DraftState, i: int) -> int:
         """Token i + 1: END (not drafted, the chain ends), LAST or GO_ON. The user's p_min ends the chain
@@ -263,8 +275,12 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
         raise SpecdecError("batched drafting needs chain drafters sharing one draft model")
     n = len(drafters)
     feeds = [d._sync(s.tokens) for d, s in zip(drafters, states)]  # each row's tokens to feed first
-    drafted: list[list[torch.Tensor]] = [[] for _ in range(n)]
-    qs: list[list] = [[] for _ in range(n)]
+    forced = [d._forced(s) if s.k >= 1 else [] for d, s in zip(drafters, states)]  # fed with them, drafted
+    full = [bool(f) and len(f) == s.limit for f, s in zip(forced, states)]  # the chain is the forced tokens
+    feeds = [fd + (f[:-1] if whole else f) for fd, f, whole in zip(feeds, forced, full)]
+    drafted: list[list[torch.Tensor]] = [[torch.tensor([t], device=device) for t in f] for f in forced]
+    qs: list[list] = [[None if s.sampling.greedy else one_hot_q(t, d.target_vocab, device) for t in f]
+                      for d, s, f in zip(drafters, states, forced)]
     stopped = [False] * n
     live = [i for i in range(n) if states[i].k >= 1]
     while live:
@@ -276,6 +292,8 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
         for j, i in enumerate(live):
             d, state = drafters[i], states[i]
             d.cache.advance(len(feeds[i]))
+            if full[i]:  # the forced tokens, fed but the last, are its whole chain
+                continue
             row = align_vocab(logits[j, len(feeds[i]) - 1], d.target_vocab)  # [vocab]
             if state.mask is not None:  # under a grammar: draft from the masked distribution
                 allowed = state.mask([int(t) for t in drafted[i]])  # [vocab]
@@ -302,6 +320,21 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
         d.cached += fed
         out.append(DraftTree.chain(toks, None if state.sampling.greedy or not qs[i] else torch.stack(qs[i])))
     return out
+
+
+def one_hot_q(token: int, vocab: int, device) -> torch.Tensor:
+    """The draft distribution # [vocab] of a token the grammar forces: all its mass there."""
+    q = torch.zeros(vocab, device=device)
+    q[token] = 1.0
+    return q
+
+
+def forced_draft(forced: list[int], state: DraftState, vocab: int, device) -> DraftTree:
+    """A chain of the grammar's forced tokens alone (q one-hot under sampling)."""
+    tokens = torch.tensor(forced, dtype=torch.long, device=device)
+    if state.sampling.greedy:
+        return DraftTree.chain(tokens)
+    return DraftTree.chain(tokens, torch.stack([one_hot_q(t, vocab, device) for t in forced]))
 
 
 def node_depths(parents: list[int]) -> list[int]:

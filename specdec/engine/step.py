@@ -296,8 +296,9 @@ def _state(seq: Sequence, action: Action) -> DraftState:
     room = seq.cache.capacity - seq.cache.length - 1
     cap = room if action.nodes is None else min(room, action.nodes)
     mask = None if seq.constraint is None else seq.constraint.mask_after
+    forced = None if seq.constraint is None else seq.constraint.forced
     return DraftState(seq.tokens, action.k, seq.cfg.sampling, seq.generator, max_nodes=cap, tree=action.tree,
-                      stop=action.stop, k_stop=action.k_stop, mask=mask)
+                      stop=action.stop, k_stop=action.k_stop, mask=mask, forced=forced)
 
 
 def _clip(seq: Sequence, tree: DraftTree, state: DraftState) -> DraftTree:
