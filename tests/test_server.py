@@ -217,6 +217,7 @@ def test_chat_non_streaming_and_streaming(main):
 
 BAD = [  # (endpoint, body changes, param named in the error)
     ("completions", {"n": 0}, "n"),
+    ("completions", {"n": 21}, "n"),  # more than the server's 4 slots and 16 waiting
     ("completions", {"max_tokens": -1}, "max_tokens"),
     ("completions", {"max_tokens": "many"}, "max_tokens"),
     ("completions", {"temperature": -1}, "temperature"),

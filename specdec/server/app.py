@@ -327,6 +327,10 @@ class Endpoints:
         constraints: each choice's grammar (one choice a constraint; None: none); tools: the syntax its tool
         calls are read in, or None. Choices after the first are submitted with it and wait for its
         prefill of the prompt, then copy it (specdec.engine.Engine.shares_a_prefill)."""
+        slots, waiting = self.scheduler.engine.max_batch, self.scheduler.max_queue
+        if len(constraints) > slots + waiting:  # never admissible at once: not a 429 to retry
+            raise APIError(400, f"n={len(constraints)} choices are more than this server holds at once ({slots} "
+                                f"slots and {waiting} waiting: --max-batch, --max-queue)", param="n")
         loop = asyncio.get_running_loop()
         queues: list[asyncio.Queue[Event]] = [asyncio.Queue() for _ in constraints]
         handles = []
