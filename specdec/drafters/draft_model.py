@@ -106,13 +106,12 @@ class DraftModelDrafter(BaseDrafter):
         feed = self._sync(state.tokens)
         device = self.cache.k.device
         forced = self._forced(state)  # the grammar's next tokens: fed with the others in one forward
+        drafted, qs = forced_start(forced, state, self.target_vocab, device)
         if forced and len(forced) == state.limit:  # they fill the chain: fed but the last, as a chain's
             self._logits(torch.tensor([feed + forced[:-1]], device=device))
             self.cached += forced[:-1]
-            return forced_draft(forced, state, self.target_vocab, device)
+            return DraftTree.chain(torch.cat(drafted), None if state.sampling.greedy else torch.stack(qs))
         x = torch.tensor([feed + forced], device=device)  # [1, T]
-        drafted = [torch.tensor([t], device=device) for t in forced]
-        qs = [None if state.sampling.greedy else one_hot_q(t, self.target_vocab, device) for t in forced]
         stopped = False
         for i in range(len(forced), state.limit):
             logits = self._logits(x)  # [vocab]
@@ -278,9 +277,9 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
     forced = [d._forced(s) if s.k >= 1 else [] for d, s in zip(drafters, states)]  # fed with them, drafted
     full = [bool(f) and len(f) == s.limit for f, s in zip(forced, states)]  # the chain is the forced tokens
     feeds = [fd + (f[:-1] if whole else f) for fd, f, whole in zip(feeds, forced, full)]
-    drafted: list[list[torch.Tensor]] = [[torch.tensor([t], device=device) for t in f] for f in forced]
-    qs: list[list] = [[None if s.sampling.greedy else one_hot_q(t, d.target_vocab, device) for t in f]
-                      for d, s, f in zip(drafters, states, forced)]
+    starts = [forced_start(f, s, d.target_vocab, device) for d, s, f in zip(drafters, states, forced)]
+    drafted: list[list[torch.Tensor]] = [t for t, _ in starts]
+    qs: list[list] = [q for _, q in starts]
     stopped = [False] * n
     live = [i for i in range(n) if states[i].k >= 1]
     while live:
@@ -322,19 +321,13 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
     return out
 
 
-def one_hot_q(token: int, vocab: int, device) -> torch.Tensor:
-    """The draft distribution # [vocab] of a token the grammar forces: all its mass there."""
-    q = torch.zeros(vocab, device=device)
-    q[token] = 1.0
-    return q
-
-
-def forced_draft(forced: list[int], state: DraftState, vocab: int, device) -> DraftTree:
-    """A chain of the grammar's forced tokens alone (q one-hot under sampling)."""
-    tokens = torch.tensor(forced, dtype=torch.long, device=device)
+def forced_start(forced: list[int], state: DraftState, vocab: int, device) -> tuple[list[torch.Tensor], list]:
+    """A chain's first tokens as the grammar forces them: the drafted tokens # [1] each and their q
+    # [vocab] (all the mass on the token; None under greedy), as the drafting loop keeps them."""
+    tokens = [torch.tensor([t], device=device) for t in forced]
     if state.sampling.greedy:
-        return DraftTree.chain(tokens)
-    return DraftTree.chain(tokens, torch.stack([one_hot_q(t, vocab, device) for t in forced]))
+        return tokens, [None] * len(forced)
+    return tokens, [torch.nn.functional.one_hot(t, vocab)[0].float() for t in tokens]
 
 
 def node_depths(parents: list[int]) -> list[int]:

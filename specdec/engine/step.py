@@ -173,10 +173,12 @@ def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: 
         seq.prompt_logprobs += token_logprobs(logits[None], [seq.tokens[end]], seq.cfg.logprobs)
     cache.advance(end - seq.prefilled)
     seq.prefilled = end
-    if end < seq.prompt_len or seq.cfg.max_new_tokens == 0:  # (0: the prompt alone is scored)
+    if end < seq.prompt_len:
         seq.stats.prefill_seconds += time.perf_counter() - t0
-        if end == seq.prompt_len:
-            seq.finish_reason = "length"
+        return None
+    if seq.cfg.max_new_tokens == 0:  # the prompt alone is scored
+        seq.stats.prefill_seconds += time.perf_counter() - t0
+        seq.finish_reason = "length"
         return seq.finish_reason
     sampling = seq.cfg.sampling
     scored = logits if seq.constraint is None else masked(logits[None], seq.constraint.allowed()[None])[0]
