@@ -166,12 +166,13 @@ static inline __m256i r_pair16(__m256i v) { /* int32 lanes of int16 values -> (v
 #endif
 
 #ifndef RP_PF
-#define RP_PF 8192 /* software prefetch distance (bytes ahead in the tile's stream) */
+#define RP_PF 8192 /* software prefetch distance (bytes ahead in the tile's stream; 0: none) */
 #endif
-/* lines [l0, l0 + nl) of the stream RP_PF bytes ahead of p, into L1 (only the first half prefetches) */
+/* lines [l0, l0 + nl) of the stream RP_PF bytes ahead of p, into SD_PREFETCH's cache level (only the
+ * first half prefetches) */
 #define RP_PREFETCH(p, l0, nl, h)                                                                    \
     do {                                                                                             \
-        if ((h) == 0)                                                                                \
+        if (RP_PF > 0 && (h) == 0)                                                                   \
             for (int l_ = (l0); l_ < (l0) + (nl); l_++) SD_PREFETCH((const char *)(p) + RP_PF + 64 * l_);          \
     } while (0)
 

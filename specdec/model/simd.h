@@ -8,12 +8,15 @@
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #define SIMD_NEON 1
 #include <arm_neon.h>
-/* software prefetch of the line at p into L1 */
+/* software prefetch of the line at p into L1 (unmeasured on an ARM host; x86 prefetches into L2) */
 #define SD_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
 #else
 #define SIMD_NEON 0
 #include <immintrin.h>
-#define SD_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+/* software prefetch of the line at p into L2, not L1: a prefetch far ahead of a stream from DRAM would
+ * hold one of L1's few miss buffers for a whole memory latency, and the loads behind it would wait for
+ * a free one (into L1 at 8 KB ahead, a decode step ran 1.2x longer; docs/design.md, Decisions) */
+#define SD_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #endif
 /* Q8_0_R16's weight bytes are w ^ RP_Q8_BIAS (quant_repack.c writes them, quant_rp.h's kernels read
  * them): w + 128 on x86 (vpdpbusd's unsigned operand), w itself on NEON (sdot's and smmla's signed one) */
