@@ -12,9 +12,11 @@ Usage: python scripts/draft_variants_acceptance.py [--k 4] [--max-new-tokens 128
 """
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -62,7 +64,6 @@ def round_blocks(w: torch.Tensor, bits: int) -> torch.Tensor:
 
 @torch.no_grad()
 def variant(base, bits: int, drop: list[int]):
-    import copy
     m = copy.deepcopy(base)
     for layer in m.model.layers:
         for mod in layer.modules():
@@ -133,7 +134,7 @@ def main() -> None:
             row[name] = {"alpha": round(sum(flat) / len(flat), 4),
                          "tau": round(sum(tau(a, args.k) * len(a) for a in agree) / len(flat), 4)}
         out["variants"][vname] = row
-        print(json.dumps({vname: row}), flush=True, file=__import__("sys").stderr)
+        print(json.dumps({vname: row}), flush=True, file=sys.stderr)
     print(json.dumps(out, indent=1))
 
 

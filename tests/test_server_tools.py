@@ -83,8 +83,14 @@ def test_named_call_streamed_equals_whole(served):
     c = client(served)
     kw = dict(model="smol", messages=ASK, tools=[WEATHER, TIME], max_tokens=80, temperature=0,
               tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False)
+    check_named_call_streamed_equals_whole(c, kw, "get_time")
+
+
+def check_named_call_streamed_equals_whole(c, kw: dict, name: str) -> None:
+    """The request kw (a call of `name` forced) gives that call, valid, whole; streamed, one tool_calls
+    delta with the same name and arguments, and finish_reason tool_calls."""
     whole = c.chat.completions.create(**kw).choices[0].message
-    assert [t.function.name for t in whole.tool_calls] == ["get_time"]
+    assert [t.function.name for t in whole.tool_calls] == [name]
     check_call(whole.tool_calls[0])
     deltas, finish = [], None
     for chunk in c.chat.completions.create(stream=True, **kw):
@@ -92,7 +98,7 @@ def test_named_call_streamed_equals_whole(served):
             deltas += chunk.choices[0].delta.tool_calls or []
             finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and len(deltas) == 1
-    assert deltas[0].function.name == "get_time"
+    assert deltas[0].function.name == name
     assert deltas[0].function.arguments == whole.tool_calls[0].function.arguments
 
 

@@ -16,7 +16,7 @@ from specdec.server import build_scheduler
 from specdec.server.tools import LLAMA3, syntax_of, template_messages
 from tests.test_families import LLAMA_CPP
 from tests.test_server import client, running, serve_args
-from tests.test_server_tools import ASK, TIME, WEATHER, check_call
+from tests.test_server_tools import ASK, TIME, WEATHER, check_call, check_named_call_streamed_equals_whole
 
 TEMPLATES = LLAMA_CPP / "models" / "templates"
 LLAMA31 = TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja"
@@ -77,17 +77,7 @@ def test_named_call_streamed_equals_whole_llama31(llama3_served):
     c = client(base)
     kw = dict(model="smol", messages=ASK, tools=[WEATHER, TIME], max_tokens=80, temperature=0,
               tool_choice={"type": "function", "function": {"name": "get_time"}})
-    whole = c.chat.completions.create(**kw).choices[0].message
-    assert [t.function.name for t in whole.tool_calls] == ["get_time"]
-    check_call(whole.tool_calls[0])
-    deltas, finish = [], None
-    for chunk in c.chat.completions.create(stream=True, **kw):
-        if chunk.choices:
-            deltas += chunk.choices[0].delta.tool_calls or []
-            finish = chunk.choices[0].finish_reason or finish
-    assert finish == "tool_calls" and len(deltas) == 1
-    assert deltas[0].function.name == "get_time"
-    assert deltas[0].function.arguments == whole.tool_calls[0].function.arguments
+    check_named_call_streamed_equals_whole(c, kw, "get_time")
 
 
 @pytest.mark.real
