@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 STEPS=${STEPS:-"tests families cudabench fp32 bf16"}  # a subset reruns part of it
 want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
-CUDA_TESTS=${CUDA_TESTS:-"tests/test_cuda.py tests/test_cuda_graphs.py tests/test_sampling.py::test_cuda_matches_cpu_processing_and_runs tests/test_tree.py::test_cuda_runs_and_matches_cpu_greedy"}
+CUDA_TESTS=${CUDA_TESTS:-"tests/test_cuda.py tests/test_cuda_graphs.py tests/test_device_chain.py tests/test_synthetic_bench.py tests/test_sampling.py::test_cuda_matches_cpu_processing_and_runs tests/test_tree.py::test_cuda_runs_and_matches_cpu_greedy"}
 : >"$OUT/cuda-tests.log"
 if [ "$DEV" = cuda ] && want tests; then
   timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider --timeout 90 $CUDA_TESTS >>"$OUT/cuda-tests.log" 2>&1
@@ -72,7 +72,9 @@ for name, (h, m, n, heads, kv) in shapes.items():
 PY
 M=/tmp/cuda-check-models
 # roofline, plain step, v(n), c and decode speed, eager against CUDA graphs, an oracle drafter at known acceptance
-[ "$DEV" = cuda ] && want cudabench && python3 scripts/cuda_bench.py --out "$OUT/cuda-bench.json" 2>&1 | tail -15
+# (Inductor's compile of the plain step last, cut at 8 minutes in all; the JSON keeps each finished mode)
+[ "$DEV" = cuda ] && want cudabench && timeout 480 python3 scripts/cuda_bench.py --out "$OUT/cuda-bench.json" \
+  --compile "${COMPILE:-reduce-overhead}" 2>&1 | tail -15
 # exactness: in fp32 every method's greedy tokens equal plain decoding's (bf16 may break near-ties,
 # which random weights are full of); then speed: bf16 with CUDA graphs
 G=$([ "$DEV" = cuda ] && echo --cuda-graphs)

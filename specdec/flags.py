@@ -66,7 +66,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "re-encodes them at load as Q4_0 (half the bytes a draft step reads; the output is still "
                         "exactly the target's), 8 keeps 8 bits (Q5_0 as Q8_0)")
     p.add_argument("--cuda-graphs", action="store_true",
-                   help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape")
+                   help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape, "
+                        "and a draft model's whole chain as one graph (one host sync a chain)")
 
 
 def add_drafter_knobs(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
+from specdec.drafters.device_chain import DeviceChains
 from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.model.quant import first_rows
 from specdec.model.kv_cache import KVCache
@@ -33,7 +34,7 @@ class DraftModelDrafter(BaseDrafter):
     """
 
     def __init__(self, model: Transformer, target_vocab: int, capacity: int, head_rows: int = 0,
-                 p_min: float = 0.0, tree: TreeConfig | None = None, window: int = 0):
+                 p_min: float = 0.0, tree: TreeConfig | None = None, window: int = 0, on_device: bool | None = None):
         if not 0.0 <= p_min < 1.0:
             raise SpecdecError(f"draft p_min must be in [0, 1), got {p_min}")
         if window < 0:
@@ -50,6 +51,10 @@ class DraftModelDrafter(BaseDrafter):
         self.pool_model = self if tree is None else None
         self.model = truncated_head(model, head_rows) if 0 < head_rows < model.config.vocab_size else model
         self.target_vocab = target_vocab
+        # chains drafted on the device, one host sync a chain (device_chain.py): by default where the model
+        # replays CUDA graphs
+        on_device = self.model.graphs is not None if on_device is None else on_device
+        self.chains = DeviceChains(self.model, target_vocab) if on_device else None
         self.cache = model.new_cache(capacity)
         self.cached: list[int] = []  # tokens whose keys/values the cache holds
         self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
@@ -106,6 +111,9 @@ class DraftModelDrafter(BaseDrafter):
         feed = self._sync(state.tokens)
         device = self.cache.k.device
         forced = self._forced(state)  # the grammar's next tokens: fed with the others in one forward
+        if (self.chains is not None and not forced and state.mask is None
+                and self.cache.length + len(feed) + state.limit <= self.cache.capacity):
+            return self._propose_on_device(state, feed)
         drafted, qs = forced_start(forced, state, self.target_vocab, device)
         if forced and len(forced) == state.limit:  # they fill the chain: fed but the last, as a chain's
             self._logits(torch.tensor([feed + forced[:-1]], device=device))
@@ -136,6 +144,21 @@ class DraftModelDrafter(BaseDrafter):
         self.cached += tokens.tolist() if stopped else tokens.tolist()[:-1]
         return DraftTree.chain(tokens, None if state.sampling.greedy or not qs else torch.stack(qs))
 
+    def _propose_on_device(self, state: DraftState, feed: list[int]) -> DraftTree:
+        """The chain drafted on the device to its limit, then cut by the stop rules (device_chain.py)."""
+        rules = self.p_min > 0 or state.stop is not None
+        chain = self.chains.draft(self.cache, feed, state.limit, state.sampling, state.generator, rules)
+        self.cached += chain.tokens.tolist()[:-1]  # every token but the last was fed
+        n = state.limit
+        if rules:
+            for i, top in enumerate(chain.top.tolist()):
+                decision = self._decision(top, state, i)
+                if decision != GO_ON:
+                    n = i + (decision == LAST)
+                    break
+        q = None if state.sampling.greedy or n == 0 else chain.q[:n]
+        return DraftTree.chain(chain.tokens[:n], q)
+
     def observe(self, num_accepted: int) -> None:
         pass
 
@@ -150,7 +173,10 @@ class DraftModelDrafter(BaseDrafter):
         the raw softmax under greedy)."""
         if self.p_min <= 0 and state.stop is None:
             return GO_ON
-        top = float((torch.softmax(logits, -1) if q is None else q).max())
+        return self._decision(float((torch.softmax(logits, -1) if q is None else q).max()), state, i)
+
+    def _decision(self, top: float, state: DraftState, i: int) -> int:
+        """_decide on the top probability of token i + 1's distribution."""
         if top < self.p_min:
             return END
         return GO_ON if state.stop is None else state.stop(i, top)

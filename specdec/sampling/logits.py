@@ -41,8 +41,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     number per vocabulary entry: about 3 ms a row at 151,936 entries on this CPU, a tenth of a decode
     step; this takes about 0.25 ms. `generator` lives on probs' device; no host sync.
     """
+    rows = probs.numel() // probs.shape[-1]
+    u = torch.rand(rows, 1, generator=generator, device=probs.device, dtype=torch.float64)  # [rows, 1]
+    return sample_at(probs, u)
+
+
+def sample_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """sample() at given uniforms u # [rows, 1] float64 in [0, 1), one per row of probs # [..., vocab]
+    (drawn before, e.g. outside a CUDA graph) -> int64 # [...]."""
     flat = probs.reshape(-1, probs.shape[-1])  # [rows, vocab]
-    u = torch.rand(flat.shape[0], 1, generator=generator, device=flat.device, dtype=torch.float64)  # [rows, 1]
     # a row at a time, each into the kept buffer (rows are few: one per sequence)
     tokens = torch.cat([_invert_cdf(row, u[i]) for i, row in enumerate(flat)])  # [rows]
     return tokens.reshape(probs.shape[:-1])

@@ -1,0 +1,214 @@
+"""Speed where the real files cannot go: random weights in a real model's shapes, and an oracle drafter
+at a stated acceptance.
+
+A GPU machine here receives at most 64 MiB, so the GGUFs stay behind. Speed does not depend on the
+weights' values; acceptance does. `successor_model` builds a model whose greedy next token is a fixed
+permutation of the current one (`succ[t]`) by a margin far wider than bf16's rounding: the lm_head is the
+embedding permuted, and the layers write little into the residual stream. Any verify path (one row,
+k + 1 rows, a CUDA graph) then agrees with plain decoding, and `OracleDrafter` proposes the successor
+chain with each token kept with probability alpha, so the measured acceptance is the stated one, in bf16
+as in fp32. Random weights without that structure break near-ties at once (bf16 acceptance 0.002).
+
+`measure` is scripts/cuda_bench.py's whole run for one mode (eager or CUDA graphs): the profile (roofline,
+v(n), the draft's c, and c as a k-token chain pays it, drafted token by token or on the device), plain
+decoding's rate, and the oracle's rate, acceptance and predicted speedup at each alpha. A CPU test runs it on tiny shapes, so the GPU bench cannot rot between GPU sessions.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+
+import torch
+
+from specdec.bench.profile import interleaved_seconds, profile, synchronize
+from specdec.config import GenerationConfig, SamplingParams
+from specdec.drafters.base import BaseDrafter, Capabilities, DraftState, NoDrafter
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.engine.engine import Engine
+from specdec.model.transformer import ModelConfig, Static, Transformer
+from specdec.policy.costs import interpolate
+from specdec.tree import DraftTree
+
+SHAPES = {  # from the GGUFs' metadata (specdec/model/loading.py reads the same fields)
+    "qwen2.5-coder-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+                               num_heads=12, num_kv_heads=2, head_dim=128),
+    "qwen2.5-coder-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                               num_heads=14, num_kv_heads=2, head_dim=64),
+    # CPU tests: the same structure, tiny
+    "tiny-target": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=16),
+    "tiny-draft": dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1,
+                       num_heads=2, num_kv_heads=1, head_dim=16),
+}
+RESIDUAL_WRITE = 0.01  # o_proj's and down_proj's scale against the embedding's: the residual stays near e_t
+
+
+def successor_model(shape: str, device: str, dtype: torch.dtype, seed: int) -> tuple[Transformer, torch.Tensor]:
+    """(a Transformer in SHAPES[shape], succ # [vocab]): its greedy next token after t is succ[t]."""
+    cfg = ModelConfig(**SHAPES[shape], rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=4096,
+                      tie_word_embeddings=False, attention_bias=True)
+    with torch.device(device):
+        model = Transformer(cfg)
+    model.to(device)  # the RoPE tables are made on the CPU
+    gen = torch.Generator(device).manual_seed(seed)
+    succ = torch.randperm(cfg.vocab_size, generator=gen, device=device)  # [vocab]
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # norms' weights 1, biases 0
+                p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+                continue
+            scale = RESIDUAL_WRITE if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
+            p.normal_(0.0, scale / math.sqrt(p.shape[1]), generator=gen)
+        embed = model.model.embed_tokens.weight  # [vocab, hidden], rows of norm about sqrt(hidden)
+        embed.normal_(0.0, 1.0, generator=gen)
+        # logit_j = h . embed[pred(j)], h about embed[t] normalized: largest at j = succ[t], by about
+        # hidden against the others' 4-5 sqrt(hidden)
+        model.lm_head.weight.copy_(embed[torch.argsort(succ)])
+    return model.to(dtype).eval(), succ
+
+
+class OracleDrafter(BaseDrafter):
+    """Proposes the successor chain of the last committed token, each token kept with probability alpha,
+    else replaced by another id: the target accepts each token with probability alpha (the chain ends at
+    the first replaced one), at no draft cost."""
+
+    caps = Capabilities()
+
+    def __init__(self, successor: torch.Tensor, alpha: float, seed: int = 0):
+        self.successor = successor.tolist()  # [vocab]
+        self.alpha, self.vocab = alpha, len(self.successor)
+        self.rng = random.Random(seed)
+
+    def start(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, state: DraftState) -> DraftTree:
+        out, t = [], state.tokens[-1]
+        for _ in range(state.k):
+            t = self.successor[t]
+            kept = t if self.rng.random() < self.alpha else (t + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+            out.append(kept)
+        return DraftTree.chain(torch.tensor(out, dtype=torch.long))
+
+
+def timed_generate(engine: Engine, prompt: list[int], new_tokens: int, k: int = 1):
+    """(seconds, GenerationResult) of one greedy generation, the device synchronized around it."""
+    device = engine.cache.k.device
+    synchronize(device)
+    t0 = time.perf_counter()
+    result = engine.generate(prompt, GenerationConfig(new_tokens, k, stop_at_eos=False))
+    synchronize(device)
+    return time.perf_counter() - t0, result
+
+
+def decode_rate(engine: Engine, prompt: list[int], new_tokens: int, k: int = 1, repeats: int = 3):
+    """(tokens/s after the prefill, the last run's result): (n - 1) / (time(n tokens) - time(1 token)),
+    medians of repeats."""
+    one = statistics.median(timed_generate(engine, prompt, 1)[0] for _ in range(repeats))
+    runs = [timed_generate(engine, prompt, new_tokens, k) for _ in range(repeats)]
+    full = statistics.median(s for s, _ in runs)
+    return (new_tokens - 1) / max(full - one, 1e-9), runs[-1][1]
+
+
+def oracle_run(target: Transformer, successor: torch.Tensor, prompt: list[int], plain, plain_rate: float,
+               alpha: float, k: int, verify_cost: dict, repeats: int) -> dict:
+    """The oracle at `alpha` against plain decoding (rate and result given): measured acceptance beside the
+    stated one, and the speedup predicted from it and v(k+1) beside the measured one."""
+    drafter = OracleDrafter(successor, alpha)
+    engine = Engine.single(target, drafter, len(prompt) + len(plain.tokens) + 2 * k + 8)
+    rate, res = decode_rate(engine, prompt, len(plain.tokens), k, repeats)
+    s = res.stats
+    measured = s.accepted / (s.accepted + s.rejections) if s.accepted + s.rejections else 0.0  # iid alpha
+    tokens = k + 1 if measured >= 1.0 else (1 - measured ** (k + 1)) / (1 - measured)
+    v = interpolate({int(n): c for n, c in verify_cost.items()}, k + 1)
+    return {"alpha_stated": alpha, "alpha_measured": round(measured, 3), "tau": round(s.tau, 3),
+            "tokens_per_second": round(rate, 2), "speedup": round(rate / plain_rate, 3),
+            "predicted_speedup": round(tokens / v, 3), "same_tokens_as_plain": res.tokens == plain.tokens}
+
+
+def chain_costs(draft: Transformer, prompt: list[int], k: int, step_seconds: float, repeats: int) -> dict:
+    """A greedy k-token chain of the draft model, drafted token by token (the host reads each token) and
+    on the device (device_chain.py: one sync, one CUDA graph under graphs), per draft token over the
+    target's plain step: c as a chain pays it."""
+    state = DraftState(prompt, k, SamplingParams(), None)
+    runs = {}
+    for on_device in (False, True):
+        drafter = DraftModelDrafter(draft, draft.config.vocab_size, len(prompt) + k + 8, on_device=on_device)
+        drafter.start(prompt)
+        runs["device" if on_device else "host"] = lambda d=drafter: d.propose(state).tokens.tolist()
+    times = interleaved_seconds(runs, draft.device, repeats)
+    return {f"chain_cost_ratio_{key}": round(statistics.median(ts) / k / step_seconds, 3) for key, ts in times.items()}
+
+
+def compiled_step(model: Transformer, context: int, repeats: int, mode: str) -> dict:
+    """The plain step (one token after `context` cached) through torch.compile (Inductor's fusions; with
+    mode "reduce-overhead" in torch's own CUDA graph): compile seconds and the step's best seconds."""
+    cache = model.new_cache(context + 1)  # outside inference mode: Inductor mutates the cache in place
+    slots = torch.tensor([context], device=model.device)  # [1]
+    mask = torch.arange(cache.capacity, device=model.device)[None, :] <= slots[:, None]  # [1, capacity]
+    x = torch.tensor([[1]], device=model.device)  # [1, 1]
+    step = torch.compile(lambda t: model.layers_forward(t, cache, Static(slots), slots[None], mask, True),
+                         fullgraph=True, dynamic=False, mode=mode)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        for _ in range(3):  # compile, then reduce-overhead's recording runs
+            step(x)
+        synchronize(model.device)
+        compile_seconds = time.perf_counter() - t0
+        seconds = min(interleaved_seconds({"step": lambda: step(x)}, model.device, repeats)["step"])
+    return {"mode": mode, "compile_seconds": round(compile_seconds, 1), "step_seconds": round(seconds, 5)}
+
+
+def hf_model(model: Transformer):
+    """HF transformers' Qwen2 class holding the same weights (the same device and dtype)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    c = model.config
+    cfg = Qwen2Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                      num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                      num_key_value_heads=c.num_kv_heads, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                      max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False)
+    with torch.device(model.device):
+        hf = Qwen2ForCausalLM(cfg).to(model.dtype)
+    hf.load_state_dict(model.state_dict(), strict=True, assign=True)  # the same tensors, not copies
+    return hf.eval()
+
+
+def hf_decode_rate(model: Transformer, prompt: list[int], new_tokens: int, repeats: int) -> dict:
+    """HF transformers' greedy generate() on the same weights: tokens/s after the prefill, as decode_rate
+    times ours, and whether its tokens are the successor chain."""
+    hf = hf_model(model)
+    ids = torch.tensor([prompt], device=model.device)
+
+    def run(n: int):
+        synchronize(model.device)
+        t0 = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        synchronize(model.device)
+        return time.perf_counter() - t0, out[0, len(prompt):].tolist()
+    one = statistics.median(run(1)[0] for _ in range(repeats))
+    runs = [run(new_tokens) for _ in range(repeats)]
+    full = statistics.median(s for s, _ in runs)
+    return {"tokens_per_second": round((new_tokens - 1) / max(full - one, 1e-9), 2), "tokens": runs[-1][1]}
+
+
+def measure(target: Transformer, successor: torch.Tensor, draft: Transformer | None, prompt: list[int],
+            new_tokens: int, alphas, k: int, repeats: int = 3, profile_repeats: int = 15,
+            bandwidth_mb: int = 2048) -> dict:
+    """One mode's numbers: the profile, plain decoding's rate, and the oracle at each alpha (successor:
+    successor_model's)."""
+    t0 = time.perf_counter()
+    prof = profile(target, draft, context=len(prompt), repeats=profile_repeats, bandwidth_mb=bandwidth_mb)
+    prof["profile_seconds"] = round(time.perf_counter() - t0, 1)
+    if draft is not None:
+        prof.update(chain_costs(draft, prompt, k, prof["step_seconds"], profile_repeats))
+    plain_rate, plain = decode_rate(Engine.single(target, NoDrafter(), len(prompt) + new_tokens + 8), prompt,
+                                    new_tokens, 1, repeats)
+    prof["plain_decode_tokens_per_second"] = round(plain_rate, 2)
+    succ = successor.tolist()
+    prof["plain_follows_successor"] = all(succ[a] == b for a, b in zip([prompt[-1]] + plain.tokens[:-1], plain.tokens))
+    prof[f"oracle_k{k}"] = {str(a): oracle_run(target, successor, prompt, plain, plain_rate, a, k,
+                                               prof["verify_cost"], repeats) for a in alphas}
+    return prof

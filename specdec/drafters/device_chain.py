@@ -1,0 +1,133 @@
+"""A draft model's chain drafted on the device: no host sync between draft tokens, and on CUDA one graph.
+
+DraftModelDrafter.propose drafts token by token: a forward, then the host reads the logits to pick the
+token (argmax or a sample) and to apply p_min and the policy's confidence rule, then feeds it. On a GPU
+each of those reads waits for the device, and a small model's step costs its kernel launches more than
+its bytes. Here each token's argmax (or its sample, at a uniform drawn before the chain from the
+request's generator) feeds the next forward on the device; the host reads the chain once: its tokens,
+their q and each position's top probability. The stop rules then cut it: the rule before token i reads
+only the top probability of q_i, which the tokens before i determine, so cutting afterwards equals
+deciding as it goes. Tokens past the cut were fed to the draft cache; the drafter's next sync rolls the
+cache back to the committed tokens, as after any rejection.
+
+Under CUDA graphs (model.graphs) the whole chain, the feed's forward and limit - 1 one-token forwards,
+is one graph per (cache, feed length, chain length, sampling), replayed with one launch. Elsewhere the
+same code runs eagerly (what the CPU tests check against the token-by-token loop).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from specdec.config import SamplingParams
+from specdec.model.kv_cache import KVCache
+from specdec.sampling.logits import probs_from_logits, sample_at
+
+
+@dataclass
+class Chain:
+    """A drafted chain before the stop rules: tokens # [limit], q # [limit, vocab] (None under greedy),
+    top # [limit] (each position's top probability; None when no rule reads it)."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+    top: torch.Tensor | None
+
+
+def draft_chain(model, cache: KVCache, feed: torch.Tensor, start: torch.Tensor, uniforms: torch.Tensor | None,
+                limit: int, sampling: SamplingParams, vocab: int, tops: bool) -> Chain:
+    """feed # [1, T0] written at slots start.. (start: a 0-dim int64 tensor on the device), then limit draft
+    tokens, each fed to the next forward but the last; uniforms # [limit, 1] float64 for sampling (None
+    under greedy). Only device operations, whatever the values: CUDA-graph capturable. The cache's length
+    is not moved (the caller advances it by T0 + limit - 1)."""
+    capacity, device = cache.capacity, feed.device
+    every = torch.arange(capacity, device=device)  # [capacity]
+    slots = start + torch.arange(feed.shape[1], device=device)  # [T]
+    x, tokens, qs, top = feed, [], [], []
+    for i in range(limit):
+        mask = every[None, :] <= slots[:, None]  # [T, capacity]
+        logits = model.static_forward(x, cache, slots, slots[None, :], mask, last_only=True)[0, -1].float()
+        logits = logits[:vocab] if logits.shape[0] >= vocab else torch.cat(
+            [logits, logits.new_full((vocab - logits.shape[0],), float("-inf"))])  # [vocab]
+        if sampling.greedy:
+            token = logits.argmax().view(1)
+            if tops:
+                top.append(torch.softmax(logits, -1).max().view(1))
+        else:
+            q = probs_from_logits(logits, sampling)  # [vocab]
+            token = sample_at(q[None], uniforms[i:i + 1])  # [1]
+            qs.append(q)
+            if tops:
+                top.append(q.max().view(1))
+        tokens.append(token)
+        x, slots = token.view(1, 1), slots[-1:] + 1
+    return Chain(torch.cat(tokens), torch.stack(qs) if qs else None, torch.cat(top) if tops else None)
+
+
+class _ChainGraph:
+    """One captured draft_chain: static input buffers, filled before each replay."""
+
+    def __init__(self, model, cache: KVCache, feed, start: int, uniforms, limit, sampling, vocab, tops):
+        device = feed.device
+        self.cache_ref = weakref.ref(cache)
+        self.feed = feed.clone()
+        self.start = torch.tensor(start, device=device)
+        self.uniforms = None if uniforms is None else uniforms.clone()
+        args = (limit, sampling, vocab, tops)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm-up on this call's own inputs: it writes what the call writes
+            for _ in range(2):
+                draft_chain(model, cache, self.feed, self.start, self.uniforms, *args)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = draft_chain(model, cache, self.feed, self.start, self.uniforms, *args)
+
+    def replay(self, feed, start: int, uniforms) -> Chain:
+        self.feed.copy_(feed)
+        self.start.fill_(start)
+        if uniforms is not None:
+            self.uniforms.copy_(uniforms)
+        self.graph.replay()
+        o = self.out
+        return Chain(o.tokens.clone(), None if o.q is None else o.q.clone(), None if o.top is None else o.top.clone())
+
+
+class DeviceChains:
+    """Drafts chains on the device for one draft model: graphed where the model has CUDA graphs (at most
+    max_graphs kept, least recently used first out), eager otherwise."""
+
+    def __init__(self, model, vocab: int, max_graphs: int = 16):
+        self.model, self.vocab, self.max_graphs = model, vocab, max_graphs
+        self.graphs: dict[tuple, _ChainGraph] = {}
+        self.captures = 0
+
+    def draft(self, cache: KVCache, feed: list[int], limit: int, sampling: SamplingParams,
+              generator: torch.Generator | None, tops: bool) -> Chain:
+        """The chain after `feed` at the cache's end; the cache then holds feed and the chain but its last."""
+        device, start = cache.k.device, cache.length
+        x = torch.tensor([feed], device=device)  # [1, T0]
+        uniforms = None if sampling.greedy else torch.rand(limit, 1, generator=generator, device=device,
+                                                           dtype=torch.float64)  # [limit, 1]
+        if self.model.graphs is None or torch.cuda.is_current_stream_capturing():
+            out = draft_chain(self.model, cache, x, torch.tensor(start, device=device), uniforms, limit, sampling,
+                              self.vocab, tops)
+        else:
+            out = self._graph(cache, x, start, uniforms, limit, sampling, tops).replay(x, start, uniforms)
+        cache.advance(len(feed) + limit - 1)
+        return out
+
+    def _graph(self, cache, x, start, uniforms, limit, sampling, tops) -> _ChainGraph:
+        key = (id(cache), x.shape[1], limit, sampling, tops)
+        graph = self.graphs.pop(key, None)
+        if graph is None or graph.cache_ref() is not cache:  # a new cache may reuse a freed one's id
+            graph = _ChainGraph(self.model, cache, x, start, uniforms, limit, sampling, self.vocab, tops)
+            self.captures += 1
+        self.graphs[key] = graph  # most recently used last
+        while len(self.graphs) > self.max_graphs:
+            del self.graphs[next(iter(self.graphs))]
+        return graph

@@ -1,0 +1,100 @@
+"""A chain drafted on the device (specdec/drafters/device_chain.py, one host sync a chain; a CUDA graph
+on a GPU) proposes what the token-by-token loop proposes, run eagerly here on the CPU: the same tokens,
+q and stop-rule cuts, and greedy generation equal to plain decoding's."""
+
+import pytest
+import torch
+
+from specdec.config import GenerationConfig, SamplingParams
+from specdec.drafters.base import END, GO_ON, LAST, DraftState, NoDrafter
+from specdec.drafters.device_chain import DeviceChains
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.engine.engine import Engine
+from tests.conftest import TINY_VOCAB
+
+CAP = 160
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [5, 9, 5, 9, 5, 9, 11], [42]]
+
+
+def pair(model, **kw):
+    return DraftModelDrafter(model, TINY_VOCAB, CAP, **kw), DraftModelDrafter(model, TINY_VOCAB, CAP, on_device=True, **kw)
+
+
+def propose_both(host, device, tokens, k, sampling=SamplingParams(), seed=0, stop=None, k_stop=0):
+    out = []
+    for d in (host, device):
+        gen = None if sampling.greedy else torch.Generator().manual_seed(seed)
+        out.append(d.propose(DraftState(list(tokens), k, sampling, gen, stop=stop, k_stop=k_stop)))
+    return out
+
+
+def test_the_device_chain_is_used_only_where_asked(tiny_draft):
+    host, device = pair(tiny_draft)
+    assert host.chains is None and isinstance(device.chains, DeviceChains)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_device_chain_equals_the_host_loop_step_after_step(tiny_draft, sampling):
+    host, device = pair(tiny_draft)
+    for d in (host, device):
+        d.start(PROMPTS[0])
+    tokens = list(PROMPTS[0])
+    g = torch.Generator().manual_seed(5)
+    for step in range(8):  # accept a random prefix of each chain, then a new token, as verification would
+        a, b = propose_both(host, device, tokens, 1 + step % 5, sampling, seed=step)
+        assert a.tokens.tolist() == b.tokens.tolist()
+        if not sampling.greedy:
+            torch.testing.assert_close(a.q, b.q)
+        keep = int(torch.randint(0, len(a) + 1, (1,), generator=g))
+        tokens += a.tokens.tolist()[:keep] + [int(torch.randint(0, TINY_VOCAB, (1,), generator=g))]
+    n = host.cache.length  # the host loop's cache holds what it fed; the device chain's holds more, then syncs
+    torch.testing.assert_close(device.cache.k[:, :, :, :n], host.cache.k[:, :, :, :n])
+
+
+def test_stop_rules_cut_the_chain_where_the_host_loop_stops(tiny_draft):
+    host, device = pair(tiny_draft, p_min=0.2)
+    for d in (host, device):
+        d.start(PROMPTS[1])
+    rules = {"end at 3": lambda i, p: END if i == 3 else GO_ON, "last at 2": lambda i, p: LAST if i == 2 else GO_ON,
+             "confident": lambda i, p: GO_ON if p > 0.5 else END}
+    tokens = list(PROMPTS[1])
+    for name, rule in rules.items():
+        a, b = propose_both(host, device, tokens, 4, stop=rule, k_stop=6)
+        assert a.tokens.tolist() == b.tokens.tolist(), name
+        tokens += a.tokens.tolist()[:1] + [7]
+
+
+@pytest.mark.parametrize("self_draft", [False, True], ids=["draft", "self"])
+def test_greedy_generation_with_device_chains_equals_plain(tiny_target, tiny_draft, self_draft):
+    drafter = DraftModelDrafter(tiny_target if self_draft else tiny_draft, TINY_VOCAB, CAP, on_device=True)
+    cfg = GenerationConfig(40, 4)
+    for prompt in PROMPTS:
+        expected = Engine.single(tiny_target, NoDrafter(), CAP).generate(prompt, cfg).tokens
+        result = Engine.single(tiny_target, drafter, CAP).generate(prompt, cfg)
+        assert result.tokens == expected
+        if self_draft:
+            assert result.stats.alpha == 1.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_graphed_chains_equal_eager_ones_on_cuda(sampling):
+    from specdec.model.cuda_graphs import enable_cuda_graphs
+    from tests.conftest import tiny_model
+    eager_model, graph_model = tiny_model(1, num_layers=1).cuda(), tiny_model(1, num_layers=1).cuda()
+    enable_cuda_graphs(graph_model)
+    eager = DraftModelDrafter(eager_model, TINY_VOCAB, CAP, on_device=True)
+    graphed = DraftModelDrafter(graph_model, TINY_VOCAB, CAP)
+    tokens = list(PROMPTS[0])
+    for d in (eager, graphed):
+        d.start(tokens)
+    for step in range(6):
+        out = []
+        for d in (eager, graphed):
+            gen = None if sampling.greedy else torch.Generator("cuda").manual_seed(step)
+            out.append(d.propose(DraftState(list(tokens), 4, sampling, gen)))
+        assert out[0].tokens.tolist() == out[1].tokens.tolist()
+        tokens += out[0].tokens.tolist()[:step % 4] + [3]
+    assert graphed.chains.captures >= 1 and graphed.chains.graphs

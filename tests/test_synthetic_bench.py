@@ -1,0 +1,72 @@
+"""The GPU bench's own code (specdec/bench/synthetic.py, scripts/cuda_bench.py) on tiny shapes on the CPU,
+so that it cannot rot between GPU sessions: the successor models keep every verify path on plain
+decoding's tokens in bf16 too, and the oracle measures the acceptance it states."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.bench.synthetic import OracleDrafter, measure, successor_model
+from specdec.config import SamplingParams
+from specdec.drafters.base import DraftState
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA = torch.cuda.is_available()
+
+
+def prompt(n: int = 48, vocab: int = 512) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def test_cuda_bench_script_runs_on_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "scripts/cuda_bench.py"), "--device", "cpu", "--target", "tiny-target",
+           "--draft", "tiny-draft", "--context", "48", "--new-tokens", "65", "--alphas", "0.6,0.9",
+           "--profile-repeats", "2", "--bandwidth-mb", "8", "--repeats", "1", "--compile", "default", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300)
+    report = json.loads(out.read_text())
+    assert report["compiled"]["step_seconds"] > 0, report["compiled"]  # Inductor compiled the plain step
+    eager = report["modes"]["eager"]
+    assert set(eager["verify_cost"]) == {"1", "2", "3", "5", "9", "17", "33"}
+    assert eager["draft_cost_ratio"] > 0 and eager["plain_decode_tokens_per_second"] > 0
+    assert eager["chain_cost_ratio_host"] > 0 and eager["chain_cost_ratio_device"] > 0
+    assert eager["plain_follows_successor"] and eager["hf_eager"]["follows_successor"]
+    assert eager["hf_eager"]["tokens_per_second"] > 0
+    for run in eager["oracle_k4"].values():
+        assert run["same_tokens_as_plain"] and run["predicted_speedup"] > 0 and 0 < run["alpha_measured"] <= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_oracle_measures_the_stated_alpha(dtype):
+    target, succ = successor_model("tiny-target", "cpu", dtype, 0)
+    r = measure(target, succ, None, prompt(), 600, [0.5, 0.9], 4, repeats=1, profile_repeats=1, bandwidth_mb=8)
+    assert r["plain_follows_successor"]
+    for run in r["oracle_k4"].values():  # about 3 standard deviations of 600 tokens' estimate
+        assert run["same_tokens_as_plain"]
+        assert abs(run["alpha_measured"] - run["alpha_stated"]) < 0.06, run
+
+
+def test_oracle_proposes_the_successor_chain_at_alpha_one_and_never_at_zero():
+    succ = torch.randperm(512, generator=torch.Generator().manual_seed(3))
+    state = DraftState(tokens=[5, 7], k=4, sampling=SamplingParams(), generator=None)
+    chain = [7]
+    for _ in range(4):
+        chain.append(int(succ[chain[-1]]))
+    assert OracleDrafter(succ, 1.0).propose(state).tokens.tolist() == chain[1:]
+    drafted = OracleDrafter(succ, 0.0).propose(state).tokens.tolist()
+    assert all(d != c for d, c in zip(drafted, chain[1:]))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_successor_models_on_cuda_with_graphs():
+    from specdec.model.cuda_graphs import enable_cuda_graphs
+    for graphs in (False, True):
+        target, succ = successor_model("tiny-target", "cuda", torch.bfloat16, 0)
+        if graphs:
+            enable_cuda_graphs(target)
+        r = measure(target, succ, None, prompt(), 200, [0.8], 4, repeats=1, profile_repeats=1, bandwidth_mb=8)
+        assert r["plain_follows_successor"] and r["oracle_k4"]["0.8"]["same_tokens_as_plain"]
