@@ -89,12 +89,14 @@ def tree_prediction(m: dict, c: float, v: dict, depth: int) -> dict:
     return {"at_k": round(speedup, 3), "best_k": None, "at_best_k": round(speedup, 3)}
 
 
-def predict(records: list[dict], gpu: dict, depth: int) -> dict:
+def predict(records: list[dict], gpu: dict, depth: int, labels: list[str]) -> dict:
     out = {}
-    for label in dict.fromkeys(r["method"] for r in records):
+    for label in labels:
         runs = [r for r in records if r["method"] == label and not r.get("error") and r.get("stats")]
-        kind = runs[0]["kind"] if runs else None
-        if kind in (None, "plain", "none") or runs[0].get("peer") or ":" not in label or label.endswith(":auto"):
+        if not runs:
+            continue
+        kind = runs[0]["kind"]
+        if kind in ("plain", "none") or runs[0].get("peer") or ":" not in label or label.endswith(":auto"):
             continue  # plain, peers and the policy's own k choices are not a fixed k
         m = pooled(runs)
         c = draft_token_cost(kind, m, gpu)
@@ -124,18 +126,23 @@ def main() -> None:
     ap.add_argument("--gpu", type=Path, required=True, help="a GPU profile JSON (specdec profile or cuda_bench.py)")
     ap.add_argument("--mode", default="graphs", help="cuda_bench.py's mode to read (graphs or eager)")
     ap.add_argument("--acceptance", type=Path, nargs="+", required=True, help="specdec bench output directories")
+    ap.add_argument("--draft-c", type=float, help="the draft model's c to assume instead of the profile's (what if)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     gpu = gpu_costs(args.gpu, args.mode)
+    if args.draft_c is not None:
+        gpu["draft"] = args.draft_c
     result = {"gpu_profile": str(args.gpu), "gpu_costs": {**gpu, "v": {str(n): c for n, c in gpu["v"].items()}},
               "predictions": {}}
     for run in args.acceptance:
         depth = json.loads((run / "summary.json").read_text())["config"].get("tree_depth", 4)
         records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
-        result["predictions"][run.name] = predict(records, gpu, depth)
+        labels = list(dict.fromkeys(r["method"] for r in records))
+        result["predictions"][run.name] = predict(records, gpu, depth, labels)
         categories = sorted({r["category"] for r in records})
         for cat in categories if len(categories) > 1 else []:
-            result["predictions"][f"{run.name}/{cat}"] = predict([r for r in records if r["category"] == cat], gpu, depth)
+            result["predictions"][f"{run.name}/{cat}"] = predict([r for r in records if r["category"] == cat], gpu,
+                                                                 depth, labels)
     print(table(result))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
