@@ -10,7 +10,7 @@ chain with each token kept with probability alpha, so the measured acceptance is
 as in fp32. Random weights without that structure break near-ties at once (bf16 acceptance 0.002).
 
 `measure` is scripts/cuda_bench.py's whole run for one mode (eager or CUDA graphs): the profile (roofline,
-v(n), the draft's c, and c as a k-token chain pays it, drafted token by token or on the device), plain
+v(n), the draft's c and an EAGLE head's, and the draft's c as a k-token chain pays it, drafted token by token or on the device), plain
 decoding's rate, and the oracle's rate, acceptance and predicted speedup at each alpha. A CPU test runs it on tiny shapes, so the GPU bench cannot rot between GPU sessions.
 """
 
@@ -27,6 +27,8 @@ from specdec.bench.profile import interleaved_seconds, profile, synchronize
 from specdec.config import GenerationConfig, SamplingParams
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState, NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.eagle import EagleDrafter
+from specdec.heads.modules import build_head, eagle_config
 from specdec.engine.engine import Engine
 from specdec.model.transformer import ModelConfig, Static, Transformer
 from specdec.policy.costs import interpolate
@@ -68,6 +70,15 @@ def successor_model(shape: str, device: str, dtype: torch.dtype, seed: int) -> t
         # hidden against the others' 4-5 sqrt(hidden)
         model.lm_head.weight.copy_(embed[torch.argsort(succ)])
     return model.to(dtype).eval(), succ
+
+
+def random_eagle(target: Transformer, capacity: int, seed: int) -> EagleDrafter:
+    """An EAGLE drafter with a random head in the shipped head's shape (one layer of the target's, its MLP
+    2048 wide where the target's is wider, a 32,768-id draft vocabulary): its cost, not its acceptance."""
+    cfg = target.config
+    torch.manual_seed(seed)
+    head = build_head(eagle_config(cfg, min(32768, cfg.vocab_size), min(2048, cfg.intermediate_size)))
+    return EagleDrafter(target, head.to(target.device, target.dtype), capacity)
 
 
 class OracleDrafter(BaseDrafter):
@@ -200,7 +211,9 @@ def measure(target: Transformer, successor: torch.Tensor, draft: Transformer | N
     """One mode's numbers: the profile, plain decoding's rate, and the oracle at each alpha (successor:
     successor_model's)."""
     t0 = time.perf_counter()
-    prof = profile(target, draft, context=len(prompt), repeats=profile_repeats, bandwidth_mb=bandwidth_mb)
+    head = random_eagle(target, len(prompt) + 8, 2)
+    prof = profile(target, draft, context=len(prompt), repeats=profile_repeats, bandwidth_mb=bandwidth_mb,
+                   head=head.entry(len(prompt)))
     prof["profile_seconds"] = round(time.perf_counter() - t0, 1)
     if draft is not None:
         prof.update(chain_costs(draft, prompt, k, prof["step_seconds"], profile_repeats))
