@@ -10,9 +10,10 @@ only the top probability of q_i, which the tokens before i determine, so cutting
 deciding as it goes. Tokens past the cut were fed to the draft cache; the drafter's next sync rolls the
 cache back to the committed tokens, as after any rejection.
 
-Under CUDA graphs (model.graphs) the whole chain, the feed's forward and limit - 1 one-token forwards,
-is one graph per (cache, feed length, chain length, sampling), replayed with one launch. Elsewhere the
-same code runs eagerly (what the CPU tests check against the token-by-token loop).
+The committed tokens are fed by the model's own forward (under CUDA graphs, its graph of that length);
+the chain's limit - 1 one-token forwards, each token's pick among them, are one graph per (cache, chain
+length, sampling) under CUDA graphs (model.graphs), replayed with one launch. Elsewhere the same code
+runs eagerly (what the CPU tests check against the token-by-token loop).
 """
 
 from __future__ import annotations
@@ -37,43 +38,52 @@ class Chain:
     top: torch.Tensor | None
 
 
-def draft_chain(model, cache: KVCache, feed: torch.Tensor, start: torch.Tensor, uniforms: torch.Tensor | None,
+def _pick(logits: torch.Tensor, u: torch.Tensor | None, sampling: SamplingParams, tops: bool):
+    """A draft token from logits # [vocab] (argmax, or sampled at the uniform u # [1, 1]): (token # [1], q # [vocab]
+    or None, top # [1] or None)."""
+    if sampling.greedy:
+        return logits.argmax().view(1), None, torch.softmax(logits, -1).max().view(1) if tops else None
+    q = probs_from_logits(logits, sampling)  # [vocab]
+    return sample_at(q[None], u), q, q.max().view(1) if tops else None
+
+
+def draft_chain(model, cache: KVCache, logits: torch.Tensor, start: torch.Tensor, uniforms: torch.Tensor | None,
                 limit: int, sampling: SamplingParams, vocab: int, tops: bool) -> Chain:
-    """feed # [1, T0] written at slots start.. (start: a 0-dim int64 tensor on the device), then limit draft
-    tokens, each fed to the next forward but the last; uniforms # [limit, 1] float64 for sampling (None
-    under greedy). Only device operations, whatever the values: CUDA-graph capturable. The cache's length
-    is not moved (the caller advances it by T0 + limit - 1)."""
-    capacity, device = cache.capacity, feed.device
-    every = torch.arange(capacity, device=device)  # [capacity]
-    slots = start + torch.arange(feed.shape[1], device=device)  # [T]
-    x, tokens, qs, top = feed, [], [], []
+    """limit draft tokens after the position whose logits # [vocab] are given, each fed to the next one-token
+    forward but the last, the first at slot start (a 0-dim int64 tensor on the device); uniforms # [limit, 1]
+    float64 for sampling (None under greedy). Only device operations, whatever the values: CUDA-graph
+    capturable. The cache's length is not moved (the caller advances it by limit - 1)."""
+    every = torch.arange(cache.capacity, device=logits.device)  # [capacity]
+    slots = start.view(1)  # [1]
+    tokens, qs, top = [], [], []
     for i in range(limit):
-        mask = every[None, :] <= slots[:, None]  # [T, capacity]
-        logits = model.static_forward(x, cache, slots, slots[None, :], mask, last_only=True)[0, -1].float()
-        logits = logits[:vocab] if logits.shape[0] >= vocab else torch.cat(
-            [logits, logits.new_full((vocab - logits.shape[0],), float("-inf"))])  # [vocab]
-        if sampling.greedy:
-            token = logits.argmax().view(1)
-            if tops:
-                top.append(torch.softmax(logits, -1).max().view(1))
-        else:
-            q = probs_from_logits(logits, sampling)  # [vocab]
-            token = sample_at(q[None], uniforms[i:i + 1])  # [1]
-            qs.append(q)
-            if tops:
-                top.append(q.max().view(1))
+        token, q, t = _pick(logits, None if uniforms is None else uniforms[i:i + 1], sampling, tops)
         tokens.append(token)
-        x, slots = token.view(1, 1), slots[-1:] + 1
-    return Chain(torch.cat(tokens), torch.stack(qs) if qs else None, torch.cat(top) if tops else None)
+        qs.append(q)
+        top.append(t)
+        if i == limit - 1:
+            break
+        mask = every[None, :] <= slots[:, None]  # [1, capacity]
+        out = model.static_forward(token.view(1, 1), cache, slots, slots[None, :], mask, last_only=True)
+        logits = align(out[0, -1].float(), vocab)
+        slots = slots + 1
+    return Chain(torch.cat(tokens), None if sampling.greedy else torch.stack(qs), torch.cat(top) if tops else None)
+
+
+def align(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft logits # [draft_vocab] cut or padded (-inf) to the target's vocab # [vocab]."""
+    if logits.shape[0] >= vocab:
+        return logits[:vocab]
+    return torch.cat([logits, logits.new_full((vocab - logits.shape[0],), float("-inf"))])
 
 
 class _ChainGraph:
     """One captured draft_chain: static input buffers, filled before each replay."""
 
-    def __init__(self, model, cache: KVCache, feed, start: int, uniforms, limit, sampling, vocab, tops):
-        device = feed.device
+    def __init__(self, model, cache: KVCache, logits, start: int, uniforms, limit, sampling, vocab, tops):
+        device = logits.device
         self.cache_ref = weakref.ref(cache)
-        self.feed = feed.clone()
+        self.logits = logits.clone()
         self.start = torch.tensor(start, device=device)
         self.uniforms = None if uniforms is None else uniforms.clone()
         args = (limit, sampling, vocab, tops)
@@ -81,14 +91,14 @@ class _ChainGraph:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm-up on this call's own inputs: it writes what the call writes
             for _ in range(2):
-                draft_chain(model, cache, self.feed, self.start, self.uniforms, *args)
+                draft_chain(model, cache, self.logits, self.start, self.uniforms, *args)
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.out = draft_chain(model, cache, self.feed, self.start, self.uniforms, *args)
+            self.out = draft_chain(model, cache, self.logits, self.start, self.uniforms, *args)
 
-    def replay(self, feed, start: int, uniforms) -> Chain:
-        self.feed.copy_(feed)
+    def replay(self, logits, start: int, uniforms) -> Chain:
+        self.logits.copy_(logits)
         self.start.fill_(start)
         if uniforms is not None:
             self.uniforms.copy_(uniforms)
@@ -108,24 +118,29 @@ class DeviceChains:
 
     def draft(self, cache: KVCache, feed: list[int], limit: int, sampling: SamplingParams,
               generator: torch.Generator | None, tops: bool) -> Chain:
-        """The chain after `feed` at the cache's end; the cache then holds feed and the chain but its last."""
+        """The chain after `feed` at the cache's end; the cache then holds feed and the chain but its last.
+        The feed goes through the model's own forward (a graph per length under CUDA graphs), the chain
+        through one graph per (limit, sampling), so the feed's length does not multiply the graphs."""
         device, start = cache.k.device, cache.length
         x = torch.tensor([feed], device=device)  # [1, T0]
+        logits = align(self.model(x, cache, start, last_only=True)[0, -1].float(), self.vocab)  # [vocab]
+        cache.advance(len(feed))
         uniforms = None if sampling.greedy else torch.rand(limit, 1, generator=generator, device=device,
                                                            dtype=torch.float64)  # [limit, 1]
-        if self.model.graphs is None or torch.cuda.is_current_stream_capturing():
-            out = draft_chain(self.model, cache, x, torch.tensor(start, device=device), uniforms, limit, sampling,
-                              self.vocab, tops)
+        start = cache.length
+        if self.model.graphs is None or limit == 1 or torch.cuda.is_current_stream_capturing():
+            out = draft_chain(self.model, cache, logits, torch.tensor(start, device=device), uniforms, limit,
+                              sampling, self.vocab, tops)
         else:
-            out = self._graph(cache, x, start, uniforms, limit, sampling, tops).replay(x, start, uniforms)
-        cache.advance(len(feed) + limit - 1)
+            out = self._graph(cache, logits, start, uniforms, limit, sampling, tops).replay(logits, start, uniforms)
+        cache.advance(limit - 1)
         return out
 
-    def _graph(self, cache, x, start, uniforms, limit, sampling, tops) -> _ChainGraph:
-        key = (id(cache), x.shape[1], limit, sampling, tops)
+    def _graph(self, cache, logits, start, uniforms, limit, sampling, tops) -> _ChainGraph:
+        key = (id(cache), limit, sampling, tops)
         graph = self.graphs.pop(key, None)
         if graph is None or graph.cache_ref() is not cache:  # a new cache may reuse a freed one's id
-            graph = _ChainGraph(self.model, cache, x, start, uniforms, limit, sampling, self.vocab, tops)
+            graph = _ChainGraph(self.model, cache, logits, start, uniforms, limit, sampling, self.vocab, tops)
             self.captures += 1
         self.graphs[key] = graph  # most recently used last
         while len(self.graphs) > self.max_graphs:
