@@ -10,6 +10,9 @@ links the OpenMP runtime by its soname, so in a process that imported torch it s
 thread pool instead of starting a second one. Where the compiler has no OpenMP (Apple clang), it
 tries libomp (`-Xpreprocessor -fopenmp -lomp`), else builds without it: one thread.
 
+On an x86 CPU with AMX, a native build runs Q4_K's GEMM from 9 input rows on AMX tiles (quant_rp_amx.h:
+the same bits as the vector kernels); `SPECDEC_AMX=0` keeps the vector kernels (for comparing them).
+
 The instruction set is the compiler's target: `native` unless `$SPECDEC_CPU_TARGET` names another
 (`x86-64-v3`, `x86-64-v3+avxvnni`, `armv8.2-a+dotprod`, `armv8.6-a+i8mm`, ...; see target_flags).
 The library says what it was built for (kernels_isa), and it is used only where this CPU has all
@@ -36,10 +39,12 @@ import torch
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_repack.c", "quant_q8.c", "fused_ops.c",
                                                 "cpu_forward.c")]
-HEADERS = [Path(__file__).with_name(n) for n in ("kernels.h", "simd.h", "quant_kq.h", "quant_rp.h", "quant_neon.h", "quant_rp_neon.h", "quant_rp_mm.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("kernels.h", "simd.h", "quant_kq.h", "quant_rp.h", "quant_neon.h", "quant_rp_neon.h", "quant_rp_mm.h",
+                                                "quant_rp_amx.h")]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
 OPENMP = (["-fopenmp"], ["-Xpreprocessor", "-fopenmp", "-lomp"], [])  # tried in turn: gcc/clang, Apple clang + libomp, none
 TARGET_ENV = "SPECDEC_CPU_TARGET"
+AMX_ENV = "SPECDEC_AMX"  # "0": the vector kernels even where AMX could run (cpu_kernels.load)
 # GGUF block formats the kernels read (ggml type ids: gguf.GGMLQuantizationType)
 QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 # the layouts weights are repacked into at load (quant_rp.h: tiles of 16 output rows); ids of our own, not GGUF's
@@ -155,6 +160,9 @@ def load(extra_flags: list[str] | None = None, target: str | None = None):
     lib.quant_dequantize.restype = None
     lib.quant_gemm_q8.argtypes = [ctypes.c_int, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_int]
     lib.quant_gemm_q8.restype = ctypes.c_int
+    lib.quant_amx_enable.argtypes = [ctypes.c_int]
+    lib.quant_amx_enable.restype = ctypes.c_int
+    lib.quant_amx_enable(0 if os.environ.get(AMX_ENV) == "0" else 1)
     lib.quant_q8_supported.argtypes = [ctypes.c_int, i64]
     lib.quant_q8_supported.restype = ctypes.c_int
     lib.quant_repack.argtypes = [ctypes.c_int, p, p, i64, i64, ctypes.c_int]

@@ -35,6 +35,9 @@ int quant_q8_supported(int type, int64_t K);
 void quant_q8_activations(const float *x, int64_t K, int64_t B, int8_t *q, float *d, int16_t *s, float *sa);
 int quant_gemm_q8(int type, const uint8_t *W, const float *X, const float *b, float *Y, int64_t N, int64_t K,
                   int64_t n, int64_t ldx, int64_t ldy, int nthreads);
+/* Q4_K's repacked GEMM on AMX tiles from 9 rows (quant_rp_amx.h): asks the kernel for the tile state; 1 when
+ * the build has AMX and the kernel grants it, else 0 (and off) */
+int quant_amx_enable(int on);
 
 /* fused_ops.c: the layers' other operations */
 void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t dim, int64_t ldx, float eps);

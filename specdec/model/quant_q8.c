@@ -316,6 +316,7 @@ static inline __m256i lane_sums8(const __m256i *p) {
 
 typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
 #include "quant_rp.h"
+#include "quant_rp_amx.h" /* Q4_K on AMX tiles where the build and the kernel allow */
 #define Q_ALL_C(X, a, b, c) X(a, b, c, 1) X(a, b, c, 2) X(a, b, c, 3) X(a, b, c, 4) X(a, b, c, 5) X(a, b, c, 6) \
     X(a, b, c, 7) X(a, b, c, 8) X(a, b, c, 9) X(a, b, c, 10) X(a, b, c, 11) X(a, b, c, 12) X(a, b, c, 13)          \
     X(a, b, c, 14) X(a, b, c, 15) X(a, b, c, 16)
@@ -431,14 +432,25 @@ void quant_q8_activations(const float *x, int64_t K, int64_t B, int8_t *q, float
  * (a prefill too: each weight row meets the inputs 16 at a time while it is in L1), W: N rows of
  * quant_row_bytes(type, K) bytes. Returns 0, or -1 for what it cannot take (or no memory). */
 /* one tile's kernel call, into Y directly or, for a last tile of fewer than 16 valid rows, through a buffer */
-static void rp_tile(const rp_kernels *rk, int64_t C, const uint8_t *w, const act *a, float *Y, int64_t ldy,
-                    int64_t rows) {
-    if (rows >= RP_ROWS) {
-        rk->fn[C](w, a, Y, ldy);
+static void rp_call(const rp_kernels *rk, int amx, int64_t C, const uint8_t *w, const act *a, float *y, int64_t ldy) {
+#if RP_AMX
+    if (amx && C >= RP_AMX_MIN_C) {
+        rp_q4_k_amx(w, a, y, ldy, (int)C);
         return;
     }
-    float t[RP_MAXC * RP_ROWS];
-    rk->fn[C](w, a, t, RP_ROWS);
+#endif
+    (void)amx;
+    rk->fn[C](w, a, y, ldy);
+}
+
+static void rp_tile(const rp_kernels *rk, int amx, int64_t C, const uint8_t *w, const act *a, float *Y, int64_t ldy,
+                    int64_t rows) {
+    if (rows >= RP_ROWS) {
+        rp_call(rk, amx, C, w, a, Y, ldy);
+        return;
+    }
+    float t[RP_AMX_MAXC * RP_ROWS];
+    rp_call(rk, amx, C, w, a, t, RP_ROWS);
     for (int64_t c = 0; c < C; c++) memcpy(Y + c * ldy, t + c * RP_ROWS, sizeof(float) * (size_t)rows);
 }
 
@@ -450,6 +462,12 @@ static int rp_gemm(int type, const rp_kernels *rk, const uint8_t *W, const float
     const act *a = act_buffer(type, n, K);
     if (!a) return -1;
     const int64_t rb = quant_rp_row_bytes(type, K), tb = RP_ROWS * rb;
+#if RP_AMX
+    const int amx = rp_amx_on && rk == &RP_Q4_K && n >= RP_AMX_MIN_C; /* AMX takes up to 16 rows a call */
+#else
+    const int amx = 0;
+#endif
+    const int64_t maxc = amx ? RP_AMX_MAXC : RP_MAXC;
 #pragma omp parallel num_threads(nthreads)
     {
         int64_t t, T;
@@ -461,10 +479,11 @@ static int rp_gemm(int type, const rp_kernels *rk, const uint8_t *W, const float
         const int64_t panel = n <= RP_MAXC ? r1 - r0 : (Q8_TILE_BYTES / tb > 1 ? Q8_TILE_BYTES / tb : 1) * RP_ROWS;
         for (int64_t p0 = r0; p0 < r1; p0 += panel) {
             const int64_t p1 = p0 + panel < r1 ? p0 + panel : r1;
-            for (int64_t c0 = 0; c0 < n; c0 += RP_MAXC) {
-                const int64_t C = n - c0 < RP_MAXC ? n - c0 : RP_MAXC;
+            for (int64_t c0 = 0; c0 < n; c0 += maxc) {
+                const int64_t C = n - c0 < maxc ? n - c0 : maxc;
                 const act part = act_from(a, c0);
-                for (int64_t r = p0; r < p1; r += RP_ROWS) rp_tile(rk, C, W + r * rb, &part, Y + c0 * ldy + r, ldy, p1 - r);
+                for (int64_t r = p0; r < p1; r += RP_ROWS)
+                    rp_tile(rk, amx, C, W + r * rb, &part, Y + c0 * ldy + r, ldy, p1 - r);
             }
         }
         if (b && r0 < r1)
