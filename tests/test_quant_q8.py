@@ -429,3 +429,21 @@ def test_a_bad_or_foreign_target_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: "flags : fpu sse sse2")  # a CPU without AVX2
     with pytest.raises(RuntimeError, match="this CPU lacks avx2, fma"):
         cpu_kernels.load(target="x86-64-v3")
+
+
+@kernel
+def test_amx_rows_keep_their_bits_when_onednn_uses_the_tiles_between_calls():
+    """Q4_K on AMX tiles (quant_rp_amx.h; AMX hosts only): 9-16 rows give each row its one-row bits, also
+    after torch's bf16 GEMM (oneDNN, on AMX where the CPU has it) used and released the tiles on the same
+    threads between two calls (the kernels configure the tiles afresh each call)."""
+    if not cpu_kernels._lib.quant_amx_enable(1):
+        pytest.skip("no AMX here (or the kernel refused the tile state)")
+    K, N = 768, 64
+    rtype, packed = cpu_kernels.repack(cpu_kernels.QUANT_TYPES["Q4_K"],
+                                       torch.from_numpy(random_blocks("Q4_K", N, K, seed=1)), K)
+    x = torch.randn(1, 16, K, generator=torch.Generator().manual_seed(0))
+    one = torch.cat([cpu_kernels.quant_linear(x[:, i:i + 1], [(rtype, packed)]) for i in range(16)], 1)
+    a = torch.randn(512, 512, dtype=torch.bfloat16)
+    for n in (16, 16, 12, 12, 9, 9):  # the same row count again: a configuration the thread thinks it holds
+        (a @ a).sum()
+        assert torch.equal(cpu_kernels.quant_linear(x[:, :n], [(rtype, packed)]), one[:, :n]), n

@@ -473,6 +473,9 @@ static int rp_gemm(int type, const rp_kernels *rk, const uint8_t *W, const float
         int64_t t, T;
         thread_index(&t, &T);
         quantize_rows(a, X, ldx, n * t / T, n * (t + 1) / T, 0);
+#if RP_AMX
+        rp_amx_rows = 0; /* configure the tiles afresh each call: other code (oneDNN) may have used them since */
+#endif
 #pragma omp barrier
         int64_t r0, r1;
         thread_rows(N, RP_ROWS, &r0, &r1);

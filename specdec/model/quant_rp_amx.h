@@ -31,7 +31,8 @@ long syscall(long number, ...); /* unistd.h's, which -std=c11 leaves undeclared 
 #endif
 
 static int rp_amx_on; /* quant_amx_enable's answer */
-static __thread int rp_amx_rows; /* the A and C tiles' rows this thread's tile configuration holds (0: none) */
+/* the A and C tiles' rows this thread's tile configuration holds (0: unknown; rp_gemm resets it each call) */
+static __thread int rp_amx_rows;
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
