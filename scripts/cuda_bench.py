@@ -67,6 +67,8 @@ def main() -> None:
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("cuda_bench: no CUDA device here; --device cpu runs the same code on the CPU")
     report = {"device": torch.cuda.get_device_name() if cuda else args.device, "torch": torch.__version__,
               "dtype": str(dtype), "target": args.target, "draft": args.draft, "context": args.context,
               "k": args.k, "modes": {}}

@@ -28,11 +28,21 @@ HEAD_KINDS = {"eagle", "eagle-tree", "eagle-hybrid", "medusa"}
 LOOKUP_KINDS = {"ngram", "suffix"}
 
 
+def read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"gpu_predict: cannot read {what} {path}: {e}")
+
+
 def gpu_costs(path: Path, mode: str) -> dict:
     """v(n) # {n: cost}, the draft's and the head's c, and the plain step's seconds from a GPU profile."""
-    prof = json.loads(path.read_text())
+    prof = read_json(path, "the GPU profile")
     if "modes" in prof:  # scripts/cuda_bench.py's report
         prof = prof["modes"][mode if mode in prof["modes"] else "eager"]
+    if "verify_cost" not in prof or "step_seconds" not in prof:
+        raise SystemExit(f"gpu_predict: {path} is not a profile (specdec profile's or cuda_bench.py's JSON): "
+                         "no verify_cost or step_seconds")
     return {"v": {int(n): c for n, c in prof["verify_cost"].items()}, "draft": prof.get("draft_cost_ratio"),
             "head": prof.get("head_cost_ratio"), "step_seconds": prof["step_seconds"]}
 
@@ -135,8 +145,11 @@ def main() -> None:
     result = {"gpu_profile": str(args.gpu), "gpu_costs": {**gpu, "v": {str(n): c for n, c in gpu["v"].items()}},
               "predictions": {}}
     for run in args.acceptance:
-        depth = json.loads((run / "summary.json").read_text())["config"].get("tree_depth", 4)
-        records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
+        depth = read_json(run / "summary.json", "the bench summary")["config"].get("tree_depth", 4)
+        try:
+            records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"gpu_predict: cannot read the bench records {run / 'records.jsonl'}: {e}")
         labels = list(dict.fromkeys(r["method"] for r in records))
         result["predictions"][run.name] = predict(records, gpu, depth, labels)
         categories = sorted({r["category"] for r in records})

@@ -3,6 +3,7 @@ so that it cannot rot between GPU sessions: the successor models keep every veri
 decoding's tokens in bf16 too, and the oracle measures the acceptance it states."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,10 @@ def test_cuda_bench_script_runs_on_cpu(tmp_path):
            "--profile-repeats", "2", "--bandwidth-mb", "8", "--repeats", "1", "--compile", "default", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300)
     report = json.loads(out.read_text())
-    assert report["compiled"]["step_seconds"] > 0, report["compiled"]  # Inductor compiled the plain step
+    if shutil.which("g++") or shutil.which("c++"):  # Inductor compiled the plain step
+        assert report["compiled"]["step_seconds"] > 0, report["compiled"]
+    else:  # without a C++ compiler it cannot, and the bench says so and keeps the rest
+        assert "error" in report["compiled"]
     eager = report["modes"]["eager"]
     assert set(eager["verify_cost"]) == {"1", "2", "3", "5", "9", "17", "33"}
     assert eager["draft_cost_ratio"] > 0 and eager["plain_decode_tokens_per_second"] > 0

@@ -105,23 +105,28 @@ class OracleDrafter(BaseDrafter):
         return DraftTree.chain(torch.tensor(out, dtype=torch.long))
 
 
-def timed_generate(engine: Engine, prompt: list[int], new_tokens: int, k: int = 1):
-    """(seconds, GenerationResult) of one greedy generation, the device synchronized around it."""
-    device = engine.cache.k.device
+def timed(generate, device, n: int):
+    """(seconds, result) of generate(n), the device synchronized around it."""
     synchronize(device)
     t0 = time.perf_counter()
-    result = engine.generate(prompt, GenerationConfig(new_tokens, k, stop_at_eos=False))
+    result = generate(n)
     synchronize(device)
     return time.perf_counter() - t0, result
 
 
-def decode_rate(engine: Engine, prompt: list[int], new_tokens: int, k: int = 1, repeats: int = 3):
-    """(tokens/s after the prefill, the last run's result): (n - 1) / (time(n tokens) - time(1 token)),
-    medians of repeats."""
-    one = statistics.median(timed_generate(engine, prompt, 1)[0] for _ in range(repeats))
-    runs = [timed_generate(engine, prompt, new_tokens, k) for _ in range(repeats)]
+def rate(generate, device, new_tokens: int, repeats: int):
+    """(tokens/s after the prefill, the last run's result) of generate(n tokens): (n - 1) / (time(n) -
+    time(1)), medians of repeats."""
+    one = statistics.median(timed(generate, device, 1)[0] for _ in range(repeats))
+    runs = [timed(generate, device, new_tokens) for _ in range(repeats)]
     full = statistics.median(s for s, _ in runs)
     return (new_tokens - 1) / max(full - one, 1e-9), runs[-1][1]
+
+
+def decode_rate(engine: Engine, prompt: list[int], new_tokens: int, k: int = 1, repeats: int = 3):
+    """rate() of the engine's greedy generation at draft length k: (tokens/s, GenerationResult)."""
+    return rate(lambda n: engine.generate(prompt, GenerationConfig(n, k, stop_at_eos=False)), engine.cache.k.device,
+                new_tokens, repeats)
 
 
 def oracle_run(target: Transformer, successor: torch.Tensor, prompt: list[int], plain, plain_rate: float,
@@ -192,17 +197,9 @@ def hf_decode_rate(model: Transformer, prompt: list[int], new_tokens: int, repea
     times ours, and whether its tokens are the successor chain."""
     hf = hf_model(model)
     ids = torch.tensor([prompt], device=model.device)
-
-    def run(n: int):
-        synchronize(model.device)
-        t0 = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        synchronize(model.device)
-        return time.perf_counter() - t0, out[0, len(prompt):].tolist()
-    one = statistics.median(run(1)[0] for _ in range(repeats))
-    runs = [run(new_tokens) for _ in range(repeats)]
-    full = statistics.median(s for s, _ in runs)
-    return {"tokens_per_second": round((new_tokens - 1) / max(full - one, 1e-9), 2), "tokens": runs[-1][1]}
+    tokens_per_second, out = rate(lambda n: hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False),
+                                  model.device, new_tokens, repeats)
+    return {"tokens_per_second": round(tokens_per_second, 2), "tokens": out[0, len(prompt):].tolist()}
 
 
 def measure(target: Transformer, successor: torch.Tensor, draft: Transformer | None, prompt: list[int],

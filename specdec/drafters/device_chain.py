@@ -25,7 +25,7 @@ import torch
 
 from specdec.config import SamplingParams
 from specdec.model.kv_cache import KVCache
-from specdec.sampling.logits import probs_from_logits, sample_at
+from specdec.sampling.logits import align_vocab, probs_from_logits, sample_at
 
 
 @dataclass
@@ -65,16 +65,9 @@ def draft_chain(model, cache: KVCache, logits: torch.Tensor, start: torch.Tensor
             break
         mask = every[None, :] <= slots[:, None]  # [1, capacity]
         out = model.static_forward(token.view(1, 1), cache, slots, slots[None, :], mask, last_only=True)
-        logits = align(out[0, -1].float(), vocab)
+        logits = align_vocab(out[0, -1].float(), vocab)
         slots = slots + 1
     return Chain(torch.cat(tokens), None if sampling.greedy else torch.stack(qs), torch.cat(top) if tops else None)
-
-
-def align(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Draft logits # [draft_vocab] cut or padded (-inf) to the target's vocab # [vocab]."""
-    if logits.shape[0] >= vocab:
-        return logits[:vocab]
-    return torch.cat([logits, logits.new_full((vocab - logits.shape[0],), float("-inf"))])
 
 
 class _ChainGraph:
@@ -123,7 +116,7 @@ class DeviceChains:
         through one graph per (limit, sampling), so the feed's length does not multiply the graphs."""
         device, start = cache.k.device, cache.length
         x = torch.tensor([feed], device=device)  # [1, T0]
-        logits = align(self.model(x, cache, start, last_only=True)[0, -1].float(), self.vocab)  # [vocab]
+        logits = align_vocab(self.model(x, cache, start, last_only=True)[0, -1].float(), self.vocab)  # [vocab]
         cache.advance(len(feed))
         uniforms = None if sampling.greedy else torch.rand(limit, 1, generator=generator, device=device,
                                                            dtype=torch.float64)  # [limit, 1]

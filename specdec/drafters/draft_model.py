@@ -15,7 +15,7 @@ from specdec.model.quant import first_rows
 from specdec.model.kv_cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
-from specdec.sampling.logits import probs_from_logits, sample
+from specdec.sampling.logits import align_vocab, probs_from_logits, sample
 from specdec.sampling.verify import ragged_inputs
 from specdec.tokens import common_prefix
 from specdec.tree import DraftTree, choices_to_parents
@@ -377,14 +377,6 @@ def select_tree(tokens: list[int], parents: list[int], scores: list[float], dept
     index = {old: new for new, old in enumerate(order)}
     return DraftTree(torch.tensor([tokens[n] for n in order], dtype=torch.long, device=device),
                      torch.tensor([index[parents[n]] if parents[n] >= 0 else -1 for n in order], dtype=torch.long))
-
-
-def align_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Cut or pad (with -inf) draft logits # [draft_vocab] to the target's vocab size."""
-    if logits.shape[-1] >= vocab:
-        return logits[..., :vocab]
-    pad = logits.new_full((*logits.shape[:-1], vocab - logits.shape[-1]), float("-inf"))
-    return torch.cat([logits, pad], dim=-1)
 
 
 def truncated_head(model: Transformer, rows: int) -> Transformer:

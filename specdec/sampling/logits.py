@@ -98,3 +98,11 @@ def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., vocab]
     keep = torch.zeros_like(mass_above, dtype=torch.bool).scatter_(-1, order, mass_above < top_p)
     return logits.masked_fill(~keep, float("-inf"))
+
+
+def align_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Cut or pad (with -inf) draft logits # [draft_vocab] to the target's vocab size."""
+    if logits.shape[-1] >= vocab:
+        return logits[..., :vocab]
+    pad = logits.new_full((*logits.shape[:-1], vocab - logits.shape[-1]), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
