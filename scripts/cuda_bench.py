@@ -22,7 +22,7 @@ import json
 
 import torch
 
-from specdec.bench.synthetic import SHAPES, compiled_step, hf_decode_rate, measure, successor_model
+from specdec.bench.synthetic import SHAPES, compiled_step, follows, hf_decode_rate, measure, successor_model
 from specdec.model.cuda_graphs import enable_cuda_graphs
 
 
@@ -41,9 +41,8 @@ def run_mode(args, mode: str, dtype: torch.dtype) -> dict:
         prof["graph_captures"] = target.graphs.captures
     if mode == "eager" and not args.no_hf:  # HF transformers' eager generate() on the same weights, beside ours
         hf = hf_decode_rate(target, prompt, args.new_tokens, args.repeats)
-        succ_list = succ.tolist()
-        prof["hf_eager"] = {"tokens_per_second": hf["tokens_per_second"], "follows_successor": all(
-            succ_list[a] == b for a, b in zip([prompt[-1]] + hf["tokens"][:-1], hf["tokens"]))}
+        prof["hf_eager"] = {"tokens_per_second": hf["tokens_per_second"],
+                            "follows_successor": follows(succ, prompt, hf["tokens"])}
     return prof
 
 

@@ -81,6 +81,12 @@ def random_eagle(target: Transformer, capacity: int, seed: int) -> EagleDrafter:
     return EagleDrafter(target, head.to(target.device, target.dtype), capacity)
 
 
+def follows(successor: torch.Tensor, prompt: list[int], tokens: list[int]) -> bool:
+    """Whether tokens continue the prompt along the successor chain (successor_model's greedy path)."""
+    succ = successor.tolist()
+    return all(succ[a] == b for a, b in zip([prompt[-1]] + tokens[:-1], tokens))
+
+
 class OracleDrafter(BaseDrafter):
     """Proposes the successor chain of the last committed token, each token kept with probability alpha,
     else replaced by another id: the target accepts each token with probability alpha (the chain ends at
@@ -217,8 +223,7 @@ def measure(target: Transformer, successor: torch.Tensor, draft: Transformer | N
     plain_rate, plain = decode_rate(Engine.single(target, NoDrafter(), len(prompt) + new_tokens + 8), prompt,
                                     new_tokens, 1, repeats)
     prof["plain_decode_tokens_per_second"] = round(plain_rate, 2)
-    succ = successor.tolist()
-    prof["plain_follows_successor"] = all(succ[a] == b for a, b in zip([prompt[-1]] + plain.tokens[:-1], plain.tokens))
+    prof["plain_follows_successor"] = follows(successor, prompt, plain.tokens)
     prof[f"oracle_k{k}"] = {str(a): oracle_run(target, successor, prompt, plain, plain_rate, a, k,
                                                prof["verify_cost"], repeats) for a in alphas}
     return prof

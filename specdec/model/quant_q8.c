@@ -462,20 +462,14 @@ static int rp_gemm(int type, const rp_kernels *rk, const uint8_t *W, const float
     const act *a = act_buffer(type, n, K);
     if (!a) return -1;
     const int64_t rb = quant_rp_row_bytes(type, K), tb = RP_ROWS * rb;
-#if RP_AMX
-    const int amx = rp_amx_on && rk == &RP_Q4_K && n >= RP_AMX_MIN_C; /* AMX takes up to 16 rows a call */
-#else
-    const int amx = 0;
-#endif
-    const int64_t maxc = amx ? RP_AMX_MAXC : RP_MAXC;
+    const int amx = rp_amx_takes(rk, n);
+    const int64_t maxc = amx ? RP_AMX_MAXC : RP_MAXC; /* AMX takes up to 16 rows a call */
 #pragma omp parallel num_threads(nthreads)
     {
         int64_t t, T;
         thread_index(&t, &T);
         quantize_rows(a, X, ldx, n * t / T, n * (t + 1) / T, 0);
-#if RP_AMX
-        rp_amx_rows = 0; /* configure the tiles afresh each call: other code (oneDNN) may have used them since */
-#endif
+        if (amx) rp_amx_begin();
 #pragma omp barrier
         int64_t r0, r1;
         thread_rows(N, RP_ROWS, &r0, &r1);

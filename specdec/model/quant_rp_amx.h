@@ -62,6 +62,10 @@ int quant_amx_enable(int on) {
     return rp_amx_on;
 }
 
+/* whether rp_gemm takes AMX for n rows of this format, and its start on each thread */
+static inline int rp_amx_takes(const rp_kernels *rk, int64_t n) { return rp_amx_on && rk == &RP_Q4_K && n >= RP_AMX_MIN_C; }
+static inline void rp_amx_begin(void) { rp_amx_rows = 0; /* configure afresh: other code (oneDNN) may have used the tiles */ }
+
 static void rp_q4_k_amx(const uint8_t *w, const act *a, float *y, int64_t ldy, int C) {
     const int64_t K = a->K, nb = K / 256, K16 = K / 16;
     const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -113,6 +117,11 @@ static void rp_q4_k_amx(const uint8_t *w, const act *a, float *y, int64_t ldy, i
 #else
 #define RP_AMX 0
 #define RP_AMX_MAXC RP_MAXC
+static inline int rp_amx_takes(const rp_kernels *rk, int64_t n) {
+    (void)rk, (void)n;
+    return 0;
+}
+static inline void rp_amx_begin(void) {}
 int quant_amx_enable(int on) {
     (void)on;
     return 0;
