@@ -25,16 +25,33 @@ class DraftTree:
     ordered by index: a verifier tries them in that order.
     q[i] is the draft distribution node i's parent proposed its children from (before any
     without-replacement removal), so siblings share it; `parent_q` regroups it per parent.
+    free[i] (a chain's, under a grammar): node i is a token the grammar forced, drafted for free;
+    the policy learns from the other nodes alone.
     """
 
     tokens: torch.Tensor  # [n] int64
     parents: torch.Tensor  # [n] int64, on the CPU
     q: torch.Tensor | None = None  # [n, vocab] draft probabilities; None = deterministic (one-hot)
+    free: list[bool] | None = None  # [n]; None: no node is forced
 
     @staticmethod
-    def chain(tokens: torch.Tensor, q: torch.Tensor | None = None) -> "DraftTree":
+    def chain(tokens: torch.Tensor, q: torch.Tensor | None = None, free: list[bool] | None = None) -> "DraftTree":
         n = tokens.numel()
-        return DraftTree(tokens.reshape(n), torch.arange(-1, n - 1), q)
+        return DraftTree(tokens.reshape(n), torch.arange(-1, n - 1), q, free if free and any(free) else None)
+
+    def head(self, n: int) -> "DraftTree":
+        """A chain's first n nodes."""
+        return DraftTree.chain(self.tokens[:n], None if self.q is None else self.q[:n],
+                               None if self.free is None else self.free[:n])
+
+    def extended(self, tokens: list[int]) -> "DraftTree":
+        """A chain with the grammar's forced `tokens` after it (free; their q one-hot where q is kept)."""
+        more = torch.tensor(tokens, dtype=torch.long, device=self.tokens.device)  # [m]
+        q = self.q
+        if q is not None:
+            q = torch.cat([q, torch.nn.functional.one_hot(more, q.shape[-1]).to(q.dtype)])
+        free = (self.free or [False] * len(self)) + [True] * len(tokens)
+        return DraftTree.chain(torch.cat([self.tokens, more]), q, free)
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> "DraftTree":

@@ -61,9 +61,13 @@ class ToyConstraint:
             assert self.allowed()[t], f"the engine emitted {t}, which the grammar rejects"
             self.n, self.last, self.finished = self.n + 1, t, t == STOP
 
-    def forced(self, limit: int) -> list[int]:
-        out, n, last = [], self.n, self.last
-        while len(out) < limit and not self.finished and n % 6 in (4, 5):
+    def forced(self, limit: int, after=()) -> list[int]:
+        masks = self.masks_along(list(after))
+        if masks.shape[0] <= len(after) or (after and after[-1] == STOP) or self.finished:
+            return []
+        n, last = self.n + len(after), after[-1] if after else self.last
+        out = []
+        while len(out) < limit and n % 6 in (4, 5):
             t = int(self._allowed_at(n, last, False).nonzero()[0])
             out.append(t)
             n, last = n + 1, t
@@ -153,11 +157,11 @@ def test_an_eagle_head_drafts_only_what_the_grammar_allows(target, plain, monkey
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_draft_model_takes_the_forced_tokens_in_one_forward(target, draft, plain, monkeypatch, temperature):
-    """Where the grammar forces the next tokens, a draft model's chain starts with them (q one-hot),
-    fed with its other tokens in one forward, and drafts past them: fewer draft forwards; greedy
+    """Where the grammar forces the next tokens, a draft model's chain takes them (q one-hot), feeds
+    them with its next token in one forward, and drafts past them: fewer draft forwards; greedy
     output stays constrained plain decoding's, sampled output obeys the grammar (its q there is the
     masked draft's own, one-hot; only the random stream differs, as no draw picks a forced token)."""
-    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.draft_model import Chain, DraftModelDrafter
     forwards = []
     original = DraftModelDrafter._logits
     monkeypatch.setattr(DraftModelDrafter, "_logits", lambda self, x: forwards.append(1) or original(self, x))
@@ -165,13 +169,48 @@ def test_a_draft_model_takes_the_forced_tokens_in_one_forward(target, draft, pla
     runs = {}
     for take in (True, False):
         if not take:
-            monkeypatch.setattr(DraftModelDrafter, "_forced", staticmethod(lambda state: []))
+            monkeypatch.setattr(Chain, "_force", lambda self: None)
         forwards.clear()
         out = [generate(target, make_drafter("draft", target, 256, draft), p, sampling)[0].tokens for p in PROMPTS]
         runs[take] = (out, len(forwards))
     (tokens, n_forced), (same, n_plain) = runs[True], runs[False]
     assert temperature > 0 or tokens == same == plain  # (generate's grammar checks every emitted token)
     assert n_forced < n_plain
+
+
+def test_forced_runs_come_inside_a_chain_for_free(target, draft, plain, monkeypatch):
+    """A draft model's chain carries the grammar's forced tokens wherever they come, after its own
+    tokens too; they are free: its own tokens stay within k while the chain runs past it. Greedy
+    output stays constrained plain decoding's."""
+    import specdec.engine.step as step_module
+    seen, original, k = [], step_module.constrain, 2
+
+    def watched(constraint, d, room):
+        out, masks = original(constraint, d, room)
+        seen.append(out)
+        return out, masks
+    monkeypatch.setattr(step_module, "constrain", watched)
+    for prompt, expected in zip(PROMPTS, plain):
+        assert generate(target, make_drafter("draft", target, 256, draft), prompt, k=k)[0].tokens == expected
+    free = [d.free for d in seen if d.free]
+    runs = ["".join("F" if x else "m" for x in f) for f in free]
+    assert any("mF" in r and "Fm" in r for r in runs)  # a forced run between the model's own tokens
+    assert all(sum(not x for x in f) <= k for f in free) and any(len(f) > k for f in free)
+
+
+def test_the_policy_learns_from_the_drafters_own_tokens_alone():
+    """A step whose chain had forced tokens in it reaches the policy as the drafter's tokens alone:
+    those drafted and accepted, their confidence rows and the bonus row; the verify at its width."""
+    from types import SimpleNamespace
+    from specdec.engine.step import _outcome
+    from specdec.sampling.verify import Verified
+    draft = DraftTree.chain(torch.arange(6), free=[False, True, True, False, False, True])
+    conf = (0.9, 1.0, 1.0, 0.8, 0.3, 1.0, 0.7)  # rows 0..6: row 6 the bonus row
+    for accepted, mine in ((6, 3), (4, 2), (3, 1), (0, 0)):
+        o = _outcome(SimpleNamespace(draft=draft, seconds=0.01), Verified(list(range(accepted)), 0, 7,
+                     confidence=conf), 0.05, 1, None)
+        assert (o.num_drafted, o.num_accepted) == (3, mine)
+        assert o.confidence == [0.9, 0.8, 0.3, 0.7] and o.width == 7 and o.forwards is None
 
 
 def test_plain_decoding_under_the_grammar_obeys_it_and_differs_from_free_decoding(target, plain):

@@ -163,6 +163,23 @@ def test_forced_tokens_decode_to_the_forced_text_and_are_allowed_in_turn(tok, gr
     assert c.finished and c.forced(4) == []
 
 
+def test_the_tokens_forced_after_a_drafted_prefix_are_those_forced_once_it_is_taken(tok, grammars):
+    """forced(n, after): what the grammar forces after drafted tokens, the state unchanged; nothing
+    after a prefix it rejects."""
+    two = {"type": "object", "properties": {"a": {"type": "integer"}, "bb": {"type": "string"}},
+           "required": ["a", "bb"], "additionalProperties": False}
+    c = grammars.constraint(ConstraintSpec("json_schema", two))
+    before, head = c.allowed(), c.forced(64)
+    value = ids(tok, " 12,")  # the model's part: the integer and its end
+    after = c.forced(64, head + value)
+    assert ' "bb": "'.startswith(tok.decode(after)) and "bb" in tok.decode(after)
+    assert c.forced(2, head + value) == after[:2]
+    assert torch.equal(c.allowed(), before) and c.forced(64) == head  # the state is unchanged
+    assert c.forced(64, head + ids(tok, "x")) == []  # the grammar rejects the prefix
+    c.advance(head + value)
+    assert c.forced(64) == after
+
+
 def test_a_fixed_key_is_forced(tok, grammars):
     forced = grammars.constraint(ConstraintSpec("json_schema", A_INT)).forced(8)
     assert forced and '{"a": '.startswith(tok.decode(forced))

@@ -24,7 +24,7 @@ class ConstraintProtocol(Protocol):
     def allowed(self) -> torch.Tensor: ...                         # [vocab] bool
     def masks_along(self, tokens: list[int]) -> torch.Tensor: ...  # [m + 1, vocab] bool
     def advance(self, tokens: list[int]) -> None: ...
-    def forced(self, limit: int) -> list[int]: ...
+    def forced(self, limit: int, after: list[int] | tuple = ()) -> list[int]: ...  # after drafted `after`
     def mask_after(self, drafted: list[int]) -> torch.Tensor | None: ...                # [vocab] bool
     def tree_masks(self, tokens: list[int], parents: list[int]) -> torch.Tensor: ...   # [n + 1, vocab] bool
 

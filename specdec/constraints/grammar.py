@@ -147,12 +147,21 @@ class Constraint:
                 why = "the output is already finished" if self.finished else "the grammar rejects it"
                 raise SpecdecError(f"token {token} (at {i} of {len(tokens)}) breaks the constraint: {why}")
 
-    def forced(self, limit: int) -> list[int]:
-        """Up to `limit` tokens the grammar forces next; the state is unchanged. llguidance's
-        fast-forward tokens: the forced text in the tokenizer's own tokenization, short of a last
-        token that the text after it could still merge into."""
+    def forced(self, limit: int, after: list[int] | tuple = ()) -> list[int]:
+        """Up to `limit` tokens the grammar forces after the committed tokens and `after` (drafted ones;
+        [] where the grammar rejects them); the state is unchanged. llguidance's fast-forward tokens:
+        the forced text in the tokenizer's own tokenization, short of a last token that the text
+        after it could still merge into."""
         if limit <= 0 or self.finished:
             return []
+        was_ended, taken = self.ended, 0
+        while taken < len(after) and self.take(after[taken]):
+            taken += 1
+        tokens = self._forced_here(limit) if taken == len(after) and not self.finished else []
+        self.undo(taken, was_ended)
+        return tokens
+
+    def _forced_here(self, limit: int) -> list[int]:
         tokens = self.matcher.compute_ff_tokens()[:limit]
         n = self.matcher.validate_tokens(tokens)
         bad = [i for i, t in enumerate(tokens[:n]) if not self.vocab.is_usable(t)]

@@ -40,14 +40,21 @@ class DraftState:
     # tokens + drafted (None where the grammar rejects drafted). A drafter whose ids are the target's
     # may draft from its masked distribution (its q is then that one); None: no grammar.
     mask: Callable[[list[int]], torch.Tensor | None] | None = None
-    # forced(n): the next tokens the grammar forces (it allows exactly one), at most n. A drafter may
-    # take them as its chain's first tokens (q one-hot) and draft past them; None: no grammar.
-    forced: Callable[[int], list[int]] | None = None
+    # forced(n, drafted): the tokens the grammar forces (it allows exactly one) after tokens + drafted, at
+    # most n. A drafter may put them in its chain wherever they come (q one-hot) and draft past them:
+    # they are free, so they do not count against k, only against `room`; None: no grammar.
+    forced: Callable[[int, list[int]], list[int]] | None = None
+    room: int = 0  # under a grammar: the most tokens a chain may hold, forced ones included (>= limit)
 
     @property
     def limit(self) -> int:
         """The most tokens a chain may have: k, or k_stop under a confidence rule."""
         return max(self.k, self.k_stop) if self.stop is not None else self.k
+
+    @property
+    def most(self) -> int:
+        """The most tokens a chain may hold: its limit, and the grammar's forced tokens within `room`."""
+        return max(self.limit, self.room) if self.forced is not None else self.limit
 
 
 END, LAST, GO_ON = 0, 1, 2  # a confidence rule's answers (DraftState.stop)

@@ -110,39 +110,19 @@ class DraftModelDrafter(BaseDrafter):
             return self._propose_tree(state)
         feed = self._sync(state.tokens)
         device = self.cache.k.device
-        forced = self._forced(state)  # the grammar's next tokens: fed with the others in one forward
-        if (self.chains is not None and not forced and state.mask is None
+        if (self.chains is not None and state.forced is None and state.mask is None
                 and self.cache.length + len(feed) + state.limit <= self.cache.capacity):
             return self._propose_on_device(state, feed)
-        drafted, qs = forced_start(forced, state, self.target_vocab, device)
-        if forced and len(forced) == state.limit:  # they fill the chain: fed but the last, as a chain's
-            self._logits(torch.tensor([feed + forced[:-1]], device=device))
-            self.cached += forced[:-1]
-            return DraftTree.chain(torch.cat(drafted), None if state.sampling.greedy else torch.stack(qs))
-        x = torch.tensor([feed + forced], device=device)  # [1, T]
-        stopped = False
-        for i in range(len(forced), state.limit):
-            logits = self._logits(x)  # [vocab]
-            if state.mask is not None:  # under a grammar: draft from the masked distribution
-                allowed = state.mask([int(t) for t in drafted])  # [vocab]
-                if allowed is None:  # the grammar is over: every drafted token has been fed
-                    stopped = True
-                    break
-                logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
-            q = None if state.sampling.greedy else probs_from_logits(logits, state.sampling)
-            decision = self._decide(logits, q, state, i)
-            if decision == END:
-                stopped = True  # every drafted token has been fed, so the cache holds them all
+        chain = Chain(state, self.target_vocab, self._decide)
+        x = feed + chain.unfed()
+        while True:
+            logits = self._logits(torch.tensor([x], device=device))  # [vocab]
+            chain.consumed()
+            if not chain.take(logits):
                 break
-            token = logits.argmax() if q is None else sample(q, state.generator)
-            drafted.append(token.view(1))
-            qs.append(q)
-            if decision == LAST:  # as a chain that reached its length: the last token is not fed
-                break
-            x = token.view(1, 1)
-        tokens = torch.cat(drafted) if drafted else torch.empty(0, dtype=torch.long, device=device)
-        self.cached += tokens.tolist() if stopped else tokens.tolist()[:-1]
-        return DraftTree.chain(tokens, None if state.sampling.greedy or not qs else torch.stack(qs))
+            x = chain.unfed()
+        self.cached += chain.tokens[:chain.fed]
+        return chain.tree(device)
 
     def _propose_on_device(self, state: DraftState, feed: list[int]) -> DraftTree:
         """The chain drafted on the device to its limit, then cut by the stop rules (device_chain.py)."""
@@ -161,11 +141,6 @@ class DraftModelDrafter(BaseDrafter):
 
     def observe(self, num_accepted: int) -> None:
         pass
-
-    @staticmethod
-    def _forced(state: DraftState) -> list[int]:
-        """The tokens the grammar forces next, up to the chain's limit (none without a grammar)."""
-        return state.forced(state.limit) if state.forced is not None and state.limit >= 1 else []
 
     def _decide(self, logits: torch.Tensor, q: torch.Tensor | None, state: DraftState, i: int) -> int:
         """Token i + 1: END (not drafted, the chain ends), LAST or GO_ON. The user's p_min ends the chain
@@ -298,16 +273,9 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
     model, device = drafters[0].model, cache.k.device
     if any(d.tree is not None for d in drafters) or any(d.model.model is not model.model for d in drafters):
         raise SpecdecError("batched drafting needs chain drafters sharing one draft model")
-    n = len(drafters)
-    feeds = [d._sync(s.tokens) for d, s in zip(drafters, states)]  # each row's tokens to feed first
-    forced = [d._forced(s) if s.k >= 1 else [] for d, s in zip(drafters, states)]  # fed with them, drafted
-    full = [bool(f) and len(f) == s.limit for f, s in zip(forced, states)]  # the chain is the forced tokens
-    feeds = [fd + (f[:-1] if whole else f) for fd, f, whole in zip(feeds, forced, full)]
-    starts = [forced_start(f, s, d.target_vocab, device) for d, s, f in zip(drafters, states, forced)]
-    drafted: list[list[torch.Tensor]] = [t for t, _ in starts]
-    qs: list[list] = [q for _, q in starts]
-    stopped = [False] * n
-    live = [i for i in range(n) if states[i].k >= 1]
+    live = [i for i, s in enumerate(states) if s.k >= 1]
+    chains = [Chain(s, d.target_vocab, d._decide) for d, s in zip(drafters, states)]
+    feeds = {i: drafters[i]._sync(states[i].tokens) + chains[i].unfed() for i in live}
     while live:
         lengths = [drafters[i].cache.length for i in live]
         tokens, slots, positions, mask = ragged_inputs(lengths, [feeds[i] for i in live], device)
@@ -315,45 +283,82 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
                        rows=torch.tensor([rows[i] for i in live], device=device))  # [B, T, draft_vocab]
         nxt = []
         for j, i in enumerate(live):
-            d, state = drafters[i], states[i]
-            d.cache.advance(len(feeds[i]))
-            if full[i]:  # the forced tokens, fed but the last, are its whole chain
-                continue
-            row = align_vocab(logits[j, len(feeds[i]) - 1], d.target_vocab)  # [vocab]
-            if state.mask is not None:  # under a grammar: draft from the masked distribution
-                allowed = state.mask([int(t) for t in drafted[i]])  # [vocab]
-                if allowed is None:  # the grammar is over: every drafted token has been fed
-                    stopped[i] = True
-                    continue
-                row = row.masked_fill(~allowed.to(row.device), float("-inf"))
-            q = None if state.sampling.greedy else probs_from_logits(row, state.sampling)
-            decision = d._decide(row, q, state, len(drafted[i]))
-            if decision == END:
-                stopped[i] = True  # every drafted token has been fed
-                continue
-            token = row.argmax() if q is None else sample(q, state.generator)
-            drafted[i].append(token.view(1))
-            qs[i].append(q)
-            if decision == GO_ON and len(drafted[i]) < state.limit:
-                feeds[i] = [int(token)]
+            drafters[i].cache.advance(len(feeds[i]))
+            chains[i].consumed()
+            if chains[i].take(align_vocab(logits[j, len(feeds[i]) - 1], drafters[i].target_vocab)):
+                feeds[i] = chains[i].unfed()
                 nxt.append(i)
         live = nxt
-    out = []
-    for i, (d, state) in enumerate(zip(drafters, states)):
-        toks = torch.cat(drafted[i]) if drafted[i] else torch.empty(0, dtype=torch.long, device=device)
-        fed = toks.tolist() if stopped[i] else toks.tolist()[:-1]
-        d.cached += fed
-        out.append(DraftTree.chain(toks, None if state.sampling.greedy or not qs[i] else torch.stack(qs[i])))
-    return out
+    for d, c in zip(drafters, chains):
+        d.cached += c.tokens[:c.fed]
+    return [c.tree(device) for c in chains]
 
 
-def forced_start(forced: list[int], state: DraftState, vocab: int, device) -> tuple[list[torch.Tensor], list]:
-    """A chain's first tokens as the grammar forces them: the drafted tokens # [1] each and their q
-    # [vocab] (all the mass on the token; None under greedy), as the drafting loop keeps them."""
-    tokens = [torch.tensor([t], device=device) for t in forced]
-    if state.sampling.greedy:
-        return tokens, [None] * len(forced)
-    return tokens, [torch.nn.functional.one_hot(t, vocab)[0].float() for t in tokens]
+class Chain:
+    """One chain as it is drafted: the model's tokens, and under a grammar the tokens it forces after
+    each of them (q one-hot; free: they count against the state's room, not its limit). The drafting
+    loop feeds `unfed()` (with the committed tokens, first), calls `consumed()`, and hands the last
+    position's logits to `take` until it says the chain is done; the draft cache then holds the first
+    `fed` tokens."""
+
+    def __init__(self, state: DraftState, vocab: int, decide):
+        self.state, self.vocab, self.decide = state, vocab, decide
+        self.tokens: list[int] = []
+        self.qs: list[torch.Tensor | None] = []
+        self.free: list[bool] = []
+        self.drafted = 0  # the model's own tokens
+        self.fed = 0  # the first `fed` tokens are in the draft cache
+        self.sent = 0  # tokens handed out by unfed()
+        self._force()
+
+    def unfed(self) -> list[int]:
+        """The tokens to feed next (a chain's last token is never fed: nothing drafts past it)."""
+        self.sent = len(self.tokens)
+        return self.tokens[self.fed:]
+
+    def consumed(self) -> None:
+        """The tokens unfed() gave are in the draft cache now."""
+        self.fed = self.sent
+
+    def take(self, logits: torch.Tensor) -> bool:
+        """logits # [vocab]: the model's after every token so far. Draft the next token (masked by the
+        grammar where there is one) and the forced ones after it; False: the chain is done."""
+        state = self.state
+        if len(self.tokens) >= state.most or self.drafted >= state.limit:
+            return False  # the forced tokens filled it: they were fed with the committed ones
+        if state.mask is not None:  # under a grammar: draft from the masked distribution
+            allowed = state.mask(self.tokens)  # [vocab]
+            if allowed is None:  # the grammar is over
+                return False
+            logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+        q = None if state.sampling.greedy else probs_from_logits(logits, state.sampling)
+        decision = self.decide(logits, q, state, self.drafted)
+        if decision == END:
+            return False
+        token = logits.argmax() if q is None else sample(q, state.generator)
+        self._add(int(token), q, False)
+        self.drafted += 1
+        self._force()
+        return decision == GO_ON and self.drafted < state.limit and len(self.tokens) < state.most
+
+    def _force(self) -> None:
+        state = self.state
+        if state.forced is None or state.limit < 1:
+            return
+        for t in state.forced(state.most - len(self.tokens), self.tokens):
+            q = None if state.sampling.greedy else torch.nn.functional.one_hot(torch.tensor(t), self.vocab).float()
+            self._add(t, q, True)
+
+    def _add(self, token: int, q: torch.Tensor | None, free: bool) -> None:
+        self.tokens.append(token)
+        self.qs.append(q)
+        self.free.append(free)
+
+    def tree(self, device) -> DraftTree:
+        tokens = torch.tensor(self.tokens, dtype=torch.long, device=device)
+        q = None if self.state.sampling.greedy or not self.qs else torch.stack([
+            q.to(device) for q in self.qs])
+        return DraftTree.chain(tokens, q, self.free)
 
 
 def node_depths(parents: list[int]) -> list[int]:

@@ -23,8 +23,9 @@ Greedy decoding gives plain decoding's tokens whatever the drafter, the policy o
 A sequence under a grammar (`Sequence.constraint`, structured output) draws every token from the
 target's distribution masked by the grammar: its first token, and each verified row after the draft
 tokens before it. Its drafts are cut at the first token the grammar rejects (the target would reject
-it); where the drafter proposes nothing the grammar's forced tokens are the draft; the grammar moves
-with the emitted tokens.
+it); the tokens the grammar forces after it (a key, punctuation) follow it for free, up to
+FORCED_MOST in all, and the policy learns from the drafter's own tokens alone; the grammar moves with
+the emitted tokens.
 """
 
 from __future__ import annotations
@@ -269,22 +270,26 @@ class _Row:
     masks: torch.Tensor | None = None  # the grammar's, bool # [1 + len(draft), vocab], where it has one
 
 
-def _room(seq: Sequence) -> int:
-    """k, capped by the token budget and the context."""
+FORCED_MOST = 32  # the most tokens a chain may hold with the grammar's forced tokens (its verify rows)
+
+
+def _space(seq: Sequence) -> int:
+    """Tokens a step may draft past the last committed one: the token budget and the context left."""
     budget = seq.cfg.max_new_tokens - seq.num_new - 1
     room = seq.cache.capacity - seq.cache.length - 1
-    return max(0, min(seq.cfg.k, budget, room))
+    return max(0, min(budget, room))
 
 
 def draft_length(seq: Sequence) -> int:
     """The most draft tokens a step may verify: k, capped by the token budget and the context."""
-    return _room(seq) if seq.drafter.caps.drafts and seq.speculate else 0
+    return min(seq.cfg.k, _space(seq)) if seq.drafter.caps.drafts and seq.speculate else 0
 
 
-def forced_room(seq: Sequence) -> int:
-    """The most forced tokens (a grammar's) a plain step may verify, the policy's or one before the drafter
-    has started: as draft_length; none in plain decoding (a drafter that drafts nothing)."""
-    return _room(seq) if seq.drafter.caps.drafts else 0
+def chain_room(seq: Sequence) -> int:
+    """The most tokens a chain may hold under a grammar, its forced tokens included (they are free, so
+    a plain step verifies them too): the budget and the context, at most FORCED_MOST; none in plain
+    decoding (a drafter that drafts nothing)."""
+    return min(FORCED_MOST, _space(seq)) if seq.drafter.caps.drafts else 0
 
 
 def _plan(seq: Sequence, batch: int, k_limit: int | None) -> Action:
@@ -300,13 +305,13 @@ def _state(seq: Sequence, action: Action) -> DraftState:
     mask = None if seq.constraint is None else seq.constraint.mask_after
     forced = None if seq.constraint is None else seq.constraint.forced
     return DraftState(seq.tokens, action.k, seq.cfg.sampling, seq.generator, max_nodes=cap, tree=action.tree,
-                      stop=action.stop, k_stop=action.k_stop, mask=mask, forced=forced)
+                      stop=action.stop, k_stop=action.k_stop, mask=mask, forced=forced, room=chain_room(seq))
 
 
 def _clip(seq: Sequence, tree: DraftTree, state: DraftState) -> DraftTree:
     """A chain past its limit is cut; a tree must fit the context."""
-    if tree.is_chain and len(tree) > state.limit:
-        return DraftTree.chain(tree.tokens[:state.limit], None if tree.q is None else tree.q[:state.limit])
+    if tree.is_chain and len(tree) > state.most:
+        return tree.head(state.most)
     room = seq.cache.capacity - seq.cache.length - 1
     if not tree.is_chain and len(tree) > room:
         raise SpecdecError(f"the drafter proposed a tree of {len(tree)} nodes but only {room} context slots are left")
@@ -349,8 +354,7 @@ def _propose(rows: list[_Row], pool, failed: list) -> list[_Row]:
         try:
             r.draft = _clip(r.seq, r.draft, r.state)
             if r.seq.constraint is not None:
-                r.draft, r.masks = constrain(r.seq.constraint, r.draft, r.state.limit if r.action.k else
-                                             forced_room(r.seq))
+                r.draft, r.masks = constrain(r.seq.constraint, r.draft, r.state.most)
             kept.append(r)
         except Exception as e:  # noqa: BLE001
             failed.append((r.seq, e))
@@ -456,7 +460,8 @@ def _commit(r: _Row, verified: Verified, verify_seconds: float, batch: int, widt
     stats.record_step(depth, accepted, nodes=len(draft))
     seq.drafter.observe(accepted)
     tree = action.nodes is not None
-    seq.policy.observe(Outcome(depth, accepted, action.nodes if tree else None, list(verified.confidence) or None,
+    seq.policy.observe(_outcome(r, verified, verify_seconds, batch, width) if draft.free else
+                       Outcome(depth, accepted, action.nodes if tree else None, list(verified.confidence) or None,
                                r.seconds, verify_seconds, batch, width, action.k if tree else None))
     tokens = draft.tokens[verified.path].tolist() + [verified.next_token]
     if seq.logprobs is None:
@@ -465,6 +470,17 @@ def _commit(r: _Row, verified: Verified, verify_seconds: float, batch: int, widt
         raise SpecdecError("logprobs are not available with this drafter: its verify does not report the "
                            "target's logits")
     return seq.emit(tokens, _scores(seq, verified.logits[verified.emitted_rows], tokens))
+
+
+def _outcome(r: _Row, verified: Verified, verify_seconds: float, batch: int, width: int | None) -> Outcome:
+    """A chain with the grammar's forced tokens in it, as the policy learns from it: the drafter's own
+    tokens and their confidence rows alone (a forced token passes wherever its prefix does), the
+    verify pass at its real width."""
+    free, accepted = r.draft.free, verified.num_accepted
+    mine = [i for i, f in enumerate(free) if not f]
+    rows = [c for j, c in enumerate(verified.confidence) if j >= len(free) or not free[j]]
+    return Outcome(len(mine), sum(1 for i in mine if i < accepted), None, rows or None, r.seconds, verify_seconds,
+                   batch, width or len(free) + 1)
 
 
 def commit_cache(cache, verified: Verified) -> None:
