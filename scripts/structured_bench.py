@@ -71,7 +71,7 @@ class NoForced:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def forced(self, limit: int) -> list[int]:
+    def forced(self, limit: int, after=()) -> list[int]:
         return []
 
 
