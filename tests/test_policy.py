@@ -302,6 +302,7 @@ def test_the_learning_allowance_backs_off_after_requests_whose_drafts_did_not_pa
         admitted.append(policy.admit(100, 64))  # no saving predicted at this prior: the allowance alone
         if admitted[-1]:
             policy.observe(1, 0)  # its probe fails
+        policy.request_tokens = 63  # each answer runs to 64 tokens
     assert [i for i, a in enumerate(admitted) if a] == [0, 2, 5, 10, 19]
     policy.reset()
     policy.learn_skip = 0  # the next try comes
@@ -764,6 +765,22 @@ def test_the_learning_allowance_pays_a_prefill_s_fixed_part_and_bounds_the_rest(
     policy.reset()
     assert not policy.admit(120, 64)  # 1.4 + 3.6: the part per token is over the allowance
     assert not policy.admit(10, 64, batch=2)  # no allowance in a batch
+
+
+def test_the_learning_allowance_is_a_share_of_the_answer_expected_not_of_the_budget():
+    """After answers of 20 tokens, a long prompt's draft prefill is not admitted on the allowance at a
+    512-token budget (5% of 512 steps would cover a 700-token RAG prompt every time); the ski rental
+    still starts it once an answer runs long enough."""
+    costs = CostModel(CPU.verify_cost, CPU.draft_cost, prefill_cost=0.03, prefill_fixed=0.2)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=8, prior=0.8))
+    policy.reset()
+    assert policy.admit(700, 512)  # no answer seen yet: the budget is the horizon
+    policy.expected_new = 20.0
+    policy.reset()
+    assert not policy.admit(700, 512) and not policy.start_now(700, 0, 512)  # 21 steps against 0.2 + 1.0
+    assert policy.admit(20, 512)  # a short prompt is still admitted
+    per_token = policy._prefill_terms(700, 512, 1)[1]
+    assert not policy.start_now(700, 20, 512) and policy.start_now(700, int(21.2 / per_token) + 1, 512)
 
 
 def test_a_profile_with_bad_prefill_prices_is_refused_clearly(tmp_path):

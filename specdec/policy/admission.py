@@ -15,8 +15,8 @@ prefilling the prompt and the answer so far, once those plain steps have lost as
 costs and the tokens left under max_new_tokens could still win it back. A short answer then never
 pays the prefill, a long one pays it at most twice. In the server a draft prefill stalls the whole
 batch, so there both terms are taken at the round's batch size. A prefill within a
-small learning allowance (the fixed part of a prefill plus 5% of max_new_tokens plain steps: a short
-prompt) is admitted at the start
+small learning allowance (the fixed part of a prefill plus 5% of the expected answer's length in plain
+steps: a short prompt) is admitted at the start
 whatever the prediction (only drafting shows whether this text suits the drafter; without it a low
 carried prior would never be tested again), backed off like probes: after a request admitted
 on it alone whose drafts did not pay, the next 1, 2, 4, ... (at most learn_backoff_max) requests skip
@@ -91,9 +91,11 @@ class Admission:
                share: float) -> bool:
         if cost <= share * per_token * horizon:
             return True
-        # the allowance bounds the prefill's part per token; its fixed part is the price of any look
-        # (priced as the calibration says), however short the prompt
-        allowance = self.costs.prefill_fixed * self.rho_prefill + self.cfg.learn_budget * max_new_tokens
+        # the allowance bounds the prefill's part per token by a share of the answer expected (not of
+        # max_new_tokens: a 512-token budget would let a 700-token RAG prompt whose answers run to 20
+        # tokens prefill every time); its fixed part is the price of any look (priced as the calibration
+        # says), however short the prompt
+        allowance = self.costs.prefill_fixed * self.rho_prefill + self.cfg.learn_budget * horizon
         if batch > 1 or cost > allowance:
             return False
         # The learning allowance, backed off like probes: after an allowance request whose drafts did

@@ -17,7 +17,7 @@ class PolicyConfig:
     plain_relax: float = 0.1  # per plain step, the share of weight every count loses (estimates drift back to the prior)
     decay: float = 0.15  # per observation, the share of weight old observations lose
     memory: float = 0.5  # per request, how far the next request's prior moves to this request's pooled rate
-    learn_budget: float = 0.05  # admission: a prefill's part per token allowed with no predicted saving, x max_new_tokens
+    learn_budget: float = 0.05  # admission: a prefill's part per token allowed with no predicted saving, x the expected answer
     commit_share: float = 0.25  # single sequence: start the draft model at once only if its prefill costs at most
     #                            this share of the predicted saving; else when plain steps have lost as much (start_now)
     length_memory: float = 0.5  # per request, how far the expected answer length moves to that request's length
