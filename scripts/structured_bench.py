@@ -8,8 +8,9 @@ interleaved task by task (each task starting one method further on), after an un
 over the first task; each run starts cold (the draft model keeps no cache of the prompt from the run
 before). For every answer: tokens, seconds,
 finish reason, whether it parses and validates (jsonschema), and for ours whether the tokens equal
-plain's. Prints JSON: per-method records and a summary (tokens/s over all tasks, ratios to plain,
-valid share of the answers that stopped, answers cut by the budget, greedy mismatches).
+plain's. Prints JSON: per-method records and a summary (tokens/s and seconds over all tasks, ratios to
+plain and to llama-server (by tokens/s, and by seconds over the same tasks: its JSON layout takes more
+tokens), valid share of the answers that stopped, answers cut by the budget, greedy mismatches).
 
 Usage: python scripts/structured_bench.py [--model qwen2.5-coder-1.5b-instruct] [--draft qwen2.5-coder-0.5b-instruct]
     [--limit N] [--max-new-tokens 256] [--methods plain,defaults,no-forced,llama] [--llama-bin DIR] \
@@ -181,10 +182,14 @@ def summary(records: list[dict], methods: list[str]) -> dict:
         for m in out:
             if "grammar_ms_per_step" in out[m]:
                 out[m]["grammar_share_of_a_plain_step"] = round(out[m]["grammar_ms_per_step"] / 1000 / step, 4)
+    seconds = {m: sum(r["seconds"] for r in rs) for m, rs in by.items()}
     for m in out:
+        out[m]["seconds"] = round(seconds[m], 2)
         for ref in ("plain", "llama"):
             if ref in out and m != ref:
                 out[m][f"x_{ref}"] = round(out[m]["tok_s"] / out[ref]["tok_s"], 3)
+        if "llama" in out and m != "llama":  # the same answers in seconds: llama-server's JSON layout takes more tokens
+            out[m]["x_llama_by_time"] = round(seconds["llama"] / seconds[m], 3)
     return out
 
 
