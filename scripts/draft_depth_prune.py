@@ -63,6 +63,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("drop", type=int, help="decoder layers to drop (0: the whole draft)")
     args = ap.parse_args()
+    if args.drop < 0:
+        ap.error(f"N must be >= 0 layers, got {args.drop}")
     flags = build_parser().parse_args(["generate", "--model", "qwen2.5-coder-1.5b-instruct", "--draft",
                                        "qwen2.5-coder-0.5b-instruct", "--max-new-tokens", "128", "x"])
     model, drafting = settings(ModelSettings, flags), settings(DraftingSettings, flags)
@@ -72,6 +74,8 @@ def main() -> None:
     prompts = [encode_messages(tok, [{"role": "user", "content": p.turns[0]}]) for p in load_prompts()]
     drafter = runner.engine.drafter
     n = len(drafter.model.model.layers)
+    if args.drop > n - 2:
+        ap.error(f"the draft has {n} layers, of which at most {n - 2} may go (never the first or the last), got {args.drop}")
     order = block_influence(drafter.model, prompts).argsort().tolist()
     drop = set([i for i in order if 0 < i < n - 1][:args.drop])
     prune(drafter, drop)

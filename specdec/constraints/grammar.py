@@ -99,13 +99,18 @@ class Constraint:
         token or allows nothing after them (as base.walk_masks, one mask computed); state unchanged."""
         mask = self.memo.get(tuple(drafted))
         if mask is None:
-            was_ended, taken = self.ended, 0
-            while taken < len(drafted) and self.take(drafted[taken]):
-                taken += 1
-            if taken == len(drafted):
-                mask = self.mask_here(tuple(drafted))
-            self.undo(taken, was_ended)
+            mask = self._after(drafted, lambda: self.mask_here(tuple(drafted)))
         return mask if mask is not None and mask.any() else None
+
+    def _after(self, drafted, fn):
+        """fn() in the state after `drafted` (None where the grammar rejects one); the state is restored."""
+        was_ended, taken = self.ended, 0
+        while taken < len(drafted) and self.take(drafted[taken]):
+            taken += 1
+        try:
+            return fn() if taken == len(drafted) else None
+        finally:
+            self.undo(taken, was_ended)
 
     def mask_here(self, key: tuple[int, ...]) -> torch.Tensor:
         """bool [vocab_size]: the mask of the current state, reached by `key` after the committed one."""
@@ -154,12 +159,7 @@ class Constraint:
         after it could still merge into."""
         if limit <= 0 or self.finished:
             return []
-        was_ended, taken = self.ended, 0
-        while taken < len(after) and self.take(after[taken]):
-            taken += 1
-        tokens = self._forced_here(limit) if taken == len(after) and not self.finished else []
-        self.undo(taken, was_ended)
-        return tokens
+        return self._after(after, lambda: [] if self.finished else self._forced_here(limit)) or []
 
     def _forced_here(self, limit: int) -> list[int]:
         tokens = self.matcher.compute_ff_tokens()[:limit]
