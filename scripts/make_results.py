@@ -128,7 +128,8 @@ def render(summaries: list[tuple[str, dict]]) -> str:
            "do not edit by hand. Every table is one run on one host, named in its summary with the command that "
            "produced it, with nothing else running unless the table says so. Unless a table says otherwise: target "
            "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF), draft Qwen2.5-Coder-0.5B-Instruct (its blocks re-encoded "
-           "at load as 4-bit), the defaults (`--policy adaptive`, `--draft-vocab 32768`), greedy decoding, 128 "
+           "at load as 4-bit, `--draft-bits 4`, where the default `--draft-bits auto` puts the MLP's gate and up at "
+           "3 bits on this host), the defaults (`--policy adaptive`, `--draft-vocab 32768`), greedy decoding, 128 "
            "new tokens, prefill included.", "",
            f"Reference host: {HOST}. Its speed drifts by tens of percent from minute to minute: compare numbers "
            "within one table (every method interleaved prompt by prompt), not across tables. Runs on other hosts "

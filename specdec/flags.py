@@ -29,6 +29,14 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def draft_bits(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if text not in ("3", "4", "8"):
+        raise argparse.ArgumentTypeError(f"expected 3, 4, 8 or auto, got {text!r}")
+    return int(text)
+
+
 def positive(text: str) -> int:
     value = integer(text)
     if value < 1:
@@ -61,10 +69,12 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "lie (pages shared between processes; slower prefill and verification). float32: the "
                         "torch reference, the weights dequantized to fp32 in memory at load (on CUDA: to "
                         "--dtype). auto (default): gguf-q8 for a .gguf model on the CPU, else the torch reference")
-    p.add_argument("--draft-bits", type=integer, default=4, choices=(4, 8),
-                   help="a draft model's 32-weight blocks (Q8_0, Q5_0, Q4_0, Q4_1) on the CPU backend: 4 (default) "
-                        "re-encodes them at load as Q4_0 (half the bytes a draft step reads; the output is still "
-                        "exactly the target's), 8 keeps 8 bits (Q5_0 as Q8_0)")
+    p.add_argument("--draft-bits", type=draft_bits, default=None, metavar="{3,4,8,auto}",
+                   help="a draft model's 32-weight and Q6_K blocks (Q8_0, Q5_0, Q4_0, Q4_1, Q6_K) on the CPU backend: "
+                        "4 re-encodes them at load as Q4_0 (half the bytes a draft step reads), 3 the same but the "
+                        "MLP's gate and up as 3-bit Q3_0 (an eighth fewer bytes again), 8 keeps 8 bits (Q5_0 as "
+                        "Q8_0); the output is exactly the target's at every width. auto (default): 3 where the "
+                        "kernels run AVX-512 VNNI, else 4 (the 3-bit unpacking costs more than its bytes save there)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape, "
                         "and a draft model's whole chain as one graph (one host sync a chain)")

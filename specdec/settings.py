@@ -49,12 +49,12 @@ class ModelSettings:
     max_context: int = 4096
     weight_dtype: str | None = None
     cuda_graphs: bool = False
-    draft_bits: int = 4
+    draft_bits: int | None = None  # None: auto, the kernel build's best (cpu_kernels.best_draft_bits)
 
     def __post_init__(self):
         at_least("--max-context", self.max_context, 1)
-        if self.draft_bits not in (4, 8):
-            raise SpecdecError(f"--draft-bits must be 4 or 8, got {self.draft_bits}")
+        if self.draft_bits not in (None, 3, 4, 8):
+            raise SpecdecError(f"--draft-bits must be 3, 4, 8 or auto, got {self.draft_bits}")
 
     def load(self, spec: str | None = None, draft: bool = False, progress=None, beside=None, head_rows: int = 0):
         """load_model(spec or the model) with these settings; a draft named "self" is the model itself,

@@ -129,7 +129,7 @@ static void rsub_check(int type, const uint8_t *blk, const int8_t *x) { (void)ty
 #endif
 
 /* one GGUF format: its activations, dequantized weights, GEMMs on the blocks, the repacked tiles and
- * their GEMMs, and the Q4_0 re-encoding and its GEMMs */
+ * their GEMMs, and the draft's Q4_0 and Q3_0 re-encodings and their GEMMs */
 static void format(int type) {
     char name[64];
     snprintf(name, sizeof name, "cfg_%d", type);
@@ -193,6 +193,13 @@ static void format(int type) {
     snprintf(name, sizeof name, "gemm_%d_as_q4_0_r16", type);
     gemms(name, 102, R4, X, bias, Nv, K);
     free(R4);
+    uint8_t *R3 = alloc(N * quant_rp_row_bytes(103, K));
+    if (quant_requant_q3_0(type, W, R3, N, K, 2) != 103) die("requant failed", "");
+    snprintf(name, sizeof name, "requant3_%d", type);
+    put(name, R3, N * quant_rp_row_bytes(103, K));
+    snprintf(name, sizeof name, "gemm_%d_as_q3_0_r16", type);
+    gemms(name, 103, R3, X, bias, Nv, K);
+    free(R3);
 }
 
 /* RMSNorm at several widths (whole 8s, a tail, under 8), the per-head norm, RoPE, attention (the

@@ -236,20 +236,36 @@ def test_a_gguf_without_a_tokenizer_or_of_another_architecture_is_a_clear_error(
 
 
 @kernel
-def test_a_4_bit_draft_and_the_self_draft(tmp_path):
-    """bits=4: a draft's 32-weight blocks become Q4_0 tiles (K-quants other than Q6_K keep theirs); its
-    logits stay near the 8-bit model's. --draft self loads the target's own file as that draft."""
+@pytest.mark.parametrize("bits", [4, 3])
+def test_a_low_bit_draft_and_the_self_draft(tmp_path, bits):
+    """bits=4: a draft's 32-weight blocks become Q4_0 tiles (K-quants other than Q6_K keep theirs); bits=3:
+    the MLP's gate and up become Q3_0, the rest as at 4. Its logits are those of the fp32 reference whose
+    weights went through the same rounding (as far as 8-bit activations allow), and stay correlated with
+    the 8-bit model's. --draft self loads the target's own file as that draft."""
     from specdec.settings import ModelSettings
     path = write_tiny_gguf(tmp_path / "q8.gguf", tiny_model(4), "llama", "Q8_0")
-    eight, four = load_gguf_blocks(GGUFFile(path), reencode=True), load_gguf_blocks(GGUFFile(path), reencode=True, bits=4)
+    eight, low = load_gguf_blocks(GGUFFile(path), reencode=True), load_gguf_blocks(GGUFFile(path), reencode=True, bits=bits)
     types = lambda m: {q for x in m.modules() if isinstance(x, QuantLinear) for q, _ in x.parts}  # noqa: E731
     assert types(eight) == {cpu_kernels.REPACKED_TYPES["Q8_0_R16"]}
-    assert types(four) == {cpu_kernels.REPACKED_TYPES["Q4_0_R16"]}
+    assert {q for q, _ in low.model.layers[0].mlp.gate_up_proj.parts} == {cpu_kernels.REPACKED_TYPES[f"Q{bits}_0_R16"]}
+    assert {q for q, _ in low.model.layers[0].mlp.down_proj.parts} == {cpu_kernels.REPACKED_TYPES["Q4_0_R16"]}
+    assert {q for q, _ in low.lm_head.parts} == {cpu_kernels.REPACKED_TYPES["Q4_0_R16"]}
+    ref = load_gguf_reference(GGUFFile(path), torch.device("cpu"), torch.float32)
+    for name, m in ref.named_modules():  # the draft's rounding (tests/test_quant_q8.py's reference_sym), in torch
+        if isinstance(m, torch.nn.Linear):
+            b = bits if name.endswith(("gate_proj", "up_proj")) else 4
+            w = m.weight.data.reshape(-1, 32)
+            top = w.gather(1, w.abs().argmax(1, keepdim=True))
+            d32 = top / -(1 << (b - 1))
+            q = (w * torch.where(d32 != 0, 1 / d32, 0) + (1 << (b - 1)) + 0.5).trunc().clamp(0, (1 << b) - 1)
+            m.weight.data = ((q - (1 << (b - 1))) * d32.half().float()).reshape(m.weight.shape)
     x = torch.randint(0, TINY_VOCAB, (1, 12))
-    a, b = eight(x, eight.new_cache(16), 0), four(x, four.new_cache(16), 0)
-    cos = torch.nn.functional.cosine_similarity(a[0] - a[0].mean(-1, keepdim=True), b[0] - b[0].mean(-1, keepdim=True))
-    assert cos.min().item() > 0.5  # 4 bits on a random tiny model: correlated logits (a wrong layout: ~0)
-    with pytest.raises(SpecdecError, match="--draft-bits must be 4 or 8"):
+    cos = lambda a, b: torch.nn.functional.cosine_similarity(  # noqa: E731
+        a[0] - a[0].mean(-1, keepdim=True), b[0] - b[0].mean(-1, keepdim=True))
+    a, b, r = (m(x, m.new_cache(16), 0) for m in (eight, low, ref))
+    assert cos(b, r).min().item() > 0.95  # the same weights: only the activations' 8 bits differ
+    assert cos(a, b).mean().item() > 0.3  # few bits on a random tiny model: still correlated (a wrong layout: ~0)
+    with pytest.raises(SpecdecError, match="--draft-bits must be 3, 4, 8 or auto"):
         ModelSettings(draft_bits=6)
 
 
@@ -272,15 +288,18 @@ def test_a_draft_head_cut_at_load_is_the_full_heads_first_rows(tmp_path, tied):
 
 
 @kernel
-def test_a_4_bit_draft_takes_q5_0_blocks_straight_to_q4_0(tmp_path):
-    """A 4-bit draft re-encodes its Q5_0 blocks once, as Q4_0 from the stored weights (not through
-    Q8_0 first): the layers equal Q4_0 made from the Q5_0 weights themselves."""
+@pytest.mark.parametrize("bits", [4, 3])
+def test_a_low_bit_draft_takes_q5_0_blocks_straight_to_its_encoding(tmp_path, bits):
+    """A 4-bit (3-bit) draft re-encodes its Q5_0 blocks once, as Q4_0 (the MLP's gate and up as Q3_0) from
+    the stored weights (not through Q8_0 first): the layers equal that encoding made from the Q5_0 weights
+    themselves."""
     path = write_tiny_gguf(tmp_path / "q5.gguf", tiny_model(2, attention_bias=True), "qwen2", "Q5_0")
-    stored, four = load_gguf_blocks(GGUFFile(path), repack=False), load_gguf_blocks(GGUFFile(path), reencode=True, bits=4)
-    layers = lambda m: [x for x in m.modules() if isinstance(x, QuantLinear)]  # noqa: E731
-    for a, b in zip(layers(stored), layers(four), strict=True):
+    stored = load_gguf_blocks(GGUFFile(path), repack=False)
+    low = load_gguf_blocks(GGUFFile(path), reencode=True, bits=bits)
+    layers = lambda m: [(n, x) for n, x in m.named_modules() if isinstance(x, QuantLinear)]  # noqa: E731
+    for (name, a), (_, b) in zip(layers(stored), layers(low), strict=True):
         (qtype, blocks), = a.parts
-        direct = cpu_kernels.requant_q4_0(qtype, blocks, a.in_features)
+        direct = cpu_kernels.requant(qtype, blocks, a.in_features, bits if name.endswith("gate_up_proj") else 4)
         assert [q for q, _ in b.parts] == [direct[0]] and torch.equal(b.parts[0][1], direct[1])
 
 
@@ -316,9 +335,12 @@ def test_a_draft_beside_a_target_of_one_tokenizer_shares_it(smollm2_path):
 @kernel
 def test_the_self_draft_is_the_target_re_encoded(smollm2_path):
     from specdec.settings import SELF_DRAFT, ModelSettings
-    settings = ModelSettings(model=str(smollm2_path), device="cpu")
+    settings = ModelSettings(model=str(smollm2_path), device="cpu", draft_bits=4)
     quiet = lambda *a: None  # noqa: E731
     target, drafted = settings.load(progress=quiet), settings.load(SELF_DRAFT, draft=True, progress=quiet)
     types = lambda m: {q for x in m.modules() if isinstance(x, QuantLinear) for q, _ in x.parts}  # noqa: E731
     assert types(drafted.module) == {cpu_kernels.REPACKED_TYPES["Q4_0_R16"]} != types(target.module)
+    auto = ModelSettings(model=str(smollm2_path), device="cpu").load(SELF_DRAFT, draft=True, progress=quiet)
+    gate_up = {q for layer in auto.module.model.layers for q, _ in layer.mlp.gate_up_proj.parts}
+    assert gate_up == {cpu_kernels.REPACKED_TYPES[f"Q{cpu_kernels.best_draft_bits()}_0_R16"]}  # --draft-bits auto
     assert drafted.tokenizer.get_vocab() == target.tokenizer.get_vocab()

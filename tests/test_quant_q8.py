@@ -301,18 +301,23 @@ def test_the_other_x86_builds_give_the_repacked_kernels_same_bits(other_build):
             assert torch.equal(cpu_kernels.quant_linear(x, [packed]), cpu_kernels.quant_linear(x, [packed], lib=avx2)), fmt
 
 
-def reference_q4_0(w: np.ndarray) -> np.ndarray:
-    """llama.cpp's Q4_0 of fp32 weights [rows, K], dequantized: per 32, d = (the largest-magnitude
-    weight) / -8 in fp16, q = min(15, trunc(w / d + 8.5)), weight = d (q - 8)."""
+def reference_sym(w: np.ndarray, bits: int = 4) -> np.ndarray:
+    """A draft's symmetric re-encoding of fp32 weights [rows, K], dequantized (bits 4: llama.cpp's Q4_0;
+    3: the same rule at 3 bits): per 32, with L = 2^(bits - 1), d = (the largest-magnitude weight) / -L in
+    fp16, q = min(2L - 1, trunc(w / d + L + 0.5)), weight = d (q - L)."""
+    L = 1 << (bits - 1)
     b = w.reshape(-1, 32).astype(np.float32)
     mx = b[np.arange(b.shape[0]), np.abs(b).argmax(1)]
     mx = np.where(mx != 0, mx, np.float32(0))  # an all-zero block: +0 (llama.cpp's max starts there), d = -0
-    d = (mx / np.float32(-8)).astype(np.float16).astype(np.float32)
-    d32 = (mx / np.float32(-8)).astype(np.float32)  # the scale the rounding uses (before fp16)
+    d = (mx / np.float32(-L)).astype(np.float16).astype(np.float32)
+    d32 = (mx / np.float32(-L)).astype(np.float32)  # the scale the rounding uses (before fp16)
     with np.errstate(divide="ignore"):
         inv = np.where(d32 != 0, np.float32(1) / d32, np.float32(0)).astype(np.float32)
-    q = np.clip((b * inv[:, None] + np.float32(8.5)).astype(np.int32), 0, 15)
-    return (d[:, None] * (q - 8)).reshape(w.shape)
+    q = np.clip((b * inv[:, None] + np.float32(L + 0.5)).astype(np.int32), 0, 2 * L - 1)
+    return (d[:, None] * (q - L)).reshape(w.shape)
+
+
+DRAFT_TILES = {"Q4_0_R16": 4, "Q3_0_R16": 3}  # a draft's re-encodings and their bits
 
 
 def extreme_blocks(fmt: str, rows: int, K: int, q4_0: bool = False) -> np.ndarray:
@@ -334,15 +339,16 @@ def extreme_blocks(fmt: str, rows: int, K: int, q4_0: bool = False) -> np.ndarra
 
 
 @kernel
-@pytest.mark.parametrize("fmt", REPACKABLE + ["Q4_0_R16"])
+@pytest.mark.parametrize("fmt", REPACKABLE + list(DRAFT_TILES))
 def test_the_largest_integers_give_every_build_the_arithmetic(fmt, other_build):
     """Weights and activations at their extremes (every activation +-127): the tiles' int16 sums in a
     256-bit build must not saturate. Each build gives the quantized arithmetic's value and the same bits."""
     K, N = 512, 32
-    src = "Q8_0" if fmt == "Q4_0_R16" else fmt
-    data = torch.from_numpy(extreme_blocks(src, N, K, q4_0=fmt == "Q4_0_R16"))
-    convert = cpu_kernels.requant_q4_0 if fmt == "Q4_0_R16" else cpu_kernels.repack
-    packed = convert(cpu_kernels.QUANT_TYPES[src], data, K)
+    bits = DRAFT_TILES.get(fmt)
+    src = "Q8_0" if bits else fmt
+    data = torch.from_numpy(extreme_blocks(src, N, K, q4_0=bits is not None))
+    qtype = cpu_kernels.QUANT_TYPES[src]
+    packed = cpu_kernels.requant(qtype, data, K, bits) if bits else cpu_kernels.repack(qtype, data, K)
     x = torch.ones(6, K)
     x[1] = -1
     x[2, ::2] = -1
@@ -350,11 +356,11 @@ def test_the_largest_integers_give_every_build_the_arithmetic(fmt, other_build):
     x[4:] = torch.randn(2, K) * 10
     y = cpu_kernels.quant_linear(x, [packed])
     assert torch.equal(cpu_kernels.quant_linear(x, [packed], lib=other_build), y)
-    if fmt == "Q4_0_R16":
-        w = torch.from_numpy(reference_q4_0(gguf_py_dequantize(src, data.numpy(), K).numpy())).double()
+    if bits:
+        w = torch.from_numpy(reference_sym(gguf_py_dequantize(src, data.numpy(), K).numpy(), bits)).double()
     else:
         w = gguf_py_dequantize(fmt, data.numpy(), K).double()
-    B = act_block(src) if fmt != "Q4_0_R16" else 32
+    B = act_block(src) if not bits else 32
     xq = torch.from_numpy(np.stack([(lambda q, d: q.reshape(-1, B).astype(np.float64) * d[:, None])(
         *reference_activations(r, B)).reshape(-1) for r in x.numpy()]))
     scale = (xq.abs() @ w.abs().T).max().item()
@@ -362,16 +368,18 @@ def test_the_largest_integers_give_every_build_the_arithmetic(fmt, other_build):
 
 
 @kernel
+@pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0", "Q6_K"])
-def test_a_4_bit_draft_is_llama_cpp_q4_0_of_its_weights(fmt):
-    """requant_q4_0: the weights re-encoded with llama.cpp's Q4_0 rounding, in Q4_0_R16 tiles; the GEMM
-    is the quantized arithmetic on those weights and row-count free (the other builds' bits: above)."""
+def test_a_draft_re_encoding_is_the_symmetric_rounding_of_its_weights(fmt, bits):
+    """requant: the weights re-encoded with llama.cpp's Q4_0 rounding (at 3 bits the same rule), in
+    Q4_0_R16 / Q3_0_R16 tiles; the GEMM is the quantized arithmetic on those weights and row-count free
+    (the other builds' bits: above)."""
     K, N = 512, 48
     qtype = cpu_kernels.QUANT_TYPES[fmt]
     data = torch.from_numpy(random_blocks(fmt, N, K, seed=4))
-    rtype, packed = cpu_kernels.requant_q4_0(qtype, data, K)
-    assert rtype == cpu_kernels.REPACKED_TYPES["Q4_0_R16"] and packed.numel() == N * K // 32 * 18
-    w = torch.from_numpy(reference_q4_0(gguf_py_dequantize(fmt, data.numpy(), K).numpy())).double()
+    rtype, packed = cpu_kernels.requant(qtype, data, K, bits)
+    assert rtype == cpu_kernels.REPACKED_TYPES[f"Q{bits}_0_R16"] and packed.numel() == N * K // 32 * (2 + 4 * bits)
+    w = torch.from_numpy(reference_sym(gguf_py_dequantize(fmt, data.numpy(), K).numpy(), bits)).double()
     x = torch.randn(9, K)
     y = cpu_kernels.quant_linear(x, [(rtype, packed)])
     xq = torch.from_numpy(np.stack([(lambda q, d: q.reshape(-1, 32).astype(np.float64) * d[:, None])(
@@ -393,11 +401,29 @@ def decode_q4_0_r16(packed: np.ndarray, rows: int, K: int) -> np.ndarray:
     return (q * d[..., None]).reshape(rows, K)
 
 
+def decode_q3_0_r16(packed: np.ndarray, rows: int, K: int) -> np.ndarray:
+    """Q3_0_R16 tiles (quant_rp.h's layout) back to fp32 weights [rows, K]: per tile and block, row i's
+    4 bytes at 4i hold the low two bits of weights 4g + b (byte b, bits 2g), at 64 + 4i those of weights
+    16 + 4g + b, at 128 + 4i the third bits of weights 4g + b (byte b, bit g); its fp16 scale at 192 + 2i;
+    weight = d (q - 4)."""
+    tiles = packed.reshape(rows // 16, K // 32, 224)
+    lo = tiles[:, :, :128].reshape(rows // 16, K // 32, 2, 16, 4)  # tile, block, chunk, row, byte b
+    hb = tiles[:, :, 128:192].reshape(rows // 16, K // 32, 16, 4)
+    q = np.zeros((rows // 16, K // 32, 16, 32), np.int32)  # tile, block, row, weight
+    for g in range(8):
+        for b in range(4):
+            q[:, :, :, 4 * g + b] = (lo[:, :, g // 4, :, b] >> (2 * (g % 4)) & 3) | ((hb[:, :, :, b] >> g) & 1) << 2
+    d = tiles[:, :, 192:].copy().view(np.float16).astype(np.float32)  # tile, block, row
+    w = (q.astype(np.float32) - 4) * d[..., None]
+    return w.transpose(0, 2, 1, 3).reshape(rows, K)
+
+
 @kernel
-def test_the_4_bit_draft_encoding_is_llama_cpp_q4_0_bit_for_bit(other_build):
-    """requant_q4_0's tiles, decoded, are reference_q4_0 of the weights exactly, in this build and the
-    others: random blocks, a block whose largest magnitude comes twice with opposite signs (the first
-    one sets the scale), and all-zero blocks."""
+@pytest.mark.parametrize("bits", [4, 3])
+def test_a_draft_encoding_is_its_rounding_bit_for_bit(other_build, bits):
+    """requant's tiles, decoded, are reference_sym of the weights exactly, in this build and the others:
+    random blocks, a block whose largest magnitude comes twice with opposite signs (the first one sets
+    the scale), and all-zero blocks."""
     K, N = 256, 32
     data = random_blocks("Q8_0", N, K, seed=9)
     blocks = data.reshape(N, K // 32, 34)
@@ -408,10 +434,11 @@ def test_the_4_bit_draft_encoding_is_llama_cpp_q4_0_bit_for_bit(other_build):
     blocks[2, :, 2:] = 0  # all zeros
     blocks[3, 2, 2:] = 0x80  # -128 everywhere: ties throughout
     w = gguf_py_dequantize("Q8_0", data, K).numpy()
-    want = reference_q4_0(w)
+    want = reference_sym(w, bits)
+    decode = decode_q4_0_r16 if bits == 4 else decode_q3_0_r16
     for lib in (None, other_build):
-        rtype, packed = cpu_kernels.requant_q4_0(cpu_kernels.QUANT_TYPES["Q8_0"], torch.from_numpy(data), K, lib=lib)
-        got = decode_q4_0_r16(packed.numpy(), N, K)
+        rtype, packed = cpu_kernels.requant(cpu_kernels.QUANT_TYPES["Q8_0"], torch.from_numpy(data), K, bits, lib=lib)
+        got = decode(packed.numpy(), N, K)
         assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
 
 

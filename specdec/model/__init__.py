@@ -33,7 +33,7 @@ class LoadedModel:
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
                cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False,
-               draft_bits: int = 4, beside: LoadedModel | None = None, head_rows: int = 0) -> LoadedModel:
+               draft_bits: int | None = None, beside: LoadedModel | None = None, head_rows: int = 0) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     The backend is chosen here, once. On the CPU a .gguf model runs on the file's own quantized
@@ -45,7 +45,9 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     through the map as they lie in the file instead (shared pages, slower multi-row GEMMs).
     draft: the model only drafts, so its numerics never reach the output: the CPU backend may re-encode
     its blocks into the format our kernels run fastest (loading.FASTER_FORMATS), and with draft_bits 4
-    its 32-weight blocks (Q8_0, Q5_0, ...) into 4-bit Q4_0 tiles (lossy: fewer bytes a draft step).
+    its 32-weight blocks (Q8_0, Q5_0, ...) and Q6_K into 4-bit Q4_0 tiles, with 3 the same but the MLP's
+    gate and up as 3-bit Q3_0 (lossy: fewer bytes a draft step); None: the kernel build's best
+    (cpu_kernels.best_draft_bits).
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
     model/cuda_graphs.py).
     beside: a model loaded before (the target, for its draft): where this file's tokenizer metadata is
@@ -73,7 +75,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         tokenizer = beside.tokenizer if same else load_tokenizer(source, gguf)
         gguf.forget_strings()
         repack = weight_dtype != "gguf-q8-mapped"
-        module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=draft_bits if draft else 8,
+        bits = (draft_bits or cpu_kernels.best_draft_bits()) if draft else 8
+        module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=bits,
                                   head_rows=head_rows) if blocks \
             else load_gguf_reference(gguf, dev, torch_dtype)
     if cuda_graphs:

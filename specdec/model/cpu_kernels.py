@@ -48,7 +48,7 @@ AMX_ENV = "SPECDEC_AMX"  # "0": the vector kernels even where AMX could run (cpu
 # GGUF block formats the kernels read (ggml type ids: gguf.GGMLQuantizationType)
 QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 # the layouts weights are repacked into at load (quant_rp.h: tiles of 16 output rows); ids of our own, not GGUF's
-REPACKED_TYPES = {"Q4_0_R16": 102, "Q8_0_R16": 108, "Q4_K_R16": 112, "Q6_K_R16": 114}
+REPACKED_TYPES = {"Q4_0_R16": 102, "Q3_0_R16": 103, "Q8_0_R16": 108, "Q4_K_R16": 112, "Q6_K_R16": 114}
 REPACK_ROWS = 16  # a repacked matrix's rows come in tiles of this many
 
 _lib = None
@@ -169,6 +169,8 @@ def load(extra_flags: list[str] | None = None, target: str | None = None):
     lib.quant_repack.restype = ctypes.c_int
     lib.quant_requant_q4_0.argtypes = [ctypes.c_int, p, p, i64, i64, ctypes.c_int]
     lib.quant_requant_q4_0.restype = ctypes.c_int
+    lib.quant_requant_q3_0.argtypes = [ctypes.c_int, p, p, i64, i64, ctypes.c_int]
+    lib.quant_requant_q3_0.restype = ctypes.c_int
     lib.quant_repacked_type.argtypes = [ctypes.c_int]
     lib.quant_repacked_type.restype = ctypes.c_int
     lib.quant_q8_activations.argtypes = [p, i64, i64, p, p, p, p]
@@ -297,17 +299,33 @@ def repack(qtype: int, data: torch.Tensor, K: int, lib=None) -> tuple[int, torch
     return rtype, _tiles(lib.quant_repack, qtype, data, K, rtype, lib, "repacking")
 
 
-def requant_q4_0(qtype: int, data: torch.Tensor, K: int, lib=None) -> tuple[int, torch.Tensor]:
-    """GGUF blocks of any format (rows a multiple of REPACK_ROWS, K of 32s) re-encoded as Q4_0 (4 bits
-    and an fp16 scale per 32 weights, llama.cpp's rounding) in Q4_0_R16 tiles: lossy, for a draft model,
-    whose numerics never reach the output. Returns (Q4_0_R16, uint8 [rows, row bytes])."""
+DRAFT_BITS = {4: "Q4_0", 3: "Q3_0"}  # a draft's re-encodings: symmetric, an fp16 scale per 32 weights
+
+
+def best_draft_bits() -> int:
+    """--draft-bits auto: 3 where the kernels run 512-bit VNNI (a draft step there costs its bytes: 0.87
+    of the 4-bit one's with the MLP's gate and up at 3 bits), else 4 (in the AVX2 build the 3-bit unpacking binds, and the step cost as
+    much as the 4-bit one: docs/results/raw/draft-bits3-zen4/profile.txt; the AVX-VNNI and
+    NEON builds are not measured)."""
+    return 3 if available() and "avx512_vnni" in _lib.kernels_isa().decode().split() else 4
+
+
+def requant(qtype: int, data: torch.Tensor, K: int, bits: int = 4, lib=None) -> tuple[int, torch.Tensor]:
+    """GGUF blocks of any format (rows a multiple of REPACK_ROWS, K of 32s) re-encoded at `bits` bits a
+    weight and an fp16 scale per 32 weights (4: Q4_0, llama.cpp's rounding; 3: Q3_0, the same rule at 3
+    bits) in Q4_0_R16 / Q3_0_R16 tiles: lossy, for a draft model, whose numerics never reach the output.
+    Returns (the tiles' type, uint8 [rows, row bytes])."""
     lib = _lib_or_raise(lib)
     _check_quant(qtype, data, K, lib)
-    rtype, rows = REPACKED_TYPES["Q4_0_R16"], data.shape[0]
+    if bits not in DRAFT_BITS:
+        raise ValueError(f"a draft re-encodes at {sorted(DRAFT_BITS)} bits, not {bits}")
+    name = DRAFT_BITS[bits]
+    rtype, rows = REPACKED_TYPES[f"{name}_R16"], data.shape[0]
     if rows % REPACK_ROWS or K % 32:
-        raise ValueError(f"re-encoding as Q4_0 takes rows in {REPACK_ROWS}s of a multiple of 32 weights, not "
+        raise ValueError(f"re-encoding as {name} takes rows in {REPACK_ROWS}s of a multiple of 32 weights, not "
                          f"{rows} x {K}")
-    return rtype, _tiles(lib.quant_requant_q4_0, qtype, data, K, rtype, lib, "re-encoding as Q4_0")
+    return rtype, _tiles(getattr(lib, f"quant_requant_{name.lower()}"), qtype, data, K, rtype, lib,
+                         f"re-encoding as {name}")
 
 
 def _tiles(convert, qtype: int, data: torch.Tensor, K: int, rtype: int, lib, what: str) -> torch.Tensor:

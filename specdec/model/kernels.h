@@ -11,23 +11,26 @@
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 
 /* the repacked types (tiles of RP_ROWS output rows; the layouts: quant_rp.h) and a tile's bytes a block */
-enum { T_Q4_0_R16 = 102, T_Q8_0_R16 = 108, T_Q4_K_R16 = 112, T_Q6_K_R16 = 114 };
+enum { T_Q4_0_R16 = 102, T_Q3_0_R16 = 103, T_Q8_0_R16 = 108, T_Q4_K_R16 = 112, T_Q6_K_R16 = 114 };
 #define RP_ROWS 16
 #define RP_Q4_K_TILE 2368
 #define RP_Q6_K_TILE 3360
 #define RP_Q8_0_TILE 544
 #define RP_Q4_0_TILE 288
+#define RP_Q3_0_TILE 224
 
 /* quant_dequant.c: a row's bytes in any type (0: not supported, or K does not fit it); fp32 rows */
 int64_t quant_row_bytes(int type, int64_t K);
 void quant_dequantize(int type, const uint8_t *W, float *out, int64_t rows, int64_t K);
 
 /* quant_repack.c: the repacking at load (the repacked type of a GGUF type, 0 if none; a repacked
- * row's bytes; GGUF rows -> tiles, and any format -> the 4-bit draft's Q4_0_R16: the type, or -1) */
+ * row's bytes; GGUF rows -> tiles, and any format -> the 4-bit draft's Q4_0_R16 or the 3-bit draft's
+ * Q3_0_R16: the type, or -1) */
 int quant_repacked_type(int type);
 int64_t quant_rp_row_bytes(int rtype, int64_t K);
 int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads);
 int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads);
+int quant_requant_q3_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads);
 
 /* quant_q8.c: the GEMM against 8-bit activations, raw blocks or repacked tiles */
 const char *kernels_isa(void);

@@ -425,19 +425,20 @@ def _reencoded_parts(gguf: GGUFFile, names: list[str], cfg: dict):
     return parts
 
 
-FOUR_BIT_SOURCES = {2, 3, 6, 8, 14}  # Q4_0, Q4_1, Q5_0, Q8_0, Q6_K: what a 4-bit draft takes as Q4_0 (Q4_K stays)
+LOW_BIT_SOURCES = {2, 3, 6, 8, 14}  # Q4_0, Q4_1, Q5_0, Q8_0, Q6_K: what a 4-bit (3-bit) draft re-encodes (Q4_K stays)
 
 
 def _repacked(gguf: GGUFFile, names: list[str], parts, K: int, bits: int = 8):
     """Each part in the kernels' tiles of 16 output rows where its format has such a layout (quant_repack.c;
     in new private memory), the others as they are; the weights' pages in the map are released.
-    bits 4 (a draft model): the 32-weight formats and Q6_K re-encoded as Q4_0 (lossy; Q4_K is already 4-bit)."""
+    bits 4 or 3 (a draft model): the 32-weight formats and Q6_K re-encoded as Q4_0 or Q3_0 (lossy; Q4_K
+    stays: at 3 bits too, where its loss costs more acceptance than its bytes save, scripts/draft_bits_sim.py)."""
 
     def one(qtype, data):
         if data.shape[0] % cpu_kernels.REPACK_ROWS:
             return qtype, data
-        if bits == 4 and qtype in FOUR_BIT_SOURCES:
-            return cpu_kernels.requant_q4_0(qtype, data, K)
+        if bits in cpu_kernels.DRAFT_BITS and qtype in LOW_BIT_SOURCES:
+            return cpu_kernels.requant(qtype, data, K, bits)
         return cpu_kernels.repack(qtype, data, K) if cpu_kernels.repacked_type(qtype) else (qtype, data)
     out = [one(qtype, data) for qtype, data in parts]
     if all(o[1] is not p[1] for o, p in zip(out, parts)):
@@ -512,13 +513,17 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     layers' Q4_K, Q6_K and Q8_0 blocks rewritten at load into the kernels' tiles of 16 output rows
     (quant_rp.h: prefill and verification run several times faster; private memory instead of the
     file's shared pages), else read through the map as they lie in the file. bits 4 (with repack, for a
-    draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1) and Q6_K re-encoded as Q4_0, lossy.
+    draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1) and Q6_K re-encoded as Q4_0, lossy; bits 3:
+    the MLP's gate and up projections as Q3_0, the rest as at 4.
     head_rows > 0 (a draft under --draft-vocab): the LM head holds only its first head_rows outputs
     (logits for ids below it; the drafter scores no others), so the rest is never converted or held."""
     if not cpu_kernels.available():
         raise SpecdecError(f"the CPU backend needs our kernels, which cannot be built here "
                            f"({cpu_kernels.unavailable_reason()}); use --weight-dtype float32")
-    reencode = reencode and not (repack and bits == 4)  # 4 bits: every 32-weight format to Q4_0 in one pass
+    reencode = reencode and not (repack and bits in cpu_kernels.DRAFT_BITS)  # every 32-weight format in one pass
+    # 3 bits: the MLP's gate and up alone (two thirds of a layer's bytes); the rest, the LM head and the
+    # down projection lose more acceptance at 3 bits than their bytes save (scripts/draft_bits_sim.py)
+    rest = 4 if bits == 3 else bits
     cfg = gguf_hf_config(gguf)
     with torch.device("meta"):
         model = Transformer(ModelConfig.from_hf(cfg))
@@ -542,16 +547,16 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
                 norm = layer.get_submodule(module)
                 norm.weight, norm.cpu_ops = _vector(gguf, f"{p}{gguf_name}.weight"), True
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = _linear(gguf, stacked(p, ("attn_q", "attn_k", "attn_v")), cfg, reencode, repack, bits)
+        attn.qkv_proj = _linear(gguf, stacked(p, ("attn_q", "attn_k", "attn_v")), cfg, reencode, repack, rest)
         attn.q_proj = attn.k_proj = attn.v_proj = None
-        attn.o_proj = _linear(gguf, [p + "attn_output"], cfg, reencode, repack, bits)
+        attn.o_proj = _linear(gguf, [p + "attn_output"], cfg, reencode, repack, rest)
         mlp.gate_up_proj = _linear(gguf, stacked(p, ("ffn_gate", "ffn_up")), cfg, reencode, repack, bits)
         mlp.gate_proj = mlp.up_proj = None
-        mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, bits)
+        mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, rest)
         attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
     backbone.norm.cpu_ops = True
     model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode, repack,
-                            bits, head_rows)
+                            rest, head_rows)
     model.weight_format = "gguf-q8"
     cpu_forward.enable(model)
     return model.eval()

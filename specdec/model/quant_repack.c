@@ -1,6 +1,6 @@
 /* Repacking at load, once: a GGUF matrix in Q4_K, Q6_K or Q8_0 rewritten into tiles of RP_ROWS output
- * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit draft any 32-weight or
- * K-quant format re-encoded as Q4_0 and tiled the same way. Scalar code (but the 4-bit encoding's
+ * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit (3-bit) draft any
+ * 32-weight or K-quant format re-encoded as Q4_0 (Q3_0) and tiled the same way. Scalar code (but the draft encodings'
  * extremes, in vectors): it runs once per matrix, on the block formats' integers as simd.h decodes
  * them (one decoder per format). */
 #include <stdint.h>
@@ -21,6 +21,7 @@ static rp_block rp_block_of(int rtype) {
     case T_Q6_K_R16: b.qk = 256, b.tile = RP_Q6_K_TILE; break;
     case T_Q8_0_R16: b.qk = 32, b.tile = RP_Q8_0_TILE; break;
     case T_Q4_0_R16: b.qk = 32, b.tile = RP_Q4_0_TILE; break;
+    case T_Q3_0_R16: b.qk = 32, b.tile = RP_Q3_0_TILE; break;
     default: break;
     }
     return b;
@@ -111,14 +112,14 @@ int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64
 }
 
 
-/* ---- the 4-bit draft: any 32-weight or K-quant format re-encoded as Q4_0 and repacked ---- */
+/* ---- the 4-bit (3-bit) draft: any 32-weight or K-quant format re-encoded as Q4_0 (Q3_0) and repacked ---- */
 
-/* one block of 32 weights as Q4_0 (llama.cpp's rounding): d = the largest-magnitude weight (the first
- * such) / -8, q = min(15, trunc(w / d + 8.5)); the block's row i of a tile's 16 written at o (its nibbles'
- * four 4-byte groups 64 bytes apart, low nibbles weights 0-15, high 16-31; its fp16 d at o + 256 + 2i).
- * The extremes come from lane-wise max and min; a block whose largest and smallest are equal in magnitude
- * (all zeros, or +a beside -a) takes the scalar search for the first, as llama.cpp's loop finds it. */
-static void q4_0_block(const float *x, uint8_t *o, int i) {
+/* one block of 32 weights, symmetric at `bits` bits (Q4_0 at 4, llama.cpp's rounding; Q3_0 at 3): with L =
+ * 2^(bits - 1), d = the largest-magnitude weight (the first such) / -L, q = min(2L - 1, trunc(w / d + L + 0.5)),
+ * so the extreme lands on q = 0 and a weight is d (q - L). The extremes come from lane-wise max and min; a
+ * block whose largest and smallest are equal in magnitude (all zeros, or +a beside -a) takes the scalar
+ * search for the first, as llama.cpp's loop finds it. q [32] and d are written; the caller lays them out. */
+static float sym_block(const float *x, int bits, uint8_t *q) {
     vec hi = VLOAD(x), lo = hi;
     for (int j = VL; j < 32; j += VL) {
         const vec v = VLOAD(x + j);
@@ -132,22 +133,49 @@ static void q4_0_block(const float *x, uint8_t *o, int i) {
         for (int j = 0; j < 32; j++)
             if (amax < (x[j] < 0 ? -x[j] : x[j])) amax = x[j] < 0 ? -x[j] : x[j], max = x[j];
     }
-    const float d = max / -8.0f;
-    const uint16_t d16 = f32_to_f16(d);
-    memcpy(o + 256 + 2 * i, &d16, 2);
+    const int L = 1 << (bits - 1);
+    const float d = max / (float)-L;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint8_t q[32], b[16];
     for (int j = 0; j < 32; j++) {
-        const int v = (int)(x[j] * id + 8.5f);
-        q[j] = (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
+        const int v = (int)(x[j] * id + ((float)L + 0.5f));
+        q[j] = (uint8_t)(v < 0 ? 0 : v > 2 * L - 1 ? 2 * L - 1 : v);
     }
+    return d;
+}
+
+/* row i of a Q4_0_R16 tile: its nibbles' four 4-byte groups 64 bytes apart (low nibbles weights 0-15,
+ * high 16-31), its fp16 d at o + 256 + 2i */
+static void q4_0_block(const float *x, uint8_t *o, int i) {
+    uint8_t q[32], b[16];
+    const uint16_t d16 = f32_to_f16(sym_block(x, 4, q));
+    memcpy(o + 256 + 2 * i, &d16, 2);
     for (int j = 0; j < 16; j++) b[j] = (uint8_t)(q[j] | q[16 + j] << 4);
     for (int g = 0; g < 4; g++) memcpy(o + 64 * g + 4 * i, b + 4 * g, 4);
 }
 
-/* rows (a multiple of 16) rows of K weights in GGUF `type` -> Q4_0_R16 at dst (rows x quant_rp_row_bytes).
- * Returns T_Q4_0_R16, or -1. Lossy: a draft's weights only (its numerics never reach the output). */
-int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
+/* row i of a Q3_0_R16 tile (quant_rp.h): byte b of its 4 at o + 4i holds the low two bits of q[4g + b] at
+ * bits 2g (g 0..3), at o + 64 + 4i those of q[16 + 4g + b]; at o + 128 + 4i byte b's bit g is the third bit
+ * of q[4g + b] (g 0..7); its fp16 d at o + 192 + 2i */
+static void q3_0_block(const float *x, uint8_t *o, int i) {
+    uint8_t q[32];
+    const uint16_t d16 = f32_to_f16(sym_block(x, 3, q));
+    memcpy(o + 192 + 2 * i, &d16, 2);
+    for (int b = 0; b < 4; b++) {
+        uint8_t l0 = 0, l1 = 0, h = 0;
+        for (int g = 0; g < 4; g++) {
+            l0 |= (uint8_t)((q[4 * g + b] & 3) << 2 * g);
+            l1 |= (uint8_t)((q[16 + 4 * g + b] & 3) << 2 * g);
+        }
+        for (int g = 0; g < 8; g++) h |= (uint8_t)((q[4 * g + b] >> 2) << g);
+        o[4 * i + b] = l0, o[64 + 4 * i + b] = l1, o[128 + 4 * i + b] = h;
+    }
+}
+
+/* rows (a multiple of 16) rows of K weights in GGUF `type` -> tiles of `tile` bytes a block, each row's
+ * block written by `block`. Returns rtype, or -1. Lossy: a draft's weights only (its numerics never reach
+ * the output). */
+static int requant(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads, int rtype,
+                   int64_t tile, void (*block)(const float *, uint8_t *, int)) {
     const int64_t rb = quant_row_bytes(type, K);
     if (!rb || rows % RP_ROWS || K % 32) return -1;
     const int64_t nb = K / 32, tiles = rows / RP_ROWS;
@@ -161,11 +189,20 @@ int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows,
             if (!x) continue;
             quant_dequantize(type, src + t * RP_ROWS * rb, x, RP_ROWS, K);
             for (int64_t ib = 0; ib < nb; ib++) {
-                uint8_t *o = dst + (t * nb + ib) * RP_Q4_0_TILE;
-                for (int i = 0; i < RP_ROWS; i++) q4_0_block(x + i * K + 32 * ib, o, i);
+                uint8_t *o = dst + (t * nb + ib) * tile;
+                for (int i = 0; i < RP_ROWS; i++) block(x + i * K + 32 * ib, o, i);
             }
         }
         free(x);
     }
-    return bad ? -1 : T_Q4_0_R16;
+    return bad ? -1 : rtype;
+}
+
+/* rows x K weights in GGUF `type` -> Q4_0_R16 (Q3_0_R16) at dst (rows x quant_rp_row_bytes) */
+int quant_requant_q4_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
+    return requant(type, src, dst, rows, K, nthreads, T_Q4_0_R16, RP_Q4_0_TILE, q4_0_block);
+}
+
+int quant_requant_q3_0(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t K, int nthreads) {
+    return requant(type, src, dst, rows, K, nthreads, T_Q3_0_R16, RP_Q3_0_TILE, q3_0_block);
 }

@@ -30,6 +30,9 @@
  *     @512 d f16 [16].
  *   Q4_0_R16 (288 = 16 x 18): chunk g (0..3): row i's byte b holds q[4g + b] (low nibble) and
  *     q[16 + 4g + b] (high), q = w / d + 8 in 0..15; @256 d f16 [16].
+ *   Q3_0_R16 (224 = 16 x 14; q = w / d + 4 in 0..7): chunk 0: row i's byte b holds the low two bits
+ *     of q[4g + b] at bits 2g (g 0..3), chunk 1 those of q[16 + 4g + b]; chunk 2: row i's byte b holds
+ *     the third bit of q[4g + b] at bit g (g 0..7); @192 d f16 [16].
  * The offsets meet the activations' sums: act.o holds them per 16 activations, made ready for each
  * format (Q4_K: the 32-sums in int16 pairs; Q6_K: -32 x the 16-sums, or in the int16 build -16 x them in
  * int16 pairs; the 32-weight formats: -o x
@@ -377,9 +380,36 @@ static inline int32_t ld32(const void *p) {
         }                                                                                            \
         dot[c] = R_SUB_TOTAL(o, acc);                                                                \
     }
+/* Q3_0: group g's four weights a lane, q = (low bits >> 2(g & 3)) & 3 | third bit g moved to bit 2 */
+#define RP_Q3_0_BODY                                                                                 \
+    rvi q[8];                                                                                        \
+    {                                                                                                \
+        const rvi l0 = R_LOAD(blk + 4 * RP_W * h), l1 = R_LOAD(blk + 64 + 4 * RP_W * h);             \
+        const rvi hb = R_LOAD(blk + 128 + 4 * RP_W * h), m3 = R_SET1B(0x03), m4 = R_SET1B(0x04);     \
+        q[0] = R_OR(R_AND(l0, m3), R_AND(R_SLLI16(hb, 2), m4));                                      \
+        q[1] = R_OR(R_AND(R_SRLI16(l0, 2), m3), R_AND(R_SLLI16(hb, 1), m4));                         \
+        q[2] = R_OR(R_AND(R_SRLI16(l0, 4), m3), R_AND(hb, m4));                                      \
+        q[3] = R_OR(R_AND(R_SRLI16(l0, 6), m3), R_AND(R_SRLI16(hb, 1), m4));                         \
+        q[4] = R_OR(R_AND(l1, m3), R_AND(R_SRLI16(hb, 2), m4));                                      \
+        q[5] = R_OR(R_AND(R_SRLI16(l1, 2), m3), R_AND(R_SRLI16(hb, 3), m4));                         \
+        q[6] = R_OR(R_AND(R_SRLI16(l1, 4), m3), R_AND(R_SRLI16(hb, 4), m4));                         \
+        q[7] = R_OR(R_AND(R_SRLI16(l1, 6), m3), R_AND(R_SRLI16(hb, 5), m4));                         \
+    }                                                                                                \
+    for (int c = 0; c < C; c++) {                                                                    \
+        const int8_t *x = a->q + c * K + 32 * ib;                                                    \
+        const int32_t o = a->o[c * K16 + 2 * ib];                                                    \
+        const rxv xl = R_XLOAD(x), xh = R_XLOAD(x + 16);                                             \
+        rsub acc = R_SUB_FROM(o);                                                                    \
+        for (int g = 0; g < 4; g++) {                                                                \
+            acc = R_SUB_XDOT(acc, q[g], xl, g);                                                      \
+            acc = R_SUB_XDOT(acc, q[4 + g], xh, g);                                                  \
+        }                                                                                            \
+        dot[c] = R_SUB_TOTAL(o, acc);                                                                \
+    }
 /* the 32-weight kernels: one body, inlined into a function per C (a constant C keeps the rows' sums in registers) */
 DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY)
 DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
+DEFINE_RP_B32(rp_q3_0_any, RP_Q3_0_TILE, 3, RP_Q3_0_BODY)
 #if SIMD_NEON && defined(__ARM_FEATURE_MATMUL_INT8)
 #include "quant_rp_mm.h" /* two input rows at a time in smmla: rp_b32_mm */
 #define RP_MM_rp_q8_0 0 /* rp_b32_mm's q4 */
@@ -390,9 +420,10 @@ DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
         else f##_any(w, a, y, ldy, C);                                                               \
     }
 #else
-#define DEFINE_RP_B32_C(f, C) \
-    static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) { f##_any(w, a, y, ldy, C); }
+#define DEFINE_RP_B32_C(f, C) DEFINE_RP_B32_PLAIN_C(f, C)
 #endif
+#define DEFINE_RP_B32_PLAIN_C(f, C) /* Q3_0 everywhere: no smmla form */                            \
+    static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) { f##_any(w, a, y, ldy, C); }
 
 #define RP_ALL_C(X, f) X(f, 1) X(f, 2) X(f, 3) X(f, 4) X(f, 5) X(f, 6) X(f, 7) X(f, 8)
 #define RP_DEF_Q4_K(f, C) DEFINE_RP_Q4_K(C)
@@ -402,9 +433,10 @@ RP_ALL_C(RP_DEF_Q4_K, 0)
 RP_ALL_C(RP_DEF_Q6_K, 0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q8_0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q4_0)
+RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_q3_0)
 
 /* O_*: what act.o holds for a format */
-enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4, O_PAIRS16 = 5 };
+enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4, O_PAIRS16 = 5, O_NEG4_32 = 6 };
 typedef struct {
     q8_fn fn[RP_MAXC + 1];
     int64_t qk, tile, act_block;
@@ -415,6 +447,7 @@ static const rp_kernels RP_Q6_K = {{0, RP_ALL_C(RP_FN_OF, rp_q6_k)}, 256, RP_Q6_
                                    R_SUB16 ? O_PAIRS16 : O_NEG32_16};
 static const rp_kernels RP_Q8_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q8_0)}, 32, RP_Q8_0_TILE, 32, O_NEG128_32};
 static const rp_kernels RP_Q4_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q4_0)}, 32, RP_Q4_0_TILE, 32, O_NEG8_32};
+static const rp_kernels RP_Q3_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q3_0)}, 32, RP_Q3_0_TILE, 32, O_NEG4_32};
 
 static const rp_kernels *rp_kernels_of(int type) {
     switch (type) {
@@ -422,6 +455,7 @@ static const rp_kernels *rp_kernels_of(int type) {
     case T_Q6_K_R16: return &RP_Q6_K;
     case T_Q8_0_R16: return &RP_Q8_0;
     case T_Q4_0_R16: return &RP_Q4_0;
+    case T_Q3_0_R16: return &RP_Q3_0;
     default: return 0;
     }
 }
@@ -440,7 +474,7 @@ static void rp_offsets(int o_kind, const int16_t *s, int64_t K, int32_t *o) {
     } else if (o_kind == O_NEG32_16) {
         for (int64_t i = 0; i < K16; i++) o[i] = -32 * s[i];
     } else { /* per 32 at o[2b] */
-        const int32_t off = o_kind == O_NEG128_32 ? 128 : 8;
+        const int32_t off = o_kind == O_NEG128_32 ? 128 : o_kind == O_NEG4_32 ? 4 : 8;
         for (int64_t b = 0; b < K16 / 2; b++) o[2 * b] = -off * (s[2 * b] + s[2 * b + 1]);
     }
 }

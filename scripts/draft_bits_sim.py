@@ -1,0 +1,168 @@
+"""How well a draft re-encoded at fewer bits would guess: each encoding's weights simulated in fp32 (the
+torch reference), the draft teacher-forced over the target's own greedy answers, and the share of answer
+positions where its greedy pick (over the ids --draft-vocab lets it score) is the target's token. That
+share is the greedy acceptance a chain sees token by token, before any kernel is written.
+
+Encodings (32-weight blocks, one fp16 scale each; the LM head at 4 bits unless said):
+  file      the GGUF's own blocks;
+  q4        what `--draft D` runs today: the 32-weight formats and Q6_K as Q4_0, Q4_K as it is;
+  q3        every weight as symmetric 3-bit (q in -4..3), scale = the largest-magnitude weight / -4;
+  q3-rmse   the same 3 bits, the scale searched per block for the least squared error;
+  q3-k      Q4_K kept, the rest as q3, the LM head at 4 bits (q4);
+  q3-kh     Q4_K kept, the rest as q3, the LM head too;
+  q3-gu     the MLP's gate and up at 3 bits, the rest as q4;
+  NAME-rmse any 3-bit one with the scale searched as q3-rmse does.
+Each encoding's bytes for one draft step (its layers and its cut LM head) are printed beside it.
+
+The target's answers (plain decoding, greedy, 128 new tokens) are cached under $SPECDEC_HOME/sim/.
+Usage: python scripts/draft_bits_sim.py [--encodings file,q4,q3,q3-rmse,q3-k] [--dataset JSONL --limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from specdec.bench.datasets import load_prompts  # noqa: E402
+from specdec.config import GenerationConfig  # noqa: E402
+from specdec.drafters.base import NoDrafter  # noqa: E402
+from specdec.engine.engine import Engine  # noqa: E402
+from specdec.model import load_model, loading  # noqa: E402
+from specdec.model.registry import resolve_model, specdec_home  # noqa: E402
+from specdec.model.tokenizer import encode_messages  # noqa: E402
+
+TARGET, DRAFT, VOCAB, NEW = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", 32768, 128
+Q4_K, Q6_K = 12, 14
+FOUR_BIT = {2, 3, 6, 8, 14}  # loading.FOUR_BIT_SOURCES: what the 4-bit draft takes as Q4_0
+BITS = {"file": None, "q4": 4.5, "q3": 3.5, "q3-rmse": 3.5, "q3-k": 3.5, "q3-kh": 3.5, "q3-gu": 3.5}  # bits a weight, 32-weight blocks
+
+
+def q4_0(w: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's Q4_0 rounding: d = the largest-magnitude weight / -8, q = min(15, trunc(w / d + 8.5))."""
+    b = w.reshape(-1, 32)
+    m = b.gather(1, b.abs().argmax(1, keepdim=True))
+    d = m / -8
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    q = (b * inv + 8.5).trunc().clamp(0, 15)
+    return ((q - 8) * d).reshape(w.shape)
+
+
+def q3(w: torch.Tensor, search: bool) -> torch.Tensor:
+    """Symmetric 3 bits a weight, q in -4..3: d = the largest-magnitude weight / -4 (the extreme lands on
+    -4 exactly); with search, the d among 16 scalings of it whose rounding leaves the least squared error."""
+    b = w.reshape(-1, 32)
+    m = b.gather(1, b.abs().argmax(1, keepdim=True))
+    best, err = None, None
+    for s in ([1.0] if not search else [1.0 - 0.03 * i for i in range(16)] + [1.05, 1.1]):
+        d = m / (-4 * s)
+        inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+        y = (b * inv).round().clamp(-4, 3) * d
+        e = ((y - b) ** 2).sum(1, keepdim=True)
+        if best is None:
+            best, err = y, e
+        else:
+            better = e < err
+            best, err = torch.where(better, y, best), torch.where(better, e, err)
+    return best.reshape(w.shape)
+
+
+def encode(kind: str, name: str, qtype: int, w: torch.Tensor) -> torch.Tensor:
+    search = kind.endswith("-rmse")
+    kind = kind.removesuffix("-rmse") if kind != "q3-rmse" else kind
+    if kind == "file" or w.dim() != 2 or w.shape[1] % 32:
+        return w
+    head = name in ("output.weight", "token_embd.weight")
+    if kind == "q3-gu":
+        kind = "q3" if ".ffn_gate." in name or ".ffn_up." in name else "q4"
+    if kind == "q4" or (head and kind != "q3-kh"):  # the LM head stays 4-bit
+        return q4_0(w) if qtype in FOUR_BIT else w
+    if kind.startswith("q3-k") and qtype == Q4_K:
+        return w
+    return q3(w, search=search)
+
+
+def step_bytes(gguf, kind: str) -> float:
+    """MB one draft step reads: every layer weight and the LM head's first VOCAB rows, in this encoding."""
+    total = 0.0
+    for name, t in gguf.tensors.items():
+        if not name.endswith(".weight") or len(t.dims) != 2:
+            continue
+        head = name in ("output.weight", "token_embd.weight")
+        if name == "token_embd.weight" and "output.weight" in gguf.tensors:
+            continue  # only a lookup
+        K, rows = t.dims[0], (VOCAB if head else t.dims[1])
+        if kind == "file" or (kind in ("q4", "q3-gu") and t.ggml_type not in FOUR_BIT) or \
+                (kind.startswith("q3-k") and t.ggml_type == Q4_K):
+            bits = 8 * t.nbytes / (t.dims[0] * t.dims[1])
+        elif kind == "q4" or (head and kind != "q3-kh") or \
+                (kind == "q3-gu" and ".ffn_gate." not in name and ".ffn_up." not in name):
+            bits = 4.5  # the LM head stays 4-bit in every 3-bit encoding
+        else:
+            bits = BITS[kind]
+        total += rows * K * bits / 8
+    return total / 1e6
+
+
+def answers(dataset: str | None, limit: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the target's greedy answer ids) per prompt: plain decoding on our kernels, cached."""
+    path = specdec_home() / "sim" / f"answers-{Path(dataset).stem if dataset else 'code'}-{limit}.json"
+    if path.exists():
+        return [tuple(x) for x in json.loads(path.read_text())]
+    target = load_model(TARGET)
+    eos = target.eos_ids
+    prompts = load_prompts(dataset)[:limit] if dataset else load_prompts()[:limit]
+    engine = Engine.single(target.module, NoDrafter(), 4096)
+    out = []
+    for p in prompts:
+        ids = encode_messages(target.tokenizer, [{"role": "user", "content": p.turns[0]}])
+        res = engine.generate(ids, GenerationConfig(NEW, 1), eos)
+        out.append((ids, list(res.tokens)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    return out
+
+
+@torch.inference_mode()
+def agreement(model, pairs) -> tuple[int, int]:
+    hit = n = 0
+    for prompt, answer in pairs:
+        ids = prompt + answer
+        cache = model.new_cache(len(ids) + 1)
+        logits = model(torch.tensor([ids[:-1]]), cache, 0)[0, len(prompt) - 1:, :VOCAB]
+        pick = logits.argmax(-1)
+        hit += int((pick == torch.tensor(answer)).sum())
+        n += len(answer)
+    return hit, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--encodings", default="file,q4,q3,q3-rmse,q3-k")
+    ap.add_argument("--dataset", default=None, help="a JSONL of prompts (default: the shipped code prompts)")
+    ap.add_argument("--limit", type=int, default=10)
+    args = ap.parse_args()
+    kinds = args.encodings.split(",")
+    if bad := [k for k in kinds if k.removesuffix("-rmse") not in BITS and k != "q3-rmse"]:
+        ap.error(f"unknown encodings {bad}; choose from {sorted(BITS)}")
+    pairs = answers(args.dataset, args.limit)
+    gguf = loading.open_gguf(resolve_model(DRAFT))
+    cfg = loading.gguf_hf_config(gguf)
+    plain = loading.dequantize
+    for kind in kinds:
+        loading.dequantize = lambda g, name, c, kind=kind: encode(kind, name, g.tensors[name].ggml_type,
+                                                                  plain(g, name, c))
+        model = loading._assemble(cfg, loading.gguf_state_dict(gguf, cfg), torch.device("cpu"), "sim")
+        loading.dequantize = plain
+        hit, n = agreement(model, pairs)
+        print(json.dumps({"encoding": kind, "agree": round(hit / n, 4), "positions": n,
+                          "step_mb": round(step_bytes(gguf, kind if kind == "q3-rmse" else kind.removesuffix("-rmse")), 1)}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
