@@ -43,6 +43,8 @@ def main() -> None:
         widths = [int(b) for b in args.bits.split(",")]
     except ValueError:
         ap.error(f"--bits takes integers, got {args.bits!r}")
+    if not widths or any(b not in (3, 4, 8) for b in widths):
+        ap.error(f"--bits takes widths among 3, 4 and 8, got {args.bits!r}")
     if args.limit < 1 or args.rounds < 1 or args.max_new_tokens < 1:
         ap.error("--limit, --rounds and --max-new-tokens must be >= 1")
     runners = {}

@@ -5,17 +5,17 @@ share is the greedy acceptance a chain sees token by token, before any kernel is
 
 Encodings (32-weight blocks, one fp16 scale each; the LM head at 4 bits unless said):
   file      the GGUF's own blocks;
-  q4        what `--draft D` runs today: the 32-weight formats and Q6_K as Q4_0, Q4_K as it is;
+  q4        `--draft-bits 4`: the 32-weight formats and Q6_K as Q4_0, Q4_K as it is;
   q3        every weight as symmetric 3-bit (q in -4..3), scale = the largest-magnitude weight / -4;
   q3-rmse   the same 3 bits, the scale searched per block for the least squared error;
   q3-k      Q4_K kept, the rest as q3, the LM head at 4 bits (q4);
   q3-kh     Q4_K kept, the rest as q3, the LM head too;
-  q3-gu     the MLP's gate and up at 3 bits, the rest as q4;
+  q3-gu     the MLP's gate and up at 3 bits, the rest as q4 (what `--draft-bits 3` runs);
   NAME-rmse any 3-bit one with the scale searched as q3-rmse does.
 Each encoding's bytes for one draft step (its layers and its cut LM head) are printed beside it.
 
 The target's answers (plain decoding, greedy, 128 new tokens) are cached under $SPECDEC_HOME/sim/.
-Usage: python scripts/draft_bits_sim.py [--encodings file,q4,q3,q3-rmse,q3-k] [--dataset JSONL --limit N]
+Usage: python scripts/draft_bits_sim.py [--encodings file,q4,q3,q3-k,q3-gu] [--dataset JSONL --limit N]
 """
 
 from __future__ import annotations
@@ -142,10 +142,12 @@ def agreement(model, pairs) -> tuple[int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--encodings", default="file,q4,q3,q3-rmse,q3-k")
+    ap.add_argument("--encodings", default="file,q4,q3,q3-k,q3-gu")
     ap.add_argument("--dataset", default=None, help="a JSONL of prompts (default: the shipped code prompts)")
     ap.add_argument("--limit", type=int, default=10)
     args = ap.parse_args()
+    if args.limit < 1:
+        ap.error(f"--limit must be >= 1, got {args.limit}")
     kinds = args.encodings.split(",")
     if bad := [k for k in kinds if k.removesuffix("-rmse") not in BITS and k != "q3-rmse"]:
         ap.error(f"unknown encodings {bad}; choose from {sorted(BITS)}")

@@ -73,8 +73,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="a draft model's 32-weight and Q6_K blocks (Q8_0, Q5_0, Q4_0, Q4_1, Q6_K) on the CPU backend: "
                         "4 re-encodes them at load as Q4_0 (half the bytes a draft step reads), 3 the same but the "
                         "MLP's gate and up as 3-bit Q3_0 (an eighth fewer bytes again), 8 keeps 8 bits (Q5_0 as "
-                        "Q8_0); the output is exactly the target's at every width. auto (default): 3 where the "
-                        "kernels run AVX-512 VNNI, else 4 (the 3-bit unpacking costs more than its bytes save there)")
+                        "Q8_0); the output is exactly the target's at every width. auto (default): 3 with the x86 "
+                        "kernels (AVX2 or AVX-512), 4 on ARM (not measured there)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="CUDA: replay decode and verify steps (up to 64 positions) as CUDA graphs, one per shape, "
                         "and a draft model's whole chain as one graph (one host sync a chain)")

@@ -403,16 +403,19 @@ def decode_q4_0_r16(packed: np.ndarray, rows: int, K: int) -> np.ndarray:
 
 def decode_q3_0_r16(packed: np.ndarray, rows: int, K: int) -> np.ndarray:
     """Q3_0_R16 tiles (quant_rp.h's layout) back to fp32 weights [rows, K]: per tile and block, row i's
-    4 bytes at 4i hold the low two bits of weights 4g + b (byte b, bits 2g), at 64 + 4i those of weights
-    16 + 4g + b, at 128 + 4i the third bits of weights 4g + b (byte b, bit g); its fp16 scale at 192 + 2i;
+    4 bytes at 64c + 4i (c = 0..2): byte b holds weight 8c + b at bits 0-2, weight 8c + 4 + b at bits
+    4-6, and bit c of weights 24 + b and 28 + b at bits 3 and 7; its fp16 scale at 192 + 2i;
     weight = d (q - 4)."""
     tiles = packed.reshape(rows // 16, K // 32, 224)
-    lo = tiles[:, :, :128].reshape(rows // 16, K // 32, 2, 16, 4)  # tile, block, chunk, row, byte b
-    hb = tiles[:, :, 128:192].reshape(rows // 16, K // 32, 16, 4)
+    ch = tiles[:, :, :192].reshape(rows // 16, K // 32, 3, 16, 4).astype(np.int32)  # tile, block, chunk, row, byte b
     q = np.zeros((rows // 16, K // 32, 16, 32), np.int32)  # tile, block, row, weight
-    for g in range(8):
+    for c in range(3):
         for b in range(4):
-            q[:, :, :, 4 * g + b] = (lo[:, :, g // 4, :, b] >> (2 * (g % 4)) & 3) | ((hb[:, :, :, b] >> g) & 1) << 2
+            byte = ch[:, :, c, :, b]
+            q[:, :, :, 8 * c + b] = byte & 7
+            q[:, :, :, 8 * c + 4 + b] = byte >> 4 & 7
+            q[:, :, :, 24 + b] |= (byte >> 3 & 1) << c
+            q[:, :, :, 28 + b] |= (byte >> 7 & 1) << c
     d = tiles[:, :, 192:].copy().view(np.float16).astype(np.float32)  # tile, block, row
     w = (q.astype(np.float32) - 4) * d[..., None]
     return w.transpose(0, 2, 1, 3).reshape(rows, K)

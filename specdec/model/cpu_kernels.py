@@ -303,11 +303,10 @@ DRAFT_BITS = {4: "Q4_0", 3: "Q3_0"}  # a draft's re-encodings: symmetric, an fp1
 
 
 def best_draft_bits() -> int:
-    """--draft-bits auto: 3 where the kernels run 512-bit VNNI (a draft step there costs its bytes: 0.87
-    of the 4-bit one's with the MLP's gate and up at 3 bits), else 4 (in the AVX2 build the 3-bit unpacking binds, and the step cost as
-    much as the 4-bit one: docs/results/raw/draft-bits3-zen4/profile.txt; the AVX-VNNI and
-    NEON builds are not measured)."""
-    return 3 if available() and "avx512_vnni" in _lib.kernels_isa().decode().split() else 4
+    """--draft-bits auto: 3 where the kernels are x86's (a draft step costs about its bytes there: 0.85-0.86
+    of the 4-bit one's with the MLP's gate and up at 3 bits, in the AVX-512 VNNI and the AVX2 build alike:
+    docs/results/raw/draft-bits3-zen4/profile.txt), else 4 (the NEON build is not measured for it)."""
+    return 3 if available() and "avx2" in _lib.kernels_isa().decode().split() else 4
 
 
 def requant(qtype: int, data: torch.Tensor, K: int, bits: int = 4, lib=None) -> tuple[int, torch.Tensor]:

@@ -153,22 +153,17 @@ static void q4_0_block(const float *x, uint8_t *o, int i) {
     for (int g = 0; g < 4; g++) memcpy(o + 64 * g + 4 * i, b + 4 * g, 4);
 }
 
-/* row i of a Q3_0_R16 tile (quant_rp.h): byte b of its 4 at o + 4i holds the low two bits of q[4g + b] at
- * bits 2g (g 0..3), at o + 64 + 4i those of q[16 + 4g + b]; at o + 128 + 4i byte b's bit g is the third bit
- * of q[4g + b] (g 0..7); its fp16 d at o + 192 + 2i */
+/* row i of a Q3_0_R16 tile (quant_rp.h): byte b of its 4 at o + 64c + 4i (c = 0..2) holds q[4(2c) + b] at
+ * bits 0-2, q[4(2c + 1) + b] at bits 4-6, and bit c of q[24 + b] and of q[28 + b] at bits 3 and 7; its fp16
+ * d at o + 192 + 2i */
 static void q3_0_block(const float *x, uint8_t *o, int i) {
     uint8_t q[32];
     const uint16_t d16 = f32_to_f16(sym_block(x, 3, q));
     memcpy(o + 192 + 2 * i, &d16, 2);
-    for (int b = 0; b < 4; b++) {
-        uint8_t l0 = 0, l1 = 0, h = 0;
-        for (int g = 0; g < 4; g++) {
-            l0 |= (uint8_t)((q[4 * g + b] & 3) << 2 * g);
-            l1 |= (uint8_t)((q[16 + 4 * g + b] & 3) << 2 * g);
-        }
-        for (int g = 0; g < 8; g++) h |= (uint8_t)((q[4 * g + b] >> 2) << g);
-        o[4 * i + b] = l0, o[64 + 4 * i + b] = l1, o[128 + 4 * i + b] = h;
-    }
+    for (int c = 0; c < 3; c++)
+        for (int b = 0; b < 4; b++)
+            o[64 * c + 4 * i + b] = (uint8_t)(q[8 * c + b] | q[8 * c + 4 + b] << 4 | ((q[24 + b] >> c) & 1) << 3 |
+                                              ((q[28 + b] >> c) & 1) << 7);
 }
 
 /* rows (a multiple of 16) rows of K weights in GGUF `type` -> tiles of `tile` bytes a block, each row's

@@ -30,9 +30,9 @@
  *     @512 d f16 [16].
  *   Q4_0_R16 (288 = 16 x 18): chunk g (0..3): row i's byte b holds q[4g + b] (low nibble) and
  *     q[16 + 4g + b] (high), q = w / d + 8 in 0..15; @256 d f16 [16].
- *   Q3_0_R16 (224 = 16 x 14; q = w / d + 4 in 0..7): chunk 0: row i's byte b holds the low two bits
- *     of q[4g + b] at bits 2g (g 0..3), chunk 1 those of q[16 + 4g + b]; chunk 2: row i's byte b holds
- *     the third bit of q[4g + b] at bit g (g 0..7); @192 d f16 [16].
+ *   Q3_0_R16 (224 = 16 x 14; q = w / d + 4 in 0..7): chunk c (0..2): row i's byte b holds q[8c + b] at
+ *     bits 0-2, q[8c + 4 + b] at bits 4-6, and bit c of q[24 + b] and of q[28 + b] at bits 3 and 7 (so six
+ *     groups unpack as Q4_0's nibbles do, and the last two gather from the spare bits); @192 d f16 [16].
  * The offsets meet the activations' sums: act.o holds them per 16 activations, made ready for each
  * format (Q4_K: the 32-sums in int16 pairs; Q6_K: -32 x the 16-sums, or in the int16 build -16 x them in
  * int16 pairs; the 32-weight formats: -o x
@@ -380,20 +380,20 @@ static inline int32_t ld32(const void *p) {
         }                                                                                            \
         dot[c] = R_SUB_TOTAL(o, acc);                                                                \
     }
-/* Q3_0: group g's four weights a lane, q = (low bits >> 2(g & 3)) & 3 | third bit g moved to bit 2 */
+/* Q3_0: groups 2c and 2c + 1 (four weights a lane each) are chunk c's low and high 3-bit fields, groups
+ * 6 and 7 the spare bits 3 and 7 of the three chunks gathered into one byte's two fields */
 #define RP_Q3_0_BODY                                                                                 \
     rvi q[8];                                                                                        \
     {                                                                                                \
-        const rvi l0 = R_LOAD(blk + 4 * RP_W * h), l1 = R_LOAD(blk + 64 + 4 * RP_W * h);             \
-        const rvi hb = R_LOAD(blk + 128 + 4 * RP_W * h), m3 = R_SET1B(0x03), m4 = R_SET1B(0x04);     \
-        q[0] = R_OR(R_AND(l0, m3), R_AND(R_SLLI16(hb, 2), m4));                                      \
-        q[1] = R_OR(R_AND(R_SRLI16(l0, 2), m3), R_AND(R_SLLI16(hb, 1), m4));                         \
-        q[2] = R_OR(R_AND(R_SRLI16(l0, 4), m3), R_AND(hb, m4));                                      \
-        q[3] = R_OR(R_AND(R_SRLI16(l0, 6), m3), R_AND(R_SRLI16(hb, 1), m4));                         \
-        q[4] = R_OR(R_AND(l1, m3), R_AND(R_SRLI16(hb, 2), m4));                                      \
-        q[5] = R_OR(R_AND(R_SRLI16(l1, 2), m3), R_AND(R_SRLI16(hb, 3), m4));                         \
-        q[6] = R_OR(R_AND(R_SRLI16(l1, 4), m3), R_AND(R_SRLI16(hb, 4), m4));                         \
-        q[7] = R_OR(R_AND(R_SRLI16(l1, 6), m3), R_AND(R_SRLI16(hb, 5), m4));                         \
+        const rvi m7 = R_SET1B(0x07), m88 = R_SET1B((char)0x88);                                     \
+        const rvi c0 = R_LOAD(blk + 4 * RP_W * h), c1 = R_LOAD(blk + 64 + 4 * RP_W * h);             \
+        const rvi c2 = R_LOAD(blk + 128 + 4 * RP_W * h);                                             \
+        q[0] = R_AND(c0, m7), q[1] = R_AND(R_SRLI16(c0, 4), m7);                                     \
+        q[2] = R_AND(c1, m7), q[3] = R_AND(R_SRLI16(c1, 4), m7);                                     \
+        q[4] = R_AND(c2, m7), q[5] = R_AND(R_SRLI16(c2, 4), m7);                                     \
+        const rvi sp = R_OR(R_OR(R_SRLI16(R_AND(c0, m88), 3), R_SRLI16(R_AND(c1, m88), 2)),          \
+                            R_SRLI16(R_AND(c2, m88), 1));                                            \
+        q[6] = R_AND(sp, m7), q[7] = R_AND(R_SRLI16(sp, 4), m7);                                     \
     }                                                                                                \
     for (int c = 0; c < C; c++) {                                                                    \
         const int8_t *x = a->q + c * K + 32 * ib;                                                    \
