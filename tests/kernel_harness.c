@@ -128,6 +128,20 @@ static void rsub_check(int type, const uint8_t *blk, const int8_t *x) {
 static void rsub_check(int type, const uint8_t *blk, const int8_t *x) { (void)type, (void)blk, (void)x; }
 #endif
 
+/* a draft's re-encoding of one format (Q4_0_R16 102, Q3_0_R16 103): its tiles and their GEMMs */
+static void requanted(int type, const uint8_t *W, const float *X, const float *bias, int64_t N, int64_t Nv, int64_t K,
+                      int rtype, int (*requant)(int, const uint8_t *, uint8_t *, int64_t, int64_t, int),
+                      const char *tag, const char *fmt) {
+    char name[64];
+    uint8_t *R = alloc(N * quant_rp_row_bytes(rtype, K));
+    if (requant(type, W, R, N, K, 2) != rtype) die("requant failed", tag);
+    snprintf(name, sizeof name, "%s_%d", tag, type);
+    put(name, R, N * quant_rp_row_bytes(rtype, K));
+    snprintf(name, sizeof name, "gemm_%d_as_%s_r16", type, fmt);
+    gemms(name, rtype, R, X, bias, Nv, K);
+    free(R);
+}
+
 /* one GGUF format: its activations, dequantized weights, GEMMs on the blocks, the repacked tiles and
  * their GEMMs, and the draft's Q4_0 and Q3_0 re-encodings and their GEMMs */
 static void format(int type) {
@@ -186,20 +200,8 @@ static void format(int type) {
         gemms(name, rtype, R, X, bias, Nv, K);
         free(R);
     }
-    uint8_t *R4 = alloc(N * quant_rp_row_bytes(102, K));
-    if (quant_requant_q4_0(type, W, R4, N, K, 2) != 102) die("requant failed", "");
-    snprintf(name, sizeof name, "requant_%d", type);
-    put(name, R4, N * quant_rp_row_bytes(102, K));
-    snprintf(name, sizeof name, "gemm_%d_as_q4_0_r16", type);
-    gemms(name, 102, R4, X, bias, Nv, K);
-    free(R4);
-    uint8_t *R3 = alloc(N * quant_rp_row_bytes(103, K));
-    if (quant_requant_q3_0(type, W, R3, N, K, 2) != 103) die("requant failed", "");
-    snprintf(name, sizeof name, "requant3_%d", type);
-    put(name, R3, N * quant_rp_row_bytes(103, K));
-    snprintf(name, sizeof name, "gemm_%d_as_q3_0_r16", type);
-    gemms(name, 103, R3, X, bias, Nv, K);
-    free(R3);
+    requanted(type, W, X, bias, N, Nv, K, 102, quant_requant_q4_0, "requant", "q4_0");
+    requanted(type, W, X, bias, N, Nv, K, 103, quant_requant_q3_0, "requant3", "q3_0");
 }
 
 /* RMSNorm at several widths (whole 8s, a tail, under 8), the per-head norm, RoPE, attention (the

@@ -363,23 +363,26 @@ static inline int32_t ld32(const void *p) {
         for (int c = 0; c < C; c++)                                                                  \
             dot[c] = R_Q8_XDOT(dot[c], raw, R_XLOAD(a->q + c * K + 32 * ib + 16 * (g >> 2)), g & 3);  \
     }
-#define RP_Q4_0_BODY                                                                                 \
-    rvi q[8];                                                                                        \
-    for (int g = 0; g < 4; g++) {                                                                    \
-        const rvi raw = R_LOAD(blk + 64 * g + 4 * RP_W * h);                                         \
-        q[2 * g] = R_AND(raw, R_SET1B(0x0F)), q[2 * g + 1] = R_AND(R_SRLI16(raw, 4), R_SET1B(0x0F)); \
-    }                                                                                                \
+/* Q4_0 and Q3_0: q[g] holds weights 4g .. 4g + 3 of a lane (g 0..7); dot = o + q . a, row by row */
+#define RP_B32_SMALL_DOTS                                                                            \
     for (int c = 0; c < C; c++) {                                                                    \
         const int8_t *x = a->q + c * K + 32 * ib;                                                    \
         const int32_t o = a->o[c * K16 + 2 * ib];                                                    \
         const rxv xl = R_XLOAD(x), xh = R_XLOAD(x + 16);                                             \
         rsub acc = R_SUB_FROM(o);                                                                    \
         for (int g = 0; g < 4; g++) {                                                                \
-            acc = R_SUB_XDOT(acc, q[2 * g], xl, g);                                                  \
-            acc = R_SUB_XDOT(acc, q[2 * g + 1], xh, g);                                              \
+            acc = R_SUB_XDOT(acc, q[g], xl, g);                                                      \
+            acc = R_SUB_XDOT(acc, q[4 + g], xh, g);                                                  \
         }                                                                                            \
         dot[c] = R_SUB_TOTAL(o, acc);                                                                \
     }
+#define RP_Q4_0_BODY                                                                                 \
+    rvi q[8];                                                                                        \
+    for (int g = 0; g < 4; g++) {                                                                    \
+        const rvi raw = R_LOAD(blk + 64 * g + 4 * RP_W * h);                                         \
+        q[g] = R_AND(raw, R_SET1B(0x0F)), q[4 + g] = R_AND(R_SRLI16(raw, 4), R_SET1B(0x0F));         \
+    }                                                                                                \
+    RP_B32_SMALL_DOTS
 /* Q3_0: groups 2c and 2c + 1 (four weights a lane each) are chunk c's low and high 3-bit fields, groups
  * 6 and 7 the spare bits 3 and 7 of the three chunks gathered into one byte's two fields */
 #define RP_Q3_0_BODY                                                                                 \
@@ -395,17 +398,7 @@ static inline int32_t ld32(const void *p) {
                             R_SRLI16(R_AND(c2, m88), 1));                                            \
         q[6] = R_AND(sp, m7), q[7] = R_AND(R_SRLI16(sp, 4), m7);                                     \
     }                                                                                                \
-    for (int c = 0; c < C; c++) {                                                                    \
-        const int8_t *x = a->q + c * K + 32 * ib;                                                    \
-        const int32_t o = a->o[c * K16 + 2 * ib];                                                    \
-        const rxv xl = R_XLOAD(x), xh = R_XLOAD(x + 16);                                             \
-        rsub acc = R_SUB_FROM(o);                                                                    \
-        for (int g = 0; g < 4; g++) {                                                                \
-            acc = R_SUB_XDOT(acc, q[g], xl, g);                                                      \
-            acc = R_SUB_XDOT(acc, q[4 + g], xh, g);                                                  \
-        }                                                                                            \
-        dot[c] = R_SUB_TOTAL(o, acc);                                                                \
-    }
+    RP_B32_SMALL_DOTS
 /* the 32-weight kernels: one body, inlined into a function per C (a constant C keeps the rows' sums in registers) */
 DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY)
 DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
