@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specdec.bench.datasets import load_prompts  # noqa: E402
+from specdec.bench.host import cpu_name  # noqa: E402
 from specdec.cli import build_parser  # noqa: E402
 from specdec.config import GenerationConfig  # noqa: E402
 from specdec.drafters.base import NoDrafter  # noqa: E402
@@ -84,7 +85,7 @@ def main() -> None:
         plain_rs = list(base.values())
         steps, drafted, accepted = tot(mine, "steps"), tot(mine, "drafted"), tot(mine, "accepted")
         print(json.dumps({
-            "method": name, "tok_s": round(tot(mine, "tokens") / tot(mine, "seconds"), 2),
+            "cpu": cpu_name(), "method": name, "tok_s": round(tot(mine, "tokens") / tot(mine, "seconds"), 2),
             "plain_tok_s": round(tot(plain_rs, "tokens") / tot(plain_rs, "seconds"), 2),
             "x_plain_mean": round(sum(ratios) / len(ratios), 3), "x_plain_median": round(ratios[len(ratios) // 2], 3),
             "x_plain_totals": round((tot(mine, "tokens") / tot(mine, "seconds"))
@@ -92,7 +93,7 @@ def main() -> None:
             "alpha": round(accepted / max(drafted, 1), 3), "tau": round((accepted + steps) / max(steps, 1), 2),
             "mismatches": sum(not x["same_as_plain"] for x in mine)}), flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "records": records}, indent=1))
+        Path(args.out).write_text(json.dumps({"cpu": cpu_name(), "args": vars(args), "records": records}, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,10 @@ Encodings (32-weight blocks, one fp16 scale each; the LM head at 4 bits unless s
   file      the GGUF's own blocks;
   q4        `--draft-bits 4`: the 32-weight formats and Q6_K as Q4_0, Q4_K as it is;
   q3        every weight as symmetric 3-bit (q in -4..3), scale = the largest-magnitude weight / -4;
-  q3-rmse   the same 3 bits, the scale searched per block for the least squared error;
   q3-k      Q4_K kept, the rest as q3, the LM head at 4 bits (q4);
   q3-kh     Q4_K kept, the rest as q3, the LM head too;
   q3-gu     the MLP's gate and up at 3 bits, the rest as q4 (what `--draft-bits 3` runs);
-  NAME-rmse any 3-bit one with the scale searched as q3-rmse does.
+  NAME-rmse any 3-bit one with the scale searched per block for the least squared error (q3-rmse, ...).
 Each encoding's bytes for one draft step (its layers and its cut LM head) are printed beside it.
 
 The target's answers (plain decoding, greedy, 128 new tokens) are cached under $SPECDEC_HOME/sim/.
@@ -37,9 +36,10 @@ from specdec.model.registry import resolve_model, specdec_home  # noqa: E402
 from specdec.model.tokenizer import encode_messages  # noqa: E402
 
 TARGET, DRAFT, VOCAB, NEW = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", 32768, 128
-Q4_K, Q6_K = 12, 14
-FOUR_BIT = {2, 3, 6, 8, 14}  # loading.FOUR_BIT_SOURCES: what the 4-bit draft takes as Q4_0
-BITS = {"file": None, "q4": 4.5, "q3": 3.5, "q3-rmse": 3.5, "q3-k": 3.5, "q3-kh": 3.5, "q3-gu": 3.5}  # bits a weight, 32-weight blocks
+Q4_K = 12
+FOUR_BIT = loading.LOW_BIT_SOURCES  # what a draft re-encodes (Q4_K stays)
+KINDS = ("file", "q4", "q3", "q3-k", "q3-kh", "q3-gu")  # a 3-bit one may end in -rmse
+STORED_BITS = {4: 4.5, 3: 3.5}  # bits a weight with the fp16 scale of 32
 
 
 def q4_0(w: torch.Tensor) -> torch.Tensor:
@@ -71,19 +71,27 @@ def q3(w: torch.Tensor, search: bool) -> torch.Tensor:
     return best.reshape(w.shape)
 
 
-def encode(kind: str, name: str, qtype: int, w: torch.Tensor) -> torch.Tensor:
-    search = kind.endswith("-rmse")
-    kind = kind.removesuffix("-rmse") if kind != "q3-rmse" else kind
-    if kind == "file" or w.dim() != 2 or w.shape[1] % 32:
-        return w
+def width(kind: str, name: str, qtype: int) -> int | None:
+    """The bits tensor `name` (GGUF type qtype) gets in encoding `kind` (without -rmse): 4, 3, or None
+    (as the file has it)."""
+    four = 4 if qtype in FOUR_BIT else None  # --draft-bits 4's rule
     head = name in ("output.weight", "token_embd.weight")
-    if kind == "q3-gu":
-        kind = "q3" if ".ffn_gate." in name or ".ffn_up." in name else "q4"
+    if kind == "file":
+        return None
     if kind == "q4" or (head and kind != "q3-kh"):  # the LM head stays 4-bit
-        return q4_0(w) if qtype in FOUR_BIT else w
-    if kind.startswith("q3-k") and qtype == Q4_K:
+        return four
+    if kind == "q3-gu":
+        return 3 if four and (".ffn_gate." in name or ".ffn_up." in name) else four
+    if kind in ("q3-k", "q3-kh") and qtype == Q4_K:
+        return None
+    return 3
+
+
+def encode(kind: str, name: str, qtype: int, w: torch.Tensor) -> torch.Tensor:
+    bits = width(kind.removesuffix("-rmse"), name, qtype)
+    if bits is None or w.dim() != 2 or w.shape[1] % 32:
         return w
-    return q3(w, search=search)
+    return q4_0(w) if bits == 4 else q3(w, search=kind.endswith("-rmse"))
 
 
 def step_bytes(gguf, kind: str) -> float:
@@ -92,19 +100,12 @@ def step_bytes(gguf, kind: str) -> float:
     for name, t in gguf.tensors.items():
         if not name.endswith(".weight") or len(t.dims) != 2:
             continue
-        head = name in ("output.weight", "token_embd.weight")
         if name == "token_embd.weight" and "output.weight" in gguf.tensors:
             continue  # only a lookup
+        head = name in ("output.weight", "token_embd.weight")
         K, rows = t.dims[0], (VOCAB if head else t.dims[1])
-        if kind == "file" or (kind in ("q4", "q3-gu") and t.ggml_type not in FOUR_BIT) or \
-                (kind.startswith("q3-k") and t.ggml_type == Q4_K):
-            bits = 8 * t.nbytes / (t.dims[0] * t.dims[1])
-        elif kind == "q4" or (head and kind != "q3-kh") or \
-                (kind == "q3-gu" and ".ffn_gate." not in name and ".ffn_up." not in name):
-            bits = 4.5  # the LM head stays 4-bit in every 3-bit encoding
-        else:
-            bits = BITS[kind]
-        total += rows * K * bits / 8
+        bits = width(kind.removesuffix("-rmse"), name, t.ggml_type)
+        total += rows * K * (STORED_BITS[bits] if bits else 8 * t.nbytes / (t.dims[0] * t.dims[1])) / 8
     return total / 1e6
 
 
@@ -149,8 +150,8 @@ def main() -> None:
     if args.limit < 1:
         ap.error(f"--limit must be >= 1, got {args.limit}")
     kinds = args.encodings.split(",")
-    if bad := [k for k in kinds if k.removesuffix("-rmse") not in BITS and k != "q3-rmse"]:
-        ap.error(f"unknown encodings {bad}; choose from {sorted(BITS)}")
+    if bad := [k for k in kinds if k.removesuffix("-rmse") not in KINDS or k in ("file-rmse", "q4-rmse")]:
+        ap.error(f"unknown encodings {bad}; choose from {', '.join(KINDS)} (a 3-bit one may end in -rmse)")
     pairs = answers(args.dataset, args.limit)
     gguf = loading.open_gguf(resolve_model(DRAFT))
     cfg = loading.gguf_hf_config(gguf)
@@ -162,8 +163,7 @@ def main() -> None:
         loading.dequantize = plain
         hit, n = agreement(model, pairs)
         print(json.dumps({"encoding": kind, "agree": round(hit / n, 4), "positions": n,
-                          "step_mb": round(step_bytes(gguf, kind if kind == "q3-rmse" else kind.removesuffix("-rmse")), 1)}),
-              flush=True)
+                          "step_mb": round(step_bytes(gguf, kind), 1)}), flush=True)
 
 
 if __name__ == "__main__":

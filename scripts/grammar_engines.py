@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -35,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specdec.bench.host import cpu_name  # noqa: E402
 from specdec.constraints.vocab import PADDING, backend_of  # noqa: E402
 from specdec.model.byte_bpe import byte_alphabet  # noqa: E402
 from specdec.model.tokenizer import load_tokenizer  # noqa: E402
@@ -350,13 +350,6 @@ API = {"xgrammar": {"rollback": "GrammarMatcher.rollback(n)", "forced": "find_ju
        "outlines": {"rollback": "Guide.rollback_state(n), up to max_rollback", "forced": "none",
                     "draft_masks": "accepts_tokens", "grammar_syntax": "none (regular languages only)",
                     "unsupported_keywords": "ignored"}}
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} CPUs)"
-    return platform.processor()
 
 
 def main() -> None:

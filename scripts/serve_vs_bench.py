@@ -11,7 +11,6 @@ Usage: python scripts/serve_vs_bench.py --model qwen2.5-coder-1.5b-instruct --dr
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -19,13 +18,6 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def run(checkout: Path, args: list[str]) -> None:
@@ -128,6 +120,8 @@ def main() -> int:
                       "serve_speedup": statistics.mean(r["serve"]["speedup"] for r in runs if r["side"] == side),
                       "serve_over_bench": statistics.mean(r["serve_over_bench"] for r in runs if r["side"] == side)}
                for side in dict.fromkeys(order)}
+    sys.path.insert(0, str(HERE))
+    from specdec.bench.host import cpu_name
     result = {"command": " ".join(sys.argv), "cpu": cpu_name(), "summary": summary, "runs": runs}
     if a.in_process:
         result["in_process"] = in_process(a)

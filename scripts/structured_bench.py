@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import jsonschema
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from specdec.bench.host import cpu_name  # noqa: E402
 from specdec.cli import build_parser  # noqa: E402
 from specdec.config import GenerationConfig  # noqa: E402
 from specdec.constraints import ConstraintSpec  # noqa: E402
@@ -87,16 +87,6 @@ def check(text: str, schema: dict) -> bool:
         return True
     except (json.JSONDecodeError, jsonschema.ValidationError):
         return False
-
-
-def cpu_name() -> str:
-    """The host's CPU model as lscpu names it (/proc/cpuinfo's model name), its family and model, and its cores."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    return (f"{info.get('model name', '?')}, CPU family {info.get('cpu family', '?')}, model {info.get('model', '?')}, "
-            f"{os.cpu_count()} cores")
 
 
 def main() -> None:

@@ -142,10 +142,18 @@ def test_bad_flag_values_fail_before_loading(flags, field, capsys, no_model_load
     (["--max-new-tokens", "1.5"], "--max-new-tokens"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--temperature", "hot"], "--temperature"),
+    (["--draft-bits", "5"], "--draft-bits"),
+    (["--draft-bits", "three"], "--draft-bits"),
 ])
 def test_non_numeric_flags_are_argparse_errors(flags, name, capsys, no_model_loads):
     err = argparse_error(["generate", *flags, "hi"], capsys)
     assert name in err
+
+
+def test_draft_bits_take_a_width_or_auto():
+    parse = lambda *f: build_parser().parse_args(["generate", *f, "hi"]).draft_bits  # noqa: E731
+    assert parse() is None and parse("--draft-bits", "auto") is None  # auto: the kernel build's best
+    assert [parse("--draft-bits", b) for b in ("3", "4", "8")] == [3, 4, 8]
 
 
 def test_two_drafting_methods_are_refused(capsys, no_model_loads):

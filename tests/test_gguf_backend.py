@@ -16,6 +16,7 @@ from specdec.model.gguf_file import GGUFFile
 from specdec.model.loading import load_gguf_blocks, load_gguf_reference, use_gguf_blocks
 from specdec.model.quant import QuantEmbedding, QuantLinear, first_rows
 from tests.conftest import TINY_VOCAB, tiny_model, write_tiny_gguf
+from tests.test_quant_q8 import reference_sym
 
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
@@ -251,14 +252,10 @@ def test_a_low_bit_draft_and_the_self_draft(tmp_path, bits):
     assert {q for q, _ in low.model.layers[0].mlp.down_proj.parts} == {cpu_kernels.REPACKED_TYPES["Q4_0_R16"]}
     assert {q for q, _ in low.lm_head.parts} == {cpu_kernels.REPACKED_TYPES["Q4_0_R16"]}
     ref = load_gguf_reference(GGUFFile(path), torch.device("cpu"), torch.float32)
-    for name, m in ref.named_modules():  # the draft's rounding (tests/test_quant_q8.py's reference_sym), in torch
+    for name, m in ref.named_modules():  # the draft's rounding
         if isinstance(m, torch.nn.Linear):
             b = bits if name.endswith(("gate_proj", "up_proj")) else 4
-            w = m.weight.data.reshape(-1, 32)
-            top = w.gather(1, w.abs().argmax(1, keepdim=True))
-            d32 = top / -(1 << (b - 1))
-            q = (w * torch.where(d32 != 0, 1 / d32, 0) + (1 << (b - 1)) + 0.5).trunc().clamp(0, (1 << b) - 1)
-            m.weight.data = ((q - (1 << (b - 1))) * d32.half().float()).reshape(m.weight.shape)
+            m.weight.data = torch.from_numpy(reference_sym(m.weight.data.numpy(), b)).float()
     x = torch.randint(0, TINY_VOCAB, (1, 12))
     cos = lambda a, b: torch.nn.functional.cosine_similarity(  # noqa: E731
         a[0] - a[0].mean(-1, keepdim=True), b[0] - b[0].mean(-1, keepdim=True))

@@ -445,6 +445,15 @@ def test_a_draft_encoding_is_its_rounding_bit_for_bit(other_build, bits):
         assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
 
 
+@kernel
+def test_a_draft_re_encoding_refuses_other_widths_and_shapes():
+    data = torch.from_numpy(random_blocks("Q8_0", 32, 64, seed=1))
+    with pytest.raises(ValueError, match="at \\[3, 4\\] bits, not 5"):
+        cpu_kernels.requant(cpu_kernels.QUANT_TYPES["Q8_0"], data, 64, 5)
+    with pytest.raises(ValueError, match="rows in 16s"):
+        cpu_kernels.requant(cpu_kernels.QUANT_TYPES["Q8_0"], data[:20], 64, 3)
+
+
 def test_a_bad_or_foreign_target_is_a_clear_error(monkeypatch):
     """SPECDEC_CPU_TARGET names what the kernels build for: a malformed name, and a build this CPU cannot
     run, are refused with the reason (the loader then keeps the fp32 reference), never an illegal instruction."""
