@@ -40,7 +40,7 @@ import torch
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_repack.c", "quant_q8.c", "fused_ops.c",
                                                 "cpu_forward.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("kernels.h", "simd.h", "quant_kq.h", "quant_rp.h", "quant_neon.h", "quant_rp_neon.h", "quant_rp_mm.h",
-                                                "quant_rp_amx.h")]
+                                                "quant_rp_amx.h", "attend_bf16.h")]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
 OPENMP = (["-fopenmp"], ["-Xpreprocessor", "-fopenmp", "-lomp"], [])  # tried in turn: gcc/clang, Apple clang + libomp, none
 TARGET_ENV = "SPECDEC_CPU_TARGET"
@@ -179,6 +179,8 @@ def load(extra_flags: list[str] | None = None, target: str | None = None):
     lib.rms_norm.argtypes = [p, p, p, i64, i64, i64, f32]
     lib.rope.argtypes = [p, p, p] + [i64] * 8
     lib.attend.argtypes = [p] * 6 + [i64] * 14 + [f32, ctypes.c_int]
+    lib.attention_precision.argtypes = []
+    lib.attention_precision.restype = ctypes.c_char_p
     lib.head_norm.argtypes = [p, p, i64, i64, i64, i64, f32]
     lib.head_norm.restype = None
     lib.gate_mul_rows.argtypes = [p, p, i64, i64, ctypes.c_int, ctypes.c_int]
@@ -454,6 +456,12 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, hea
                          f"{tuple(cos.shape)} and sin {tuple(sin.shape)} contiguous [B, T, {head_dim}]")
     lib.rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), B, T, heads, head_dim, x.stride(0), x.stride(1),
              T * head_dim, head_dim)
+
+
+def attention_precision(lib=None) -> str:
+    """The attention's products in this build: "bf16" (AVX-512 BF16: q.k and p.v on bf16 operands, added
+    in fp32; attend_bf16.h) or "fp32"."""
+    return _lib_or_raise(lib).attention_precision().decode()
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: int, heads: int,

@@ -313,6 +313,16 @@ static void attend_task_any(const float *q, const float *kg, const float *vg, co
     }
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define ATT_BF16 1
+#include "attend_bf16.h"
+#else
+#define ATT_BF16 0
+#endif
+
+/* The attention's products: "bf16" where attend_bf16.h is built in, else "fp32" */
+const char *attention_precision(void) { return ATT_BF16 ? "bf16" : "fp32"; }
+
 /* Attention of B x T queries over S cached slots, grouped-query (H query heads share KV heads).
  *   q:    head h of query (b, t) at q + b * sqb + t * sqt + h * D
  *   k, v: the cache of one layer; slot s of kv head g of cache row r at k + r * skr + g * skh + s * D
@@ -343,6 +353,16 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
         if (!pbuf || !ibuf || !qs || !os || !idx) abort(); /* a few MB at most */
         float **ps = os + ATT_QB * G, *inv = pbuf + ATT_QB * G * S1;
         int64_t *n = ibuf + ATT_QB * S1;
+#if ATT_BF16
+        /* the bf16 task's: query pairs, a chunk of keys and one of values, each query's p */
+        const int64_t pstride = (S1 + 32) / 2 + 16;
+        uint32_t *bbuf = malloc(sizeof(uint32_t) * (size_t)(ATT_QB * G * D / 2 + D / 2 * ATT_BF16_SC +
+                                                              ATT_BF16_SC / 2 * D + ATT_QB * G * pstride));
+        uint32_t **pbs = malloc(sizeof(uint32_t *) * (size_t)(ATT_QB * G));
+        if (!bbuf || !pbs) abort();
+        uint32_t *qb = bbuf, *kt = qb + ATT_QB * G * D / 2, *vp = kt + D / 2 * ATT_BF16_SC;
+        for (int64_t i = 0; i < ATT_QB * G; i++) pbs[i] = vp + ATT_BF16_SC / 2 * D + i * pstride;
+#endif
 #pragma omp for schedule(static, 1)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t b = task / (KV * blocks), g = (task / blocks) % KV, t0 = (task % blocks) * per;
@@ -368,12 +388,20 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
                     shared = lead < shared ? lead : shared;
                 }
             }
+#if ATT_BF16
+            if (D % 64 == 0)
+                attend_block_bf16(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, inv, qb, kt, vp, pbs);
+#else
             if (D % (4 * VL) == 0) attend_block(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, inv);
+#endif
             else
                 for (int64_t u = 0; u < P; u++)
                     attend_task_any(qs[u * G], kg, vg, idx[u], n[u], os[u * G], G, D, scale, ps[u * G]);
         }
         free(pbuf), free(ibuf), free(qs), free(os), free(idx);
+#if ATT_BF16
+        free(bbuf), free(pbs);
+#endif
     }
 }
 

@@ -61,6 +61,9 @@ const char *kernels_isa(void) {
 #if defined(__AVXVNNI__)
            " avx_vnni"
 #endif
+#if defined(__AVX512BF16__)
+           " avx512_bf16"
+#endif
 #endif
 #if defined(__aarch64__)
            " asimd"
