@@ -15,6 +15,7 @@ from specdec.constraints.base import tree_masks, walk_masks
 from specdec.engine.engine import Engine
 from specdec.sampling.verify import accept_chain, accept_tree
 from specdec.model import load_model
+from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
 from specdec.tree import DraftTree
 from tests.conftest import TINY_VOCAB, make_drafter
 
@@ -211,6 +212,13 @@ def test_the_policy_learns_from_the_drafters_own_tokens_alone():
                      confidence=conf), 0.05, 1, None)
         assert (o.num_drafted, o.num_accepted) == (3, mine)
         assert o.confidence == [0.9, 0.8, 0.3, 0.7] and o.width == 7 and o.forwards is None
+        assert o.free_accepted == accepted - mine  # the forced tokens passed: the answer's length counts them
+    # the answer length the policy learns (its admission's horizon) is every token emitted, forced ones too
+    policy = AdaptivePolicy(CostModel({1: 1.0, 5: 1.1}, 0.25), PolicyConfig(k_max=4))
+    policy.reset()
+    policy.observe(_outcome(SimpleNamespace(draft=draft, seconds=0.01), Verified(list(range(6)), 0, 7,
+                            confidence=conf), 0.05, 1, None))
+    assert policy.request_tokens == 7
 
 
 def test_plain_decoding_under_the_grammar_obeys_it_and_differs_from_free_decoding(target, plain):

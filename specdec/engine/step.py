@@ -479,8 +479,9 @@ def _outcome(r: _Row, verified: Verified, verify_seconds: float, batch: int, wid
     free, accepted = r.draft.free, verified.num_accepted
     mine = [i for i, f in enumerate(free) if not f]
     rows = [c for j, c in enumerate(verified.confidence) if j >= len(free) or not free[j]]
-    return Outcome(len(mine), sum(1 for i in mine if i < accepted), None, rows or None, r.seconds, verify_seconds,
-                   batch, width or len(free) + 1)
+    passed = sum(1 for i in mine if i < accepted)
+    return Outcome(len(mine), passed, None, rows or None, r.seconds, verify_seconds, batch, width or len(free) + 1,
+                   free_accepted=accepted - passed)
 
 
 def commit_cache(cache, verified: Verified) -> None:

@@ -120,6 +120,7 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
             self._observe_chain(outcome, num_accepted)
             return
         o = outcome
+        self.request_tokens += o.free_accepted
         if o.nodes is not None:
             self.observe_tree(o.nodes, o.num_drafted, o.num_accepted)
         else:

@@ -22,6 +22,7 @@ class Outcome:
     batch: int = 1  # sequences verified together
     width: int | None = None  # positions per row of a padded batched verify (default num_drafted + 1)
     forwards: int | None = None  # draft forwards timed (a tree: its chosen depth; default num_drafted)
+    free_accepted: int = 0  # tokens accepted beyond those counted above (a grammar's forced ones): the answer's length
 
 
 @dataclass(frozen=True)
