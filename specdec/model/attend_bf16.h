@@ -1,10 +1,12 @@
-/* Attention's two products in bf16 (vdpbf16ps: AVX-512 BF16, Zen 4 and later, Sapphire Rapids and later),
- * included by fused_ops.c in place of attend_block where the build has the instruction.
+/* Attention's two products in bf16, included by fused_ops.c in place of attend_block where the build has
+ * a bf16 dot product: vdpbf16ps (AVX-512 BF16: Zen 4 and later, Sapphire Rapids and later) or BFDOT
+ * (aarch64 with FEAT_BF16: Graviton 3 and later, Apple M2 and later, Armv8.6-A cores).
  *
  * A query's scores q.k and its output sum p v take their operands rounded to bf16 (8 bits of mantissa,
  * fp32's range) and add in fp32: one vdpbf16ps does 32 products where an fp32 FMA does 16, and the
  * operands are half the bytes. The cache stays fp32; each chunk of keys and values is rounded as a task
- * reads it. On Qwen2.5-Coder-1.5B over 1024 positions of real text this moves the logits by less than an
+ * reads it. The ARM build's speed is not measured (no ARM host; its bits are checked under qemu). On
+ * Qwen2.5-Coder-1.5B over 1024 positions of real text this moves the logits by less than an
  * fp32 kernel adding in another order does (mean KL to our fp32 attention 0.0028 against 0.0026,
  * docs/performance.md), so the choice is the build's, not a flag.
  *
@@ -19,6 +21,11 @@
  */
 #define ATT_BF16_SC 32 /* slots a chunk (kt's row length) */
 
+/* The primitives, per instruction set:
+ *   q_pairs    queries -> their bf16 pairs;       k_pairs_t   a chunk of keys -> pairs, transposed (lane = slot);
+ *   scores_bf16  the chains of the scores;        v_pairs     two value rows -> interleaved pairs;
+ *   p_pairs    a row of softmax numerators -> bf16; values_bf16 the chains of the outputs (lane = dim). */
+#if !SIMD_NEON
 static inline __m512 dpbf(__m512 acc, __m512i a, __m512i b) {
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
@@ -152,6 +159,140 @@ static void values_bf16(const uint32_t *const *pbs, int64_t nq, int64_t m0, int6
         for (int64_t c0 = 0; c0 < D; c0 += 64) values_bf16_1(pbs + t, m0, np, vp, D, c0, os + t, first);
 }
 
+/* pb[0 .. m) = p[0 .. m) in bf16, zeros after it to the next 16 (an odd last slot's partner) */
+static void p_pairs(const float *p, int64_t m, uint16_t *pb) {
+    for (int64_t j = 0; j < m; j += 16) {
+        const __mmask16 k = m - j >= 16 ? 0xFFFF : (__mmask16)((1u << (m - j)) - 1);
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, p + j));
+        _mm256_storeu_si256((__m256i *)(pb + j), (__m256i)h);
+    }
+}
+#else
+/* NEON with BFDOT: 4 lanes a vector; the same chains lane by lane (BFDOT's own rounding of a pair's sum) */
+static inline bfloat16x8_t bf16_8(const float *x) { /* x[0 .. 8) in bf16, in order: pair i = (x[2i], x[2i + 1]) */
+    return vcvtq_high_bf16_f32(vcvtq_low_bf16_f32(vld1q_f32(x)), vld1q_f32(x + 4));
+}
+static inline bfloat16x8_t as_bf(uint32x4_t x) { return vreinterpretq_bf16_u32(x); }
+
+static void q_pairs(const float *const *qs, int64_t nq, int64_t D, uint32_t *qb) {
+    for (int64_t u = 0; u < nq; u++)
+        for (int64_t c = 0; c < D; c += 8) vst1q_u32(qb + u * D / 2 + c / 2, vreinterpretq_u32_bf16(bf16_8(qs[u] + c)));
+}
+
+/* kt[i * ATT_BF16_SC + s] = pair i of key rows[s], 4 slots at a time (slots past ns in the last 4: zeros) */
+static void k_pairs_t(const float *const *rows, int64_t ns, int64_t D, uint32_t *kt) {
+    for (int64_t g = 0; g < ns; g += 4)
+        for (int64_t c = 0; c < D; c += 8) {
+            uint32x4_t r[4];
+            for (int s = 0; s < 4; s++) r[s] = g + s < ns ? vreinterpretq_u32_bf16(bf16_8(rows[g + s] + c)) : vdupq_n_u32(0);
+            const uint64x2_t t0 = vreinterpretq_u64_u32(vtrn1q_u32(r[0], r[1])), t1 = vreinterpretq_u64_u32(vtrn2q_u32(r[0], r[1]));
+            const uint64x2_t t2 = vreinterpretq_u64_u32(vtrn1q_u32(r[2], r[3])), t3 = vreinterpretq_u64_u32(vtrn2q_u32(r[2], r[3]));
+            uint32_t *o = kt + c / 2 * ATT_BF16_SC + g;
+            vst1q_u32(o, vreinterpretq_u32_u64(vtrn1q_u64(t0, t2)));
+            vst1q_u32(o + ATT_BF16_SC, vreinterpretq_u32_u64(vtrn1q_u64(t1, t3)));
+            vst1q_u32(o + 2 * ATT_BF16_SC, vreinterpretq_u32_u64(vtrn2q_u64(t0, t2)));
+            vst1q_u32(o + 3 * ATT_BF16_SC, vreinterpretq_u32_u64(vtrn2q_u64(t1, t3)));
+        }
+}
+
+/* NQ queries x NV vectors of 4 slots from slot vector v0; ns: the chunk's slots (a last vector's rest unstored) */
+#define SCORES_BF16_NEON(NAME, NQ, NV)                                                                  \
+    static inline void NAME(const uint32_t *qb, const uint32_t *kt, int64_t D, float scale, float *const *ps, \
+                            int64_t s0, int64_t v0, int64_t ns) {                                      \
+        float32x4_t acc[NQ][NV];                                                                       \
+        for (int t = 0; t < NQ; t++)                                                                   \
+            for (int v = 0; v < NV; v++) acc[t][v] = vdupq_n_f32(0.f);                                 \
+        for (int64_t i = 0; i < D / 2; i += 4) {                                                       \
+            bfloat16x8_t qv[NQ];                                                                       \
+            for (int t = 0; t < NQ; t++) qv[t] = as_bf(vld1q_u32(qb + t * D / 2 + i));                 \
+            STEP_LANE(0, NQ, NV) STEP_LANE(1, NQ, NV) STEP_LANE(2, NQ, NV) STEP_LANE(3, NQ, NV)        \
+        }                                                                                              \
+        for (int t = 0; t < NQ; t++)                                                                   \
+            for (int v = 0; v < NV; v++) {                                                             \
+                const int64_t s = 4 * (v0 + v), left = ns - s;                                         \
+                const float32x4_t x = vmulq_n_f32(acc[t][v], scale);                                   \
+                if (left >= 4) vst1q_f32(ps[t] + s0 + s, x);                                           \
+                else {                                                                                 \
+                    float f[4];                                                                        \
+                    vst1q_f32(f, x);                                                                   \
+                    for (int64_t j = 0; j < left; j++) ps[t][s0 + s + j] = f[j];                       \
+                }                                                                                      \
+            }                                                                                          \
+    }
+#define STEP_LANE(L, NQ, NV)                                                                                 \
+    {                                                                                                  \
+        bfloat16x8_t k[NV];                                                                            \
+        for (int v = 0; v < NV; v++) k[v] = as_bf(vld1q_u32(kt + (i + L) * ATT_BF16_SC + 4 * (v0 + v))); \
+        for (int t = 0; t < NQ; t++)                                                                   \
+            for (int v = 0; v < NV; v++) acc[t][v] = vbfdotq_laneq_f32(acc[t][v], k[v], qv[t], L);     \
+    }
+SCORES_BF16_NEON(scores_neon_4x4, 4, 4)
+SCORES_BF16_NEON(scores_neon_1x4, 1, 4)
+SCORES_BF16_NEON(scores_neon_4x1, 4, 1)
+SCORES_BF16_NEON(scores_neon_1x1, 1, 1)
+#undef STEP_LANE
+
+static void scores_bf16(const uint32_t *qb, int64_t nq, const uint32_t *kt, int64_t ns, int64_t D, float scale,
+                        float *const *ps, int64_t s0) {
+    const int64_t nv = (ns + 3) / 4;
+    int64_t q = 0, v;
+    for (; q + 4 <= nq; q += 4) {
+        for (v = 0; v + 4 <= nv; v += 4) scores_neon_4x4(qb + q * D / 2, kt, D, scale, ps + q, s0, v, ns);
+        for (; v < nv; v++) scores_neon_4x1(qb + q * D / 2, kt, D, scale, ps + q, s0, v, ns);
+    }
+    for (; q < nq; q++) {
+        for (v = 0; v + 4 <= nv; v += 4) scores_neon_1x4(qb + q * D / 2, kt, D, scale, ps + q, s0, v, ns);
+        for (; v < nv; v++) scores_neon_1x1(qb + q * D / 2, kt, D, scale, ps + q, s0, v, ns);
+    }
+}
+
+static void v_pairs(const float *a, const float *b, int64_t D, uint32_t *vp) {
+    for (int64_t d = 0; d < D; d += 4) {
+        const uint16x4_t x = vreinterpret_u16_bf16(vcvt_bf16_f32(vld1q_f32(a + d)));
+        const uint16x4_t y = b ? vreinterpret_u16_bf16(vcvt_bf16_f32(vld1q_f32(b + d))) : vdup_n_u16(0);
+        vst1q_u16((uint16_t *)(vp + d), vcombine_u16(vzip1_u16(x, y), vzip2_u16(x, y)));
+    }
+}
+
+static void p_pairs(const float *p, int64_t m, uint16_t *pb) {
+    for (int64_t j = 0; j < m; j += 8) {
+        float f[8] = {0};
+        for (int64_t i = 0; i < 8 && j + i < m; i++) f[i] = p[j + i];
+        vst1q_u16(pb + j, vreinterpretq_u16_bf16(bf16_8(f)));
+    }
+}
+
+/* os[t][c0 : c0 + 16] (+)= the chain over pairs m in [0, np) of pbs[t][m0 + m] . vp[m], for NB queries */
+#define VALUES_BF16_NEON(NAME, NB)                                                                     \
+    static inline void NAME(const uint32_t *const *pbs, int64_t m0, int64_t np, const uint32_t *vp, int64_t D, \
+                            int64_t c0, float *const *os, int first) {                                 \
+        float32x4_t acc[NB][4];                                                                        \
+        for (int t = 0; t < NB; t++)                                                                   \
+            for (int c = 0; c < 4; c++) acc[t][c] = first ? vdupq_n_f32(0.f) : vld1q_f32(os[t] + c0 + 4 * c); \
+        for (int64_t m = 0; m < np; m++) {                                                             \
+            bfloat16x8_t v[4];                                                                         \
+            for (int c = 0; c < 4; c++) v[c] = as_bf(vld1q_u32(vp + m * D + c0 + 4 * c));              \
+            for (int t = 0; t < NB; t++) {                                                             \
+                const bfloat16x8_t b = as_bf(vdupq_n_u32(pbs[t][m0 + m]));                             \
+                for (int c = 0; c < 4; c++) acc[t][c] = vbfdotq_f32(acc[t][c], v[c], b);               \
+            }                                                                                          \
+        }                                                                                              \
+        for (int t = 0; t < NB; t++)                                                                   \
+            for (int c = 0; c < 4; c++) vst1q_f32(os[t] + c0 + 4 * c, acc[t][c]);                      \
+    }
+VALUES_BF16_NEON(values_neon_4, 4)
+VALUES_BF16_NEON(values_neon_1, 1)
+
+static void values_bf16(const uint32_t *const *pbs, int64_t nq, int64_t m0, int64_t np, const uint32_t *vp, int64_t D,
+                        float *const *os, int first) {
+    int64_t t = 0;
+    for (; t + 4 <= nq; t += 4)
+        for (int64_t c0 = 0; c0 < D; c0 += 16) values_neon_4(pbs + t, m0, np, vp, D, c0, os + t, first);
+    for (; t < nq; t++)
+        for (int64_t c0 = 0; c0 < D; c0 += 16) values_neon_1(pbs + t, m0, np, vp, D, c0, os + t, first);
+}
+#endif
+
 /* attend_block's task for D % 64 == 0 in bf16 products. Scratch: qb [P G D / 2], kt [D / 2, ATT_BF16_SC],
  * vp [ATT_BF16_SC / 2, D] dwords; pbs[q] -> >= n + 32 uint16 a query (its p in bf16, pairs as dwords) */
 static void attend_block_bf16(const float *const *qs, float *const *os, float *const *ps, int64_t P, int64_t G,
@@ -181,12 +322,7 @@ static void attend_block_bf16(const float *const *qs, float *const *os, float *c
 #pragma omp simd
         for (int64_t j = 0; j < m; j++) p[j] = exp_nonpos(p[j] - x);
         inv[q] = m ? 1.f / lane_sum(p, m) : 0.f;
-        uint16_t *pb = (uint16_t *)pbs[q];
-        for (int64_t j = 0; j < m; j += 16) { /* zeros past m: an odd last slot's partner */
-            const __mmask16 k = m - j >= 16 ? 0xFFFF : (__mmask16)((1u << (m - j)) - 1);
-            const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, p + j));
-            _mm256_storeu_si256((__m256i *)(pb + j), (__m256i)h);
-        }
+        p_pairs(p, m, (uint16_t *)pbs[q]);
     }
     const int64_t even = shared & ~(int64_t)1; /* pairs of the shared run; the rest per position */
     for (int64_t j0 = 0; j0 < even; j0 += ATT_BF16_SC) {

@@ -459,8 +459,8 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, hea
 
 
 def attention_precision(lib=None) -> str:
-    """The attention's products in this build: "bf16" (AVX-512 BF16: q.k and p.v on bf16 operands, added
-    in fp32; attend_bf16.h) or "fp32"."""
+    """The attention's products in this build: "bf16" (AVX-512 BF16, or aarch64's BF16: q.k and p.v on
+    bf16 operands, added in fp32; attend_bf16.h) or "fp32"."""
     return _lib_or_raise(lib).attention_precision().decode()
 
 

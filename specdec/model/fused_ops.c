@@ -313,7 +313,7 @@ static void attend_task_any(const float *q, const float *kg, const float *vg, co
     }
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if (defined(__AVX512BF16__) && defined(__AVX512BW__)) || (SIMD_NEON && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC))
 #define ATT_BF16 1
 #include "attend_bf16.h"
 #else
@@ -391,9 +391,9 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
 #if ATT_BF16
             if (D % 64 == 0)
                 attend_block_bf16(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, inv, qb, kt, vp, pbs);
-#else
-            if (D % (4 * VL) == 0) attend_block(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, inv);
+            else
 #endif
+            if (D % (4 * VL) == 0) attend_block(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, inv);
             else
                 for (int64_t u = 0; u < P; u++)
                     attend_task_any(qs[u * G], kg, vg, idx[u], n[u], os[u * G], G, D, scale, ps[u * G]);

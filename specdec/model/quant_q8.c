@@ -76,6 +76,9 @@ const char *kernels_isa(void) {
 #if defined(__ARM_FEATURE_FP16_VECTOR_ARITHMETIC)
            " asimdhp"
 #endif
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+           " bf16"
+#endif
 #if defined(__ARM_FEATURE_SVE)
            " sve"
 #endif
