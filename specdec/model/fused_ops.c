@@ -8,7 +8,8 @@
  * pass gives the same bits as one-token steps for the same query and visible keys.
  *
  * The vector code is written once on simd.h's vec (AVX-512, AVX2, or NEON as two float32x4 halves with
- * the AVX2 build's reduction order): aarch64 gets the x86-64-v3 build's bits (tests/test_arm.py).
+ * the AVX2 build's reduction order): aarch64 gets the x86-64-v3 build's bits (tests/test_arm.py), but for
+ * attention where the build has a bf16 dot product (attend_bf16.h).
  *
  * Built with the other kernels into one library by specdec/model/cpu_kernels.py.
  */
