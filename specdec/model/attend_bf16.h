@@ -149,15 +149,7 @@ static void v_pairs(const float *a, const float *b, int64_t D, uint32_t *vp) {
     }
 VALUES_BF16(values_bf16_4, 4)
 VALUES_BF16(values_bf16_1, 1)
-
-static void values_bf16(const uint32_t *const *pbs, int64_t nq, int64_t m0, int64_t np, const uint32_t *vp, int64_t D,
-                        float *const *os, int first) {
-    int64_t t = 0;
-    for (; t + 4 <= nq; t += 4)
-        for (int64_t c0 = 0; c0 < D; c0 += 64) values_bf16_4(pbs + t, m0, np, vp, D, c0, os + t, first);
-    for (; t < nq; t++)
-        for (int64_t c0 = 0; c0 < D; c0 += 64) values_bf16_1(pbs + t, m0, np, vp, D, c0, os + t, first);
-}
+#define VALUES_SPAN 64 /* dims a values tile covers */
 
 /* pb[0 .. m) = p[0 .. m) in bf16, zeros after it to the next 16 (an odd last slot's partner) */
 static void p_pairs(const float *p, int64_t m, uint16_t *pb) {
@@ -280,18 +272,21 @@ static void p_pairs(const float *p, int64_t m, uint16_t *pb) {
         for (int t = 0; t < NB; t++)                                                                   \
             for (int c = 0; c < 4; c++) vst1q_f32(os[t] + c0 + 4 * c, acc[t][c]);                      \
     }
-VALUES_BF16_NEON(values_neon_4, 4)
-VALUES_BF16_NEON(values_neon_1, 1)
+VALUES_BF16_NEON(values_bf16_4, 4)
+VALUES_BF16_NEON(values_bf16_1, 1)
+#define VALUES_SPAN 16
 
+#endif
+
+/* the output chains of queries [0, nq) over pairs [m0, m0 + np) (vp), a tile of VALUES_SPAN dims at a time */
 static void values_bf16(const uint32_t *const *pbs, int64_t nq, int64_t m0, int64_t np, const uint32_t *vp, int64_t D,
                         float *const *os, int first) {
     int64_t t = 0;
     for (; t + 4 <= nq; t += 4)
-        for (int64_t c0 = 0; c0 < D; c0 += 16) values_neon_4(pbs + t, m0, np, vp, D, c0, os + t, first);
+        for (int64_t c0 = 0; c0 < D; c0 += VALUES_SPAN) values_bf16_4(pbs + t, m0, np, vp, D, c0, os + t, first);
     for (; t < nq; t++)
-        for (int64_t c0 = 0; c0 < D; c0 += 16) values_neon_1(pbs + t, m0, np, vp, D, c0, os + t, first);
+        for (int64_t c0 = 0; c0 < D; c0 += VALUES_SPAN) values_bf16_1(pbs + t, m0, np, vp, D, c0, os + t, first);
 }
-#endif
 
 /* attend_block's task for D % 64 == 0 in bf16 products. Scratch: qb [P G D / 2], kt [D / 2, ATT_BF16_SC],
  * vp [ATT_BF16_SC / 2, D] dwords; pbs[q] -> >= n + 32 uint16 a query (its p in bf16, pairs as dwords) */
@@ -316,13 +311,8 @@ static void attend_block_bf16(const float *const *qs, float *const *os, float *c
             scores_bf16(qb + u * G * D / 2, G, kt, ns, D, scale, ps + u * G, j0);
         }
     for (int64_t q = 0; q < nq; q++) { /* softmax numerators in place (attend_block's), then their bf16 pairs */
-        float *p = ps[q];
-        const int64_t m = n[q / G];
-        const float x = max_of(p, m);
-#pragma omp simd
-        for (int64_t j = 0; j < m; j++) p[j] = exp_nonpos(p[j] - x);
-        inv[q] = m ? 1.f / lane_sum(p, m) : 0.f;
-        p_pairs(p, m, (uint16_t *)pbs[q]);
+        inv[q] = numerators(ps[q], n[q / G]);
+        p_pairs(ps[q], n[q / G], (uint16_t *)pbs[q]);
     }
     const int64_t even = shared & ~(int64_t)1; /* pairs of the shared run; the rest per position */
     for (int64_t j0 = 0; j0 < even; j0 += ATT_BF16_SC) {

@@ -254,6 +254,14 @@ static inline float max_of(const float *p, int64_t n) {
     return x;
 }
 
+/* p[0 .. m) -> the softmax's numerators exp(p - max), in place; returns 1 / their sum (0 for m = 0) */
+static inline float numerators(float *p, int64_t m) {
+    const float x = max_of(p, m);
+#pragma omp simd
+    for (int64_t j = 0; j < m; j++) p[j] = exp_nonpos(p[j] - x);
+    return m ? 1.f / lane_sum(p, m) : 0.f;
+}
+
 /* One task for D % (4 VL) == 0: P positions of G query heads each (query u * G + i at qs[u * G + i],
  * its output at os[u * G + i], its score row at ps[u * G + i], >= n[u] floats); position u sees the
  * slots idx[u][0 .. n[u]) of kg, vg (idx[u] NULL: slots 0 .. n[u] - 1), the first `shared` of them
@@ -269,14 +277,7 @@ static void attend_block(const float *const *qs, float *const *os, float *const 
             const int64_t s = idx[u] ? idx[u][j] : j;
             scores_span(qs + u * G, ps + u * G, G, j, j + 1, kg + (s - j) * D, D, scale);
         }
-    for (int64_t q = 0; q < nq; q++) { /* softmax numerators in place */
-        float *p = ps[q];
-        const int64_t m = n[q / G];
-        const float x = max_of(p, m);
-#pragma omp simd
-        for (int64_t j = 0; j < m; j++) p[j] = exp_nonpos(p[j] - x);
-        inv[q] = m ? 1.f / lane_sum(p, m) : 0.f;
-    }
+    for (int64_t q = 0; q < nq; q++) inv[q] = numerators(ps[q], n[q / G]); /* softmax numerators in place */
     for (int64_t s0 = 0; s0 < shared; s0 += ATT_SC)
         values_span(ps, os, nq, s0, s0 + ATT_SC < shared ? s0 + ATT_SC : shared, vg, NULL, D, s0 == 0);
     for (int64_t u = 0; u < P; u++)
