@@ -224,4 +224,7 @@ def test_the_library_builds_for_aarch64_with_the_loaders_flags(tmp_path):
 def test_missing_features_names_what_the_cpu_lacks():
     assert cpu_kernels.missing_features(" asimd asimddp i8mm", "Features : fp asimd asimddp") == ["i8mm"]
     assert cpu_kernels.missing_features(" asimd asimddp", "Features\t: fp asimd evtstrm asimddp") == []
+    # a build with bf16 attention is refused on a CPU without the bf16 dot product (it would stop on SIGILL)
+    assert cpu_kernels.missing_features(" asimd asimddp i8mm bf16", "Features : fp asimd asimddp i8mm") == ["bf16"]
+    assert cpu_kernels.missing_features(" avx2 avx512f avx512_bf16", "flags : avx2 avx512f avx512_vnni") == ["avx512_bf16"]
     assert cpu_kernels.target_flags("armv8.2-a+dotprod") == ["-march=armv8.2-a+dotprod"]
