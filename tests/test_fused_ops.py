@@ -41,7 +41,11 @@ def test_rope_matches_torch(head_dim):
 BF16 = cpu_kernels.available() and cpu_kernels.attention_precision() == "bf16"
 # bf16: the kernel's numerators (fp32 exp) and the reference's (fp64) can round to neighbouring bf16s,
 # 2^-8 of one slot's weight; a wrong operand or pairing moves outputs by tenths
-TOL = {"atol": 2e-3, "rtol": 1e-3} if BF16 else {"atol": 2e-5, "rtol": 1e-4}
+FP32_TOL = {"atol": 2e-5, "rtol": 1e-4}
+
+
+def tolerance(head_dim: int) -> dict:
+    return {"atol": 2e-3, "rtol": 1e-3} if BF16 and head_dim % 64 == 0 else FP32_TOL
 
 
 def sdpa_reference(q, k_cache, v_cache, slots, heads, rows=None, mask=None):
@@ -77,18 +81,18 @@ def test_attend_matches_sdpa(head_dim, heads, kv):
     for T in (1, 2, 5, 8):
         q = torch.randn(2, T, (heads + 2 * kv) * head_dim)  # a qkv projection's output
         got = cpu_kernels.attend(q, k_cache, v_cache, slots, heads)
-        torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads), **(TOL if head_dim % 64 == 0 else {"atol": 2e-5, "rtol": 1e-4}))
+        torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads), **tolerance(head_dim))
         causal = causal_mask(slots - T, T, "cpu")  # [T, slots]
         got = cpu_kernels.attend(q, k_cache, v_cache, slots, heads, mask=causal)
         torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads, mask=causal),
-                                   **(TOL if head_dim % 64 == 0 else {"atol": 2e-5, "rtol": 1e-4}))
+                                   **tolerance(head_dim))
         # ragged: per-row masks over a wider mask, and cache rows out of order
         rows = torch.tensor([2, 0])
         mask = torch.rand(2, 1, T, slots + 3) < 0.6
         mask[..., 0] = True
         got = cpu_kernels.attend(q, k_cache, v_cache, slots, heads, rows=rows, mask=mask)
         torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads, rows, mask),
-                                   **(TOL if head_dim % 64 == 0 else {"atol": 2e-5, "rtol": 1e-4}))
+                                   **tolerance(head_dim))
 
 
 @pytest.mark.parametrize("start,T", [(50, 8), (0, 37), (230, 21)])
