@@ -259,8 +259,8 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--k", default="2,auto",
                        help="draft tokens per step, or a sweep such as 1,2,3,4,6,8; 'auto' adds the adaptive "
                             "policy (k chosen per step in 0..8, and a draft model's chain lengthened or ended by "
-                            "its calibrated confidence) for our drafting methods; 'auto-k': the k choice alone "
-                            "(default: %(default)s, the best fixed k measured in the default mode next to the policy)")
+                            "its calibrated confidence) for our drafting methods; 'auto-k': the k choice alone; "
+                            "'auto4', 'auto-k4': either with 4 the largest k (default: %(default)s, the best fixed k measured in the default mode next to the policy)")
     add_drafter_knobs(bench)
     bench.add_argument("--max-new-tokens", type=positive, default=128)
     bench.add_argument("--temperature", type=float, default=0.0,

@@ -65,7 +65,11 @@ def test_summary_reports_speedup_acceptance_and_mismatches():
 
 def test_k_list_and_method_parsing():
     assert parse_k_list("4") == [4] and parse_k_list("1, 2,8") == [1, 2, 8]
-    for bad in ("1,x", "2.5", "", "0", "-1"):
+    assert parse_k_list("2,auto,auto4,auto-k16") == [2, "auto", "auto4", "auto-k16"]
+    assert parse_methods("draft:auto4", [4]) == [MethodSpec("draft:auto4", "draft", 4, adaptive=True)]
+    assert parse_methods("draft:auto-k12", [4]) == [MethodSpec("draft:auto-k12", "draft", 12, adaptive=True,
+                                                               confidence=False)]
+    for bad in ("1,x", "2.5", "", "0", "-1", "auto0", "autok4", "auto-4"):
         with pytest.raises(SpecdecError, match="--k"):
             parse_k_list(bad)
     assert parse_methods("plain,draft", [4]) == [MethodSpec("plain", "plain", 1), MethodSpec("draft", "draft", 4)]

@@ -9,6 +9,7 @@ goes to a JSONL file as it finishes, so an interrupted run resumes where it stop
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,8 +33,13 @@ PEER_K_KINDS = ("hf-assisted", "hf-lookup", "llama-lookup")  # the peers that ta
 DRAFT_PEERS = ("hf-assisted",)  # the peers whose draft the summary names (--draft)
 
 
-AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick
-AUTO_KS = ("auto", "auto-k")  # adaptive: k and the confidence rule; k only
+AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick, unless it names its own ('auto4')
+AUTO_FORM = re.compile(r"(auto(?:-k)?)(\d*)")  # 'auto', 'auto-k', or either with its largest k: 'auto4'
+
+
+def is_auto(k: int | str) -> bool:
+    """k names the adaptive policy ('auto', 'auto-k', 'auto4', 'auto-k4'), not a fixed draft length."""
+    return isinstance(k, str)
 AUTO_TREE_BUDGET = 16  # tree:auto: the largest tree; the policy weighs 4, 8 and 16 nodes against chains and plain
 
 
@@ -48,24 +54,31 @@ class MethodSpec:
 
 
 def parse_k_list(text: str) -> list[int | str]:
-    """'4', '1,2,3,4,6,8' or '1,2,4,auto,auto-k' -> [ints, 'auto' and 'auto-k']; anything else is a
-    clear error."""
+    """'4', '1,2,3,4,6,8' or '1,2,4,auto,auto-k,auto4' -> [ints, and the adaptive forms as strings];
+    anything else is a clear error."""
     values = [v.strip() for v in str(text).split(",") if v.strip()]
     try:
-        ks = [v if v in AUTO_KS else int(v) for v in values]
+        ks = [v if AUTO_FORM.fullmatch(v) else int(v) for v in values]
     except ValueError:
-        raise SpecdecError(f"--k takes integers (or 'auto', 'auto-k') separated by commas, e.g. 1,2,4,8,auto; "
-                           f"got {text!r}") from None
-    if not ks or any(k not in AUTO_KS and k < 1 for k in ks):
-        raise SpecdecError(f"--k values must be integers >= 1, 'auto' or 'auto-k', got {text!r}")
+        raise SpecdecError(f"--k takes integers (or 'auto', 'auto-k', 'auto4') separated by commas, e.g. "
+                           f"1,2,4,8,auto; got {text!r}") from None
+    if not ks or any(not is_auto(k) and k < 1 or is_auto(k) and _auto_k_max(k) < 1 for k in ks):
+        raise SpecdecError(f"--k values must be integers >= 1, 'auto' or 'auto-k' (with a largest k >= 1), "
+                           f"got {text!r}")
     return list(dict.fromkeys(ks))
 
 
+def _auto_k_max(k: str) -> int:
+    cap = AUTO_FORM.fullmatch(k).group(2)
+    return int(cap) if cap else AUTO_K_MAX
+
+
 def _spec(label: str, kind: str, k: int | str) -> MethodSpec:
-    if k in AUTO_KS:
+    if is_auto(k):
         if not is_ours(kind):
             raise SpecdecError(f"'{k}' (the adaptive policy) is for our drafting methods, not {kind!r}")
-        return MethodSpec(label, kind, AUTO_K_MAX, adaptive=True, confidence=k == "auto")
+        return MethodSpec(label, kind, _auto_k_max(k), adaptive=True,
+                          confidence=AUTO_FORM.fullmatch(k).group(1) == "auto")
     return MethodSpec(label, kind, k)
 
 
@@ -104,8 +117,8 @@ def parse_methods(methods: str, k_list: list[int | str]) -> list[MethodSpec]:
         elif pinned:
             specs.append(_spec(item, kind, parse_k_list(pinned)[0]))
         else:
-            specs += [_spec(kind if len(k_list) == 1 and k not in AUTO_KS else f"{kind}:{k}", kind, k)
-                      for k in k_list if k not in AUTO_KS or is_ours(kind)]
+            specs += [_spec(kind if len(k_list) == 1 and not is_auto(k) else f"{kind}:{k}", kind, k)
+                      for k in k_list if not is_auto(k) or is_ours(kind)]
     if not specs:
         raise SpecdecError("no methods given")
     labels = [s.label for s in specs]
