@@ -30,6 +30,7 @@ class GenerationStats:
     draft_started_at: int | None = 0  # new tokens before the drafter started (None: it never did)
     draft_admission: dict | None = None  # the policy's terms when it decided at the start (AdaptivePolicy.last_admission)
     cached_tokens: int = 0  # prompt tokens whose keys/values a prefix cache held (not prefilled)
+    load_seconds: float = 0.0  # a draft model's load, deferred to its first start (not in `seconds`)
 
     def record_choice(self, k: int) -> None:
         if k >= len(self.k_chosen):
@@ -82,6 +83,7 @@ class GenerationStats:
                 "per_position_acceptance": [round(a, 4) for a in self.per_position_acceptance],
                 "draft_seconds": round(self.draft_seconds, 4), "verify_seconds": round(self.verify_seconds, 4),
                 "prefill_seconds": round(self.prefill_seconds, 4), "seconds": round(self.seconds, 4),
+                "load_seconds": round(self.load_seconds, 4),
                 "draft_started_at": self.draft_started_at, "draft_admission": self.draft_admission,
                 "tokens_per_second": round(self.tokens_per_second, 3),
                 "emitted_per_step": self.emitted_per_step, "k_chosen": self.k_chosen,
@@ -90,7 +92,8 @@ class GenerationStats:
     def line(self) -> str:
         return (f"{self.new_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_second:.2f} tok/s) | "
                 f"steps {self.steps} | tau {self.tau:.2f} | alpha {self.alpha:.2f} | "
-                f"draft {self.draft_seconds:.2f}s verify {self.verify_seconds:.2f}s")
+                f"draft {self.draft_seconds:.2f}s verify {self.verify_seconds:.2f}s"
+                + (f" | draft model loaded at its start in {self.load_seconds:.2f}s" if self.load_seconds else ""))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -26,7 +26,9 @@ class Runner:
 
     @staticmethod
     def build(model: ModelSettings, drafting: DraftingSettings, cfg: GenerationConfig) -> "Runner":
-        builder, chosen = Builder.from_settings(model, drafting)
+        # the draft model loads after the answer's first token, when its drafter starts (or never, where
+        # the policy keeps the request plain)
+        builder, chosen = Builder.from_settings(model, drafting, defer_draft=True)
         engine = builder.engine(chosen, EnginePlan.of(drafting))  # one request at a time
         k_text = f"k<={drafting.k} adaptive" if drafting.adaptive and engine.speculative else f"k={drafting.k}"
         return Runner(builder.target, engine, cfg, builder.label(chosen, engine.drafter, k_text))

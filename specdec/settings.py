@@ -56,17 +56,19 @@ class ModelSettings:
         if self.draft_bits not in (None, 3, 4, 8):
             raise SpecdecError(f"--draft-bits must be 3, 4, 8 or auto, got {self.draft_bits}")
 
-    def load(self, spec: str | None = None, draft: bool = False, progress=None, beside=None, head_rows: int = 0):
+    def load(self, spec: str | None = None, draft: bool = False, progress=None, beside=None, head_rows: int = 0,
+             defer: bool = False):
         """load_model(spec or the model) with these settings; a draft named "self" is the model itself,
         loaded again as a draft (its blocks re-encoded in --draft-bits). beside: a model loaded before,
         whose tokenizer this one takes where the two files' tokenizers are the same. head_rows: a
-        draft's LM head only for ids below it (--draft-vocab; 0: all)."""
+        draft's LM head only for ids below it (--draft-vocab; 0: all). defer: a draft's weights loaded at
+        its first use, where load_model can defer them."""
         if draft and spec == SELF_DRAFT:
             spec = self.model
         return specdec.model.load_model(spec or self.model, device=self.device, dtype=self.dtype,
                                         cuda_graphs=self.cuda_graphs, weight_dtype=self.weight_dtype, draft=draft,
                                         draft_bits=self.draft_bits, progress=progress or print, beside=beside,
-                                        head_rows=head_rows)
+                                        head_rows=head_rows, defer=defer)
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,10 @@ class Drafter(Protocol):
     def start(self, prompt: list[int]) -> None:
         """A new sequence begins with this prompt."""
 
+    def load(self) -> float:
+        """Loads what the drafter defers to its first start (a draft model's weights); the seconds it
+        took, 0.0 where nothing was left to load. The engine calls it before timing the start."""
+
     def propose(self, state: DraftState) -> DraftTree:
         """Propose up to state.k draft tokens to follow state.tokens."""
 
@@ -118,6 +122,9 @@ class BaseDrafter:
 
     caps = Capabilities()
     pool_model = None
+
+    def load(self) -> float:
+        return 0.0
 
     def prefill_tokens(self, prompt_len: int) -> int:
         return prompt_len  # priced by the policy's measured prefill cost (zero for lookup drafters)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 from torch import nn
@@ -10,6 +11,7 @@ from torch import nn
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
 from specdec.drafters.device_chain import DeviceChains
+from specdec.model import loaded_module
 from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.model.quant import first_rows
 from specdec.model.kv_cache import KVCache
@@ -49,18 +51,34 @@ class DraftModelDrafter(BaseDrafter):
         # chains honour DraftState.stop (the policy's confidence rule); a pool drafts chains of many rows at once
         self.caps = Capabilities(tree_nodes=self.max_tree_nodes, pooled=tree is None, knows_confidence=True)
         self.pool_model = self if tree is None else None
-        self.model = truncated_head(model, head_rows) if 0 < head_rows < model.config.vocab_size else model
         self.target_vocab = target_vocab
+        self.cached: list[int] = []  # tokens whose keys/values the cache holds
+        self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
+        # a model not loaded yet (model.DeferredModule) is loaded by load(), which the engine calls before the
+        # drafter's first start; until then the drafter holds no weights and no cache
+        self.source, self.model, self.cache, self.chains = model, None, None, None
+        self._shape = (capacity, head_rows, on_device)
+        if not getattr(model, "deferred", False):
+            self.load()
+
+    def load(self) -> float:
+        """Loads a deferred draft model (its weights, its cache); the seconds it took (0.0 if loaded)."""
+        if self.model is not None:
+            return 0.0
+        t0 = time.perf_counter()
+        capacity, head_rows, on_device = self._shape
+        model = loaded_module(self.source)
+        self.model = truncated_head(model, head_rows) if 0 < head_rows < model.config.vocab_size else model
         # chains drafted on the device, one host sync a chain (device_chain.py): by default where the model
         # replays CUDA graphs
         on_device = self.model.graphs is not None if on_device is None else on_device
-        self.chains = DeviceChains(self.model, target_vocab) if on_device else None
+        self.chains = DeviceChains(self.model, self.target_vocab) if on_device else None
         self.cache = model.new_cache(capacity)
-        self.cached: list[int] = []  # tokens whose keys/values the cache holds
-        self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
+        return time.perf_counter() - t0
 
     def new_pool_cache(self, batch: int) -> KVCache:
         """A draft cache of `batch` rows; a pool gives each of its drafters one row as `cache`."""
+        self.load()
         return self.model.new_cache(self.cache.capacity, batch=batch)
 
     @staticmethod
@@ -73,7 +91,7 @@ class DraftModelDrafter(BaseDrafter):
         return max(0, min(prompt_len - 1, self.window or prompt_len))
 
     def cost_model(self):
-        return self.model
+        return self.model if self.model is not None else self.source  # the deferred module: its fingerprint at once
 
     def tree_actions(self) -> dict:
         """Trees besides chains where configured for them: a static tree's own size, or powers of two
@@ -90,6 +108,7 @@ class DraftModelDrafter(BaseDrafter):
         proposal feeds two tokens like every other one and step times stay comparable. With a
         window, only the last `window` of those (positions from 0: the draft reads the text from
         there on, relative positions intact); drafts stay exact either way, only q changes."""
+        self.load()
         offset = len(prompt) - 1 - self.prefill_tokens(len(prompt)) if prompt else 0
         head = prompt[offset:-1]
         # what the cache holds of the last request's text is kept where this prompt begins the same way
@@ -394,6 +413,8 @@ def truncated_head(model: Transformer, rows: int) -> Transformer:
     """
     view = copy.copy(model)
     view._modules = dict(model._modules)
+    if rows < model.lm_head.out_features and getattr(model, "fingerprint_key", None) is not None:
+        view.fingerprint_key = f"{model.fingerprint_key}:head {rows}"  # a step of another cost
     view.lm_head = first_rows(model.lm_head, rows)  # [rows, hidden] of the weights, a view
     if getattr(model, "graphs", None) is not None:  # the view's graphs must replay the view's own head
         enable_cuda_graphs(view, model.graphs.max_tokens)

@@ -54,6 +54,9 @@ class HybridDrafter(BaseDrafter):
         self.use_model = True
         self.model.start(prompt)
 
+    def load(self) -> float:
+        return self.model.load()
+
     def prefill_tokens(self, prompt_len: int) -> int:
         return self.model.prefill_tokens(prompt_len)
 

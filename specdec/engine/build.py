@@ -37,14 +37,15 @@ def head_name(options: DraftOptions) -> str:
 
 
 def load_parts(model: ModelSettings, methods: list[Method], options: DraftOptions, progress=log,
-               share_cache: bool = True) -> Parts:
+               share_cache: bool = True, defer_draft: bool = False) -> Parts:
     """The target, and the draft model, heads and layer-skip spec that any of `methods` needs; with
-    share_cache, the target's cache that the engines (and layer skip's drafter) use."""
+    share_cache, the target's cache that the engines (and layer skip's drafter) use. defer_draft: the
+    draft model's weights are loaded when its drafter first starts, where they can be (load_model)."""
     target = model.load(progress=progress)
     drafts = any(m.entry.draft_model for m in methods)
     # the draft's LM head only for the ids it scores (--draft-vocab): the rest is never converted
     draft = model.load(options.draft, draft=True, progress=progress, beside=target,
-                       head_rows=options.draft_vocab) if drafts else None
+                       head_rows=options.draft_vocab, defer=defer_draft) if drafts else None
     heads = {}
     for m in methods:
         if m.entry.head and m.head_kind not in heads:
@@ -94,15 +95,15 @@ class Builder:
 
     @staticmethod
     def load(model: ModelSettings, methods: list[Method], options: DraftOptions, progress=log,
-             share_cache: bool = True) -> "Builder":
-        return Builder(load_parts(model, methods, options, progress, share_cache), options)
+             share_cache: bool = True, defer_draft: bool = False) -> "Builder":
+        return Builder(load_parts(model, methods, options, progress, share_cache, defer_draft), options)
 
     @staticmethod
     def from_settings(model: ModelSettings, drafting: DraftingSettings, progress=log,
-                      share_cache: bool = True) -> tuple["Builder", Method]:
+                      share_cache: bool = True, defer_draft: bool = False) -> tuple["Builder", Method]:
         """generate's and serve's builder, and the method their settings name."""
         chosen = method(drafting.method)
-        return Builder.load(model, [chosen], drafting_options(drafting), progress, share_cache), chosen
+        return Builder.load(model, [chosen], drafting_options(drafting), progress, share_cache, defer_draft), chosen
 
     @property
     def target(self):

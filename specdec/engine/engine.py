@@ -150,7 +150,7 @@ class Engine:
         self.running.remove(seq)
         self.pool.release(seq)
         seq.stats.new_tokens = seq.num_new
-        seq.stats.seconds = time.perf_counter() - seq.t_start
+        seq.stats.seconds = time.perf_counter() - seq.t_start - seq.stats.load_seconds
 
     def step(self) -> list[Sequence]:
         """One step of every request in a slot (seating waiting ones first); returns those that finished

@@ -187,9 +187,9 @@ def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: 
                                                                     seq.generator))
     pays = admit_drafter(seq, load)  # decided at the request's start, before anything is generated
     reason = seq.emit([first], _scores(seq, logits[None], [first]))  # streamed before the drafter's prefill
-    if pays and reason is None:
-        _start_now(seq, seq.prompt_len)  # a draft model prefills the prompt: part of the request's prefill
-    seq.stats.prefill_seconds += time.perf_counter() - t0
+    # a draft model prefills the prompt: part of the request's prefill (its load, where deferred, is not)
+    loaded = _start_now(seq, seq.prompt_len) if pays and reason is None else 0.0
+    seq.stats.prefill_seconds += time.perf_counter() - t0 - loaded
     return reason
 
 
@@ -234,9 +234,13 @@ def _drafter_pays(seq: Sequence, load: int) -> bool:
     return seq.policy.start_now(n, seq.num_new, seq.cfg.max_new_tokens, load)
 
 
-def _start_now(seq: Sequence, upto: int | None = None) -> None:
+def _start_now(seq: Sequence, upto: int | None = None) -> float:
     """The drafter prefills the text so far (upto: its first `upto` tokens, the prompt at the
-    request's start; None: the prompt and the answer so far, mid-answer)."""
+    request's start; None: the prompt and the answer so far, mid-answer). A draft model deferred until
+    now loads first, outside the prefill's timing (the policy prices the prefill alone) and outside the
+    request's seconds (as the target's load is), in stats.load_seconds; returns those seconds."""
+    loaded = seq.drafter.load()
+    seq.stats.load_seconds += loaded
     t0 = time.perf_counter()
     tokens = seq.tokens[:upto] if upto is not None else list(seq.tokens)
     seq.drafter.start(tokens)
@@ -247,6 +251,7 @@ def _start_now(seq: Sequence, upto: int | None = None) -> None:
     if upto is None and seq.num_new:  # mid-answer: a prefill all the same (the request's own is over by now)
         seq.stats.prefill_seconds += seconds
     seq.policy.observe_prefill(seq.drafter.prefill_tokens(len(tokens)), seconds)
+    return loaded
 
 
 # ---- the step ----

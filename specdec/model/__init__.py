@@ -9,11 +9,48 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.model import cpu_kernels
 from specdec.model.cuda_graphs import enable_cuda_graphs
-from specdec.model.loading import (load_gguf_blocks, load_gguf_reference, load_hf_dir, open_gguf, resolve_device,
-                                   resolve_dtype, use_gguf_blocks)
+from specdec.model.loading import (gguf_model_config, load_gguf_blocks, load_gguf_reference, load_hf_dir, open_gguf,
+                                   resolve_device, resolve_dtype, use_gguf_blocks)
 from specdec.model.registry import resolve_model
 from specdec.model.tokenizer import eos_ids, load_tokenizer
 from specdec.model.transformer import Transformer
+
+
+class DeferredModule:
+    """A CPU-backend draft model whose weights are read, re-encoded and repacked at its first use (a
+    draft model that `generate` loads after the answer's first token, or never where the policy keeps
+    the request plain). What is known from the file's header answers at once: its shape (`config`),
+    weight format, device, fingerprint (the cost cache's key) and no CUDA graphs; anything else loads
+    the module (`get`) and is the module's."""
+
+    deferred = True
+
+    def __init__(self, config, fingerprint_key: str, build):
+        self.config, self.fingerprint_key, self._build, self._module = config, fingerprint_key, build, None
+        self.weight_format, self.graphs, self.device = "gguf-q8", None, torch.device("cpu")
+
+    @property
+    def loaded(self) -> bool:
+        return self._module is not None
+
+    def get(self) -> Transformer:
+        if self._module is None:
+            self._module, self._build = self._build(), None
+            self._module.fingerprint_key = self.fingerprint_key
+        return self._module
+
+    def __getattr__(self, name):  # only for what __init__ did not set: the loaded module's
+        if name.startswith("__") or name in ("_module", "_build"):
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self.get()(*args, **kwargs)
+
+
+def loaded_module(module):
+    """The Transformer behind `module`, loading a DeferredModule now."""
+    return module.get() if getattr(module, "deferred", False) else module
 
 
 @dataclass
@@ -33,7 +70,8 @@ class LoadedModel:
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
                cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False,
-               draft_bits: int | None = None, beside: LoadedModel | None = None, head_rows: int = 0) -> LoadedModel:
+               draft_bits: int | None = None, beside: LoadedModel | None = None, head_rows: int = 0,
+               defer: bool = False) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
     The backend is chosen here, once. On the CPU a .gguf model runs on the file's own quantized
@@ -55,6 +93,9 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     renders a chat), that model's tokenizer is taken as it is instead of being built again.
     head_rows > 0 (a draft under --draft-vocab, on the CPU backend): its LM head holds only the first
     head_rows outputs, the ids the drafter scores; the rest is never converted or held.
+    defer (a draft on the CPU backend that takes `beside`'s tokenizer): the module is a DeferredModule,
+    its weights loaded at its first use. A CPU-backend module carries `fingerprint_key`, from the
+    file's tensors and how they are loaded, which the cost cache reads instead of the loaded blocks.
     """
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dev, dtype)
@@ -74,11 +115,17 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
         same = beside is not None and beside.tokenizer_key == key
         tokenizer = beside.tokenizer if same else load_tokenizer(source, gguf)
         gguf.forget_strings()
-        repack = weight_dtype != "gguf-q8-mapped"
-        bits = (draft_bits or cpu_kernels.best_draft_bits()) if draft else 8
-        module = load_gguf_blocks(gguf, reencode=draft, repack=repack, bits=bits,
-                                  head_rows=head_rows) if blocks \
-            else load_gguf_reference(gguf, dev, torch_dtype)
+        if blocks:
+            options = {"reencode": draft, "repack": weight_dtype != "gguf-q8-mapped",
+                       "bits": (draft_bits or cpu_kernels.best_draft_bits()) if draft else 8, "head_rows": head_rows}
+            weights = f"{gguf.weights_digest()}:{sorted(options.items())}"
+            if defer and draft and same:
+                module = DeferredModule(gguf_model_config(gguf), weights, lambda: load_gguf_blocks(gguf, **options))
+            else:
+                module = load_gguf_blocks(gguf, **options)
+                module.fingerprint_key = weights
+        else:
+            module = load_gguf_reference(gguf, dev, torch_dtype)
     if cuda_graphs:
         enable_cuda_graphs(module)
     return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer), key)

@@ -160,6 +160,16 @@ class GGUFFile:
             if isinstance(value, StringArray):
                 value._items = None
 
+    def weights_digest(self) -> str:
+        """A digest of every tensor's name, format, shape and first 64 bytes, read through the map
+        without touching the rest: two copies of one file give the same string, another file another."""
+        h = hashlib.blake2b(digest_size=16)
+        for name in sorted(self.tensors):
+            info = self.tensors[name]
+            h.update(f"{name}:{info.ggml_type}:{tuple(info.dims)}".encode())
+            h.update(bytes(self.map[info.offset:info.offset + min(64, info.nbytes)]))
+        return h.hexdigest()
+
     def digest(self, prefix: str, skip: tuple[str, ...] = ()) -> str:
         """A digest of the metadata under the keys starting with `prefix`, but those in `skip` (the raw
         bytes of string arrays, undecoded): two files with the same such metadata give the same string."""

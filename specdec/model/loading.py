@@ -503,6 +503,11 @@ def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
     return nn.Embedding.from_pretrained(dequantize(gguf, info.name, cfg), freeze=True)
 
 
+def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
+    """The model's shape from a GGUF file's metadata (what load_gguf_blocks builds its Transformer with)."""
+    return ModelConfig.from_hf(gguf_hf_config(gguf))
+
+
 def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True, bits: int = 8,
                      head_rows: int = 0) -> Transformer:
     """The CPU backend's model of a GGUF file: linear layers on the file's own blocks (q/k/v and

@@ -105,8 +105,14 @@ def spread(times: list[float]) -> float:
 
 def fingerprint(model: Transformer) -> str:
     """What identifies a loaded model's step time: its shape, its weight format and each layer's block
-    types and first bytes (the same file loaded the same way gives the same string)."""
+    types and first bytes (the same file loaded the same way gives the same string). A CPU-backend
+    model says so itself (`fingerprint_key`: its file's tensors and how they were loaded), so that a
+    draft not loaded yet (model.DeferredModule) has the same fingerprint as when it is."""
     h = hashlib.sha256(repr((model.config, getattr(model, "weight_format", None))).encode())
+    key = getattr(model, "fingerprint_key", None)
+    if key is not None:
+        h.update(key.encode())
+        return h.hexdigest()[:16]
     for name, module in model.named_modules():
         parts = getattr(module, "parts", None)
         if parts:
