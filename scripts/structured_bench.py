@@ -6,11 +6,12 @@ and a JSON Schema each) answered under their schema, greedy, prefill included, b
 - llama: llama-server's plain decoding with its own `json_schema` (same file, prompt ids and threads);
 interleaved task by task (each task starting one method further on), after an untimed warm-up pass
 over the first task; each run starts cold (the draft model keeps no cache of the prompt from the run
-before). For every answer: tokens, seconds,
-finish reason, whether it parses and validates (jsonschema), and for ours whether the tokens equal
-plain's. Prints JSON: per-method records and a summary (tokens/s and seconds over all tasks, ratios to
-plain and to llama-server (by tokens/s, and by seconds over the same tasks: its JSON layout takes more
-tokens), valid share of the answers that stopped, answers cut by the budget, greedy mismatches).
+before). For every answer: tokens, seconds, finish reason, whether it parses and validates
+(jsonschema), and for ours whether the tokens equal plain's, and where the drafter started (new
+tokens before it; null: never) on the policy's terms. Prints JSON: per-method records and a summary
+(tokens/s and seconds over all tasks, ratios to plain and to llama-server (by tokens/s, and by
+seconds over the same tasks: its JSON layout takes more tokens), valid share of the answers that
+stopped, answers cut by the budget, greedy mismatches).
 
 Usage: python scripts/structured_bench.py [--model qwen2.5-coder-1.5b-instruct] [--draft qwen2.5-coder-0.5b-instruct]
     [--limit N] [--max-new-tokens 256] [--methods plain,defaults,no-forced,llama] [--llama-bin DIR] \
@@ -136,7 +137,8 @@ def main() -> None:
                 res = engine.generate(ids, cfg, eos, constraint=NoForced(c) if m == "no-forced" else c)
                 tokens, seconds, finish = res.tokens, time.perf_counter() - t0, res.finish_reason
                 grammar = {"grammar_seconds": c.seconds, "steps": res.stats.steps,
-                           "decode_seconds": seconds - res.stats.prefill_seconds}
+                           "decode_seconds": seconds - res.stats.prefill_seconds,
+                           "draft_started_at": res.stats.draft_started_at, "admission": res.stats.draft_admission}
             text = tok.decode([t for t in tokens if t not in eos], skip_special_tokens=True)
             if n == 0:
                 continue
