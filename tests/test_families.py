@@ -399,6 +399,8 @@ def test_a_block_format_our_kernels_do_not_run_is_refused(tmp_path, fmt):
     path = tiny_gguf(tmp_path, "llama", fmt)
     with pytest.raises(SpecdecError, match=rf"tensor \S+ is in the block format {fmt}, which our CPU kernels"):
         load_gguf_blocks(open_gguf(path))
+    from specdec.model.loading import blocks_all_readable  # so a draft of it is never deferred (loaded at start)
+    assert not blocks_all_readable(open_gguf(path)) and blocks_all_readable(open_gguf(tiny_gguf(tmp_path, "qwen2")))
     ref = load_gguf_reference(open_gguf(path), torch.device("cpu"), torch.float32)
     assert ref.weight_format == "torch" and ref.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32
 

@@ -9,8 +9,8 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.model import cpu_kernels
 from specdec.model.cuda_graphs import enable_cuda_graphs
-from specdec.model.loading import (gguf_model_config, load_gguf_blocks, load_gguf_reference, load_hf_dir, open_gguf,
-                                   resolve_device, resolve_dtype, use_gguf_blocks)
+from specdec.model.loading import (blocks_all_readable, gguf_model_config, load_gguf_blocks, load_gguf_reference,
+                                   load_hf_dir, open_gguf, resolve_device, resolve_dtype, use_gguf_blocks)
 from specdec.model.registry import resolve_model
 from specdec.model.tokenizer import eos_ids, load_tokenizer
 from specdec.model.transformer import Transformer
@@ -93,8 +93,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     renders a chat), that model's tokenizer is taken as it is instead of being built again.
     head_rows > 0 (a draft under --draft-vocab, on the CPU backend): its LM head holds only the first
     head_rows outputs, the ids the drafter scores; the rest is never converted or held.
-    defer (a draft on the CPU backend that takes `beside`'s tokenizer): the module is a DeferredModule,
-    its weights loaded at its first use. A CPU-backend module carries `fingerprint_key`, from the
+    defer (a draft on the CPU backend that takes `beside`'s tokenizer, every block format of which the
+    kernels read): the module is a DeferredModule, its weights loaded at its first use. A CPU-backend module carries `fingerprint_key`, from the
     file's tensors and how they are loaded, which the cost cache reads instead of the loaded blocks.
     """
     dev = resolve_device(device)
@@ -119,7 +119,7 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
             options = {"reencode": draft, "repack": weight_dtype != "gguf-q8-mapped",
                        "bits": (draft_bits or cpu_kernels.best_draft_bits()) if draft else 8, "head_rows": head_rows}
             weights = f"{gguf.weights_digest()}:{sorted(options.items())}"
-            if defer and draft and same:
+            if defer and draft and same and blocks_all_readable(gguf):
                 module = DeferredModule(gguf_model_config(gguf), weights, lambda: load_gguf_blocks(gguf, **options))
             else:
                 module = load_gguf_blocks(gguf, **options)

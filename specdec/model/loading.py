@@ -503,6 +503,12 @@ def _embedding(gguf: GGUFFile, cfg: dict) -> nn.Module:
     return nn.Embedding.from_pretrained(dequantize(gguf, info.name, cfg), freeze=True)
 
 
+def blocks_all_readable(gguf: GGUFFile) -> bool:
+    """Every tensor of the file is plain floats or a block format our kernels read: loading it on the CPU
+    backend cannot be refused (a deferred load then cannot fail on a format later, mid-answer)."""
+    return all(t.ggml_type in FLOAT_TYPES or supported(t.ggml_type, t.dims[0]) for t in gguf.tensors.values())
+
+
 def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
     """The model's shape from a GGUF file's metadata (what load_gguf_blocks builds its Transformer with)."""
     return ModelConfig.from_hf(gguf_hf_config(gguf))
