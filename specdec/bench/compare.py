@@ -35,12 +35,20 @@ DRAFT_PEERS = ("hf-assisted",)  # the peers whose draft the summary names (--dra
 
 AUTO_K_MAX = 8  # the largest k an adaptive ('auto') method may pick, unless it names its own ('auto4')
 AUTO_FORM = re.compile(r"(auto(?:-k)?)(\d*)")  # 'auto', 'auto-k', or either with its largest k: 'auto4'
+AUTO_TREE_BUDGET = 16  # tree:auto: the largest tree; the policy weighs 4, 8 and 16 nodes against chains and plain
 
 
 def is_auto(k: int | str) -> bool:
-    """k names the adaptive policy ('auto', 'auto-k', 'auto4', 'auto-k4'), not a fixed draft length."""
+    """k (from parse_k_list) names the adaptive policy ('auto', 'auto-k', 'auto4', 'auto-k4'), not a
+    fixed draft length."""
     return isinstance(k, str)
-AUTO_TREE_BUDGET = 16  # tree:auto: the largest tree; the policy weighs 4, 8 and 16 nodes against chains and plain
+
+
+def _auto_form(k: str) -> tuple[bool, int]:
+    """An adaptive form's (with the confidence rule, largest k): 'auto4' -> (True, 4), 'auto-k' ->
+    (False, AUTO_K_MAX)."""
+    kind, cap = AUTO_FORM.fullmatch(k).groups()
+    return kind == "auto", int(cap) if cap else AUTO_K_MAX
 
 
 @dataclass(frozen=True)
@@ -62,23 +70,18 @@ def parse_k_list(text: str) -> list[int | str]:
     except ValueError:
         raise SpecdecError(f"--k takes integers (or 'auto', 'auto-k', 'auto4') separated by commas, e.g. "
                            f"1,2,4,8,auto; got {text!r}") from None
-    if not ks or any(not is_auto(k) and k < 1 or is_auto(k) and _auto_k_max(k) < 1 for k in ks):
+    if not ks or any((_auto_form(k)[1] if is_auto(k) else k) < 1 for k in ks):
         raise SpecdecError(f"--k values must be integers >= 1, 'auto' or 'auto-k' (with a largest k >= 1), "
                            f"got {text!r}")
     return list(dict.fromkeys(ks))
-
-
-def _auto_k_max(k: str) -> int:
-    cap = AUTO_FORM.fullmatch(k).group(2)
-    return int(cap) if cap else AUTO_K_MAX
 
 
 def _spec(label: str, kind: str, k: int | str) -> MethodSpec:
     if is_auto(k):
         if not is_ours(kind):
             raise SpecdecError(f"'{k}' (the adaptive policy) is for our drafting methods, not {kind!r}")
-        return MethodSpec(label, kind, _auto_k_max(k), adaptive=True,
-                          confidence=AUTO_FORM.fullmatch(k).group(1) == "auto")
+        confidence, k_max = _auto_form(k)
+        return MethodSpec(label, kind, k_max, adaptive=True, confidence=confidence)
     return MethodSpec(label, kind, k)
 
 

@@ -94,8 +94,9 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     head_rows > 0 (a draft under --draft-vocab, on the CPU backend): its LM head holds only the first
     head_rows outputs, the ids the drafter scores; the rest is never converted or held.
     defer (a draft on the CPU backend that takes `beside`'s tokenizer, every block format of which the
-    kernels read): the module is a DeferredModule, its weights loaded at its first use. A CPU-backend module carries `fingerprint_key`, from the
-    file's tensors and how they are loaded, which the cost cache reads instead of the loaded blocks.
+    kernels read): the module is a DeferredModule, its weights loaded at its first use. A CPU-backend
+    module carries `fingerprint_key`, from the file's tensors and how they are loaded, which the cost
+    cache reads instead of the loaded blocks.
     """
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dev, dtype)
