@@ -81,7 +81,7 @@ def dump(model_name: str, path: Path) -> None:
     from specdec.model import cpu_kernels, load_model
     from specdec.model.registry import resolve_model
     module = load_model(str(resolve_model(model_name)), device="cpu", progress=lambda *a: None).module
-    blobs = forward_inputs(module, module.cpu_forward.n_layers, positions=128)
+    blobs = forward_inputs(module, module.layer_loop.n_layers, positions=128)
     (qtype, data), = module.lm_head.parts
     blobs["head"], blobs["head_meta"] = data.numpy(), np.array([qtype, data.shape[0]], np.int64)
     assert data.shape[1] == cpu_kernels.quant_row_bytes(qtype, module.config.hidden_size)

@@ -1,6 +1,7 @@
 """The CUDA path measured: `specdec profile`'s numbers (bandwidth roofline, plain step, v(n), c) and
-end-to-end decode speed, eager against CUDA graphs, in bf16, with HF transformers' eager decode on the
-same weights beside them.
+end-to-end decode speed in bf16, in each mode: eager, CUDA graphs, and the Triton layer loop
+(gpu_forward.py, --gpu-kernels) with graphs and without; HF transformers' eager decode on the same
+weights beside the eager mode.
 
 The GGUFs cannot travel to the GPU machine here (the working tree it receives is capped at 64 MiB),
 so the models are random weights in the exact Qwen2.5-Coder 1.5B and 0.5B shapes, built so that the
@@ -11,7 +12,8 @@ probability alpha, at zero draft cost: it measures the verify side at a known ac
 the measured alpha beside the stated one, and the speedup predicted from it and v(k+1) beside the
 measured one. The draft model's cost enters through c, measured separately.
 
-    PYTHONPATH=. python3 scripts/cuda_bench.py --out runs/cuda-bench.json [--compile reduce-overhead]
+    PYTHONPATH=. python3 scripts/cuda_bench.py --out runs/cuda-bench.json [--modes kernels+graphs,graphs,eager]
+        [--compile reduce-overhead]
     PYTHONPATH=. python3 scripts/cuda_bench.py --device cpu --target tiny-target --draft tiny-draft --out /tmp/b.json
 """
 
@@ -23,15 +25,21 @@ import json
 import torch
 
 from specdec.bench.synthetic import SHAPES, compiled_step, follows, hf_decode_rate, measure, successor_model
+from specdec.model import gpu_forward
 from specdec.model.cuda_graphs import enable_cuda_graphs
+
+
+MODES = ("eager", "graphs", "kernels+graphs", "kernels")  # kernels: gpu_forward.py's Triton layer loop
 
 
 def run_mode(args, mode: str, dtype: torch.dtype) -> dict:
     target, succ = successor_model(args.target, args.device, dtype, 0)
     draft, _ = successor_model(args.draft, args.device, dtype, 1)
-    if mode == "graphs":
-        enable_cuda_graphs(target)
-        enable_cuda_graphs(draft)
+    for model in (target, draft):
+        if mode.startswith("kernels"):
+            gpu_forward.enable(model)
+        if mode.endswith("graphs"):
+            enable_cuda_graphs(model)
     vocab = target.config.vocab_size
     prompt = torch.randint(0, vocab, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
     alphas = [float(a) for a in args.alphas.split(",")]
@@ -60,6 +68,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-repeats", type=int, default=15)
     ap.add_argument("--bandwidth-mb", type=int, default=2048, help="the roofline probe's buffer")
+    ap.add_argument("--modes", default=None,
+                    help=f"which of {', '.join(MODES)} to run, in this order, each written as it ends (default: "
+                         "kernels+graphs,graphs,eager on CUDA, eager on a CPU, where kernels runs under "
+                         "TRITON_INTERPRET=1)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF transformers' eager decode on the same weights")
     ap.add_argument("--compile", default="", help="also time the plain step through torch.compile in this mode "
                     "(e.g. reduce-overhead, max-autotune-no-cudagraphs), after the other modes")
@@ -71,7 +83,11 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name() if cuda else args.device, "torch": torch.__version__,
               "dtype": str(dtype), "target": args.target, "draft": args.draft, "context": args.context,
               "k": args.k, "modes": {}}
-    for mode in ("eager", "graphs") if cuda else ("eager",):
+    modes = (args.modes or ("kernels+graphs,graphs,eager" if cuda else "eager")).split(",")
+    if bad := [m for m in modes if m not in MODES or (not cuda and m.endswith("graphs"))]:
+        raise SystemExit(f"cuda_bench: unknown mode(s) {bad} for {args.device} (modes: {', '.join(MODES)}; "
+                         "graphs need CUDA)")
+    for mode in modes:
         prof = run_mode(args, mode, dtype)
         report["modes"][mode] = prof
         print(mode, json.dumps({k: v for k, v in prof.items() if k != "roofline_rounds"}), flush=True)
@@ -85,16 +101,26 @@ def main() -> None:
         except Exception as e:  # a bench reports what failed and writes what it measured
             report["compiled"] = {"mode": args.compile, "error": f"{type(e).__name__}: {str(e)[:500]}"}
         print("compiled", json.dumps(report["compiled"]), flush=True)
-    if cuda:
-        e, g = report["modes"]["eager"], report["modes"]["graphs"]
-        report["graphs_over_eager"] = {
-            "plain_step": round(e["step_seconds"] / g["step_seconds"], 3),
-            "plain_decode": round(g["plain_decode_tokens_per_second"] / e["plain_decode_tokens_per_second"], 3)}
-        if "step_seconds" in report.get("compiled", {}):
-            report["graphs_over_eager"]["compiled_step_over_graphs_step"] = round(
-                g["step_seconds"] / report["compiled"]["step_seconds"], 3)
-        print(json.dumps(report["graphs_over_eager"]))
+    report["ratios"] = ratios(report)
+    print(json.dumps(report["ratios"]))
     write(args.out, report)
+
+
+def ratios(report: dict) -> dict:
+    """Each mode's plain step and decode rate over eager's and over graphs', where both ran: how much
+    faster than the baseline (and Inductor's compiled step over each mode's)."""
+    modes, out = report["modes"], {}
+    for base in ("eager", "graphs"):
+        for name, m in modes.items():
+            if base in modes and name != base:
+                b = modes[base]
+                out[f"{name}_over_{base}"] = {
+                    "plain_step": round(b["step_seconds"] / m["step_seconds"], 3),
+                    "plain_decode": round(m["plain_decode_tokens_per_second"] / b["plain_decode_tokens_per_second"], 3)}
+    if "step_seconds" in report.get("compiled", {}):
+        for name, m in modes.items():
+            out[f"compiled_step_over_{name}_step"] = round(m["step_seconds"] / report["compiled"]["step_seconds"], 3)
+    return out
 
 
 def write(path: str, report: dict) -> None:

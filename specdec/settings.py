@@ -49,6 +49,7 @@ class ModelSettings:
     max_context: int = 4096
     weight_dtype: str | None = None
     cuda_graphs: bool = False
+    gpu_kernels: bool = False
     draft_bits: int | None = None  # None: auto, the kernel build's best (cpu_kernels.best_draft_bits)
 
     def __post_init__(self):
@@ -66,7 +67,7 @@ class ModelSettings:
         if draft and spec == SELF_DRAFT:
             spec = self.model
         return specdec.model.load_model(spec or self.model, device=self.device, dtype=self.dtype,
-                                        cuda_graphs=self.cuda_graphs, weight_dtype=self.weight_dtype, draft=draft,
+                                        cuda_graphs=self.cuda_graphs, gpu_kernels=self.gpu_kernels, weight_dtype=self.weight_dtype, draft=draft,
                                         draft_bits=self.draft_bits, progress=progress or print, beside=beside,
                                         head_rows=head_rows, defer=defer)
 

@@ -154,11 +154,11 @@ FORWARD_LAYERS = 30  # SmolLM2-135M's every layer
 
 
 def forward_inputs(model, layers: int, positions: int = 6) -> dict[str, np.ndarray]:
-    """One forward_layers call's structs as the Python loader builds them (model.cpu_forward), as blobs
+    """One forward_layers call's structs as the Python loader builds them (model.layer_loop), as blobs
     fw_harness.h rebuilds them from, with `positions` positions' embeddings and RoPE rows."""
     import ctypes
     import torch
-    cf = model.cpu_forward
+    cf = model.layer_loop
     D, H, KV, hd, inter = cf.dims
     at = lambda ptr, n: np.frombuffer(ctypes.string_at(ptr, n), np.uint8)  # noqa: E731
     blobs = {"dims": np.array([layers, D, H, KV, hd, inter], np.int64),
@@ -193,7 +193,7 @@ def forward_inputs(model, layers: int, positions: int = 6) -> dict[str, np.ndarr
 def test_forward_layers_gives_the_x86_bits_on_aarch64(builds, tmp_path, smollm2_path):
     from specdec.model import load_model
     model = load_model(str(smollm2_path), device="cpu", progress=lambda *a: None).module
-    assert model.cpu_forward is not None
+    assert model.layer_loop is not None
     inputs = tmp_path / "forward.bin"
     blobs = forward_inputs(model, FORWARD_LAYERS)
     write_blobs(inputs, blobs)
@@ -204,7 +204,7 @@ def test_forward_layers_gives_the_x86_bits_on_aarch64(builds, tmp_path, smollm2_
     assert sorted(ref) == ["forward_T1", "forward_T5", "forward_k", "forward_v"]
     # the harness rebuilt the call: the library built for x86-64-v3, called by CpuForward, gives its bytes
     import torch
-    cf, x = model.cpu_forward, torch.from_numpy(blobs["x"].copy())[None]
+    cf, x = model.layer_loop, torch.from_numpy(blobs["x"].copy())[None]
     cf.lib = cpu_kernels.load(target="x86-64-v3")
     cache, causal = model.new_cache(16), torch.ones(5, 16, dtype=torch.bool).tril()
     with torch.inference_mode():

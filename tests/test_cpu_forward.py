@@ -47,14 +47,14 @@ def smollm2(smollm2_path):
 
 def both_loops(model, fn):
     """fn(model) with the C loop, then with the Python loop."""
-    fast = model.cpu_forward
+    fast = model.layer_loop
     assert fast is not None
     try:
         a = fn(model)
-        model.cpu_forward = None
+        model.layer_loop = None
         b = fn(model)
     finally:
-        model.cpu_forward = fast
+        model.layer_loop = fast
     return a, b
 
 
@@ -92,7 +92,7 @@ def test_c_loop_serves_a_row_of_a_batched_cache(smollm2):
     prompt, step = torch.randint(0, 1000, (1, 12)), torch.randint(0, 1000, (1, 3))
 
     row = smollm2.new_cache(32, batch=3).row(1)
-    assert smollm2.cpu_forward.takes(step, row, 12, smollm2.layer_inputs(torch.arange(3)[None], 12, None))
+    assert smollm2.layer_loop.takes(step, row, 12, smollm2.layer_inputs(torch.arange(3)[None], 12, None))
 
     def run(m):
         with torch.inference_mode():
@@ -107,7 +107,7 @@ def test_c_loop_serves_a_row_of_a_batched_cache(smollm2):
 
 @pytest.mark.real
 def test_c_loop_declines_what_it_does_not_serve(smollm2):
-    fast = smollm2.cpu_forward
+    fast = smollm2.layer_loop
     cache, batch2 = smollm2.new_cache(64), smollm2.new_cache(64, batch=2)
     tok = torch.zeros(1, 1, dtype=torch.long)
 
@@ -128,4 +128,4 @@ def test_fp32_weights_keep_the_python_loop(smollm2_path):
         pytest.skip("kernel unavailable")
     from specdec.model import load_model
     m = load_model(str(smollm2_path), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
-    assert m.cpu_forward is None
+    assert m.layer_loop is None

@@ -175,20 +175,20 @@ def test_quantized_path_matches_transformers(checkpoints, name):
     ids = prompt_ids(model.config.vocab_size)
     expected = hf_logits(model, ids)
     loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
-    assert loaded.weight_format == "gguf-q8" and loaded.cpu_forward is not None  # the kernels and the C loop
+    assert loaded.weight_format == "gguf-q8" and loaded.layer_loop is not None  # the kernels and the C loop
     rel = ((our_logits(loaded, ids) - expected).abs().max() / expected.abs().max()).item()
     assert rel < QUANT_REL, f"{name}: max |logit error| / max |logit| = {rel:.3f}"
 
 
 def both_loops(module, fn):
     """fn(module) with the C layer loop, then with the Python loop."""
-    fast = module.cpu_forward
+    fast = module.layer_loop
     try:
         a = fn(module)
-        module.cpu_forward = None
+        module.layer_loop = None
         b = fn(module)
     finally:
-        module.cpu_forward = fast
+        module.layer_loop = fast
     return a, b
 
 
@@ -412,4 +412,4 @@ def test_q4_0_and_q8_0_run_on_our_kernels(tmp_path, fmt):
     module = load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "llama", fmt)))
     layer = module.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, QuantLinear) and isinstance(layer.mlp.down_proj, QuantLinear)
-    assert module.cpu_forward is not None
+    assert module.layer_loop is not None

@@ -78,7 +78,7 @@ def test_the_backend_is_close_to_the_reference_and_rows_are_steps(tiny_gguf):
     f = GGUFFile(tiny_gguf)
     ref, q8 = load_gguf_reference(f, torch.device("cpu"), torch.float32), load_gguf_blocks(f)
     assert q8.weight_format == "gguf-q8" and ref.weight_format == "torch"
-    assert q8.cpu_forward is not None  # every layer on blocks: the layer loop runs in C
+    assert q8.layer_loop is not None  # every layer on blocks: the layer loop runs in C
     torch.manual_seed(0)
     prompt, new = torch.randint(0, TINY_VOCAB, (1, 24)), torch.randint(0, TINY_VOCAB, (1, 6))
     cr, cq = ref.new_cache(64), q8.new_cache(64)
@@ -207,7 +207,7 @@ def test_a_draft_model_loads_re_encoded(tmp_path):
     x = torch.randint(0, TINY_VOCAB, (1, 12))
     a, b = stored(x, stored.new_cache(16), 0), again(x, again.new_cache(16), 0)
     assert (a - b).abs().max().item() < 0.05 * a.abs().max().item()
-    assert again.cpu_forward is not None
+    assert again.layer_loop is not None
 
 
 @kernel

@@ -3,6 +3,7 @@ so that it cannot rot between GPU sessions: the successor models keep every veri
 decoding's tokens in bf16 too, and the oracle measures the acceptance it states."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -27,8 +28,10 @@ def test_cuda_bench_script_runs_on_cpu(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "scripts/cuda_bench.py"), "--device", "cpu", "--target", "tiny-target",
            "--draft", "tiny-draft", "--context", "48", "--new-tokens", "65", "--alphas", "0.6,0.9",
-           "--profile-repeats", "2", "--bandwidth-mb", "8", "--repeats", "1", "--compile", "default", "--out", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300)
+           "--profile-repeats", "2", "--bandwidth-mb", "8", "--repeats", "1", "--compile", "default", "--out", str(out),
+           "--modes", "eager,kernels"]  # kernels: the Triton layer loop, in Triton's interpreter
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300,
+                   env={**os.environ, "TRITON_INTERPRET": "1"})
     report = json.loads(out.read_text())
     if shutil.which("g++") or shutil.which("c++"):  # Inductor compiled the plain step
         assert report["compiled"]["step_seconds"] > 0, report["compiled"]
@@ -42,6 +45,10 @@ def test_cuda_bench_script_runs_on_cpu(tmp_path):
     assert eager["hf_eager"]["tokens_per_second"] > 0
     for run in eager["oracle_k4"].values():
         assert run["same_tokens_as_plain"] and run["predicted_speedup"] > 0 and 0 < run["alpha_measured"] <= 1
+    kernels = report["modes"]["kernels"]
+    assert kernels["plain_follows_successor"] and kernels["chain_cost_ratio_device"] > 0
+    assert all(run["same_tokens_as_plain"] for run in kernels["oracle_k4"].values())
+    assert report["ratios"]["kernels_over_eager"]["plain_step"] > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.model import cpu_kernels
+from specdec.model import cpu_kernels, gpu_forward
 from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.model.loading import (blocks_all_readable, gguf_model_config, load_gguf_blocks, load_gguf_reference,
                                    load_hf_dir, open_gguf, resolve_device, resolve_dtype, use_gguf_blocks)
@@ -69,7 +69,7 @@ class LoadedModel:
 
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
-               cuda_graphs: bool = False, weight_dtype: str | None = None, draft: bool = False,
+               cuda_graphs: bool = False, gpu_kernels: bool = False, weight_dtype: str | None = None, draft: bool = False,
                draft_bits: int | None = None, beside: LoadedModel | None = None, head_rows: int = 0,
                defer: bool = False) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
@@ -87,7 +87,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     gate and up as 3-bit Q3_0 (lossy: fewer bytes a draft step); None: the kernel build's best
     (cpu_kernels.best_draft_bits).
     cuda_graphs: replay decode and verify forwards of fixed shapes as CUDA graphs (CUDA only; see
-    model/cuda_graphs.py).
+    model/cuda_graphs.py). gpu_kernels: the layer loop of steps up to 64 positions through Triton kernels
+    between the GEMMs (CUDA only; model/gpu_forward.py), inside the graphs where both are on.
     beside: a model loaded before (the target, for its draft): where this file's tokenizer metadata is
     the same as that model's but for the chat template (a draft reads the target's token ids and never
     renders a chat), that model's tokenizer is taken as it is instead of being built again.
@@ -102,6 +103,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
     torch_dtype = resolve_dtype(dev, dtype)
     if cuda_graphs and dev.type != "cuda":
         raise SpecdecError(f"--cuda-graphs needs a CUDA device, not {dev}; use --device cuda or drop --cuda-graphs")
+    if gpu_kernels and dev.type != "cuda":
+        raise SpecdecError(f"--gpu-kernels needs a CUDA device, not {dev}; use --device cuda or drop --gpu-kernels")
     source = resolve_model(spec)
     blocks = use_gguf_blocks(dev, weight_dtype, source)
     if source.suffix == ".gguf" and dev.type == "cpu" and weight_dtype in (None, "auto") and not blocks:
@@ -127,6 +130,8 @@ def load_model(spec: str, device: str | None = None, dtype: str | None = None, p
                 module.fingerprint_key = weights
         else:
             module = load_gguf_reference(gguf, dev, torch_dtype)
+    if gpu_kernels:
+        gpu_forward.enable(module)
     if cuda_graphs:
         enable_cuda_graphs(module)
     return LoadedModel(spec, module, tokenizer, eos_ids(tokenizer), key)

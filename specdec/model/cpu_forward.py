@@ -115,9 +115,9 @@ def _one_row(t: torch.Tensor) -> bool:
 
 
 def enable(model: nn.Module) -> bool:
-    """Give a CPU fp32 model whose every decoder layer qualifies a CpuForward (model.cpu_forward);
+    """Give a CPU fp32 model whose every decoder layer qualifies a CpuForward (model.layer_loop);
     returns whether it did."""
-    model.cpu_forward = None
+    model.layer_loop = None
     if not cpu_kernels.available():
         return False
     layers = []
@@ -136,5 +136,5 @@ def enable(model: nn.Module) -> bool:
         ptr = lambda n: n.weight.data_ptr() if n is not None else None  # noqa: E731
         layers.append(_Layer(ptr(attn_in), ptr(mlp_in), ptr(attn_out), ptr(mlp_out), ptr(attn.q_norm),
                              ptr(attn.k_norm), int(layer.local), cpu_kernels.ACTIVATIONS[mlp.activation], *parts))
-    model.cpu_forward = CpuForward(model, layers)
+    model.layer_loop = CpuForward(model, layers)
     return True

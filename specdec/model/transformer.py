@@ -471,7 +471,9 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)  # [positions, head_dim]
         self.rope_local = self._local_tables(cos.shape[0])  # the sliding layers' (cos, sin), or None: the same
         self.graphs = None  # a CudaGraphs replaying fixed-shape steps (specdec.model.cuda_graphs), or None
-        self.cpu_forward = None  # a cpu_forward.CpuForward running the layer loop in C where a call fits, or None
+        # the layer loop fused where a call fits, or None: a cpu_forward.CpuForward (one C call on the CPU
+        # backend) or a gpu_forward.GpuForward (Triton kernels between the GEMMs, --gpu-kernels)
+        self.layer_loop = None
         self.weight_format = "torch"  # "gguf-q8": the CPU backend on a GGUF file's blocks (loading.load_gguf_blocks)
 
     @property
@@ -560,7 +562,7 @@ class Transformer(nn.Module):
             positions = torch.arange(start, start + t, device=tokens.device).expand(b, t)
         if mask is None:
             mask = causal_mask(start, t, tokens.device)
-        if self.graphs is not None and isinstance(start, int) and not hidden:  # graphs capture logits only
+        if self.graphs is not None and not hidden:  # graphs capture logits only
             return self.graphs.run(tokens, cache, start, positions, mask, last_only)
         return self.layers_forward(tokens, cache, start, positions, mask, last_only, hidden)
 
@@ -574,8 +576,8 @@ class Transformer(nn.Module):
     def layers_forward(self, tokens, cache: KVCache, start, positions, mask, last_only, hidden=False):
         inputs = self.layer_inputs(positions, start, mask)
         x = self.embed(tokens)
-        if self.cpu_forward is not None and self.cpu_forward.takes(tokens, cache, start, inputs):
-            x = self.cpu_forward.run(x, inputs, cache, start)  # the loop below, in one C call
+        if self.layer_loop is not None and self.layer_loop.takes(tokens, cache, start, inputs):
+            x = self.layer_loop.run(x, inputs, cache, start)  # the loop below, fused
         else:
             for i, layer in enumerate(self.model.layers):
                 cos, sin, layer_mask = inputs.of(layer)
