@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--profile-repeats", type=int, default=15)
     ap.add_argument("--bandwidth-mb", type=int, default=2048, help="the roofline probe's buffer")
     ap.add_argument("--modes", default=None,
-                    help=f"which of {', '.join(MODES)} to run, in this order, each written as it ends (default: "
+                    help=f"which of {', '.join(MODES)} to run, in this order, each written as it ends; none: only "
+                         "--compile's step (default: "
                          "kernels+graphs,graphs,eager on CUDA, eager on a CPU, where kernels runs under "
                          "TRITON_INTERPRET=1)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF transformers' eager decode on the same weights")
@@ -84,6 +85,7 @@ def main() -> None:
               "dtype": str(dtype), "target": args.target, "draft": args.draft, "context": args.context,
               "k": args.k, "modes": {}}
     modes = (args.modes or ("kernels+graphs,graphs,eager" if cuda else "eager")).split(",")
+    modes = [] if modes == ["none"] else modes  # --modes none: Inductor's step alone (--compile)
     if bad := [m for m in modes if m not in MODES or (not cuda and m.endswith("graphs"))]:
         raise SystemExit(f"cuda_bench: unknown mode(s) {bad} for {args.device} (modes: {', '.join(MODES)}; "
                          "graphs need CUDA)")
