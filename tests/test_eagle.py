@@ -31,7 +31,7 @@ def eagle_head(target, draft_ids=None, seed=0):
 
 
 def full_features(target, tokens):
-    _, h = target(torch.tensor([tokens]), target.new_cache(256), 0, hidden=True)
+    _, h = target(torch.tensor([tokens], device=target.device), target.new_cache(256), 0, hidden=True)
     return h[0]
 
 
@@ -427,3 +427,69 @@ def test_a_head_with_prompt_lookup_samples_the_targets_distribution():
         counts[seq] = counts.get(seq, 0) + 1
     assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS)
     assert drafter.lookup_steps > 0 and drafter.model_steps > 0
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_the_heads_device_chain_equals_its_host_loop(tiny_target, sampling):
+    """The chain drafted on the device (one host sync; a CUDA graph on a GPU), run eagerly here: the host
+    loop's tokens, q and confidence-rule cuts, step after step as verification moves on."""
+    from specdec.drafters.base import END, GO_ON, LAST, DraftState
+    ids = list(range(0, TINY_VOCAB, 2))
+    head = eagle_head(tiny_target, ids, seed=4)
+    host, device = EagleDrafter(tiny_target, head, 256), EagleDrafter(tiny_target, head, 256, on_device=True)
+    assert host.chains is None and device.chains is not None
+    tokens = list(PROMPTS[0])
+    rules = [None, lambda i, p: END if i == 2 else GO_ON, lambda i, p: LAST if i == 1 else GO_ON,
+             lambda i, p: GO_ON if p > 0.3 else END]
+    g = torch.Generator().manual_seed(7)
+    for d in (host, device):
+        d.start(tokens)
+    drafted = 0
+    for step in range(8):
+        h = full_features(tiny_target, tokens)
+        out = []
+        for d in (host, device):
+            d.feed(0, h)
+            gen = None if sampling.greedy else torch.Generator().manual_seed(step)
+            out.append(d.propose(DraftState(list(tokens), 1 + step % 5, sampling, gen, stop=rules[step % 4])))
+        assert out[0].tokens.tolist() == out[1].tokens.tolist(), step
+        drafted += len(out[0])
+        if not sampling.greedy and len(out[0]):
+            torch.testing.assert_close(out[0].q, out[1].q)
+        keep = int(torch.randint(0, len(out[0]) + 1, (1,), generator=g))
+        tokens += out[0].tokens.tolist()[:keep] + [int(torch.randint(0, TINY_VOCAB, (1,), generator=g))]
+    assert drafted >= 8
+
+
+def test_greedy_with_the_heads_device_chain_equals_plain(tiny_target):
+    drafter = EagleDrafter(tiny_target, eagle_head(tiny_target, seed=5), 256, on_device=True)
+    plain, engine = Engine.single(tiny_target, NoDrafter(), 256), Engine.single(tiny_target, drafter, 256)
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, GenerationConfig(30, 4)).tokens
+        got = engine.generate(prompt, GenerationConfig(30, 4))
+        assert got.tokens == want and got.stats.drafted > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_the_heads_graphed_chain_equals_its_eager_one_on_cuda(sampling):
+    from specdec.drafters.base import DraftState
+    from specdec.model.cuda_graphs import enable_cuda_graphs
+    eager_target, graph_target = tiny_model(0).cuda(), tiny_model(0).cuda()
+    enable_cuda_graphs(graph_target)
+    head = eagle_head(eager_target, seed=6)
+    eager = EagleDrafter(eager_target, head, 256, on_device=True)
+    graphed = EagleDrafter(graph_target, head, 256)
+    tokens = list(PROMPTS[0])
+    for step in range(6):
+        h = full_features(eager_target, tokens)
+        out = []
+        for d in (eager, graphed):
+            d.feed(0, h)
+            gen = None if sampling.greedy else torch.Generator("cuda").manual_seed(step)
+            out.append(d.propose(DraftState(list(tokens), 4, sampling, gen)))
+        assert out[0].tokens.tolist() == out[1].tokens.tolist()
+        tokens += out[0].tokens.tolist()[:step % 4] + [3]
+    assert graphed.chains.captures >= 1 and graphed.chains.graphs

@@ -10,7 +10,7 @@ chain with each token kept with probability alpha, so the measured acceptance is
 as in fp32. Random weights without that structure break near-ties at once (bf16 acceptance 0.002).
 
 `measure` is scripts/cuda_bench.py's whole run for one mode (eager or CUDA graphs): the profile (roofline,
-v(n), the draft's c and an EAGLE head's, and the draft's c as a k-token chain pays it, drafted token by token or on the device), plain
+v(n), the draft's c and an EAGLE head's, and each one's c as a k-token chain pays it, drafted token by token or on the device), plain
 decoding's rate, and the oracle's rate, acceptance and predicted speedup at each alpha. A CPU test runs it on tiny shapes, so the GPU bench cannot rot between GPU sessions.
 """
 
@@ -151,18 +151,26 @@ def oracle_run(target: Transformer, successor: torch.Tensor, prompt: list[int], 
             "predicted_speedup": round(tokens / v, 3), "same_tokens_as_plain": res.tokens == plain.tokens}
 
 
-def chain_costs(draft: Transformer, prompt: list[int], k: int, step_seconds: float, repeats: int) -> dict:
-    """A greedy k-token chain of the draft model, drafted token by token (the host reads each token) and
-    on the device (device_chain.py: one sync, one CUDA graph under graphs), per draft token over the
-    target's plain step: c as a chain pays it."""
+def chain_costs(draft: Transformer, head: EagleDrafter, prompt: list[int], k: int, step_seconds: float,
+                repeats: int) -> dict:
+    """A greedy k-token chain of the draft model and of the EAGLE head, drafted token by token (the host
+    reads each token) and on the device (device_chain.py: one sync, one CUDA graph under graphs), per draft
+    token over the target's plain step: c as a chain pays it (the head's with one entry of true features
+    fed first, as after a verify)."""
     state = DraftState(prompt, k, SamplingParams(), None)
     runs = {}
     for on_device in (False, True):
-        drafter = DraftModelDrafter(draft, draft.config.vocab_size, len(prompt) + k + 8, on_device=on_device)
-        drafter.start(prompt)
-        runs["device" if on_device else "host"] = lambda d=drafter: d.propose(state).tokens.tolist()
-    times = interleaved_seconds(runs, draft.device, repeats)
-    return {f"chain_cost_ratio_{key}": round(statistics.median(ts) / k / step_seconds, 3) for key, ts in times.items()}
+        where = "device" if on_device else "host"
+        if draft is not None:
+            drafter = DraftModelDrafter(draft, draft.config.vocab_size, len(prompt) + k + 8, on_device=on_device)
+            drafter.start(prompt)
+            runs[f"chain_cost_ratio_{where}"] = lambda d=drafter: d.propose(state).tokens.tolist()
+        h = EagleDrafter(head.target, head.prepared, head.capacity, on_device=on_device)
+        h.start(prompt)
+        h.feed(0, torch.zeros(len(prompt), head.features.shape[1], device=head.features.device))
+        runs[f"head_chain_cost_ratio_{where}"] = lambda d=h: d.propose(state).tokens.tolist()
+    times = interleaved_seconds(runs, head.features.device, repeats)
+    return {key: round(statistics.median(ts) / k / step_seconds, 3) for key, ts in times.items()}
 
 
 def compiled_step(model: Transformer, context: int, repeats: int, mode: str) -> dict:
@@ -218,8 +226,7 @@ def measure(target: Transformer, successor: torch.Tensor, draft: Transformer | N
     prof = profile(target, draft, context=len(prompt), repeats=profile_repeats, bandwidth_mb=bandwidth_mb,
                    head=head.entry(len(prompt)))
     prof["profile_seconds"] = round(time.perf_counter() - t0, 1)
-    if draft is not None:
-        prof.update(chain_costs(draft, prompt, k, prof["step_seconds"], profile_repeats))
+    prof.update(chain_costs(draft, head, prompt, k, prof["step_seconds"], profile_repeats))
     plain_rate, plain = decode_rate(Engine.single(target, NoDrafter(), len(prompt) + new_tokens + 8), prompt,
                                     new_tokens, 1, repeats)
     prof["plain_decode_tokens_per_second"] = round(plain_rate, 2)

@@ -1,4 +1,4 @@
-"""A draft model's chain drafted on the device: no host sync between draft tokens, and on CUDA one graph.
+"""A drafter's chain drafted on the device: no host sync between draft tokens, and on CUDA one graph.
 
 DraftModelDrafter.propose drafts token by token: a forward, then the host reads the logits to pick the
 token (argmax or a sample) and to apply p_min and the policy's confidence rule, then feeds it. On a GPU
@@ -13,7 +13,8 @@ cache back to the committed tokens, as after any rejection.
 The committed tokens are fed by the model's own forward (under CUDA graphs, its graph of that length);
 the chain's limit - 1 one-token forwards, each token's pick among them, are one graph per (cache, chain
 length, sampling) under CUDA graphs (model.graphs), replayed with one launch. Elsewhere the same code
-runs eagerly (what the CPU tests check against the token-by-token loop).
+runs eagerly (what the CPU tests check against the token-by-token loop). An EAGLE head's chain is the
+same loop over its own step (its entry on its own predicted feature: eagle.py).
 """
 
 from __future__ import annotations
@@ -47,13 +48,12 @@ def _pick(logits: torch.Tensor, u: torch.Tensor | None, sampling: SamplingParams
     return sample_at(q[None], u), q, q.max().view(1) if tops else None
 
 
-def draft_chain(model, cache: KVCache, logits: torch.Tensor, start: torch.Tensor, uniforms: torch.Tensor | None,
-                limit: int, sampling: SamplingParams, vocab: int, tops: bool) -> Chain:
-    """limit draft tokens after the position whose logits # [vocab] are given, each fed to the next one-token
-    forward but the last, the first at slot start (a 0-dim int64 tensor on the device); uniforms # [limit, 1]
-    float64 for sampling (None under greedy). Only device operations, whatever the values: CUDA-graph
-    capturable. The cache's length is not moved (the caller advances it by limit - 1)."""
-    every = torch.arange(cache.capacity, device=logits.device)  # [capacity]
+def draft_chain(step, logits: torch.Tensor, start: torch.Tensor, uniforms: torch.Tensor | None, limit: int,
+                sampling: SamplingParams, tops: bool) -> Chain:
+    """limit draft tokens after the position whose logits # [vocab] are given, each fed to the next step but
+    the last: step(token # [1], slot # [1]) -> the next logits # [vocab], the first at slot start (a 0-dim
+    int64 tensor on the device); uniforms # [limit, 1] float64 for sampling (None under greedy). Only device
+    operations, whatever the values, where step's are: CUDA-graph capturable."""
     slots = start.view(1)  # [1]
     tokens, qs, top = [], [], []
     for i in range(limit):
@@ -63,79 +63,93 @@ def draft_chain(model, cache: KVCache, logits: torch.Tensor, start: torch.Tensor
         top.append(t)
         if i == limit - 1:
             break
-        mask = every[None, :] <= slots[:, None]  # [1, capacity]
-        out = model.static_forward(token.view(1, 1), cache, slots, slots[None, :], mask, last_only=True)
-        logits = align_vocab(out[0, -1].float(), vocab)
+        logits = step(token, slots)
         slots = slots + 1
     return Chain(torch.cat(tokens), None if sampling.greedy else torch.stack(qs), torch.cat(top) if tops else None)
 
 
-class _ChainGraph:
-    """One captured draft_chain: static input buffers, filled before each replay."""
+def model_step(model, cache: KVCache, vocab: int):
+    """A draft model's step for draft_chain: one one-token forward at the slot, its logits over the target's
+    vocabulary. The cache's length is not moved."""
+    every = torch.arange(cache.capacity, device=cache.k.device)  # [capacity]
 
-    def __init__(self, model, cache: KVCache, logits, start: int, uniforms, limit, sampling, vocab, tops):
-        device = logits.device
+    def step(token: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        mask = every[None, :] <= slots[:, None]  # [1, capacity]
+        out = model.static_forward(token.view(1, 1), cache, slots, slots[None, :], mask, last_only=True)
+        return align_vocab(out[0, -1].float(), vocab)
+    return step
+
+
+class _ChainGraph:
+    """One captured chain: chain(*inputs) with static input buffers, filled before each replay."""
+
+    def __init__(self, chain, cache: KVCache, inputs: tuple):
+        device = cache.k.device
         self.cache_ref = weakref.ref(cache)
-        self.logits = logits.clone()
-        self.start = torch.tensor(start, device=device)
-        self.uniforms = None if uniforms is None else uniforms.clone()
-        args = (limit, sampling, vocab, tops)
+        self.inputs = tuple(None if t is None else t.clone() for t in inputs)
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm-up on this call's own inputs: it writes what the call writes
             for _ in range(2):
-                draft_chain(model, cache, self.logits, self.start, self.uniforms, *args)
+                chain(*self.inputs)
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.out = draft_chain(model, cache, self.logits, self.start, self.uniforms, *args)
+            self.out = chain(*self.inputs)
 
-    def replay(self, logits, start: int, uniforms) -> Chain:
-        self.logits.copy_(logits)
-        self.start.fill_(start)
-        if uniforms is not None:
-            self.uniforms.copy_(uniforms)
+    def replay(self, inputs: tuple) -> Chain:
+        for buf, t in zip(self.inputs, inputs):
+            if buf is not None:
+                buf.copy_(t)
         self.graph.replay()
         o = self.out
         return Chain(o.tokens.clone(), None if o.q is None else o.q.clone(), None if o.top is None else o.top.clone())
 
 
 class DeviceChains:
-    """Drafts chains on the device for one draft model: graphed where the model has CUDA graphs (at most
-    max_graphs kept, least recently used first out), eager otherwise."""
+    """Runs chains on the device for one drafter: each (cache, key) chain captured once as a CUDA graph where
+    `graphed` (at most max_graphs kept, least recently used first out), eager otherwise."""
 
-    def __init__(self, model, vocab: int, max_graphs: int = 16):
-        self.model, self.vocab, self.max_graphs = model, vocab, max_graphs
+    def __init__(self, graphed: bool, max_graphs: int = 16):
+        self.graphed, self.max_graphs = graphed, max_graphs
         self.graphs: dict[tuple, _ChainGraph] = {}
         self.captures = 0
 
-    def draft(self, cache: KVCache, feed: list[int], limit: int, sampling: SamplingParams,
-              generator: torch.Generator | None, tops: bool) -> Chain:
-        """The chain after `feed` at the cache's end; the cache then holds feed and the chain but its last.
-        The feed goes through the model's own forward (a graph per length under CUDA graphs), the chain
-        through one graph per (limit, sampling), so the feed's length does not multiply the graphs."""
-        device, start = cache.k.device, cache.length
-        x = torch.tensor([feed], device=device)  # [1, T0]
-        logits = align_vocab(self.model(x, cache, start, last_only=True)[0, -1].float(), self.vocab)  # [vocab]
-        cache.advance(len(feed))
-        uniforms = None if sampling.greedy else torch.rand(limit, 1, generator=generator, device=device,
-                                                           dtype=torch.float64)  # [limit, 1]
-        start = cache.length
-        if self.model.graphs is None or limit == 1 or torch.cuda.is_current_stream_capturing():
-            out = draft_chain(self.model, cache, logits, torch.tensor(start, device=device), uniforms, limit,
-                              sampling, self.vocab, tops)
-        else:
-            out = self._graph(cache, logits, start, uniforms, limit, sampling, tops).replay(logits, start, uniforms)
-        cache.advance(limit - 1)
-        return out
-
-    def _graph(self, cache, logits, start, uniforms, limit, sampling, tops) -> _ChainGraph:
-        key = (id(cache), limit, sampling, tops)
+    def run(self, cache: KVCache, key: tuple, chain, inputs: tuple) -> Chain:
+        """chain(*inputs) -> Chain: its graph for (cache, key) replayed on these inputs (tensors, or None for
+        one that is always None under this key), or run eagerly."""
+        if not self.graphed or torch.cuda.is_current_stream_capturing():
+            return chain(*inputs)
+        key = (id(cache), *key)
         graph = self.graphs.pop(key, None)
         if graph is None or graph.cache_ref() is not cache:  # a new cache may reuse a freed one's id
-            graph = _ChainGraph(self.model, cache, logits, start, uniforms, limit, sampling, self.vocab, tops)
+            graph = _ChainGraph(chain, cache, inputs)
             self.captures += 1
         self.graphs[key] = graph  # most recently used last
         while len(self.graphs) > self.max_graphs:
             del self.graphs[next(iter(self.graphs))]
-        return graph
+        return graph.replay(inputs)
+
+    def draft(self, model, cache: KVCache, feed: list[int], limit: int, sampling: SamplingParams,
+              generator: torch.Generator | None, vocab: int, tops: bool) -> Chain:
+        """A draft model's chain after `feed` at the cache's end; the cache then holds feed and the chain but
+        its last. The feed goes through the model's own forward (a graph per length under CUDA graphs), the
+        chain through one graph per (limit, sampling), so the feed's length does not multiply the graphs."""
+        device = cache.k.device
+        x = torch.tensor([feed], device=device)  # [1, T0]
+        logits = align_vocab(model(x, cache, cache.length, last_only=True)[0, -1].float(), vocab)  # [vocab]
+        cache.advance(len(feed))
+        uniforms = draw_uniforms(limit, sampling, generator, device)
+        step = model_step(model, cache, vocab)
+        out = self.run(cache, (limit, sampling, tops), lambda lg, start, u: draft_chain(step, lg, start, u, limit,
+                                                                                       sampling, tops),
+                       (logits, torch.tensor(cache.length, device=device), uniforms))
+        cache.advance(limit - 1)
+        return out
+
+
+def draw_uniforms(limit: int, sampling: SamplingParams, generator, device) -> torch.Tensor | None:
+    """A chain's uniforms # [limit, 1] float64, drawn before it from the request's generator (None: greedy)."""
+    if sampling.greedy:
+        return None
+    return torch.rand(limit, 1, generator=generator, device=device, dtype=torch.float64)

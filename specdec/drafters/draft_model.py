@@ -72,7 +72,7 @@ class DraftModelDrafter(BaseDrafter):
         # chains drafted on the device, one host sync a chain (device_chain.py): by default where the model
         # replays CUDA graphs
         on_device = self.model.graphs is not None if on_device is None else on_device
-        self.chains = DeviceChains(self.model, self.target_vocab) if on_device else None
+        self.chains = DeviceChains(self.model.graphs is not None) if on_device else None
         self.cache = model.new_cache(capacity)
         return time.perf_counter() - t0
 
@@ -146,7 +146,8 @@ class DraftModelDrafter(BaseDrafter):
     def _propose_on_device(self, state: DraftState, feed: list[int]) -> DraftTree:
         """The chain drafted on the device to its limit, then cut by the stop rules (device_chain.py)."""
         rules = self.p_min > 0 or state.stop is not None
-        chain = self.chains.draft(self.cache, feed, state.limit, state.sampling, state.generator, rules)
+        chain = self.chains.draft(self.model, self.cache, feed, state.limit, state.sampling, state.generator,
+                                  self.target_vocab, rules)
         self.cached += chain.tokens.tolist()[:-1]  # every token but the last was fed
         n = state.limit
         if rules:

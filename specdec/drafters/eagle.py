@@ -22,12 +22,13 @@ import torch
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
+from specdec.drafters.device_chain import DeviceChains, draft_chain, draw_uniforms
 from specdec.drafters.draft_model import node_depths, select_tree, tree_sizes
 from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
 from specdec.heads.prepared import PreparedHead, PreparedMedusa
 from specdec.model.kv_cache import KVCache
-from specdec.model.transformer import Ragged, Transformer, causal_mask, rope_tables
+from specdec.model.transformer import Ragged, Static, Transformer, causal_mask, rope_tables
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.tree import DraftTree, choices_to_parents
 
@@ -35,9 +36,12 @@ from specdec.tree import DraftTree, choices_to_parents
 class EagleDrafter(BaseDrafter):
     """Chains of k tokens from an EAGLE head (specdec.heads.modules.EagleHead, or a PreparedHead) for its target."""
 
-    def __init__(self, target: Transformer, head, capacity: int, tree: TreeConfig | None = None):
+    def __init__(self, target: Transformer, head, capacity: int, tree: TreeConfig | None = None,
+                 on_device: bool | None = None):
         """tree: draft dynamic token trees (EAGLE-2: top-k expansion by cumulative draft probability,
-        re-ranked to the node budget) instead of chains; static choices are not taken."""
+        re-ranked to the node budget) instead of chains; static choices are not taken. on_device: draft
+        chains on the device, one host sync a chain (device_chain.py; default: where the target replays
+        CUDA graphs, and then as one graph)."""
         if tree is not None and tree.choices is not None:
             raise SpecdecError("the EAGLE drafter drafts dynamic trees (--tree-budget); static --tree-choices "
                                "are for a draft model")
@@ -57,6 +61,8 @@ class EagleDrafter(BaseDrafter):
         self.cache = KVCache(1, cfg.num_kv_heads, cfg.head_dim, self.capacity, 1, torch.float32, device)
         self.features = torch.zeros(capacity, cfg.hidden_size, device=device)  # the target's, by position
         self.valid = 0  # head entries built from true features and committed tokens (indices 0..valid-1)
+        graphed = target.graphs is not None
+        self.chains = DeviceChains(graphed) if (graphed if on_device is None else on_device) else None
 
     def tree_actions(self) -> dict:
         budget = self.caps.tree_nodes
@@ -142,6 +148,8 @@ class EagleDrafter(BaseDrafter):
         if self.tree is not None and state.tree:
             return self._dynamic_tree(state, pred[-1], logits[-1], n)
         limit = min(state.limit, self.capacity - n)
+        if self.chains is not None and state.mask is None and limit >= 1:  # a grammar's masks need the host
+            return self._propose_on_device(state, pred[-1:], logits[-1], n, limit)
         drafted, qs = [], []
         for i in range(limit):
             row = self.masked(logits[-1], state, drafted)  # [draft_vocab]
@@ -161,6 +169,49 @@ class EagleDrafter(BaseDrafter):
         if not drafted:
             return DraftTree.empty()
         return DraftTree.chain(torch.cat(drafted), None if state.sampling.greedy else torch.stack(qs))
+
+    @torch.inference_mode()
+    def _propose_on_device(self, state: DraftState, pred: torch.Tensor, logits: torch.Tensor, n: int,
+                           limit: int) -> DraftTree:
+        """propose()'s chain drafted on the device to its limit from the last true entry's predicted feature
+        # [1, hidden] and logits # [draft_vocab], then cut by the confidence rule (device_chain.py)."""
+        device, rules = logits.device, state.stop is not None
+        uniforms = draw_uniforms(limit, state.sampling, state.generator, device)
+        chain = self.chains.run(self.cache, (limit, state.sampling, rules), lambda lg, p, start, u: draft_chain(
+            self._head_step(p), lg, start, u, limit, state.sampling, rules),
+            (self._full(logits), pred, torch.tensor(n - 1, device=device), uniforms))
+        self.cache.length = n + limit - 2  # the chain fed all but its last token, at slots n - 1..
+        cut = limit
+        if rules:
+            for i, top in enumerate(chain.top.tolist()):
+                decision = state.stop(i, top)
+                if decision != GO_ON:
+                    cut = i + (decision == LAST)
+                    break
+        if cut == 0:
+            return DraftTree.empty()
+        return DraftTree.chain(chain.tokens[:cut], None if state.sampling.greedy else chain.q[:cut])
+
+    def _head_step(self, pred: torch.Tensor):
+        """draft_chain's step for the head: its entry at the slot on the feature it predicted last (pred # [1,
+        hidden] to begin with) and the token drafted from it; the logits over the target's vocabulary. Only
+        device operations (the entry writes at slots, attends under a mask over the head cache's capacity)."""
+        p, every, last = self.prepared, torch.arange(self.capacity, device=pred.device), [pred]
+
+        def step(token: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+            emb = self.target.embed(token.view(1, 1)).float()  # [1, 1, hidden]
+            x = self.fc(torch.cat([emb, last[0].view(1, 1, -1)], dim=-1))
+            cos, sin = p.rope_cos[slots][None, None], p.rope_sin[slots][None, None]  # [1, 1, 1, head_dim]
+            x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], Static(slots), every[None, :] <= slots[:, None])
+            last[0], logits = p.predict(x[0])  # [1, hidden], [1, draft_vocab]
+            return self._full(logits[0])
+        return step
+
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits # [draft_vocab] over the target's vocabulary # [vocab] (-inf off the draft's):
+        its argmax is the host loop's token, its processed softmax the host loop's q."""
+        full = torch.full((self.target.config.vocab_size,), float("-inf"), device=logits.device)
+        return full.index_copy(0, self.ids, logits.float())
 
     def _dynamic_tree(self, state: DraftState, root_feature: torch.Tensor, root_logits: torch.Tensor,
                       n: int) -> DraftTree:
