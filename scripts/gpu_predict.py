@@ -7,7 +7,9 @@ or scripts/cuda_bench.py's, its graphs mode by default), a chain of k' <= k draf
 tau(k') = 1 + sum_{i<k'} ppa[i] tokens per step for v(k' + 1) + k' c plain GPU steps:
 speedup = tau / (v(k' + 1) + k' c), decode only (prefill excluded). Trees: the run's tau for
 v(nodes + 1) + depth c (one draft forward per depth). The cost of a draft token c: the draft model's
-step (draft, hybrid, tree) or the head's (eagle, eagle-tree: needs head_cost_ratio in the profile); a
+step (draft, hybrid, tree) or the head's (eagle, eagle-tree: needs head_cost_ratio in the profile), for
+chains the device chain's per token where cuda_bench.py timed it (chain_cost_ratio_device,
+head_chain_cost_ratio_device); a
 lookup's (ngram, suffix) is host time, the CPU run's drafting seconds per draft token over the GPU's step.
 A hybrid's c is counted for every draft token, lookup's too: an upper bound on its cost.
 
@@ -43,8 +45,11 @@ def gpu_costs(path: Path, mode: str) -> dict:
     if "verify_cost" not in prof or "step_seconds" not in prof:
         raise SystemExit(f"gpu_predict: {path} is not a profile (specdec profile's or cuda_bench.py's JSON): "
                          "no verify_cost or step_seconds")
-    return {"v": {int(n): c for n, c in prof["verify_cost"].items()}, "draft": prof.get("draft_cost_ratio"),
-            "head": prof.get("head_cost_ratio"), "step_seconds": prof["step_seconds"]}
+    draft, head = prof.get("draft_cost_ratio"), prof.get("head_cost_ratio")
+    return {"v": {int(n): c for n, c in prof["verify_cost"].items()}, "draft": draft, "head": head,
+            # chains are drafted on the device under CUDA graphs: their c is the device chain's, where timed
+            "draft_chain": prof.get("chain_cost_ratio_device", draft),
+            "head_chain": prof.get("head_chain_cost_ratio_device", head), "step_seconds": prof["step_seconds"]}
 
 
 def add(total: list, part: list) -> list:
@@ -67,10 +72,13 @@ def pooled(records: list[dict]) -> dict:
 
 
 def draft_token_cost(kind: str, m: dict, gpu: dict) -> float | None:
+    """c of one draft token of this kind on the GPU: a tree's is a step's (one forward a depth), a chain's
+    the device chain's where the profile timed it."""
+    tree = kind.endswith("tree")
     if kind in MODEL_KINDS:
-        return gpu["draft"]
+        return gpu["draft" if tree else "draft_chain"]
     if kind in HEAD_KINDS:
-        return gpu["head"]
+        return gpu["head" if tree or kind == "medusa" else "head_chain"]
     if kind in LOOKUP_KINDS and m["drafted"]:
         return m["draft_seconds"] / m["drafted"] / gpu["step_seconds"]
     return None
@@ -141,7 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     gpu = gpu_costs(args.gpu, args.mode)
     if args.draft_c is not None:
-        gpu["draft"] = args.draft_c
+        gpu["draft"] = gpu["draft_chain"] = args.draft_c
     result = {"gpu_profile": str(args.gpu), "gpu_costs": {**gpu, "v": {str(n): c for n, c in gpu["v"].items()}},
               "predictions": {}}
     for run in args.acceptance:

@@ -122,3 +122,13 @@ def test_one_stray_plain_step_is_not_a_busy_host():
     assert measure.spread([1.0, 1.0, 1.1, 1.0, 5.0, 1.0, 0.2]) == pytest.approx(1.1)
     assert measure.spread([1.0, 2.0, 1.0, 2.0, 1.0, 2.0]) == 2.0
     assert measure.spread([1.0, 3.0]) == 3.0
+
+
+def test_a_device_drafting_models_c_is_timed_on_its_chain(tiny_draft):
+    """Where a draft model drafts on the device (one CUDA graph a chain), its c is a chain's time a token:
+    one fed token and a k-token chain, here run eagerly; the cache is left where it was."""
+    cache = tiny_draft.new_cache(64)
+    cache.advance(40)
+    seconds = measure.chain_token_seconds(tiny_draft, cache, 40, 4, 3)
+    assert seconds > 0 and cache.length == 40
+    assert measure.step_mode(tiny_draft) == ""  # a CPU model's cache key is what it was

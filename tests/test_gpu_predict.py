@@ -47,3 +47,17 @@ def test_bad_inputs_get_a_clear_error(tmp_path):
     no_run = run("--gpu", str(tmp_path / "p.json"), "--acceptance", str(tmp_path / "run"))
     assert no_run.returncode != 0 and "cannot read the bench summary" in no_run.stderr
     assert "Traceback" not in missing.stderr + not_profile.stderr + no_run.stderr
+
+
+def test_chains_are_priced_at_the_device_chains_c_and_trees_at_a_steps(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"modes": {"graphs": {
+        "verify_cost": {"1": 1.0, "5": 1.2}, "step_seconds": 0.004, "draft_cost_ratio": 0.7,
+        "chain_cost_ratio_device": 0.4, "head_cost_ratio": 0.2, "head_chain_cost_ratio_device": 0.1}}}))
+    gpu = gpu_predict.gpu_costs(path, "graphs")
+    m = {"drafted": 0}
+    assert gpu_predict.draft_token_cost("draft", m, gpu) == 0.4 and gpu_predict.draft_token_cost("tree", m, gpu) == 0.7
+    assert gpu_predict.draft_token_cost("eagle", m, gpu) == 0.1
+    assert gpu_predict.draft_token_cost("eagle-tree", m, gpu) == 0.2
+    path.write_text(json.dumps({"verify_cost": {"1": 1.0}, "step_seconds": 0.004, "draft_cost_ratio": 0.7}))
+    assert gpu_predict.draft_token_cost("draft", m, gpu_predict.gpu_costs(path, "graphs")) == 0.7  # no device chain

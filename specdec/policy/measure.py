@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from specdec.config import SamplingParams
+from specdec.drafters.device_chain import DeviceChains
 from specdec.errors import SpecdecError
 from specdec.model import cpu_kernels
 from specdec.model.registry import specdec_home
@@ -79,11 +81,30 @@ def _measure(target: Transformer, draft: Transformer | None, sizes, context: int
         if not ones:
             ones.append(step_seconds(target, 1))
         return CostModel(curve, 0.0, statistics.median(ones)), spread(ones)
-    c = relative(lambda: step_seconds(draft, 1))
+    if draft.graphs is None:
+        c = relative(lambda: step_seconds(draft, 1))
+    else:  # its chains are drafted on the device, one graph a chain: c as a chain pays it
+        cache = caches.setdefault(id(draft), draft.new_cache(context + max(sizes) + 1))
+        c = relative(lambda: chain_token_seconds(draft, cache, context, CHAIN, repeats))
     fixed, per_token, quadratic = prefill_price(
         draft, lambda n: relative(lambda: forward_seconds(draft, n, 0, 1, last_only=True)),
         max(context // 8, 1), max(context // 2, 2))
     return CostModel(curve, c, statistics.median(ones), per_token, fixed, quadratic), spread(ones)
+
+
+def chain_token_seconds(draft: Transformer, cache, context: int, k: int, repeats: int) -> float:
+    """A draft model's price a token where it drafts on the device (device_chain.py; one CUDA graph a chain
+    where the model replays graphs): the median time of feeding one token at `context` cached positions and
+    drafting a k-token greedy chain from it, over k. The cache is left at `context`."""
+    chains = DeviceChains(draft.graphs is not None)
+
+    def run():
+        cache.truncate(context)
+        chains.draft(draft, cache, [1], k, SamplingParams(), None, draft.config.vocab_size, False)
+    cache.truncate(context)
+    seconds = statistics.median(timed(run, cache.k.device, repeats)) / k
+    cache.truncate(context)
+    return seconds
 
 
 def prefill_price(draft: Transformer, cost: Callable[[int], float], short: int, long: int) -> tuple[float, float, float]:
@@ -138,13 +159,23 @@ def host_key(device: torch.device) -> str:
 
 
 COSTS_VERSION = 2  # 2: the prefill's part per token squared
+CHAIN = 4  # the chain a device-drafting draft model's c is timed on (the default k)
 LONG_PREFILL = 1024  # the draft prefill's length that prices attention's square (a RAG or summary prompt's)
 RECHECK = 1.5  # a cached plain step this much slower than a fresh one is measured again
 
 
+def step_mode(model: Transformer | None) -> str:
+    """How a CUDA model's steps run, which changes their time and not its fingerprint: under CUDA graphs,
+    through the fused GPU loop ("" elsewhere)."""
+    if model is None or model.device.type != "cuda":
+        return ""
+    return f"graphs={model.graphs is not None}|loop={type(model.layer_loop).__name__}"
+
+
 def _cost_path(target: Transformer, draft: Transformer | None, sizes) -> Path:
+    modes = [step_mode(target), step_mode(draft)]
     key = json.dumps([COSTS_VERSION, host_key(target.device), fingerprint(target),
-                      fingerprint(draft) if draft is not None else None, sorted(sizes)])
+                      fingerprint(draft) if draft is not None else None, sorted(sizes)] + (modes if any(modes) else []))
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
