@@ -9,7 +9,8 @@ speedup = tau / (v(k' + 1) + k' c), decode only (prefill excluded). Trees: the r
 v(nodes + 1) + depth c (one draft forward per depth). The cost of a draft token c: the draft model's
 step (draft, hybrid, tree) or the head's (eagle, eagle-tree: needs head_cost_ratio in the profile), for
 chains the device chain's per token where cuda_bench.py timed it (chain_cost_ratio_device,
-head_chain_cost_ratio_device); a
+head_chain_cost_ratio_device), for a head's tree the device tree's whole cost where timed
+(head_tree_cost_ratio_device); a
 lookup's (ngram, suffix) is host time, the CPU run's drafting seconds per draft token over the GPU's step.
 A hybrid's c is counted for every draft token, lookup's too: an upper bound on its cost.
 
@@ -49,7 +50,9 @@ def gpu_costs(path: Path, mode: str) -> dict:
     return {"v": {int(n): c for n, c in prof["verify_cost"].items()}, "draft": draft, "head": head,
             # chains are drafted on the device under CUDA graphs: their c is the device chain's, where timed
             "draft_chain": prof.get("chain_cost_ratio_device", draft),
-            "head_chain": prof.get("head_chain_cost_ratio_device", head), "step_seconds": prof["step_seconds"]}
+            "head_chain": prof.get("head_chain_cost_ratio_device", head),
+            # a head's whole EAGLE-2 tree drafted on the device (budget 16, depth 4, topk 4), in plain steps
+            "head_tree": prof.get("head_tree_cost_ratio_device"), "step_seconds": prof["step_seconds"]}
 
 
 def add(total: list, part: list) -> list:
@@ -102,8 +105,11 @@ def chain_prediction(m: dict, c: float, v: dict) -> dict:
     return {"at_k": round(out[len(m["drafted_at"])], 3), "best_k": best, "at_best_k": round(out[best], 3)}
 
 
-def tree_prediction(m: dict, c: float, v: dict, depth: int) -> dict:
-    speedup = m["tokens"] / m["steps"] / (interpolate(v, m["nodes"] / m["steps"] + 1) + depth * c)
+def tree_prediction(m: dict, c: float, v: dict, depth: int, tree_cost: float | None = None) -> dict:
+    """A tree's speedup: its tokens a step over the verify of its nodes and its drafting, depth draft
+    passes at c each, or tree_cost (a whole tree drafted on the device, in plain steps) where timed."""
+    draft = depth * c if tree_cost is None else tree_cost
+    speedup = m["tokens"] / m["steps"] / (interpolate(v, m["nodes"] / m["steps"] + 1) + draft)
     return {"at_k": round(speedup, 3), "best_k": None, "at_best_k": round(speedup, 3)}
 
 
@@ -121,7 +127,9 @@ def predict(records: list[dict], gpu: dict, depth: int, labels: list[str]) -> di
         if c is None:
             out[label] = {"skipped": f"no GPU cost for a {kind} draft token in the profile"}
             continue
-        pred = tree_prediction(m, c, gpu["v"], depth) if kind.endswith("tree") else chain_prediction(m, c, gpu["v"])
+        whole = gpu["head_tree"] if kind == "eagle-tree" else None
+        pred = (tree_prediction(m, c, gpu["v"], depth, whole) if kind.endswith("tree")
+                else chain_prediction(m, c, gpu["v"]))
         out[label] = {"k": runs[0]["k"], "tau_cpu": round(m["tokens"] / m["steps"], 3), "c_gpu": round(c, 3), **pred}
     return out
 

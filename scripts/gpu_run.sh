@@ -32,5 +32,6 @@ step bench-eager 70 python3 scripts/cuda_bench.py --modes eager,kernels --repeat
   --alphas 0.8 --out "$OUT/cuda-bench-eager.json"
 step inductor 60 python3 scripts/cuda_bench.py --modes none --compile reduce-overhead --out "$OUT/cuda-bench-inductor.json"
 step cuda-tests 40 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_cuda_graphs.py tests/test_device_chain.py \
-  "tests/test_eagle.py::test_the_heads_graphed_chain_equals_its_eager_one_on_cuda" \
+  tests/test_eagle.py::test_the_heads_graphed_chain_equals_its_eager_one_on_cuda \
+  tests/test_eagle.py::test_the_heads_graphed_tree_equals_its_eager_one_on_cuda \
   tests/test_synthetic_bench.py::test_successor_models_on_cuda_with_graphs

@@ -493,3 +493,61 @@ def test_the_heads_graphed_chain_equals_its_eager_one_on_cuda(sampling):
         assert out[0].tokens.tolist() == out[1].tokens.tolist()
         tokens += out[0].tokens.tolist()[:step % 4] + [3]
     assert graphed.chains.captures >= 1 and graphed.chains.graphs
+
+
+@pytest.mark.parametrize("shape", [(16, 4, 4), (9, 3, 2)], ids=["budget16-depth4-topk4", "budget9-depth3-topk2"])
+def test_the_heads_device_tree_is_the_host_loops_tree(tiny_target, shape):
+    """EAGLE-2's levels on the device (one host read a tree; one CUDA graph on a GPU), run eagerly here: the
+    host loop's tree, node for node, step after step, at depths the policy cuts too."""
+    from specdec.config import TreeConfig
+    from specdec.drafters.base import DraftState
+    head = eagle_head(tiny_target, list(range(0, TINY_VOCAB, 2)), seed=8)
+    tree = TreeConfig(*shape)
+    host = EagleDrafter(tiny_target, head, 256, tree=tree)
+    device = EagleDrafter(tiny_target, head, 256, tree=tree, on_device=True)
+    tokens, g = list(PROMPTS[1]), torch.Generator().manual_seed(9)
+    for d in (host, device):
+        d.start(tokens)
+    for step in range(6):
+        h = full_features(tiny_target, tokens)
+        out = []
+        for d in (host, device):
+            d.feed(0, h)
+            out.append(d.propose(DraftState(list(tokens), tree.depth - step % 2, SamplingParams(), None)))
+        assert out[0].tokens.tolist() == out[1].tokens.tolist(), step
+        assert out[0].parents.tolist() == out[1].parents.tolist(), step
+        assert 0 < len(out[0]) <= tree.budget and host.cache.length == device.cache.length
+        tokens += out[0].tokens.tolist()[:1] + [int(torch.randint(0, TINY_VOCAB, (1,), generator=g))]
+
+
+def test_greedy_with_the_heads_device_tree_equals_plain(tiny_target):
+    from specdec.config import TreeConfig
+    drafter = EagleDrafter(tiny_target, eagle_head(tiny_target, seed=5), 256, tree=TreeConfig(12, 3, 3), on_device=True)
+    plain, engine = Engine.single(tiny_target, NoDrafter(), 256), Engine.single(tiny_target, drafter, 256)
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, GenerationConfig(30, 3)).tokens
+        got = engine.generate(prompt, GenerationConfig(30, 3))
+        assert got.tokens == want and got.stats.drafted > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_heads_graphed_tree_equals_its_eager_one_on_cuda():
+    from specdec.config import TreeConfig
+    from specdec.drafters.base import DraftState
+    from specdec.model.cuda_graphs import enable_cuda_graphs
+    eager_target, graph_target = tiny_model(0).cuda(), tiny_model(0).cuda()
+    enable_cuda_graphs(graph_target)
+    head, tree = eagle_head(eager_target, seed=6), TreeConfig(12, 3, 3)
+    eager = EagleDrafter(eager_target, head, 256, tree=tree, on_device=True)
+    graphed = EagleDrafter(graph_target, head, 256, tree=tree)
+    tokens = list(PROMPTS[0])
+    for step in range(5):
+        h = full_features(eager_target, tokens)
+        out = []
+        for d in (eager, graphed):
+            d.feed(0, h)
+            out.append(d.propose(DraftState(list(tokens), 3, SamplingParams(), None)))
+        assert out[0].tokens.tolist() == out[1].tokens.tolist()
+        assert out[0].parents.tolist() == out[1].parents.tolist()
+        tokens += out[0].tokens.tolist()[:1] + [3]
+    assert graphed.chains.captures >= 1

@@ -59,5 +59,8 @@ def test_chains_are_priced_at_the_device_chains_c_and_trees_at_a_steps(tmp_path)
     assert gpu_predict.draft_token_cost("draft", m, gpu) == 0.4 and gpu_predict.draft_token_cost("tree", m, gpu) == 0.7
     assert gpu_predict.draft_token_cost("eagle", m, gpu) == 0.1
     assert gpu_predict.draft_token_cost("eagle-tree", m, gpu) == 0.2
+    tree = {"tokens": 30, "steps": 10, "nodes": 40}  # 3 tokens a step from 4 nodes (v(5) = 1.2)
+    assert gpu_predict.tree_prediction(tree, 0.2, gpu["v"], 4)["at_k"] == pytest.approx(3 / (1.2 + 4 * 0.2), abs=1e-3)
+    assert gpu_predict.tree_prediction(tree, 0.2, gpu["v"], 4, 0.5)["at_k"] == pytest.approx(3 / 1.7, abs=1e-3)
     path.write_text(json.dumps({"verify_cost": {"1": 1.0}, "step_seconds": 0.004, "draft_cost_ratio": 0.7}))
     assert gpu_predict.draft_token_cost("draft", m, gpu_predict.gpu_costs(path, "graphs")) == 0.7  # no device chain

@@ -42,6 +42,7 @@ def test_cuda_bench_script_runs_on_cpu(tmp_path):
     assert eager["draft_cost_ratio"] > 0 and eager["plain_decode_tokens_per_second"] > 0
     assert eager["chain_cost_ratio_host"] > 0 and eager["chain_cost_ratio_device"] > 0 and eager["head_cost_ratio"] > 0
     assert eager["head_chain_cost_ratio_host"] > 0 and eager["head_chain_cost_ratio_device"] > 0
+    assert eager["head_tree_cost_ratio_host"] > 0 and eager["head_tree_cost_ratio_device"] > 0
     assert eager["plain_follows_successor"] and eager["hf_eager"]["follows_successor"]
     assert eager["hf_eager"]["tokens_per_second"] > 0
     for run in eager["oracle_k4"].values():

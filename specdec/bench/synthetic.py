@@ -24,7 +24,7 @@ import time
 import torch
 
 from specdec.bench.profile import interleaved_seconds, profile, synchronize
-from specdec.config import GenerationConfig, SamplingParams
+from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState, NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
@@ -45,6 +45,7 @@ SHAPES = {  # from the GGUFs' metadata (specdec/model/loading.py reads the same 
     "tiny-draft": dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1,
                        num_heads=2, num_kv_heads=1, head_dim=16),
 }
+TREE = TreeConfig(16, 4, 4)  # the head's tree timed: budget 16, the flags' default depth 4 and topk 4
 RESIDUAL_WRITE = 0.01  # o_proj's and down_proj's scale against the embedding's: the residual stays near e_t
 
 
@@ -156,8 +157,10 @@ def chain_costs(draft: Transformer, head: EagleDrafter, prompt: list[int], k: in
     """A greedy k-token chain of the draft model and of the EAGLE head, drafted token by token (the host
     reads each token) and on the device (device_chain.py: one sync, one CUDA graph under graphs), per draft
     token over the target's plain step: c as a chain pays it (the head's with one entry of true features
-    fed first, as after a verify)."""
+    fed first, as after a verify); and the head's EAGLE-2 tree (TREE), host levels against device ones,
+    a whole tree over the plain step."""
     state = DraftState(prompt, k, SamplingParams(), None)
+    tree_state = DraftState(prompt, TREE.depth, SamplingParams(), None)
     runs = {}
     for on_device in (False, True):
         where = "device" if on_device else "host"
@@ -165,12 +168,16 @@ def chain_costs(draft: Transformer, head: EagleDrafter, prompt: list[int], k: in
             drafter = DraftModelDrafter(draft, draft.config.vocab_size, len(prompt) + k + 8, on_device=on_device)
             drafter.start(prompt)
             runs[f"chain_cost_ratio_{where}"] = lambda d=drafter: d.propose(state).tokens.tolist()
-        h = EagleDrafter(head.target, head.prepared, head.capacity, on_device=on_device)
-        h.start(prompt)
-        h.feed(0, torch.zeros(len(prompt), head.features.shape[1], device=head.features.device))
-        runs[f"head_chain_cost_ratio_{where}"] = lambda d=h: d.propose(state).tokens.tolist()
+        for tree in (None, TREE):
+            h = EagleDrafter(head.target, head.prepared, head.capacity, tree=tree, on_device=on_device)
+            h.start(prompt)
+            h.feed(0, torch.zeros(len(prompt), head.features.shape[1], device=head.features.device))
+            name = "head_chain_cost_ratio" if tree is None else "head_tree_cost_ratio"
+            runs[f"{name}_{where}"] = lambda d=h, st=state if tree is None else tree_state: d.propose(st).tokens.tolist()
     times = interleaved_seconds(runs, head.features.device, repeats)
-    return {key: round(statistics.median(ts) / k / step_seconds, 3) for key, ts in times.items()}
+    # a chain's per draft token, a tree's whole (its depth's passes) in plain steps
+    return {key: round(statistics.median(ts) / (1 if "tree" in key else k) / step_seconds, 3)
+            for key, ts in times.items()}
 
 
 def compiled_step(model: Transformer, context: int, repeats: int, mode: str) -> dict:
@@ -222,7 +229,7 @@ def measure(target: Transformer, successor: torch.Tensor, draft: Transformer | N
     """One mode's numbers: the profile, plain decoding's rate, and the oracle at each alpha (successor:
     successor_model's)."""
     t0 = time.perf_counter()
-    head = random_eagle(target, len(prompt) + 8, 2)
+    head = random_eagle(target, len(prompt) + 32, 2)  # room for a tree's scratch entries
     prof = profile(target, draft, context=len(prompt), repeats=profile_repeats, bandwidth_mb=bandwidth_mb,
                    head=head.entry(len(prompt)))
     prof["profile_seconds"] = round(time.perf_counter() - t0, 1)

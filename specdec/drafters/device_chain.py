@@ -20,7 +20,7 @@ same loop over its own step (its entry on its own predicted feature: eagle.py).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -29,8 +29,7 @@ from specdec.model.kv_cache import KVCache
 from specdec.sampling.logits import align_vocab, probs_from_logits, sample_at
 
 
-@dataclass
-class Chain:
+class Chain(NamedTuple):
     """A drafted chain before the stop rules: tokens # [limit], q # [limit, vocab] (None under greedy),
     top # [limit] (each position's top probability; None when no rule reads it)."""
 
@@ -81,7 +80,8 @@ def model_step(model, cache: KVCache, vocab: int):
 
 
 class _ChainGraph:
-    """One captured chain: chain(*inputs) with static input buffers, filled before each replay."""
+    """One captured chain: chain(*inputs) with static input buffers, filled before each replay; its output
+    a NamedTuple of tensors (or None), cloned out after each."""
 
     def __init__(self, chain, cache: KVCache, inputs: tuple):
         device = cache.k.device
@@ -102,8 +102,7 @@ class _ChainGraph:
             if buf is not None:
                 buf.copy_(t)
         self.graph.replay()
-        o = self.out
-        return Chain(o.tokens.clone(), None if o.q is None else o.q.clone(), None if o.top is None else o.top.clone())
+        return type(self.out)(*(None if t is None else t.clone() for t in self.out))
 
 
 class DeviceChains:
@@ -115,9 +114,10 @@ class DeviceChains:
         self.graphs: dict[tuple, _ChainGraph] = {}
         self.captures = 0
 
-    def run(self, cache: KVCache, key: tuple, chain, inputs: tuple) -> Chain:
-        """chain(*inputs) -> Chain: its graph for (cache, key) replayed on these inputs (tensors, or None for
-        one that is always None under this key), or run eagerly."""
+    def run(self, cache: KVCache, key: tuple, chain, inputs: tuple):
+        """chain(*inputs) -> a NamedTuple of tensors (a Chain, a head's tree levels): its graph for (cache,
+        key) replayed on these inputs (tensors, or None for one that is always None under this key), or run
+        eagerly."""
         if not self.graphed or torch.cuda.is_current_stream_capturing():
             return chain(*inputs)
         key = (id(cache), *key)

@@ -18,6 +18,8 @@ and its LM head on the target's own blocks for the draft vocabulary's rows (spec
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from specdec.config import TreeConfig
@@ -31,6 +33,15 @@ from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Ragged, Static, Transformer, causal_mask, rope_tables
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.tree import DraftTree, choices_to_parents
+
+
+class TreeNodes(NamedTuple):
+    """A head's candidate tree before select_tree: tokens, parents (-1: the root's), cumulative
+    log-probabilities, each # [topk + (depth - 1) topk^2], level by level, children in rank order."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    scores: torch.Tensor
 
 
 class EagleDrafter(BaseDrafter):
@@ -146,6 +157,8 @@ class EagleDrafter(BaseDrafter):
         pred, logits = self._run(self.features[m:n - 1], t, m)
         self.cache.length = self.valid = n - 1
         if self.tree is not None and state.tree:
+            if self.chains is not None and n - 1 + (min(self.tree.depth, state.k) - 1) * self.tree.topk <= self.capacity:
+                return self._device_tree(state, pred[-1], logits[-1], n)
             return self._dynamic_tree(state, pred[-1], logits[-1], n)
         limit = min(state.limit, self.capacity - n)
         if self.chains is not None and state.mask is None and limit >= 1:  # a grammar's masks need the host
@@ -243,6 +256,54 @@ class EagleDrafter(BaseDrafter):
             frontier = new
         self.cache.truncate(n - 1)  # the tree's entries were scratch
         return select_tree(tokens, parents, scores, depths, budget, root_logits.device)
+
+    @torch.inference_mode()
+    def _device_tree(self, state: DraftState, root_feature: torch.Tensor, root_logits: torch.Tensor,
+                     n: int) -> DraftTree:
+        """_dynamic_tree with every level on the device (tree_levels; one CUDA graph a (depth, topk) where
+        the target replays graphs) and one host read at the end, for the same nodes and the same tree."""
+        cfg = self.tree
+        budget = min(cfg.budget, state.max_nodes if state.max_nodes is not None else cfg.budget)
+        depth, k = min(cfg.depth, state.k), min(cfg.topk, root_logits.shape[-1])
+        out = self.chains.run(self.cache, ("tree", depth, k), lambda f, lg, start: self.tree_levels(f, lg, start, depth, k),
+                              (root_feature, root_logits, torch.tensor(n - 1, device=root_logits.device)))
+        depths = [1] * k + [d for d in range(2, depth + 1) for _ in range(k * k)]
+        return select_tree(out.tokens.tolist(), out.parents.tolist(), out.scores.tolist(), depths, budget,
+                           root_logits.device)
+
+    def tree_levels(self, root_feature: torch.Tensor, root_logits: torch.Tensor, start: torch.Tensor, depth: int,
+                    k: int) -> TreeNodes:
+        """_dynamic_tree's candidate nodes, device operations only: the root's k best children, then at each
+        depth the k best new nodes (by cumulative log-probability) fed in one head pass, each on its
+        parent's predicted feature, at slots start + (depth - 2) k + row, seeing the committed entries (the
+        start first: a 0-dim int64 tensor), its ancestors' and its own; each gives its k best children. The
+        root's children sit at RoPE position start, their children at start + 1, ... The cache's length is
+        not moved (the entries are scratch)."""
+        p, device = self.prepared, root_logits.device
+        every = torch.arange(self.capacity, device=device)
+        values, ids = torch.log_softmax(root_logits, -1).topk(k)  # [k]
+        tokens, parents, scores = [self.ids[ids]], [torch.full((k,), -1, device=device)], [values]
+        rows = torch.arange(k, device=device)
+        frontier, feats, base = rows, root_feature.expand(k, -1), 0  # node indices, their inputs' features
+        seen = (every < start).expand(k, -1)  # [k, capacity]: what each frontier node's entry sees
+        for d in range(2, depth + 1):
+            slots = start + (d - 2) * k + rows  # [k]
+            seen = seen | (every[None, :] == slots[:, None])
+            emb = self.target.embed(torch.cat(tokens)[frontier][None]).float()  # [1, k, hidden]
+            x = self.fc(torch.cat([emb, feats[None].float()], dim=-1))
+            pos = (start + d - 2).expand(k)  # [k]
+            x = self.layer(x, p.rope_cos[pos][None, None], p.rope_sin[pos][None, None], self.cache.k[0],
+                           self.cache.v[0], Static(slots), seen)
+            preds, logits = p.predict(x[0])  # [k, hidden], [k, draft_vocab]
+            values, ids = torch.log_softmax(logits, -1).topk(k, dim=-1)  # [k, k]
+            base += len(scores[-1]) if d > 2 else k
+            tokens.append(self.ids[ids].flatten())
+            parents.append(frontier.repeat_interleave(k))
+            scores.append((torch.cat(scores)[frontier][:, None] + values).flatten())
+            if d < depth:  # the next frontier: the k best new nodes, each with its parent's row's feature and view
+                best = scores[-1].topk(k).indices  # [k], best first
+                frontier, feats, seen = base + best, preds[best // k], seen[best // k]
+        return TreeNodes(torch.cat(tokens), torch.cat(parents), torch.cat(scores))
 
     def _expand(self, nodes: list[int], feats: torch.Tensor, tokens: list[int], parents: list[int],
                 slots: dict[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
