@@ -34,42 +34,8 @@ if [ "$DEV" = cuda ] && want families && [ -n "${CONVERTER_DIR:-}" ]; then
     tests/test_families.py -k cuda >>"$OUT/cuda-tests.log" 2>&1
   echo "family cuda tests rc=$?"; tail -8 "$OUT/cuda-tests.log"
 fi
-{ want fp32 || want bf16; } && python3 - "$TOK" /tmp/cuda-check-models "$SCALE" "$DEV" <<'PY'
-import json, shutil, sys, time
-from pathlib import Path
-import torch
-from safetensors.torch import save_file
-tok, root, scale, dev = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-shapes = {"q15": (1536, 8960, 28, 12, 2), "q05": (896, 4864, 24, 14, 2)}  # hidden, mlp, layers, heads, kv heads
-for name, (h, m, n, heads, kv) in shapes.items():
-    t0, d = time.time(), root / name
-    if scale < 1:
-        h, m, n = int(h * scale) // heads * heads, int(m * scale), max(2, int(n * scale))
-    from transformers import AutoTokenizer
-    hd, vocab, g = h // heads, len(AutoTokenizer.from_pretrained(str(tok))), torch.Generator(dev).manual_seed(len(name) + h)
-    def rnd(*shape, std=0.02):
-        return (torch.randn(*shape, generator=g, device=dev) * std).to(torch.bfloat16).cpu()
-    state = {"model.embed_tokens.weight": rnd(vocab, h), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
-    for i in range(n):
-        p = f"model.layers.{i}."
-        state |= {p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-                  p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-                  p + "self_attn.q_proj.weight": rnd(heads * hd, h), p + "self_attn.q_proj.bias": rnd(heads * hd),
-                  p + "self_attn.k_proj.weight": rnd(kv * hd, h), p + "self_attn.k_proj.bias": rnd(kv * hd),
-                  p + "self_attn.v_proj.weight": rnd(kv * hd, h), p + "self_attn.v_proj.bias": rnd(kv * hd),
-                  p + "self_attn.o_proj.weight": rnd(h, heads * hd), p + "mlp.gate_proj.weight": rnd(m, h),
-                  p + "mlp.up_proj.weight": rnd(m, h), p + "mlp.down_proj.weight": rnd(h, m)}
-    d.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": vocab, "hidden_size": h,
-        "intermediate_size": m, "num_hidden_layers": n, "num_attention_heads": heads, "num_key_value_heads": kv,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
-        "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
-    for f in tok.iterdir():
-        shutil.copy(f, d / f.name)
-    print(f"{name}: {sum(v.numel() for v in state.values()) / 1e9:.2f} B parameters in {time.time() - t0:.0f} s")
-PY
+{ want fp32 || want bf16; } && python3 scripts/random_models.py /tmp/cuda-check-models --tokenizer "$TOK" --scale "$SCALE" \
+  --device "$DEV"
 M=/tmp/cuda-check-models
 # roofline, plain step, v(n), c and decode speed, the Triton layer loop with graphs, graphs alone and eager (in
 # that order), an oracle drafter at known acceptance
