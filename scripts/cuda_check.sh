@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 STEPS=${STEPS:-"tests cudabench fp32 bf16 families"}  # in order of value; a subset reruns part of it
 want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
-CUDA_TESTS=${CUDA_TESTS:-"tests/test_gpu_kernels.py tests/test_eagle.py::test_the_heads_graphed_chain_equals_its_eager_one_on_cuda tests/test_eagle.py::test_the_heads_graphed_tree_equals_its_eager_one_on_cuda tests/test_cuda.py tests/test_cuda_graphs.py tests/test_device_chain.py tests/test_synthetic_bench.py tests/test_sampling.py::test_cuda_matches_cpu_processing_and_runs tests/test_tree.py::test_cuda_runs_and_matches_cpu_greedy"}
+CUDA_TESTS=${CUDA_TESTS:-"tests/test_gpu_kernels.py tests/test_eagle.py::test_the_heads_graphed_drafts_equal_its_eager_ones_on_cuda tests/test_cuda.py tests/test_cuda_graphs.py tests/test_device_chain.py tests/test_synthetic_bench.py tests/test_sampling.py::test_cuda_matches_cpu_processing_and_runs tests/test_tree.py::test_cuda_runs_and_matches_cpu_greedy"}
 : >"$OUT/cuda-tests.log"
 if [ "$DEV" = cuda ] && want tests; then
   timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider --timeout 90 $CUDA_TESTS >>"$OUT/cuda-tests.log" 2>&1

@@ -14,14 +14,7 @@ set -u
 OUT=${OUT:?"set OUT to a folder for the results"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-step() {  # step NAME SECONDS COMMAND...: run it under the cap, keep its log, say how it ended
-  local name=$1 cap=$2 t0=$SECONDS
-  shift 2
-  echo "== $name (cap ${cap}s)"
-  timeout "$cap" "$@" >"$OUT/$name.log" 2>&1
-  echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
-  tail -6 "$OUT/$name.log"
-}
+. scripts/gpu_step.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
@@ -32,6 +25,5 @@ step bench-eager 70 python3 scripts/cuda_bench.py --modes eager,kernels --repeat
   --alphas 0.8 --out "$OUT/cuda-bench-eager.json"
 step inductor 60 python3 scripts/cuda_bench.py --modes none --compile reduce-overhead --out "$OUT/cuda-bench-inductor.json"
 step cuda-tests 40 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_cuda_graphs.py tests/test_device_chain.py \
-  tests/test_eagle.py::test_the_heads_graphed_chain_equals_its_eager_one_on_cuda \
-  tests/test_eagle.py::test_the_heads_graphed_tree_equals_its_eager_one_on_cuda \
+  tests/test_eagle.py::test_the_heads_graphed_drafts_equal_its_eager_ones_on_cuda \
   tests/test_synthetic_bench.py::test_successor_models_on_cuda_with_graphs

@@ -13,14 +13,7 @@ set -u
 OUT=${OUT:?"set OUT to a folder for the results"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD SPECDEC_HOME=${SPECDEC_HOME:-/tmp/specdec-home}
-step() {  # step NAME SECONDS COMMAND...: run it under the cap, keep its log, say how it ended
-  local name=$1 cap=$2 t0=$SECONDS
-  shift 2
-  echo "== $name (cap ${cap}s)"
-  timeout "$cap" "$@" >"$OUT/$name.log" 2>&1
-  echo "$name rc=$? in $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
-  tail -12 "$OUT/$name.log"
-}
+. scripts/gpu_step.sh
 M=/tmp/gpu-serve-models
 step models 90 python3 scripts/random_models.py "$M" --tokenizer "$1"
 for dtype in float32 bfloat16; do

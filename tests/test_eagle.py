@@ -471,30 +471,6 @@ def test_greedy_with_the_heads_device_chain_equals_plain(tiny_target):
         assert got.tokens == want and got.stats.drafted > 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
-                         ids=["greedy", "sampled"])
-def test_the_heads_graphed_chain_equals_its_eager_one_on_cuda(sampling):
-    from specdec.drafters.base import DraftState
-    from specdec.model.cuda_graphs import enable_cuda_graphs
-    eager_target, graph_target = tiny_model(0).cuda(), tiny_model(0).cuda()
-    enable_cuda_graphs(graph_target)
-    head = eagle_head(eager_target, seed=6)
-    eager = EagleDrafter(eager_target, head, 256, on_device=True)
-    graphed = EagleDrafter(graph_target, head, 256)
-    tokens = list(PROMPTS[0])
-    for step in range(6):
-        h = full_features(eager_target, tokens)
-        out = []
-        for d in (eager, graphed):
-            d.feed(0, h)
-            gen = None if sampling.greedy else torch.Generator("cuda").manual_seed(step)
-            out.append(d.propose(DraftState(list(tokens), 4, sampling, gen)))
-        assert out[0].tokens.tolist() == out[1].tokens.tolist()
-        tokens += out[0].tokens.tolist()[:step % 4] + [3]
-    assert graphed.chains.captures >= 1 and graphed.chains.graphs
-
-
 @pytest.mark.parametrize("shape", [(16, 4, 4), (9, 3, 2)], ids=["budget16-depth4-topk4", "budget9-depth3-topk2"])
 def test_the_heads_device_tree_is_the_host_loops_tree(tiny_target, shape):
     """EAGLE-2's levels on the device (one host read a tree; one CUDA graph on a GPU), run eagerly here: the
@@ -531,23 +507,27 @@ def test_greedy_with_the_heads_device_tree_equals_plain(tiny_target):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_heads_graphed_tree_equals_its_eager_one_on_cuda():
+@pytest.mark.parametrize("case", ["chain-greedy", "chain-sampled", "tree"])
+def test_the_heads_graphed_drafts_equal_its_eager_ones_on_cuda(case):
     from specdec.config import TreeConfig
     from specdec.drafters.base import DraftState
     from specdec.model.cuda_graphs import enable_cuda_graphs
+    sampling = SamplingParams(temperature=0.8, top_k=20, top_p=0.9) if case == "chain-sampled" else SamplingParams()
+    tree = TreeConfig(12, 3, 3) if case == "tree" else None
     eager_target, graph_target = tiny_model(0).cuda(), tiny_model(0).cuda()
     enable_cuda_graphs(graph_target)
-    head, tree = eagle_head(eager_target, seed=6), TreeConfig(12, 3, 3)
+    head = eagle_head(eager_target, seed=6)
     eager = EagleDrafter(eager_target, head, 256, tree=tree, on_device=True)
     graphed = EagleDrafter(graph_target, head, 256, tree=tree)
     tokens = list(PROMPTS[0])
-    for step in range(5):
+    for step in range(6):
         h = full_features(eager_target, tokens)
         out = []
         for d in (eager, graphed):
             d.feed(0, h)
-            out.append(d.propose(DraftState(list(tokens), 3, SamplingParams(), None)))
+            gen = None if sampling.greedy else torch.Generator("cuda").manual_seed(step)
+            out.append(d.propose(DraftState(list(tokens), 3, sampling, gen)))
         assert out[0].tokens.tolist() == out[1].tokens.tolist()
         assert out[0].parents.tolist() == out[1].parents.tolist()
-        tokens += out[0].tokens.tolist()[:1] + [3]
-    assert graphed.chains.captures >= 1
+        tokens += out[0].tokens.tolist()[:step % 3] + [3]
+    assert graphed.chains.captures >= 1 and graphed.chains.graphs
