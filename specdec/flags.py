@@ -82,7 +82,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="CUDA: the small ops of steps up to 64 positions (norms with the residual add, RoPE with the "
                         "KV-cache write, attention, the SiLU gate) as Triton kernels, q/k/v and gate/up as one GEMM "
                         "each: ten launches a layer instead of about 45; with --cuda-graphs, ten a layer in the "
-                        "graph. Llama-layout models (Llama, Qwen2/2.5, Mistral, SmolLM2, Phi-3); needs triton")
+                        "graph. Llama-layout models (Llama, Qwen2/2.5, Qwen3, Mistral, SmolLM2, Phi-3); needs triton")
 
 
 def add_drafter_knobs(p: argparse.ArgumentParser) -> None:

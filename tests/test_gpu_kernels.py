@@ -77,20 +77,30 @@ def qkv_and_tables(b, t, heads, kv, hd, dtype, seed=3):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_store_rotates_q_in_place_and_writes_k_v_at_each_rows_slots(dtype):
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "qk-norm-then-rope"])
+def test_rope_store_rotates_q_in_place_and_writes_k_v_at_each_rows_slots(dtype, qk_norm):
     b, t, heads, kv, hd, cap = 2, 3, 4, 2, 16, 20
     qkv, cos, sin = qkv_and_tables(b, t, heads, kv, hd, dtype)
     kc, vc = (torch.zeros(3, kv, cap, hd, device=DEV, dtype=dtype) for _ in range(2))  # 3 cache rows
     rows = torch.tensor([2, 0], device=DEV)
     slots = torch.tensor([[5, 6, 7], [11, 12, 13]], device=DEV)
     q, k, v = qkv.split([heads * hd, kv * hd, kv * hd], -1)
-    want_q = apply_rope(q.view(b, t, heads, hd).transpose(1, 2), cos[:, None], sin[:, None])
-    want_k = apply_rope(k.view(b, t, kv, hd).transpose(1, 2), cos[:, None], sin[:, None])  # [B, kv, T, hd]
+    q, k = q.view(b, t, heads, hd).transpose(1, 2), k.view(b, t, kv, hd).transpose(1, 2)  # [B, heads, T, hd]
+    norms = None
+    if qk_norm:  # Qwen3's per-head norms before RoPE, each its own weights
+        qn, kn = (RMSNorm(hd, 1e-6).to(DEV, dtype) for _ in range(2))
+        with torch.no_grad():
+            qn.weight.normal_(1.0, 0.2, generator=torch.Generator(DEV).manual_seed(2))
+            kn.weight.normal_(1.0, 0.2, generator=torch.Generator(DEV).manual_seed(3))
+        q, k, norms = qn(q), kn(k), (qn.weight, kn.weight, 1e-6)
+    want_q = apply_rope(q, cos[:, None], sin[:, None])
+    want_k = apply_rope(k, cos[:, None], sin[:, None])  # [B, kv, T, hd]
     v = v.view(b, t, kv, hd).transpose(1, 2).clone()
-    gpu_kernels.rope_store(qkv, cos, sin, kc, vc, rows, slots, heads, kv)
-    same_roundings(qkv[..., :heads * hd].view(b, t, heads, hd).transpose(1, 2), want_q, dtype)  # torch's roundings
+    gpu_kernels.rope_store(qkv, cos, sin, kc, vc, rows, slots, heads, kv, norms)
+    check = same_roundings if not qk_norm else close  # a norm's sum in another order may round apart
+    check(qkv[..., :heads * hd].view(b, t, heads, hd).transpose(1, 2), want_q, dtype)  # torch's roundings
     for i, (row, s) in enumerate(zip(rows.tolist(), slots.tolist())):
-        same_roundings(kc[row][:, s], want_k[i], dtype)
+        check(kc[row][:, s], want_k[i], dtype)
         assert torch.equal(vc[row][:, s], v[i])
     assert kc[1].abs().sum() == 0 and kc[0][:, :11].abs().sum() == 0  # nothing else written
 
@@ -139,8 +149,9 @@ def fused_and_plain(seed=0, **overrides):
     return fused, plain
 
 
-def test_the_fused_forward_gives_the_torch_paths_logits_and_cache():
-    fused, plain = fused_and_plain()
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_the_fused_forward_gives_the_torch_paths_logits_and_cache(family):
+    fused, plain = fused_and_plain(**({"qk_norm": True} if family == "qwen3" else {}))
     x = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(0)).to(DEV)
     caches = [m.new_cache(64) for m in (fused, plain)]
     for m, c in zip((fused, plain), caches):
@@ -180,8 +191,8 @@ def test_greedy_decoding_through_the_fused_loop_gives_the_torch_paths_tokens():
 
 
 def test_models_the_loop_does_not_serve_are_a_clear_error():
-    with pytest.raises(SpecdecError, match="q/k norms"):
-        gpu_forward.enable(tiny_model(0, qk_norm=True))
+    with pytest.raises(SpecdecError, match="sandwich norms"):
+        gpu_forward.enable(tiny_model(0, sandwich_norms=True))
     with pytest.raises(SpecdecError, match="power of two"):
         gpu_forward.enable(tiny_model(0, head_dim=24, hidden_size=96))
 

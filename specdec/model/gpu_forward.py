@@ -10,9 +10,9 @@
 
 against about 45 in the torch path (transformer.py). Every position, slot and length comes from device
 tensors, so a CUDA graph captures the loop (cuda_graphs.py), and ragged batches run it too. It serves
-the plain Llama layer (Llama, Qwen2/2.5, Mistral, SmolLM2; Phi-3's partial RoPE lies in the tables):
-models with per-head q/k norms, sandwich norms, sliding windows or a non-SiLU gate keep the torch path
-(`enable` says so), as do forwards longer than MAX_T (prefill: SDPA's flash kernels).
+the plain Llama layer (Llama, Qwen2/2.5, Qwen3 with its q/k norms, Mistral, SmolLM2; Phi-3's partial
+RoPE lies in the tables): models with sandwich norms, sliding windows or a non-SiLU gate (Gemma 3) are
+refused (`enable` says so); forwards longer than MAX_T (prefill) keep the torch path (SDPA's flash kernels).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class GpuForward:
             attn, mlp = layer.self_attn, layer.mlp
             h = gpu_kernels.add_rms_norm(x, delta, layer.input_layernorm.weight, self.eps)
             qkv = attn.qkv_proj(h)  # [B, T, (heads + 2 kv_heads) * head_dim]
-            gpu_kernels.rope_store(qkv, cos, sin, cache.k[i], cache.v[i], rows, slots, self.heads, self.kv_heads)
+            norms = None if attn.q_norm is None else (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
+            gpu_kernels.rope_store(qkv, cos, sin, cache.k[i], cache.v[i], rows, slots, self.heads, self.kv_heads, norms)
             delta = attn.o_proj(gpu_kernels.attention(qkv, cache.k[i], cache.v[i], rows, slots, mask, self.heads,
                                                       self.scale))
             h = gpu_kernels.add_rms_norm(x, delta, layer.post_attention_layernorm.weight, self.eps)
@@ -89,8 +90,8 @@ def where(start, b: int, t: int, device, mask):
 def unsupported(model: nn.Module) -> str | None:
     """Why the model's layers cannot run the fused loop, or None."""
     cfg = model.config
-    if cfg.qk_norm or cfg.sandwich_norms or cfg.sliding_layers or cfg.activation != "silu":
-        return "its layers have q/k norms, sandwich norms, sliding windows or a gate other than SiLU"
+    if cfg.sandwich_norms or cfg.sliding_layers or cfg.activation != "silu":
+        return "its layers have sandwich norms, sliding windows or a gate other than SiLU"
     if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
         return f"its head_dim {cfg.head_dim} is not a power of two of at least 16 (the attention's tl.dot)"
     return gpu_kernels.available()

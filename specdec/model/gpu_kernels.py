@@ -5,7 +5,8 @@ path launches about 45 kernels a layer (RMSNorm alone is six, RoPE a dozen), eac
 even inside a CUDA graph. These four cut a layer to ten launches (gpu_forward.py):
 
 - `add_rms_norm`: the residual add of the branch before, then RMSNorm (one kernel a norm);
-- `rope_store`: RoPE on q and k, k and v written to the KV cache at each row's slots (one kernel);
+- `rope_store`: RoPE on q and k (after their per-head norms, Qwen3's), k and v written to the KV cache at
+  each row's slots (one kernel);
 - `attention`: each position's q heads over its cache row's keys up to its last slot, under a bool
   mask, in key splits (flash-decoding), each split reading its keys once for every q head of a kv head
   and every position; then one combine: two kernels, whatever the context;
@@ -62,8 +63,8 @@ def _kernels():
         tl.store(out + r * D + d, h.to(dt), mask=m)
 
     @triton.jit
-    def rope_store_kernel(qkv, cos, sin, kc, vc, rows, slots, T, W, H, KV, cos_sb, slot_sb, c_sb, c_sh,
-                          HD: tl.constexpr, HEADS: tl.constexpr):
+    def rope_store_kernel(qkv, cos, sin, kc, vc, rows, slots, qn, kn, eps, T, W, H, KV, cos_sb, slot_sb, c_sb, c_sh,
+                          HD: tl.constexpr, HEADS: tl.constexpr, QK_NORM: tl.constexpr):
         r = tl.program_id(0)  # the token: batch row b, position t; its q heads, then its k heads
         b = r // T
         t = r % T
@@ -75,7 +76,14 @@ def _kernels():
         base = qkv + r.to(tl.int64) * W
         x = tl.load(base + hh * HD + d, mask=is_q | is_k, other=0.0).to(tl.float32)
         half = HD // 2
-        rot = tl.load(base + hh * HD + (d + half) % HD, mask=is_q | is_k, other=0.0).to(tl.float32)
+        partner = (d + half) % HD
+        rot = tl.load(base + hh * HD + partner, mask=is_q | is_k, other=0.0).to(tl.float32)
+        if QK_NORM:  # Qwen3: each head's RMSNorm before RoPE (q's weights, k's), rounded as torch's RMSNorm
+            inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HD + eps)[:, None]  # [HEADS, 1]: the row's, for both
+            w = tl.where(is_q, tl.load(qn + d).to(tl.float32), tl.load(kn + d).to(tl.float32))
+            w2 = tl.where(is_q, tl.load(qn + partner).to(tl.float32), tl.load(kn + partner).to(tl.float32))
+            x = ((x * inv).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
+            rot = ((rot * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
         rot = rot * tl.where(d < half, -1.0, 1.0)
         c = tl.load(cos + b * cos_sb + t * HD + d).to(tl.float32)
         s = tl.load(sin + b * cos_sb + t * HD + d).to(tl.float32)
@@ -193,16 +201,18 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               rows: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int) -> None:
+               rows: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int, qk_norms=None) -> None:
     """RoPE on q and k of qkv # [B, T, (heads + 2 kv_heads) * head_dim] (q in place), k and v written to one
     layer's k_cache, v_cache # [batch, kv_heads, capacity, head_dim] at cache row rows[b] # [B], slots[b, t]
-    # [B, T] (a batch stride of 0 shares one row of slots); cos, sin # [B, T, head_dim] (batch stride 0 too)."""
+    # [B, T] (a batch stride of 0 shares one row of slots); cos, sin # [B, T, head_dim] (batch stride 0 too).
+    qk_norms: (q's weight # [head_dim], k's, eps) of per-head RMSNorms before RoPE (Qwen3), or None."""
     b, t, w = qkv.shape
     hd = k_cache.shape[-1]
     k = _kernels()
-    k["rope_store"][(b * t,)](qkv, cos, sin, k_cache, v_cache, rows, slots, t, w, heads, kv_heads, cos.stride(0),
-                              slots.stride(0), k_cache.stride(0), k_cache.stride(1), HD=hd,
-                              HEADS=k["next_power_of_2"](heads + kv_heads))
+    qn, kn, eps = qk_norms if qk_norms is not None else (cos, cos, 0.0)  # unread without norms
+    k["rope_store"][(b * t,)](qkv, cos, sin, k_cache, v_cache, rows, slots, qn, kn, eps, t, w, heads, kv_heads,
+                              cos.stride(0), slots.stride(0), k_cache.stride(0), k_cache.stride(1), HD=hd,
+                              HEADS=k["next_power_of_2"](heads + kv_heads), QK_NORM=qk_norms is not None)
 
 
 def attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
