@@ -161,23 +161,23 @@ def chain_costs(draft: Transformer, head: EagleDrafter, prompt: list[int], k: in
     a whole tree over the plain step."""
     state = DraftState(prompt, k, SamplingParams(), None)
     tree_state = DraftState(prompt, TREE.depth, SamplingParams(), None)
-    runs = {}
+    runs, per = {}, {}  # per: what a run's time is divided by (a chain's tokens; 1: a whole tree)
     for on_device in (False, True):
         where = "device" if on_device else "host"
         if draft is not None:
             drafter = DraftModelDrafter(draft, draft.config.vocab_size, len(prompt) + k + 8, on_device=on_device)
             drafter.start(prompt)
             runs[f"chain_cost_ratio_{where}"] = lambda d=drafter: d.propose(state).tokens.tolist()
+            per[f"chain_cost_ratio_{where}"] = k
         for tree in (None, TREE):
             h = EagleDrafter(head.target, head.prepared, head.capacity, tree=tree, on_device=on_device)
             h.start(prompt)
             h.feed(0, torch.zeros(len(prompt), head.features.shape[1], device=head.features.device))
-            name = "head_chain_cost_ratio" if tree is None else "head_tree_cost_ratio"
-            runs[f"{name}_{where}"] = lambda d=h, st=state if tree is None else tree_state: d.propose(st).tokens.tolist()
+            name = f"head_{'chain' if tree is None else 'tree'}_cost_ratio_{where}"
+            runs[name] = lambda d=h, st=state if tree is None else tree_state: d.propose(st).tokens.tolist()
+            per[name] = k if tree is None else 1
     times = interleaved_seconds(runs, head.features.device, repeats)
-    # a chain's per draft token, a tree's whole (its depth's passes) in plain steps
-    return {key: round(statistics.median(ts) / (1 if "tree" in key else k) / step_seconds, 3)
-            for key, ts in times.items()}
+    return {key: round(statistics.median(ts) / per[key] / step_seconds, 3) for key, ts in times.items()}
 
 
 def compiled_step(model: Transformer, context: int, repeats: int, mode: str) -> dict:

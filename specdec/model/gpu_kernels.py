@@ -234,7 +234,8 @@ def attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     pm = torch.empty(b * kv * nsplit * t * g, device=dev, dtype=torch.float32)
     pl = torch.empty_like(pm)
     pacc = torch.empty(pm.shape[0], hd, device=dev, dtype=torch.float32)
-    m = mask if mask is not None else pm  # unread without a mask
+    # bool as bytes: compiled Triton reads a torch.bool pointer (*i1) bit-packed, not a byte an element
+    m = mask.view(torch.uint8) if mask is not None else pm  # pm: unread without a mask
     m_sb, m_st = (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1)) if mask is not None else (0, 0)
     k["attention_split"][(*grid, nsplit)](
         qkv, k_cache, v_cache, rows, slots, m, pm, pl, pacc, t, w, heads, g, k_cache.stride(0), k_cache.stride(1),
