@@ -67,7 +67,8 @@ class ModelSettings:
         if draft and spec == SELF_DRAFT:
             spec = self.model
         return specdec.model.load_model(spec or self.model, device=self.device, dtype=self.dtype,
-                                        cuda_graphs=self.cuda_graphs, gpu_kernels=self.gpu_kernels, weight_dtype=self.weight_dtype, draft=draft,
+                                        cuda_graphs=self.cuda_graphs, gpu_kernels=self.gpu_kernels,
+                                        weight_dtype=self.weight_dtype, draft=draft,
                                         draft_bits=self.draft_bits, progress=progress or print, beside=beside,
                                         head_rows=head_rows, defer=defer)
 

@@ -157,7 +157,8 @@ class EagleDrafter(BaseDrafter):
         pred, logits = self._run(self.features[m:n - 1], t, m)
         self.cache.length = self.valid = n - 1
         if self.tree is not None and state.tree:
-            if self.chains is not None and n - 1 + (min(self.tree.depth, state.k) - 1) * self.tree.topk <= self.capacity:
+            scratch = (min(self.tree.depth, state.k) - 1) * self.tree.topk  # the device tree's entries
+            if self.chains is not None and n - 1 + scratch <= self.capacity:
                 return self._device_tree(state, pred[-1], logits[-1], n)
             return self._dynamic_tree(state, pred[-1], logits[-1], n)
         limit = min(state.limit, self.capacity - n)
@@ -215,7 +216,8 @@ class EagleDrafter(BaseDrafter):
             emb = self.target.embed(token.view(1, 1)).float()  # [1, 1, hidden]
             x = self.fc(torch.cat([emb, last[0].view(1, 1, -1)], dim=-1))
             cos, sin = p.rope_cos[slots][None, None], p.rope_sin[slots][None, None]  # [1, 1, 1, head_dim]
-            x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], Static(slots), every[None, :] <= slots[:, None])
+            seen = every[None, :] <= slots[:, None]  # [1, capacity]
+            x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], Static(slots), seen)
             last[0], logits = p.predict(x[0])  # [1, hidden], [1, draft_vocab]
             return self._full(logits[0])
         return step
@@ -265,7 +267,8 @@ class EagleDrafter(BaseDrafter):
         cfg = self.tree
         budget = min(cfg.budget, state.max_nodes if state.max_nodes is not None else cfg.budget)
         depth, k = min(cfg.depth, state.k), min(cfg.topk, root_logits.shape[-1])
-        out = self.chains.run(self.cache, ("tree", depth, k), lambda f, lg, start: self.tree_levels(f, lg, start, depth, k),
+        out = self.chains.run(self.cache, ("tree", depth, k),
+                              lambda f, lg, start: self.tree_levels(f, lg, start, depth, k),
                               (root_feature, root_logits, torch.tensor(n - 1, device=root_logits.device)))
         depths = [1] * k + [d for d in range(2, depth + 1) for _ in range(k * k)]
         return select_tree(out.tokens.tolist(), out.parents.tolist(), out.scores.tolist(), depths, budget,

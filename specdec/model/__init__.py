@@ -69,8 +69,8 @@ class LoadedModel:
 
 
 def load_model(spec: str, device: str | None = None, dtype: str | None = None, progress=print,
-               cuda_graphs: bool = False, gpu_kernels: bool = False, weight_dtype: str | None = None, draft: bool = False,
-               draft_bits: int | None = None, beside: LoadedModel | None = None, head_rows: int = 0,
+               cuda_graphs: bool = False, gpu_kernels: bool = False, weight_dtype: str | None = None,
+               draft: bool = False, draft_bits: int | None = None, beside: LoadedModel | None = None, head_rows: int = 0,
                defer: bool = False) -> LoadedModel:
     """A registry name, .gguf path or HF directory -> LoadedModel on the chosen device/dtype.
 
