@@ -192,6 +192,8 @@ def test_cuda_without_cuda_and_fp16_on_cpu(capsys, tiny_llama_dir, monkeypatch):
     assert "float16" in msg
     msg = cli_error(["generate", "--model", str(tiny_llama_dir), "--cuda-graphs", "w1"], capsys)
     assert "--cuda-graphs needs a CUDA device" in msg
+    msg = cli_error(["generate", "--model", str(tiny_llama_dir), "--gpu-kernels", "w1"], capsys)
+    assert "--gpu-kernels needs a CUDA device" in msg
 
 
 def test_empty_prompt(capsys, tiny_llama_dir):
