@@ -301,7 +301,7 @@ class EagleDrafter(BaseDrafter):
             values, ids = torch.log_softmax(logits, -1).topk(k, dim=-1)  # [k, k]
             base += len(scores[-1]) if d > 2 else k
             tokens.append(self.ids[ids].flatten())
-            parents.append(frontier.repeat_interleave(k))
+            parents.append(frontier[:, None].expand(k, k).flatten())  # each frontier node k times (no host sync)
             scores.append((torch.cat(scores)[frontier][:, None] + values).flatten())
             if d < depth:  # the next frontier: the k best new nodes, each with its parent's row's feature and view
                 best = scores[-1].topk(k).indices  # [k], best first
