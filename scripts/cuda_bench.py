@@ -1,7 +1,7 @@
 """The CUDA path measured: `specdec profile`'s numbers (bandwidth roofline, plain step, v(n), c) and
 end-to-end decode speed in bf16, in each mode: eager, CUDA graphs, and the Triton layer loop
 (gpu_forward.py, --gpu-kernels) with graphs and without; HF transformers' eager decode on the same
-weights beside the eager mode.
+weights beside the eager mode, and (--hf-compile) its static cache with the forward compiled.
 
 The GGUFs cannot travel to the GPU machine here (the working tree it receives is capped at 64 MiB),
 so the models are random weights in the exact Qwen2.5-Coder 1.5B and 0.5B shapes, built so that the
@@ -13,7 +13,7 @@ the measured alpha beside the stated one, and the speedup predicted from it and 
 measured one. The draft model's cost enters through c, measured separately.
 
     PYTHONPATH=. python3 scripts/cuda_bench.py --out runs/cuda-bench.json [--modes kernels+graphs,graphs,eager]
-        [--compile reduce-overhead]
+        [--hf-compile] [--compile reduce-overhead]
     PYTHONPATH=. python3 scripts/cuda_bench.py --device cpu --target tiny-target --draft tiny-draft --out /tmp/b.json
 """
 
@@ -24,7 +24,8 @@ import json
 
 import torch
 
-from specdec.bench.synthetic import SHAPES, compiled_step, follows, hf_decode_rate, measure, successor_model
+from specdec.bench.synthetic import (SHAPES, compiled_step, follows, hf_decode_rate, hf_static_compiled_rate, measure,
+                                     successor_model)
 from specdec.model import gpu_forward
 from specdec.model.cuda_graphs import enable_cuda_graphs
 
@@ -74,6 +75,8 @@ def main() -> None:
                          "kernels+graphs,graphs,eager on CUDA, eager on a CPU, where kernels runs under "
                          "TRITON_INTERPRET=1)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF transformers' eager decode on the same weights")
+    ap.add_argument("--hf-compile", action="store_true", help="also time HF transformers' generate() with its "
+                    "static cache, which torch.compiles its forward (after the modes, before --compile)")
     ap.add_argument("--compile", default="", help="also time the plain step through torch.compile in this mode "
                     "(e.g. reduce-overhead, max-autotune-no-cudagraphs), after the other modes")
     args = ap.parse_args()
@@ -96,6 +99,18 @@ def main() -> None:
         write(args.out, report)  # each mode as it ends: a run cut short keeps what it measured
         if cuda:
             torch.cuda.empty_cache()
+    if args.hf_compile:  # HF transformers' static cache, compiled: before ours, which may take longer
+        target, succ = successor_model(args.target, args.device, dtype, 0)
+        prompt = torch.randint(0, target.config.vocab_size, (args.context,),
+                               generator=torch.Generator().manual_seed(0)).tolist()
+        try:
+            hf = hf_static_compiled_rate(target, prompt, args.new_tokens, args.repeats)
+            report["hf_static_compiled"] = {**{k: v for k, v in hf.items() if k != "tokens"},
+                                            "follows_successor": follows(succ, prompt, hf["tokens"])}
+        except Exception as e:  # a bench reports what failed and writes what it measured
+            report["hf_static_compiled"] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+        print("hf_static_compiled", json.dumps(report["hf_static_compiled"]), flush=True)
+        write(args.out, report)
     if args.compile:  # last: Inductor may take minutes
         target, _ = successor_model(args.target, args.device, dtype, 0)
         try:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's measurements of the CUDA path, in order of value: each step under its own timeout,
-# its log and JSON written under $OUT as it ends, the whole under 7 minutes (caps sum to 420 s; the
+# its log and JSON written under $OUT as it ends, the whole under 7 minutes (caps sum to 440 s; the
 # first step compiles every kernel variant). For the device tool, which
 # sets $OUT and runs in the repository root (the GPU machine's own torch, Triton and transformers):
 #   bash scripts/gpu_run.sh
@@ -10,7 +10,8 @@
 #    alone (roofline share, v(n), the draft's and a head's c, the device chain's c, oracle speedups);
 # 3. eager with HF transformers' eager decode beside it, and the Triton loop without graphs;
 # 4. Inductor's compiled plain step (torch.compile), the well-kept way to fuse, against ours;
-# 5. the other CUDA tests.
+# 5. the other CUDA tests;
+# 6. HF transformers' static cache with its compiled forward (context: it did not compile in 150 s before).
 set -u
 OUT=${OUT:?"set OUT to a folder for the results"}
 mkdir -p "$OUT"
@@ -19,8 +20,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
-step kernel-tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_gpu_kernels.py
-step bench-kernels-graphs 150 python3 scripts/cuda_bench.py --modes kernels+graphs,graphs --no-hf --repeats 3 \
+step kernel-tests 110 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_gpu_kernels.py
+step bench-kernels-graphs 140 python3 scripts/cuda_bench.py --modes kernels+graphs,graphs --no-hf --repeats 3 \
   --profile-repeats 10 --out "$OUT/cuda-bench-graphs.json"
 step bench-eager 60 python3 scripts/cuda_bench.py --modes eager,kernels --repeats 2 --profile-repeats 5 \
   --alphas 0.8 --out "$OUT/cuda-bench-eager.json"
@@ -28,3 +29,4 @@ step inductor 50 python3 scripts/cuda_bench.py --modes none --compile reduce-ove
 step cuda-tests 40 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_cuda_graphs.py tests/test_device_chain.py \
   tests/test_eagle.py::test_the_heads_graphed_drafts_equal_its_eager_ones_on_cuda \
   tests/test_synthetic_bench.py::test_successor_models_on_cuda_with_graphs
+step hf-compiled 40 python3 scripts/cuda_bench.py --modes none --hf-compile --repeats 2 --out "$OUT/cuda-bench-hf.json"

@@ -29,14 +29,15 @@ def test_cuda_bench_script_runs_on_cpu(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts/cuda_bench.py"), "--device", "cpu", "--target", "tiny-target",
            "--draft", "tiny-draft", "--context", "48", "--new-tokens", "65", "--alphas", "0.6,0.9",
            "--profile-repeats", "2", "--bandwidth-mb", "8", "--repeats", "1", "--compile", "default", "--out", str(out),
-           "--modes", "eager,kernels"]  # kernels: the Triton layer loop, in Triton's interpreter
+           "--modes", "eager,kernels", "--hf-compile"]  # kernels: the Triton layer loop, in Triton's interpreter
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300,
                    env={**os.environ, "TRITON_INTERPRET": "1"})
     report = json.loads(out.read_text())
-    if shutil.which("g++") or shutil.which("c++"):  # Inductor compiled the plain step
+    if shutil.which("g++") or shutil.which("c++"):  # Inductor compiled the plain step, and HF's forward
         assert report["compiled"]["step_seconds"] > 0, report["compiled"]
+        assert report["hf_static_compiled"]["follows_successor"], report["hf_static_compiled"]
     else:  # without a C++ compiler it cannot, and the bench says so and keeps the rest
-        assert "error" in report["compiled"]
+        assert "error" in report["compiled"] and "error" in report["hf_static_compiled"]
     eager = report["modes"]["eager"]
     assert set(eager["verify_cost"]) == {"1", "2", "3", "5", "9", "17", "33"}
     assert eager["draft_cost_ratio"] > 0 and eager["plain_decode_tokens_per_second"] > 0

@@ -225,6 +225,25 @@ def hf_decode_rate(model: Transformer, prompt: list[int], new_tokens: int, repea
     return {"tokens_per_second": round(tokens_per_second, 2), "tokens": out[0, len(prompt):].tolist()}
 
 
+def hf_static_compiled_rate(model: Transformer, prompt: list[int], new_tokens: int, repeats: int) -> dict:
+    """HF transformers' generate() with its static cache, which compiles the forward (torch.compile, its
+    default mode; on a CPU only when asked, as here): the first call's seconds (the compile) and tokens/s
+    after the prefill, as hf_decode_rate times, and whether its tokens are ours."""
+    from transformers import CompileConfig
+    hf = hf_model(model)
+    ids = torch.tensor([prompt], device=model.device)
+    config = CompileConfig()
+    config._compile_all_devices = True  # transformers compiles on accelerators only, unless asked
+
+    def generate(n):
+        return hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static",
+                           compile_config=config)
+    first, _ = timed(generate, model.device, 2)
+    tokens_per_second, out = rate(generate, model.device, new_tokens, repeats)
+    return {"compile_seconds": round(first, 1), "tokens_per_second": round(tokens_per_second, 2),
+            "tokens": out[0, len(prompt):].tolist()}
+
+
 def measure(target: Transformer, successor: torch.Tensor, draft: Transformer | None, prompt: list[int],
             new_tokens: int, alphas, k: int, repeats: int = 3, profile_repeats: int = 15,
             bandwidth_mb: int = 2048) -> dict:
