@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's measurements of the CUDA path, in order of value: each step under its own timeout,
-# its log and JSON written under $OUT as it ends, the whole under 7 minutes (caps sum to 440 s; the
+# its log and JSON written under $OUT as it ends, the whole under 7.5 minutes (caps sum to 440 s; the
 # first step compiles every kernel variant). For the device tool, which
 # sets $OUT and runs in the repository root (the GPU machine's own torch, Triton and transformers):
 #   bash scripts/gpu_run.sh
