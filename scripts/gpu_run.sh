@@ -11,7 +11,7 @@
 # 3. eager with HF transformers' eager decode beside it, and the Triton loop without graphs;
 # 4. Inductor's compiled plain step (torch.compile), the well-kept way to fuse, against ours;
 # 5. the other CUDA tests;
-# 6. HF transformers' static cache with its compiled forward (context: it did not compile in 150 s before).
+# 6. HF transformers' static cache with its compiled forward (context; its compile may not finish in the cap).
 set -u
 OUT=${OUT:?"set OUT to a folder for the results"}
 mkdir -p "$OUT"

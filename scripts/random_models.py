@@ -6,7 +6,7 @@ real files cannot reach (a GPU machine here receives at most 64 MiB): speed is r
 TOKENIZER_DIR: a byte-level BPE tokenizer saved as an HF directory (transformers picks the tokenizer class
 by the model type, Qwen2's, which reads a BPE's vocabulary and merges); the models take its vocabulary and
 files. --scale < 1: smaller models (a dry run on a CPU); --device: where the random draws run. Before a GPU
-session, on this machine, write the target's own tokenizer (7 MB) into the working tree to carry there:
+session, on this machine, write the target's own tokenizer (11 MB) into the working tree to carry there:
 
     python3 scripts/random_models.py --export-tokenizer qwen2.5-coder-1.5b-instruct gpu-tokenizer
 """
