@@ -80,7 +80,9 @@ def main() -> None:
     if args.export_tokenizer:
         return export_tokenizer(args.export_tokenizer, args.out)
     tok = args.tokenizer
-    if tok is None or not tok.is_dir():
+    if tok is None:
+        raise SystemExit("random_models: give --tokenizer DIR (or --export-tokenizer MODEL to write one)")
+    if not tok.is_dir():
         raise SystemExit(f"random_models: {tok} is not a tokenizer directory")
     from transformers import AutoTokenizer
     vocab = len(AutoTokenizer.from_pretrained(str(tok)))

@@ -84,3 +84,16 @@ def test_successor_models_on_cuda_with_graphs():
             enable_cuda_graphs(target)
         r = measure(target, succ, None, prompt(), 200, [0.8], 4, repeats=1, profile_repeats=1, bandwidth_mb=8)
         assert r["plain_follows_successor"] and r["oracle_k4"]["0.8"]["same_tokens_as_plain"]
+
+
+def test_the_gpu_scripts_name_bad_arguments(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    bench = ROOT / "scripts/cuda_bench.py"
+    for modes, said in (("eager,bogus", "bogus"), ("graphs", "graphs need CUDA")):
+        out = run(bench, "--device", "cpu", "--target", "tiny-target", "--draft", "tiny-draft", "--modes", modes,
+                  "--out", tmp_path / "b.json")
+        assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
+    for args, said in ((["--tokenizer", tmp_path / "none"], "not a tokenizer directory"), ([], "give --tokenizer")):
+        out = run(ROOT / "scripts/random_models.py", tmp_path / "m", *args)
+        assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
