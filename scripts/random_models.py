@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from specdec.errors import SpecdecError
+
 SHAPES = {"q15": (1536, 8960, 28, 12, 2), "q05": (896, 4864, 24, 14, 2)}  # hidden, mlp, layers, heads, kv heads
 
 
@@ -78,7 +80,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     if args.export_tokenizer:
-        return export_tokenizer(args.export_tokenizer, args.out)
+        try:
+            return export_tokenizer(args.export_tokenizer, args.out)
+        except SpecdecError as e:
+            raise SystemExit(f"random_models: {e}")
     tok = args.tokenizer
     if tok is None:
         raise SystemExit("random_models: give --tokenizer DIR (or --export-tokenizer MODEL to write one)")

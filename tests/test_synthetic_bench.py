@@ -94,6 +94,7 @@ def test_the_gpu_scripts_name_bad_arguments(tmp_path):
         out = run(bench, "--device", "cpu", "--target", "tiny-target", "--draft", "tiny-draft", "--modes", modes,
                   "--out", tmp_path / "b.json")
         assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
-    for args, said in ((["--tokenizer", tmp_path / "none"], "not a tokenizer directory"), ([], "give --tokenizer")):
+    for args, said in ((["--tokenizer", tmp_path / "none"], "not a tokenizer directory"), ([], "give --tokenizer"),
+                       (["--export-tokenizer", tmp_path / "none.gguf"], "none.gguf")):
         out = run(ROOT / "scripts/random_models.py", tmp_path / "m", *args)
         assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
