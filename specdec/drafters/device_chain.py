@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 from specdec.config import SamplingParams
+from specdec.model.cuda_graphs import capture
 from specdec.model.kv_cache import KVCache
 from specdec.sampling.logits import align_vocab, probs_from_logits, sample_at
 
@@ -87,15 +88,8 @@ class _ChainGraph:
         device = cache.k.device
         self.cache_ref = weakref.ref(cache)
         self.inputs = tuple(None if t is None else t.clone() for t in inputs)
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm-up on this call's own inputs: it writes what the call writes
-            for _ in range(2):
-                chain(*self.inputs)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = chain(*self.inputs)
+        # the warm-up runs on this call's own inputs: it writes what the call writes
+        self.graph, self.out = capture(lambda: chain(*self.inputs), device)
 
     def replay(self, inputs: tuple) -> Chain:
         for buf, t in zip(self.inputs, inputs):

@@ -27,6 +27,22 @@ from specdec.errors import SpecdecError
 from specdec.model.transformer import Ragged, Static
 
 
+def capture(fn, device) -> tuple[torch.cuda.CUDAGraph, object]:
+    """fn() recorded as a CUDA graph after two warm-up calls on a side stream (as torch.cuda.graphs asks;
+    they execute, so fn's inputs must be the call's own): (the graph, fn's output, whose tensors each
+    replay rewrites)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 class _Graph:
     def __init__(self, model, cache, tokens, start, positions, mask, last_only: bool):
         (b, t), device, cap = tokens.shape, cache.k.device, cache.capacity
@@ -45,15 +61,8 @@ class _Graph:
         # The warm-up runs execute, so they get this call's real inputs: they write exactly the
         # K/V the call itself writes, never over the valid prefix.
         self.fill(tokens, start, positions, mask)
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm-up off the capture, as torch.cuda.graphs asks
-            for _ in range(2):
-                model.layers_forward(self.tokens, cache, where, self.positions, self.mask, last_only)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = model.layers_forward(self.tokens, cache, where, self.positions, self.mask, last_only)
+        self.graph, self.logits = capture(
+            lambda: model.layers_forward(self.tokens, cache, where, self.positions, self.mask, last_only), device)
 
     def fill(self, tokens, start, positions, mask) -> None:
         t = tokens.shape[1]
