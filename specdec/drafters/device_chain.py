@@ -142,6 +142,12 @@ class DeviceChains:
         return out
 
 
+def device_chains(graphed: bool, on_device: bool | None) -> DeviceChains | None:
+    """A drafter's DeviceChains where it drafts on the device (on_device; None: where its model replays CUDA
+    graphs, `graphed`), graphed where the model is; else None (the host loop)."""
+    return DeviceChains(graphed) if (graphed if on_device is None else on_device) else None
+
+
 def draw_uniforms(limit: int, sampling: SamplingParams, generator, device) -> torch.Tensor | None:
     """A chain's uniforms # [limit, 1] float64, drawn before it from the request's generator (None: greedy)."""
     if sampling.greedy:

@@ -10,7 +10,7 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
-from specdec.drafters.device_chain import DeviceChains
+from specdec.drafters.device_chain import device_chains
 from specdec.model import loaded_module
 from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.model.quant import first_rows
@@ -71,8 +71,7 @@ class DraftModelDrafter(BaseDrafter):
         self.model = truncated_head(model, head_rows) if 0 < head_rows < model.config.vocab_size else model
         # chains drafted on the device, one host sync a chain (device_chain.py): by default where the model
         # replays CUDA graphs
-        on_device = self.model.graphs is not None if on_device is None else on_device
-        self.chains = DeviceChains(self.model.graphs is not None) if on_device else None
+        self.chains = device_chains(self.model.graphs is not None, on_device)
         self.cache = model.new_cache(capacity)
         return time.perf_counter() - t0
 

@@ -24,7 +24,7 @@ import torch
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
-from specdec.drafters.device_chain import DeviceChains, draft_chain, draw_uniforms
+from specdec.drafters.device_chain import device_chains, draft_chain, draw_uniforms
 from specdec.drafters.draft_model import node_depths, select_tree, tree_sizes
 from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
@@ -72,8 +72,7 @@ class EagleDrafter(BaseDrafter):
         self.cache = KVCache(1, cfg.num_kv_heads, cfg.head_dim, self.capacity, 1, torch.float32, device)
         self.features = torch.zeros(capacity, cfg.hidden_size, device=device)  # the target's, by position
         self.valid = 0  # head entries built from true features and committed tokens (indices 0..valid-1)
-        graphed = target.graphs is not None
-        self.chains = DeviceChains(graphed) if (graphed if on_device is None else on_device) else None
+        self.chains = device_chains(target.graphs is not None, on_device)
 
     def tree_actions(self) -> dict:
         budget = self.caps.tree_nodes
