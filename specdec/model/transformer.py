@@ -485,6 +485,13 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.model.norm.weight.device
 
+    def _apply(self, fn, recurse=True):
+        """nn.Module's, and the sliding layers' RoPE tables with the buffers (.to(device) moves them too)."""
+        super()._apply(fn, recurse)
+        if self.rope_local is not None:
+            self.rope_local = tuple(fn(t) for t in self.rope_local)
+        return self
+
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -545,15 +552,14 @@ class Transformer(nn.Module):
         positions [batch, T] are the RoPE positions (default start..start+T-1); mask [T, start+T]
         is a bool attention mask over the slots (default causal). The cache length is not changed.
         Ragged batches: slots [batch, T] gives each row's own cache slots (start is then ignored),
-        with positions [batch, T] and mask [batch, 1, T, S] required; rows [batch] (default
+        with positions [batch, T] and mask [batch, 1, T, S] required (S above every slot); rows [batch] (default
         0..batch-1) are the cache rows the batch's rows live in.
         """
         b, t = tokens.shape
         if slots is not None:
             if positions is None or mask is None:
                 raise ValueError("a forward with per-row slots needs positions and a mask")
-            cache.require(int(slots.max()) + 1)
-            cache.require(mask.shape[-1])
+            cache.require(mask.shape[-1])  # every slot lies below S (each query sees its own): no host read
             rows = torch.arange(b, device=tokens.device) if rows is None else rows
             start = Ragged(rows, slots)
         else:

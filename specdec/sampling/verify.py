@@ -112,7 +112,7 @@ def ragged_inputs(lengths: list[int], rows: list[list[int]], device) -> tuple[to
     tokens = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], device=device)  # [B, T]
     base = torch.tensor(lengths, device=device)[:, None]  # [B, 1]
     slots = base + torch.arange(width, device=device)[None, :]  # [B, T]
-    span = int(slots.max()) + 1
+    span = max(lengths) + width  # the last slot + 1, known on the host (no read back from the device)
     mask = torch.arange(span, device=device)[None, None, :] <= slots[:, :, None]  # [B, T, S]
     return tokens, slots, slots.clone(), mask.unsqueeze(1)
 
