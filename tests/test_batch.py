@@ -29,10 +29,11 @@ def test_ragged_forward_matches_per_row_forwards(tiny_target):
         torch.testing.assert_close(logits[b, :len(n)], ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "draft"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "draft", "draft-on-device"])
 def test_batched_greedy_equals_single_sequence(tiny_target, tiny_draft, drafter):
     factory = {"none": NoDrafter, "ngram": lambda: NgramDrafter(3, 1),
-               "draft": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)}[drafter]
+               "draft": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256),
+               "draft-on-device": lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, on_device=True)}[drafter]
     cfg = GenerationConfig(30, 4)
     single = Engine.single(tiny_target, factory(), 256)
     expected = [single.generate(p, cfg).tokens for p in PROMPTS]

@@ -77,6 +77,47 @@ def test_greedy_generation_with_device_chains_equals_plain(tiny_target, tiny_dra
             assert result.stats.alpha == 1.0
 
 
+def pool(model, n: int, on_device: bool, **kw):
+    """n drafters whose caches are rows of one batched cache, as a server's slots hold them."""
+    drafters = [DraftModelDrafter(model, TINY_VOCAB, CAP, on_device=on_device, **kw) for _ in range(n)]
+    cache = drafters[0].new_pool_cache(n)
+    for b, d in enumerate(drafters):
+        d.cache = cache.row(b)
+    return drafters, cache
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_rows_drafted_together_on_the_device_equal_the_host_loop(tiny_draft, sampling):
+    """A pool's rows drafted together (one ragged feed, then every row's chain in one graph under CUDA graphs):
+    each row's tokens and q are the host loop's, at its own limit and under its own stop rules, whichever rows
+    draft in a step."""
+    (host, host_cache), (device, device_cache) = pool(tiny_draft, 3, False, p_min=0.05), pool(tiny_draft, 3, True,
+                                                                                               p_min=0.05)
+    texts = [list(PROMPTS[b]) for b in range(3)]
+    for d, text in zip(host + device, texts + texts):
+        d.start(text)
+    g = torch.Generator().manual_seed(7)
+    rules = [None, lambda i, p: LAST if i == 2 else GO_ON, lambda i, p: GO_ON if p > 0.3 else END]
+    for step in range(8):
+        rows = [b for b in range(3) if (step + b) % 4]  # a row sits out now and then
+        states = [[DraftState(list(texts[b]), 1 + (step + b) % 4, sampling,
+                              None if sampling.greedy else torch.Generator().manual_seed(10 * step + b),
+                              stop=None if not sampling.greedy else rules[b], k_stop=5) for b in rows]
+                  for _ in range(2)]
+        a = host[0].propose_pooled([host[b] for b in rows], states[0], host_cache, rows)
+        b_ = device[0].propose_pooled([device[b] for b in rows], states[1], device_cache, rows)
+        for row, x, y in zip(rows, a, b_):
+            assert x.tokens.tolist() == y.tokens.tolist(), (step, row)
+            if not sampling.greedy and len(x):
+                torch.testing.assert_close(x.q, y.q)
+            keep = int(torch.randint(0, len(x) + 1, (1,), generator=g))
+            texts[row] += x.tokens.tolist()[:keep] + [int(torch.randint(0, TINY_VOCAB, (1,), generator=g))]
+    for b in range(3):  # each row's cache holds what the host loop's holds, where both hold it
+        n = host[b].cache.length
+        torch.testing.assert_close(device[b].cache.k[:, :, :, :n], host[b].cache.k[:, :, :, :n])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
                          ids=["greedy", "sampled"])

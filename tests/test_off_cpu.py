@@ -184,7 +184,7 @@ def test_a_draft_models_device_chain_runs_off_the_cpu_and_reads_nothing_back(no_
     no_capture(draft)
     chain = drafted(DraftModelDrafter(draft, TINY_VOCAB, CAP), list(range(1, 9)), 4, sampling,
                     stop=lambda i, p: 0)
-    assert chain.tokens.device == META and chain.tokens.shape == (4,) and chain.top.shape == (4,)
+    assert chain.tokens.device == META and chain.tokens.shape == chain.top.shape == (1, 4)
     assert (chain.q is None) == sampling.greedy
 
 
@@ -197,7 +197,7 @@ def test_a_heads_device_chain_and_tree_run_off_the_cpu_and_read_nothing_back(no_
     tokens = list(range(1, 9))
     head.feed(0, torch.zeros(len(tokens), target.config.hidden_size, device=META))
     chain = drafted(head, tokens, 4, sampling, stop=lambda i, p: 0)
-    assert chain.tokens.shape == (4,) and (chain.q is None) == sampling.greedy
+    assert chain.tokens.shape == (1, 4) and (chain.q is None) == sampling.greedy
     treed = EagleDrafter(target, head.prepared, CAP, tree=TREE)
     treed.feed(0, torch.zeros(len(tokens), target.config.hidden_size, device=META))
     nodes = drafted(treed, tokens, 4, sampling, tree=True)

@@ -27,37 +27,54 @@ import torch
 from specdec.config import SamplingParams
 from specdec.model.cuda_graphs import capture
 from specdec.model.kv_cache import KVCache
+from specdec.model.transformer import Ragged
 from specdec.sampling.logits import align_vocab, probs_from_logits, sample_at
+from specdec.sampling.verify import ragged_inputs
 
 
 class Chain(NamedTuple):
-    """A drafted chain before the stop rules: tokens # [limit], q # [limit, vocab] (None under greedy),
-    top # [limit] (each position's top probability; None when no rule reads it)."""
+    """Drafted chains before the stop rules, a row each: tokens # [B, limit], q # [B, limit, vocab] (None where
+    every row is greedy; a greedy row's are zeros), top # [B, limit] (each position's top probability; None
+    when no rule reads it)."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None
     top: torch.Tensor | None
 
+    def row(self, b: int, n: int, greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Row b's first n tokens # [n] and their q # [n, vocab] (None under greedy or for no token)."""
+        return self.tokens[b, :n], None if greedy or self.q is None or n == 0 else self.q[b, :n]
 
-def _pick(logits: torch.Tensor, u: torch.Tensor | None, sampling: SamplingParams, tops: bool):
-    """A draft token from logits # [vocab] (argmax, or sampled at the uniform u # [1, 1]): (token # [1], q # [vocab]
-    or None, top # [1] or None)."""
-    if sampling.greedy:
-        return logits.argmax().view(1), None, torch.softmax(logits, -1).max().view(1) if tops else None
-    q = probs_from_logits(logits, sampling)  # [vocab]
-    return sample_at(q[None], u), q, q.max().view(1) if tops else None
+
+def _pick(logits: torch.Tensor, u: torch.Tensor | None, samplings: tuple, tops: bool):
+    """Each row's draft token from logits # [B, vocab]: argmax, or sampled from its processed q at its uniform
+    u[b] # [B] float64. (tokens # [B], q # [B, vocab] or None, top # [B] or None)."""
+    if all(s.greedy for s in samplings):
+        return logits.argmax(-1), None, torch.softmax(logits, -1).amax(-1) if tops else None
+    tokens, qs, top = [], [], []
+    for b, s in enumerate(samplings):  # rows are few: one per sequence
+        if s.greedy:
+            tokens.append(logits[b].argmax().view(1))
+            qs.append(torch.zeros_like(logits[b]))
+            top.append(torch.softmax(logits[b], -1).max().view(1))
+        else:
+            qs.append(probs_from_logits(logits[b], s))  # [vocab]
+            tokens.append(sample_at(qs[-1][None], u[b].view(1, 1)))
+            top.append(qs[-1].max().view(1))
+    return torch.cat(tokens), torch.stack(qs), torch.cat(top) if tops else None
 
 
 def draft_chain(step, logits: torch.Tensor, start: torch.Tensor, uniforms: torch.Tensor | None, limit: int,
-                sampling: SamplingParams, tops: bool) -> Chain:
-    """limit draft tokens after the position whose logits # [vocab] are given, each fed to the next step but
-    the last: step(token # [1], slot # [1]) -> the next logits # [vocab], the first at slot start (a 0-dim
-    int64 tensor on the device); uniforms # [limit, 1] float64 for sampling (None under greedy). Only device
-    operations, whatever the values, where step's are: CUDA-graph capturable."""
-    slots = start.view(1)  # [1]
+                samplings: tuple, tops: bool) -> Chain:
+    """limit draft tokens a row after the positions whose logits # [B, vocab] are given, each fed to the next
+    step but the last: step(tokens # [B], slots # [B]) -> the next logits # [B, vocab], the first at slots
+    start # [B] (int64, on the device); samplings: each row's; uniforms # [B, limit] float64 for the sampled
+    rows (None where every row is greedy). Only device operations, whatever the values, where step's are:
+    CUDA-graph capturable."""
+    slots = start
     tokens, qs, top = [], [], []
     for i in range(limit):
-        token, q, t = _pick(logits, None if uniforms is None else uniforms[i:i + 1], sampling, tops)
+        token, q, t = _pick(logits, None if uniforms is None else uniforms[:, i], samplings, tops)
         tokens.append(token)
         qs.append(q)
         top.append(t)
@@ -65,18 +82,32 @@ def draft_chain(step, logits: torch.Tensor, start: torch.Tensor, uniforms: torch
             break
         logits = step(token, slots)
         slots = slots + 1
-    return Chain(torch.cat(tokens), None if sampling.greedy else torch.stack(qs), torch.cat(top) if tops else None)
+    return Chain(torch.stack(tokens, 1), None if qs[0] is None else torch.stack(qs, 1),
+                 torch.stack(top, 1) if tops else None)
 
 
 def model_step(model, cache: KVCache, vocab: int):
-    """A draft model's step for draft_chain: one one-token forward at the slot, its logits over the target's
-    vocabulary. The cache's length is not moved."""
+    """A draft model's step for draft_chain on a cache of one row: a one-token forward at the slot, its
+    logits over the target's vocabulary # [1, vocab]. The cache's length is not moved."""
     every = torch.arange(cache.capacity, device=cache.k.device)  # [capacity]
 
     def step(token: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         mask = every[None, :] <= slots[:, None]  # [1, capacity]
         out = model.static_forward(token.view(1, 1), cache, slots, slots[None, :], mask, last_only=True)
-        return align_vocab(out[0, -1].float(), vocab)
+        return align_vocab(out[:, -1].float(), vocab)
+    return step
+
+
+def rows_step(model, cache: KVCache, rows: torch.Tensor, vocab: int):
+    """A draft model's step for draft_chain on rows # [B] of a batched cache (a server's pool): a ragged
+    one-token forward, each row at its own slot; logits # [B, vocab]."""
+    every = torch.arange(cache.capacity, device=cache.k.device)  # [capacity]
+
+    def step(tokens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        at = slots[:, None]  # [B, 1]
+        mask = (every[None, :] <= at)[:, None, None, :]  # [B, 1, 1, capacity]
+        out = model.layers_forward(tokens[:, None], cache, Ragged(rows, at), at, mask, last_only=True)
+        return align_vocab(out[:, -1].float(), vocab)
     return step
 
 
@@ -126,20 +157,36 @@ class DeviceChains:
 
     def draft(self, model, cache: KVCache, feed: list[int], limit: int, sampling: SamplingParams,
               generator: torch.Generator | None, vocab: int, tops: bool) -> Chain:
-        """A draft model's chain after `feed` at the cache's end; the cache then holds feed and the chain but
-        its last. The feed goes through the model's own forward (a graph per length under CUDA graphs), the
-        chain through one graph per (limit, sampling), so the feed's length does not multiply the graphs."""
+        """A draft model's chain (a row) after `feed` at the cache's end; the cache then holds feed and the chain
+        but its last. The feed goes through the model's own forward (a graph per length under CUDA graphs),
+        the chain through one graph per (limit, sampling), so the feed's length does not multiply the graphs."""
         device = cache.k.device
         x = torch.tensor([feed], device=device)  # [1, T0]
-        logits = align_vocab(model(x, cache, cache.length, last_only=True)[0, -1].float(), vocab)  # [vocab]
+        logits = align_vocab(model(x, cache, cache.length, last_only=True)[:, -1].float(), vocab)  # [1, vocab]
         cache.advance(len(feed))
-        uniforms = draw_uniforms(limit, sampling, generator, device)
-        step = model_step(model, cache, vocab)
-        out = self.run(cache, (limit, sampling, tops), lambda lg, start, u: draft_chain(step, lg, start, u, limit,
-                                                                                       sampling, tops),
-                       (logits, torch.tensor(cache.length, device=device), uniforms))
+        samplings = (sampling,)
+        out = self.run(cache, (limit, samplings, tops), lambda lg, start, u: draft_chain(
+            model_step(model, cache, vocab), lg, start, u, limit, samplings, tops),
+            (logits, torch.tensor([cache.length], device=device),
+             draw_uniforms([limit], samplings, [generator], limit, device)))
         cache.advance(limit - 1)
         return out
+
+    def draft_rows(self, model, cache: KVCache, rows: list[int], feeds: list[list[int]], lengths: list[int],
+                   limit: int, samplings: tuple, uniforms: torch.Tensor | None, vocab: int, tops: bool) -> Chain:
+        """Chains of `limit` tokens for rows `rows` of a batched cache (a server's pool) together, row b's after
+        its feeds[b] at slots lengths[b]..: the feeds in one ragged forward, then the chains in one graph per
+        (rows, limit, samplings). Each row's slots then hold its feed and its chain but the last; the caller
+        moves each row's length."""
+        device = cache.k.device
+        tokens, slots, positions, mask = ragged_inputs(lengths, feeds, device)
+        at = torch.tensor(rows, device=device)  # [B]
+        logits = model(tokens, cache, 0, positions=positions, mask=mask, slots=slots, rows=at)  # [B, T, vocab]
+        last = torch.tensor([len(f) - 1 for f in feeds], device=device)  # each row's last fed position
+        logits = align_vocab(logits[torch.arange(len(rows), device=device), last].float(), vocab)  # [B, vocab]
+        start = torch.tensor([n + len(f) for n, f in zip(lengths, feeds)], device=device)
+        return self.run(cache, ("rows", len(rows), limit, samplings, tops), lambda lg, st, r, u: draft_chain(
+            rows_step(model, cache, r, vocab), lg, st, u, limit, samplings, tops), (logits, start, at, uniforms))
 
 
 def device_chains(graphed: bool, on_device: bool | None) -> DeviceChains | None:
@@ -148,8 +195,28 @@ def device_chains(graphed: bool, on_device: bool | None) -> DeviceChains | None:
     return DeviceChains(graphed) if (graphed if on_device is None else on_device) else None
 
 
-def draw_uniforms(limit: int, sampling: SamplingParams, generator, device) -> torch.Tensor | None:
-    """A chain's uniforms # [limit, 1] float64, drawn before it from the request's generator (None: greedy)."""
-    if sampling.greedy:
+_pools: dict[int, tuple[weakref.ref, DeviceChains]] = {}
+
+
+def pool_chains(cache: KVCache, graphed: bool) -> DeviceChains:
+    """The DeviceChains of a batched cache whose rows draft together (a server's pool), one while the cache
+    lives: whichever of its rows draft in a step, they replay the same graphs."""
+    got = _pools.get(id(cache))
+    if got is None or got[0]() is not cache:  # a new cache may reuse a freed one's id
+        for key in [k for k, (ref, _) in _pools.items() if ref() is None]:
+            del _pools[key]
+        got = _pools[id(cache)] = (weakref.ref(cache), DeviceChains(graphed))
+    return got[1]
+
+
+def draw_uniforms(limits: list[int], samplings: tuple, generators: list, width: int, device) -> torch.Tensor | None:
+    """Chains' uniforms # [B, width] float64: row b's first limits[b] drawn before its chain from its request's
+    generator (what the host loop draws for as many tokens), the rest 0 (a greedy row's: all); None where
+    every row is greedy."""
+    if all(s.greedy for s in samplings):
         return None
-    return torch.rand(limit, 1, generator=generator, device=device, dtype=torch.float64)
+    out = torch.zeros(len(samplings), width, device=device, dtype=torch.float64)
+    for b, (n, s, g) in enumerate(zip(limits, samplings, generators)):
+        if not s.greedy:
+            out[b, :n] = torch.rand(n, generator=g, device=device, dtype=torch.float64)
+    return out

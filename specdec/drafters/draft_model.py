@@ -10,7 +10,7 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
-from specdec.drafters.device_chain import device_chains
+from specdec.drafters.device_chain import device_chains, draw_uniforms, pool_chains
 from specdec.model import loaded_module
 from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.model.quant import first_rows
@@ -128,8 +128,7 @@ class DraftModelDrafter(BaseDrafter):
             return self._propose_tree(state)
         feed = self._sync(state.tokens)
         device = self.cache.k.device
-        if (self.chains is not None and state.forced is None and state.mask is None
-                and self.cache.length + len(feed) + state.limit <= self.cache.capacity):
+        if self.drafts_on_device(state, feed):
             return self._propose_on_device(state, feed)
         chain = Chain(state, self.target_vocab, self._decide)
         x = feed + chain.unfed()
@@ -147,16 +146,24 @@ class DraftModelDrafter(BaseDrafter):
         rules = self.p_min > 0 or state.stop is not None
         chain = self.chains.draft(self.model, self.cache, feed, state.limit, state.sampling, state.generator,
                                   self.target_vocab, rules)
-        self.cached += chain.tokens.tolist()[:-1]  # every token but the last was fed
-        n = state.limit
-        if rules:
-            for i, top in enumerate(chain.top.tolist()):
-                decision = self._decision(top, state, i)
-                if decision != GO_ON:
-                    n = i + (decision == LAST)
-                    break
-        q = None if state.sampling.greedy or n == 0 else chain.q[:n]
-        return DraftTree.chain(chain.tokens[:n], q)
+        self.cached += chain.tokens[0].tolist()[:-1]  # every token but the last was fed
+        n = self._cut(chain.top[0].tolist() if rules else None, state)
+        return DraftTree.chain(*chain.row(0, n, state.sampling.greedy))
+
+    def _cut(self, top: list[float] | None, state: DraftState) -> int:
+        """How many tokens of a chain drafted on the device the stop rules keep (at most state.limit), from
+        each position's top probability (None: no rule)."""
+        for i, p in enumerate((top or [])[:state.limit]):
+            decision = self._decision(p, state, i)
+            if decision != GO_ON:
+                return i + (decision == LAST)
+        return state.limit
+
+    def drafts_on_device(self, state: DraftState, feed: list[int]) -> bool:
+        """Whether this proposal's chain is drafted on the device: where the drafter does so, without a grammar
+        (its masks need the host), with room for the feed and the chain."""
+        return (self.chains is not None and state.forced is None and state.mask is None
+                and self.cache.length + len(feed) + state.limit <= self.cache.capacity)
 
     def observe(self, num_accepted: int) -> None:
         pass
@@ -295,6 +302,8 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
     live = [i for i, s in enumerate(states) if s.k >= 1]
     chains = [Chain(s, d.target_vocab, d._decide) for d, s in zip(drafters, states)]
     feeds = {i: drafters[i]._sync(states[i].tokens) + chains[i].unfed() for i in live}
+    if live and all(drafters[i].drafts_on_device(states[i], feeds[i]) for i in live):
+        return _rows_on_device(drafters, states, cache, rows, live, feeds)
     while live:
         lengths = [drafters[i].cache.length for i in live]
         tokens, slots, positions, mask = ragged_inputs(lengths, [feeds[i] for i in live], device)
@@ -311,6 +320,30 @@ def propose_chains(drafters: list[DraftModelDrafter], states: list[DraftState], 
     for d, c in zip(drafters, chains):
         d.cached += c.tokens[:c.fed]
     return [c.tree(device) for c in chains]
+
+
+def _rows_on_device(drafters: list[DraftModelDrafter], states: list[DraftState], cache: KVCache, rows: list[int],
+                    live: list[int], feeds: dict[int, list[int]]) -> list[DraftTree]:
+    """propose_chains on the device: every live row's chain to the longest limit among them (one graph under
+    CUDA graphs, device_chain.py), one host read, then each row cut to its own limit and stop rules."""
+    device, model = cache.k.device, drafters[live[0]].model
+    limit = max(states[i].limit for i in live)
+    samplings = tuple(states[i].sampling for i in live)
+    tops = any(drafters[i].p_min > 0 or states[i].stop is not None for i in live)
+    uniforms = draw_uniforms([states[i].limit for i in live], samplings, [states[i].generator for i in live],
+                             limit, device)
+    chain = pool_chains(cache, drafters[live[0]].chains.graphed).draft_rows(
+        model, cache, [rows[i] for i in live], [feeds[i] for i in live], [drafters[i].cache.length for i in live],
+        limit, samplings, uniforms, drafters[live[0]].target_vocab, tops)
+    tokens, top = chain.tokens.tolist(), chain.top.tolist() if tops else None
+    out = [DraftTree.empty(device) for _ in drafters]
+    for j, i in enumerate(live):
+        d = drafters[i]
+        d.cache.advance(len(feeds[i]) + limit - 1)  # the feed, and the chain but its last token
+        d.cached += tokens[j][:limit - 1]
+        out[i] = DraftTree.chain(*chain.row(j, d._cut(None if top is None else top[j], states[i]),
+                                            states[i].sampling.greedy))
+    return out
 
 
 class Chain:

@@ -188,26 +188,27 @@ class EagleDrafter(BaseDrafter):
                            limit: int) -> DraftTree:
         """propose()'s chain drafted on the device to its limit from the last true entry's predicted feature
         # [1, hidden] and logits # [draft_vocab], then cut by the confidence rule (device_chain.py)."""
-        device, rules = logits.device, state.stop is not None
-        uniforms = draw_uniforms(limit, state.sampling, state.generator, device)
-        chain = self.chains.run(self.cache, (limit, state.sampling, rules), lambda lg, p, start, u: draft_chain(
-            self._head_step(p), lg, start, u, limit, state.sampling, rules),
-            (self._full(logits), pred, torch.tensor(n - 1, device=device), uniforms))
+        device, rules, samplings = logits.device, state.stop is not None, (state.sampling,)
+        uniforms = draw_uniforms([limit], samplings, [state.generator], limit, device)
+        chain = self.chains.run(self.cache, (limit, samplings, rules), lambda lg, p, start, u: draft_chain(
+            self._head_step(p), lg, start, u, limit, samplings, rules),
+            (self._full(logits)[None], pred, torch.tensor([n - 1], device=device), uniforms))
         self.cache.length = n + limit - 2  # the chain fed all but its last token, at slots n - 1..
         cut = limit
         if rules:
-            for i, top in enumerate(chain.top.tolist()):
+            for i, top in enumerate(chain.top[0].tolist()):
                 decision = state.stop(i, top)
                 if decision != GO_ON:
                     cut = i + (decision == LAST)
                     break
         if cut == 0:
             return DraftTree.empty()
-        return DraftTree.chain(chain.tokens[:cut], None if state.sampling.greedy else chain.q[:cut])
+        return DraftTree.chain(*chain.row(0, cut, state.sampling.greedy))
 
     def _head_step(self, pred: torch.Tensor):
         """draft_chain's step for the head: its entry at the slot on the feature it predicted last (pred # [1,
-        hidden] to begin with) and the token drafted from it; the logits over the target's vocabulary. Only
+        hidden] to begin with) and the token drafted from it; the logits over the target's vocabulary # [1,
+        vocab]. Only
         device operations (the entry writes at slots, attends under a mask over the head cache's capacity)."""
         p, every, last = self.prepared, torch.arange(self.capacity, device=pred.device), [pred]
 
@@ -218,7 +219,7 @@ class EagleDrafter(BaseDrafter):
             seen = every[None, :] <= slots[:, None]  # [1, capacity]
             x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], Static(slots), seen)
             last[0], logits = p.predict(x[0])  # [1, hidden], [1, draft_vocab]
-            return self._full(logits[0])
+            return self._full(logits[0])[None]  # [1, vocab]
         return step
 
     def _full(self, logits: torch.Tensor) -> torch.Tensor:
