@@ -92,20 +92,61 @@ def test_sampling_matches_target_distribution():
         assert tv(counts, joint, N_TRIALS) < tv_bound(len(joint), N_TRIALS), ids
 
 
-@pytest.mark.parametrize("lookup", [False, True])
-def test_the_server_pool_gives_the_engines_tokens(tiny_target, lookup):
+@pytest.mark.parametrize("lookup,on_device", [(False, False), (True, False), (False, True)],
+                         ids=["head", "lookup", "on-device"])
+def test_the_server_pool_gives_the_engines_tokens(tiny_target, lookup, on_device):
     """Batched verify over ragged rows hands each row its own features (lookup: the head with prompt
-    lookup, its head chains drafted by the pool); every row's tokens are plain decoding's."""
+    lookup, its head chains drafted by the pool; on-device: the pool's chains drafted on the device);
+    every row's tokens are plain decoding's."""
     from specdec.drafters.hybrid import HybridDrafter
     head = eagle_head(tiny_target)
     factory = lambda: (HybridDrafter(EagleDrafter(tiny_target, head, 256), copy_n=1) if lookup  # noqa: E731
-                       else EagleDrafter(tiny_target, head, 256))
+                       else EagleDrafter(tiny_target, head, 256, on_device=on_device))
     cfg = GenerationConfig(24, 3)
     prompts = PROMPTS + [[7, 8], [9, 9, 9, 9, 9, 9]]
     expected = [Engine.single(tiny_target, NoDrafter(), 256).generate(p, cfg).tokens for p in prompts]
     stepper = Engine(tiny_target, factory, 256, max_batch=3, prefill_chunk=4)
     got = run_engine(stepper, prompts, cfg, set())
     assert [got[i] for i in range(len(prompts))] == expected
+
+
+def head_pool(target, prepared, n: int, on_device: bool):
+    """n head drafters whose caches are rows of one batched cache, as a server's slots hold them."""
+    drafters = [EagleDrafter(target, prepared, 256, on_device=on_device) for _ in range(n)]
+    cache = drafters[0].new_pool_cache(n)
+    for b, d in enumerate(drafters):
+        d.cache = cache.row(b)
+    return drafters, cache
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_a_pools_rows_drafted_together_on_the_device_equal_the_host_loop(tiny_target, sampling):
+    """The pool's head chains drafted on the device (the ragged feed, then every row's chain in one graph
+    under CUDA graphs): each row's tokens and q are the host loop's, at its own limit and confidence rule,
+    whichever rows draft in a step."""
+    from specdec.drafters.base import END, GO_ON, LAST, DraftState
+    prepared = EagleDrafter(tiny_target, eagle_head(tiny_target), 256).prepared
+    (host, host_cache), (device, device_cache) = (head_pool(tiny_target, prepared, 3, on) for on in (False, True))
+    texts = [list(p) for p in (PROMPTS[0], PROMPTS[1], PROMPTS[2])]
+    g = torch.Generator().manual_seed(7)
+    rules = [None, lambda i, p: LAST if i == 2 else GO_ON, lambda i, p: GO_ON if p > 0.3 else END]
+    for step in range(8):
+        rows = [b for b in range(3) if (step + b) % 4]  # a row sits out now and then
+        out = []
+        for drafters, cache in ((host, host_cache), (device, device_cache)):
+            for b in rows:
+                drafters[b].feed(0, full_features(tiny_target, texts[b])[:-1])
+            states = [DraftState(list(texts[b]), 1 + (step + b) % 4, sampling,
+                                 None if sampling.greedy else torch.Generator().manual_seed(10 * step + b),
+                                 stop=rules[b] if sampling.greedy else None, k_stop=5) for b in rows]
+            out.append(drafters[0].propose_pooled([drafters[b] for b in rows], states, cache, rows))
+        for row, x, y in zip(rows, *out):
+            assert x.tokens.tolist() == y.tokens.tolist(), (step, row)
+            if not sampling.greedy and len(x):
+                torch.testing.assert_close(x.q, y.q)
+            keep = int(torch.randint(0, len(x) + 1, (1,), generator=g))
+            texts[row] += x.tokens.tolist()[:keep] + [int(torch.randint(0, TINY_VOCAB, (1,), generator=g))]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

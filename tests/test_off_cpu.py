@@ -22,7 +22,7 @@ from conftest import TINY_VOCAB, tiny_config
 from specdec.bench.synthetic import SHAPES, TREE, random_eagle
 from specdec.config import SamplingParams
 from specdec.drafters.base import DraftState
-from specdec.drafters import device_chain
+from specdec.drafters import device_chain, draft_model, eagle
 from specdec.drafters.device_chain import DeviceChains
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
@@ -186,6 +186,49 @@ def test_a_draft_models_device_chain_runs_off_the_cpu_and_reads_nothing_back(no_
                     stop=lambda i, p: 0)
     assert chain.tokens.device == META and chain.tokens.shape == chain.top.shape == (1, 4)
     assert (chain.q is None) == sampling.greedy
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
+def test_a_pools_rows_draft_together_off_the_cpu_and_read_nothing_back(no_capture, launches, monkeypatch, fused):
+    """A server's slots draft together: one ragged feed, then every row's chain in one graph (a greedy row and
+    a sampled one here)."""
+    draft = meta_model(tiny_config(num_layers=1))
+    if fused:
+        gpu_forward.enable(draft)
+    no_capture(draft)
+    drafters = [DraftModelDrafter(draft, TINY_VOCAB, CAP) for _ in range(2)]
+    cache = drafters[0].new_pool_cache(2)
+    for b, d in enumerate(drafters):
+        d.cache = cache.row(b)
+        d.start(list(range(1, 9 + b)))
+    chains = StopAfterChain(graphed=True)
+    monkeypatch.setattr(draft_model, "pool_chains", lambda cache, graphed: chains)
+    states = [DraftState(list(range(1, 10)), 4, SAMPLINGS[0], None, stop=lambda i, p: 0, k_stop=4),
+              DraftState(list(range(1, 11)), 2, SAMPLINGS[1], None)]
+    with pytest.raises(Drafted) as out:
+        DraftModelDrafter.propose_pooled(drafters, states, cache, [0, 1])
+    chain = out.value.args[0]
+    assert chains.captures == 1 and chain.tokens.shape == chain.top.shape == (2, 4)
+    assert chain.q.shape == (2, 4, TINY_VOCAB)
+
+
+def test_a_pools_head_chains_draft_together_off_the_cpu_and_read_nothing_back(no_capture, monkeypatch):
+    target = meta_model(tiny_config(), torch.float32)
+    no_capture(target)
+    first = random_eagle(target, CAP, seed=0)
+    drafters = [first, EagleDrafter(target, first.prepared, CAP)]
+    cache = first.new_pool_cache(2)
+    for b, d in enumerate(drafters):
+        d.cache = cache.row(b)
+        d.feed(0, torch.zeros(12, target.config.hidden_size, device=META))
+    chains = StopAfterChain(graphed=True)
+    monkeypatch.setattr(eagle, "pool_chains", lambda cache, graphed: chains)
+    states = [DraftState(list(range(1, 10)), 4, SAMPLINGS[0], None, stop=lambda i, p: 0, k_stop=4),
+              DraftState(list(range(1, 12)), 2, SAMPLINGS[1], None)]
+    with pytest.raises(Drafted) as out:
+        EagleDrafter.propose_pooled(drafters, states, cache, [0, 1])
+    chain = out.value.args[0]
+    assert chains.captures == 1 and chain.tokens.shape == chain.top.shape == (2, 4)
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])

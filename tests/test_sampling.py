@@ -4,6 +4,7 @@ rejection sampling (the emitted tokens must be distributed exactly as the target
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -161,6 +162,19 @@ def test_sample_shapes_and_one_hot():
     assert tokens.dtype == torch.int64
     assert tokens.tolist() == [[1, 4, 0], [2, 2, 3]]
     assert sample(probs[0, 0], torch.Generator().manual_seed(0)).shape == ()
+
+
+def test_sampling_first_under_inference_mode_then_outside_it_works(monkeypatch):
+    """The kept cumsum buffer made by a first draw under inference mode (a drafter's device chain) is
+    written by the next draw outside it (the engine's)."""
+    from specdec.sampling import logits as module
+    monkeypatch.setattr(module, "_buffers", threading.local())  # no buffer yet: the first draw makes it
+    probs = torch.softmax(torch.randn(4, 37), -1)
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        inside = sample(probs, gen)
+    outside = sample(probs, torch.Generator().manual_seed(0))
+    assert torch.equal(inside, outside)
 
 
 def test_sample_draws_each_token_at_its_share_of_the_mass_and_never_a_zero():

@@ -24,7 +24,7 @@ import torch
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
-from specdec.drafters.device_chain import device_chains, draft_chain, draw_uniforms
+from specdec.drafters.device_chain import device_chains, draft_chain, draw_uniforms, pool_chains
 from specdec.drafters.draft_model import node_depths, select_tree, tree_sizes
 from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
@@ -192,7 +192,7 @@ class EagleDrafter(BaseDrafter):
         uniforms = draw_uniforms([limit], samplings, [state.generator], limit, device)
         chain = self.chains.run(self.cache, (limit, samplings, rules), lambda lg, p, start, u: draft_chain(
             self._head_step(p), lg, start, u, limit, samplings, rules),
-            (self._full(logits)[None], pred, torch.tensor([n - 1], device=device), uniforms))
+            (self._full(logits[None]), pred, torch.tensor([n - 1], device=device), uniforms))
         self.cache.length = n + limit - 2  # the chain fed all but its last token, at slots n - 1..
         cut = limit
         if rules:
@@ -205,28 +205,31 @@ class EagleDrafter(BaseDrafter):
             return DraftTree.empty()
         return DraftTree.chain(*chain.row(0, cut, state.sampling.greedy))
 
-    def _head_step(self, pred: torch.Tensor):
-        """draft_chain's step for the head: its entry at the slot on the feature it predicted last (pred # [1,
-        hidden] to begin with) and the token drafted from it; the logits over the target's vocabulary # [1,
-        vocab]. Only
-        device operations (the entry writes at slots, attends under a mask over the head cache's capacity)."""
+    def _head_step(self, pred: torch.Tensor, cache: KVCache | None = None, rows: torch.Tensor | None = None):
+        """draft_chain's step for the head: each row's entry at its slot on the feature it predicted last (pred
+        # [B, hidden] to begin with) and the token drafted from it; the logits over the target's vocabulary
+        # [B, vocab]. In its own cache (B = 1), or at rows # [B] of a pool's batched one. Only device
+        operations (the entry writes at slots, attends under a mask over the head cache's capacity)."""
         p, every, last = self.prepared, torch.arange(self.capacity, device=pred.device), [pred]
+        cache = self.cache if cache is None else cache
 
-        def step(token: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-            emb = self.target.embed(token.view(1, 1)).float()  # [1, 1, hidden]
-            x = self.fc(torch.cat([emb, last[0].view(1, 1, -1)], dim=-1))
-            cos, sin = p.rope_cos[slots][None, None], p.rope_sin[slots][None, None]  # [1, 1, 1, head_dim]
-            seen = every[None, :] <= slots[:, None]  # [1, capacity]
-            x = self.layer(x, cos, sin, self.cache.k[0], self.cache.v[0], Static(slots), seen)
-            last[0], logits = p.predict(x[0])  # [1, hidden], [1, draft_vocab]
-            return self._full(logits[0])[None]  # [1, vocab]
+        def step(tokens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+            emb = self.target.embed(tokens[:, None]).float()  # [B, 1, hidden]
+            x = self.fc(torch.cat([emb, last[0][:, None]], dim=-1))
+            cos, sin = p.rope_cos[slots][:, None, None], p.rope_sin[slots][:, None, None]  # [B, 1, 1, head_dim]
+            seen = every[None, :] <= slots[:, None]  # [B, capacity]
+            where, mask = (Static(slots), seen) if rows is None else (Ragged(rows, slots[:, None]),
+                                                                      seen[:, None, None, :])
+            x = self.layer(x, cos, sin, cache.k[0], cache.v[0], where, mask)
+            last[0], logits = p.predict(x[:, 0])  # [B, hidden], [B, draft_vocab]
+            return self._full(logits)
         return step
 
     def _full(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits # [draft_vocab] over the target's vocabulary # [vocab] (-inf off the draft's):
-        its argmax is the host loop's token, its processed softmax the host loop's q."""
-        full = torch.full((self.target.config.vocab_size,), float("-inf"), device=logits.device)
-        return full.index_copy(0, self.ids, logits.float())
+        """Draft-vocabulary logits # [..., draft_vocab] over the target's vocabulary # [..., vocab] (-inf off the
+        draft's): its argmax is the host loop's token, its processed softmax the host loop's q."""
+        full = torch.full((*logits.shape[:-1], self.target.config.vocab_size), float("-inf"), device=logits.device)
+        return full.index_copy(-1, self.ids, logits.float())
 
     def _dynamic_tree(self, state: DraftState, root_feature: torch.Tensor, root_logits: torch.Tensor,
                       n: int) -> DraftTree:
@@ -363,6 +366,11 @@ def propose_head_chains(drafters: list[EagleDrafter], states: list[DraftState], 
         d.cache.truncate(m)
         live.append(i)
         feeds.append((d.features[m:length - 1], state.tokens[m + 1:length], m))
+    limits = {i: min(states[i].limit, drafters[i].capacity - len(states[i].tokens)) for i in live}
+    widest = max(limits.values(), default=0)
+    if widest >= 1 and all(drafters[i].chains is not None and states[i].mask is None
+                           and len(states[i].tokens) + widest - 2 <= drafters[i].capacity for i in live):
+        return _head_rows_on_device(drafters, states, cache, rows, live, feeds, limits)
     first = True
     while live:
         preds, logits = _ragged_entries(p, drafters[0].target, feeds, cache, [rows[i] for i in live], device)
@@ -395,6 +403,43 @@ def propose_head_chains(drafters: list[EagleDrafter], states: list[DraftState], 
             for t, q, s in zip(drafted, qs, states)]
 
 
+def _head_rows_on_device(drafters: list[EagleDrafter], states: list[DraftState], cache: KVCache, rows: list[int],
+                         live: list[int], feeds: list, limits: dict[int, int]) -> list[DraftTree]:
+    """propose_head_chains on the device: the ragged feed, then every live row's chain to the longest limit
+    among them (one graph under CUDA graphs, device_chain.py), one host read, then each row cut to its own
+    limit and confidence rule."""
+    head, device = drafters[live[0]], cache.k.device
+    preds, logits = _ragged_entries(head.prepared, head.target, feeds, cache, [rows[i] for i in live], device)
+    at, last = torch.arange(len(live), device=device), torch.tensor([len(f) - 1 for _, f, _ in feeds], device=device)
+    limit = max(limits.values())
+    samplings = tuple(states[i].sampling for i in live)
+    rules = any(states[i].stop is not None for i in live)
+    uniforms = draw_uniforms([limits[i] for i in live], samplings, [states[i].generator for i in live], limit,
+                             device)
+    starts = torch.tensor([len(states[i].tokens) - 1 for i in live], device=device)  # each row's first chain slot
+    chain = pool_chains(cache, head.chains.graphed).run(
+        cache, ("head rows", len(live), limit, samplings, rules),
+        lambda lg, pred, start, r, u: draft_chain(head._head_step(pred, cache, r), lg, start, u, limit, samplings,
+                                                  rules),
+        (head._full(logits[at, last]), preds[at, last], starts, torch.tensor([rows[i] for i in live], device=device),
+         uniforms))
+    top = chain.top.tolist() if rules else None
+    out = [DraftTree.empty() for _ in drafters]
+    for j, i in enumerate(live):
+        d, state, n = drafters[i], states[i], len(states[i].tokens)
+        d.valid, d.cache.length = n - 1, n + limit - 2  # true entries, then the chain's scratch ones
+        cut = limits[i]
+        if state.stop is not None:
+            for k, p in enumerate(top[j][:cut]):
+                decision = state.stop(k, p)
+                if decision != GO_ON:
+                    cut = k + (decision == LAST)
+                    break
+        if cut:
+            out[i] = DraftTree.chain(*chain.row(j, cut, state.sampling.greedy))
+    return out
+
+
 def _ragged_entries(p: PreparedHead, target: Transformer, feeds: list, cache: KVCache, rows: list[int],
                     device) -> tuple[torch.Tensor, torch.Tensor]:
     """Head entries of several cache rows in one forward: row j feeds features # [m_j, hidden] with the
@@ -405,8 +450,10 @@ def _ragged_entries(p: PreparedHead, target: Transformer, feeds: list, cache: KV
     index = [[min(c, len(fed) - 1) for c in range(width)] for _, fed, _ in feeds]
     tokens = torch.tensor([[fed[c] for c in ix] for (_, fed, _), ix in zip(feeds, index)], device=device)  # [B, T]
     feats = torch.stack([f[torch.tensor(ix, device=device)] for (f, _, _), ix in zip(feeds, index)]).float()
-    slots = torch.tensor([[start + c for c in ix] for (_, _, start), ix in zip(feeds, index)], device=device)
-    mask = (torch.arange(int(slots.max()) + 1, device=device)[None, None, :] <= slots[:, :, None]).unsqueeze(1)
+    at = [[start + c for c in ix] for (_, _, start), ix in zip(feeds, index)]
+    slots = torch.tensor(at, device=device)  # [B, T]
+    span = max(max(r) for r in at) + 1  # the last slot + 1, known on the host (no read back from the device)
+    mask = (torch.arange(span, device=device)[None, None, :] <= slots[:, :, None]).unsqueeze(1)
     x = p.fc(torch.cat([target.embed(tokens).float(), feats], dim=-1))  # [B, T, hidden]
     cos, sin = p.rope_cos[slots].unsqueeze(1), p.rope_sin[slots].unsqueeze(1)  # [B, 1, T, head_dim]
     x = p.layer(x, cos, sin, cache.k[0], cache.v[0], Ragged(torch.tensor(rows, device=device), slots), mask)
