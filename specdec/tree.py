@@ -10,6 +10,7 @@ The structure helpers read `parents` on the host (`tolist`), so keep `parents` o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -60,8 +61,8 @@ class DraftTree:
     def __len__(self) -> int:
         return self.tokens.numel()
 
-    @property
-    def is_chain(self) -> bool:
+    @cached_property
+    def is_chain(self) -> bool:  # read several times a step: once is enough (parents are never reassigned)
         return bool(torch.equal(self.parents.cpu(), torch.arange(-1, len(self) - 1)))
 
     def validate(self) -> None:

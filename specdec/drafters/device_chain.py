@@ -162,13 +162,14 @@ class DeviceChains:
         the chain through one graph per (limit, sampling), so the feed's length does not multiply the graphs."""
         device = cache.k.device
         x = torch.tensor([feed], device=device)  # [1, T0]
+        # a fill, not a copy: on a GPU a tensor copied from the host waits for the work queued before it
+        start = torch.full((1,), cache.length + len(feed), dtype=torch.long, device=device)
+        samplings = (sampling,)
+        uniforms = draw_uniforms([limit], samplings, [generator], limit, device)
         logits = align_vocab(model(x, cache, cache.length, last_only=True)[:, -1].float(), vocab)  # [1, vocab]
         cache.advance(len(feed))
-        samplings = (sampling,)
-        out = self.run(cache, (limit, samplings, tops), lambda lg, start, u: draft_chain(
-            model_step(model, cache, vocab), lg, start, u, limit, samplings, tops),
-            (logits, torch.tensor([cache.length], device=device),
-             draw_uniforms([limit], samplings, [generator], limit, device)))
+        out = self.run(cache, (limit, samplings, tops), lambda lg, st, u: draft_chain(
+            model_step(model, cache, vocab), lg, st, u, limit, samplings, tops), (logits, start, uniforms))
         cache.advance(limit - 1)
         return out
 
@@ -179,12 +180,13 @@ class DeviceChains:
         (rows, limit, samplings). Each row's slots then hold its feed and its chain but the last; the caller
         moves each row's length."""
         device = cache.k.device
+        # the inputs before the feed: on a GPU a tensor copied from the host waits for the work queued before it
         tokens, slots, positions, mask = ragged_inputs(lengths, feeds, device)
         at = torch.tensor(rows, device=device)  # [B]
-        logits = model(tokens, cache, 0, positions=positions, mask=mask, slots=slots, rows=at)  # [B, T, vocab]
         last = torch.tensor([len(f) - 1 for f in feeds], device=device)  # each row's last fed position
-        logits = align_vocab(logits[torch.arange(len(rows), device=device), last].float(), vocab)  # [B, vocab]
         start = torch.tensor([n + len(f) for n, f in zip(lengths, feeds)], device=device)
+        logits = model(tokens, cache, 0, positions=positions, mask=mask, slots=slots, rows=at)  # [B, T, vocab]
+        logits = align_vocab(logits[torch.arange(len(rows), device=device), last].float(), vocab)  # [B, vocab]
         return self.run(cache, ("rows", len(rows), limit, samplings, tops), lambda lg, st, r, u: draft_chain(
             rows_step(model, cache, r, vocab), lg, st, u, limit, samplings, tops), (logits, start, at, uniforms))
 

@@ -153,16 +153,18 @@ class EagleDrafter(BaseDrafter):
         self.cache.truncate(m)
         device = self.features.device
         t = torch.tensor(tokens[m + 1:n], dtype=torch.long, device=device)
+        # a device chain's first slot, by a fill: on a GPU a tensor copied from the host waits for queued work
+        start = None if self.chains is None else torch.full((), n - 1, dtype=torch.long, device=device)
         pred, logits = self._run(self.features[m:n - 1], t, m)
         self.cache.length = self.valid = n - 1
         if self.tree is not None and state.tree:
             scratch = (min(self.tree.depth, state.k) - 1) * self.tree.topk  # the device tree's entries
             if self.chains is not None and n - 1 + scratch <= self.capacity:
-                return self._device_tree(state, pred[-1], logits[-1], n)
+                return self._device_tree(state, pred[-1], logits[-1], start)
             return self._dynamic_tree(state, pred[-1], logits[-1], n)
         limit = min(state.limit, self.capacity - n)
         if self.chains is not None and state.mask is None and limit >= 1:  # a grammar's masks need the host
-            return self._propose_on_device(state, pred[-1:], logits[-1], n, limit)
+            return self._propose_on_device(state, pred[-1:], logits[-1], start, limit)
         drafted, qs = [], []
         for i in range(limit):
             row = self.masked(logits[-1], state, drafted)  # [draft_vocab]
@@ -184,16 +186,17 @@ class EagleDrafter(BaseDrafter):
         return DraftTree.chain(torch.cat(drafted), None if state.sampling.greedy else torch.stack(qs))
 
     @torch.inference_mode()
-    def _propose_on_device(self, state: DraftState, pred: torch.Tensor, logits: torch.Tensor, n: int,
+    def _propose_on_device(self, state: DraftState, pred: torch.Tensor, logits: torch.Tensor, start: torch.Tensor,
                            limit: int) -> DraftTree:
         """propose()'s chain drafted on the device to its limit from the last true entry's predicted feature
-        # [1, hidden] and logits # [draft_vocab], then cut by the confidence rule (device_chain.py)."""
+        # [1, hidden] and logits # [draft_vocab], its first slot start (0-dim: the committed tokens' count - 1),
+        then cut by the confidence rule (device_chain.py)."""
         device, rules, samplings = logits.device, state.stop is not None, (state.sampling,)
         uniforms = draw_uniforms([limit], samplings, [state.generator], limit, device)
-        chain = self.chains.run(self.cache, (limit, samplings, rules), lambda lg, p, start, u: draft_chain(
-            self._head_step(p), lg, start, u, limit, samplings, rules),
-            (self._full(logits[None]), pred, torch.tensor([n - 1], device=device), uniforms))
-        self.cache.length = n + limit - 2  # the chain fed all but its last token, at slots n - 1..
+        chain = self.chains.run(self.cache, (limit, samplings, rules), lambda lg, p, st, u: draft_chain(
+            self._head_step(p), lg, st, u, limit, samplings, rules), (self._full(logits[None]), pred, start.view(1),
+                                                                     uniforms))
+        self.cache.length = self.valid + limit - 1  # the chain fed all but its last token, at slots valid..
         cut = limit
         if rules:
             for i, top in enumerate(chain.top[0].tolist()):
@@ -264,7 +267,7 @@ class EagleDrafter(BaseDrafter):
 
     @torch.inference_mode()
     def _device_tree(self, state: DraftState, root_feature: torch.Tensor, root_logits: torch.Tensor,
-                     n: int) -> DraftTree:
+                     start: torch.Tensor) -> DraftTree:
         """_dynamic_tree with every level on the device (tree_levels; one CUDA graph a (depth, topk) where
         the target replays graphs) and one host read at the end, for the same nodes and the same tree."""
         cfg = self.tree
@@ -272,7 +275,7 @@ class EagleDrafter(BaseDrafter):
         depth, k = min(cfg.depth, state.k), min(cfg.topk, root_logits.shape[-1])
         out = self.chains.run(self.cache, ("tree", depth, k),
                               lambda f, lg, start: self.tree_levels(f, lg, start, depth, k),
-                              (root_feature, root_logits, torch.tensor(n - 1, device=root_logits.device)))
+                              (root_feature, root_logits, start))
         depths = [1] * k + [d for d in range(2, depth + 1) for _ in range(k * k)]
         return select_tree(out.tokens.tolist(), out.parents.tolist(), out.scores.tolist(), depths, budget,
                            root_logits.device)
@@ -409,7 +412,7 @@ def _head_rows_on_device(drafters: list[EagleDrafter], states: list[DraftState],
     among them (one graph under CUDA graphs, device_chain.py), one host read, then each row cut to its own
     limit and confidence rule."""
     head, device = drafters[live[0]], cache.k.device
-    preds, logits = _ragged_entries(head.prepared, head.target, feeds, cache, [rows[i] for i in live], device)
+    # the chain's inputs before the feed: on a GPU, a tensor made from the host's values waits for queued work
     at, last = torch.arange(len(live), device=device), torch.tensor([len(f) - 1 for _, f, _ in feeds], device=device)
     limit = max(limits.values())
     samplings = tuple(states[i].sampling for i in live)
@@ -417,12 +420,13 @@ def _head_rows_on_device(drafters: list[EagleDrafter], states: list[DraftState],
     uniforms = draw_uniforms([limits[i] for i in live], samplings, [states[i].generator for i in live], limit,
                              device)
     starts = torch.tensor([len(states[i].tokens) - 1 for i in live], device=device)  # each row's first chain slot
+    where = torch.tensor([rows[i] for i in live], device=device)
+    preds, logits = _ragged_entries(head.prepared, head.target, feeds, cache, [rows[i] for i in live], device)
     chain = pool_chains(cache, head.chains.graphed).run(
         cache, ("head rows", len(live), limit, samplings, rules),
         lambda lg, pred, start, r, u: draft_chain(head._head_step(pred, cache, r), lg, start, u, limit, samplings,
                                                   rules),
-        (head._full(logits[at, last]), preds[at, last], starts, torch.tensor([rows[i] for i in live], device=device),
-         uniforms))
+        (head._full(logits[at, last]), preds[at, last], starts, where, uniforms))
     top = chain.top.tolist() if rules else None
     out = [DraftTree.empty() for _ in drafters]
     for j, i in enumerate(live):

@@ -93,7 +93,10 @@ def verify(target: Transformer, cache, last_token: int, tree: DraftTree, samplin
     """One target forward over [last committed token] + draft chain, at the cache's length
     (features: also the kept rows' features; masks # [k + 1, vocab]: the grammar's)."""
     device = cache.k.device
-    x = torch.cat([torch.tensor([last_token], device=device), tree.tokens.to(device)]).unsqueeze(0)  # [1, k + 1]
+    # the last token by a fill (its value a kernel argument): a tensor copied from the host would wait for the
+    # draft's queued work on a GPU
+    last = torch.full((1,), last_token, dtype=torch.long, device=device)
+    x = torch.cat([last, tree.tokens.to(device)]).unsqueeze(0)  # [1, k + 1]
     cache.require(cache.length + x.shape[1])
     if not features:
         return accept_chain(tree, target(x, cache, cache.length)[0], sampling, generator, confidence, masks)
