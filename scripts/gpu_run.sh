@@ -28,5 +28,6 @@ step bench-eager 60 python3 scripts/cuda_bench.py --modes eager,kernels --repeat
 step inductor 50 python3 scripts/cuda_bench.py --modes none --compile reduce-overhead --out "$OUT/cuda-bench-inductor.json"
 step cuda-tests 40 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_cuda_graphs.py tests/test_device_chain.py \
   tests/test_eagle.py::test_the_heads_graphed_drafts_equal_its_eager_ones_on_cuda \
+  tests/test_eagle.py::test_a_pools_graphed_head_chains_equal_its_eager_ones_on_cuda \
   tests/test_synthetic_bench.py::test_successor_models_on_cuda_with_graphs
 step hf-compiled 40 python3 scripts/cuda_bench.py --modes none --hf-compile --repeats 2 --out "$OUT/cuda-bench-hf.json"

@@ -139,3 +139,29 @@ def test_graphed_chains_equal_eager_ones_on_cuda(sampling):
         assert out[0].tokens.tolist() == out[1].tokens.tolist()
         tokens += out[0].tokens.tolist()[:step % 4] + [3]
     assert graphed.chains.captures >= 1 and graphed.chains.graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_a_pools_graphed_chains_equal_eager_ones_on_cuda(sampling):
+    from specdec.model.cuda_graphs import enable_cuda_graphs
+    from tests.conftest import tiny_model
+    eager_model, graph_model = tiny_model(1, num_layers=1).cuda(), tiny_model(1, num_layers=1).cuda()
+    enable_cuda_graphs(graph_model)
+    pools = [pool(m, 2, True) for m in (eager_model, graph_model)]
+    texts = [list(PROMPTS[0]), list(PROMPTS[1])]
+    for drafters, _ in pools:
+        for d, text in zip(drafters, texts):
+            d.start(text)
+    for step in range(6):
+        out = []
+        for drafters, cache in pools:
+            states = [DraftState(list(texts[b]), 2 + b, sampling,
+                                 None if sampling.greedy else torch.Generator("cuda").manual_seed(10 * step + b))
+                      for b in range(2)]
+            out.append(drafters[0].propose_pooled(drafters, states, cache, [0, 1]))
+        for x, y in zip(*out):
+            assert x.tokens.tolist() == y.tokens.tolist()
+        for b in range(2):
+            texts[b] += out[0][b].tokens.tolist()[:step % 3] + [3]

@@ -572,3 +572,29 @@ def test_the_heads_graphed_drafts_equal_its_eager_ones_on_cuda(case):
         assert out[0].parents.tolist() == out[1].parents.tolist()
         tokens += out[0].tokens.tolist()[:step % 3] + [3]
     assert graphed.chains.captures >= 1 and graphed.chains.graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_a_pools_graphed_head_chains_equal_its_eager_ones_on_cuda(sampling):
+    from specdec.drafters.base import DraftState
+    from specdec.model.cuda_graphs import enable_cuda_graphs
+    eager_target, graph_target = tiny_model(0).cuda(), tiny_model(0).cuda()
+    enable_cuda_graphs(graph_target)
+    head = eagle_head(eager_target, seed=6)
+    pools = [head_pool(t, EagleDrafter(t, head, 256).prepared, 2, True) for t in (eager_target, graph_target)]
+    texts = [list(PROMPTS[0]), list(PROMPTS[1])]
+    for step in range(6):
+        out = []
+        for drafters, cache in pools:
+            for b in range(2):
+                drafters[b].feed(0, full_features(eager_target, texts[b])[:-1])
+            states = [DraftState(list(texts[b]), 2 + b, sampling,
+                                 None if sampling.greedy else torch.Generator("cuda").manual_seed(10 * step + b))
+                      for b in range(2)]
+            out.append(drafters[0].propose_pooled(drafters, states, cache, [0, 1]))
+        for x, y in zip(*out):
+            assert x.tokens.tolist() == y.tokens.tolist()
+        for b in range(2):
+            texts[b] += out[0][b].tokens.tolist()[:step % 3] + [3]

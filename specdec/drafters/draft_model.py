@@ -53,6 +53,7 @@ class DraftModelDrafter(BaseDrafter):
         self.pool_model = self if tree is None else None
         self.target_vocab = target_vocab
         self.cached: list[int] = []  # tokens whose keys/values the cache holds
+        self.unread: torch.Tensor | None = None  # a device chain's fed tokens, read into `cached` next step
         self.committed = 0  # committed tokens at the last proposal (append-only, so still shared)
         # a model not loaded yet (model.DeferredModule) is loaded by load(), which the engine calls before the
         # drafter's first start; until then the drafter holds no weights and no cache
@@ -108,6 +109,7 @@ class DraftModelDrafter(BaseDrafter):
         window, only the last `window` of those (positions from 0: the draft reads the text from
         there on, relative positions intact); drafts stay exact either way, only q changes."""
         self.load()
+        self._read_back()
         offset = len(prompt) - 1 - self.prefill_tokens(len(prompt)) if prompt else 0
         head = prompt[offset:-1]
         # what the cache holds of the last request's text is kept where this prompt begins the same way
@@ -146,9 +148,18 @@ class DraftModelDrafter(BaseDrafter):
         rules = self.p_min > 0 or state.stop is not None
         chain = self.chains.draft(self.model, self.cache, feed, state.limit, state.sampling, state.generator,
                                   self.target_vocab, rules)
-        self.cached += chain.tokens[0].tolist()[:-1]  # every token but the last was fed
-        n = self._cut(chain.top[0].tolist() if rules else None, state)
+        if rules:  # the cut needs the chain on the host now
+            self.cached += chain.tokens[0].tolist()[:-1]  # every token but the last was fed
+            n = self._cut(chain.top[0].tolist(), state)
+        else:  # read at the next step, when the device is idle: the verify follows the chain with no wait
+            self.unread, n = chain.tokens[0, :-1], state.limit
         return DraftTree.chain(*chain.row(0, n, state.sampling.greedy))
+
+    def _read_back(self) -> None:
+        """`cached` completed with the last device chain's fed tokens (see _propose_on_device)."""
+        if self.unread is not None:
+            self.cached += self.unread.tolist()
+            self.unread = None
 
     def _cut(self, top: list[float] | None, state: DraftState) -> int:
         """How many tokens of a chain drafted on the device the stop rules keep (at most state.limit), from
@@ -266,6 +277,7 @@ class DraftModelDrafter(BaseDrafter):
     def _sync(self, tokens: list[int]) -> list[int]:
         """Roll the cache back to the prefix it shares with tokens (past the window's offset); return
         the tokens to feed."""
+        self._read_back()
         tokens = tokens[self.offset:]
         n = min(common_prefix(self.cached, tokens, min(self.committed, len(self.cached))), len(tokens) - 1)
         self.committed = len(tokens)
