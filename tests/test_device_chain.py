@@ -118,6 +118,25 @@ def test_rows_drafted_together_on_the_device_equal_the_host_loop(tiny_draft, sam
         torch.testing.assert_close(device[b].cache.k[:, :, :, :n], host[b].cache.k[:, :, :, :n])
 
 
+def test_requests_of_other_seeds_replay_one_chain_graph(tiny_draft, monkeypatch):
+    """A chain's graph is keyed by how its rows sample, not by their seeds (the uniforms come from each
+    request's generator): a server's seeded requests do not capture a graph each."""
+    from specdec.drafters import device_chain
+
+    class Replayed:
+        def replay(self):
+            pass
+    monkeypatch.setattr(device_chain, "capture", lambda fn, device: (Replayed(), fn()))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    drafter = DraftModelDrafter(tiny_draft, TINY_VOCAB, CAP, on_device=True)
+    drafter.chains = DeviceChains(graphed=True)
+    drafter.start(PROMPTS[0])
+    for seed in (1, 2, 3):
+        sampling = SamplingParams(temperature=0.8, top_k=20, seed=seed)
+        drafter.propose(DraftState(PROMPTS[0] + [seed], 3, sampling, torch.Generator().manual_seed(seed)))
+    assert drafter.chains.captures == 1
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
                          ids=["greedy", "sampled"])

@@ -20,6 +20,7 @@ same loop over its own step (its entry on its own predicted feature: eagle.py).
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -44,6 +45,12 @@ class Chain(NamedTuple):
     def row(self, b: int, n: int, greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Row b's first n tokens # [n] and their q # [n, vocab] (None under greedy or for no token)."""
         return self.tokens[b, :n], None if greedy or self.q is None or n == 0 else self.q[b, :n]
+
+
+def chain_samplings(samplings) -> tuple:
+    """Each row's sampling as a chain graph depends on it: without its seed (the uniforms come from the
+    request's generator), so requests of other seeds replay the same graph."""
+    return tuple(replace(s, seed=None) for s in samplings)
 
 
 def _pick(logits: torch.Tensor, u: torch.Tensor | None, samplings: tuple, tops: bool):
@@ -164,7 +171,7 @@ class DeviceChains:
         x = torch.tensor([feed], device=device)  # [1, T0]
         # a fill, not a copy: on a GPU a tensor copied from the host waits for the work queued before it
         start = torch.full((1,), cache.length + len(feed), dtype=torch.long, device=device)
-        samplings = (sampling,)
+        samplings = chain_samplings([sampling])
         uniforms = draw_uniforms([limit], samplings, [generator], limit, device)
         logits = align_vocab(model(x, cache, cache.length, last_only=True)[:, -1].float(), vocab)  # [1, vocab]
         cache.advance(len(feed))

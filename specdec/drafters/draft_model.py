@@ -10,7 +10,7 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
-from specdec.drafters.device_chain import device_chains, draw_uniforms, pool_chains
+from specdec.drafters.device_chain import chain_samplings, device_chains, draw_uniforms, pool_chains
 from specdec.model import loaded_module
 from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.model.quant import first_rows
@@ -340,7 +340,7 @@ def _rows_on_device(drafters: list[DraftModelDrafter], states: list[DraftState],
     CUDA graphs, device_chain.py), one host read, then each row cut to its own limit and stop rules."""
     device, model = cache.k.device, drafters[live[0]].model
     limit = max(states[i].limit for i in live)
-    samplings = tuple(states[i].sampling for i in live)
+    samplings = chain_samplings(states[i].sampling for i in live)
     tops = any(drafters[i].p_min > 0 or states[i].stop is not None for i in live)
     uniforms = draw_uniforms([states[i].limit for i in live], samplings, [states[i].generator for i in live],
                              limit, device)

@@ -24,7 +24,7 @@ import torch
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
-from specdec.drafters.device_chain import device_chains, draft_chain, draw_uniforms, pool_chains
+from specdec.drafters.device_chain import chain_samplings, device_chains, draft_chain, draw_uniforms, pool_chains
 from specdec.drafters.draft_model import node_depths, select_tree, tree_sizes
 from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
@@ -191,7 +191,7 @@ class EagleDrafter(BaseDrafter):
         """propose()'s chain drafted on the device to its limit from the last true entry's predicted feature
         # [1, hidden] and logits # [draft_vocab], its first slot start (0-dim: the committed tokens' count - 1),
         then cut by the confidence rule (device_chain.py)."""
-        device, rules, samplings = logits.device, state.stop is not None, (state.sampling,)
+        device, rules, samplings = logits.device, state.stop is not None, chain_samplings([state.sampling])
         uniforms = draw_uniforms([limit], samplings, [state.generator], limit, device)
         chain = self.chains.run(self.cache, (limit, samplings, rules), lambda lg, p, st, u: draft_chain(
             self._head_step(p), lg, st, u, limit, samplings, rules), (self._full(logits[None]), pred, start.view(1),
@@ -415,7 +415,7 @@ def _head_rows_on_device(drafters: list[EagleDrafter], states: list[DraftState],
     # the chain's inputs before the feed: on a GPU, a tensor made from the host's values waits for queued work
     at, last = torch.arange(len(live), device=device), torch.tensor([len(f) - 1 for _, f, _ in feeds], device=device)
     limit = max(limits.values())
-    samplings = tuple(states[i].sampling for i in live)
+    samplings = chain_samplings(states[i].sampling for i in live)
     rules = any(states[i].stop is not None for i in live)
     uniforms = draw_uniforms([limits[i] for i in live], samplings, [states[i].generator for i in live], limit,
                              device)
