@@ -32,6 +32,34 @@ def tiny_model(seed: int, **overrides) -> Transformer:
     return model.eval()
 
 
+def seat_in_pool(drafters: list):
+    """The drafters' caches made rows of one batched cache, as a server's slots hold them: (drafters, cache)."""
+    cache = drafters[0].new_pool_cache(len(drafters))
+    for b, d in enumerate(drafters):
+        d.cache = cache.row(b)
+    return drafters, cache
+
+
+def pools_draft_alike(pools: list, texts: list[list[int]], sampling, before=None, steps: int = 6) -> None:
+    """Pools (drafters, cache) of as many rows as texts propose together for the same texts (row b up to 2 + b
+    tokens), step after step, each step's first tokens kept: every pool's chains are the first's.
+    before(drafters, texts) runs ahead of each pool's proposal (an EAGLE head's features)."""
+    from specdec.drafters.base import DraftState
+    device = pools[0][1].k.device
+    for step in range(steps):
+        out = []
+        for drafters, cache in pools:
+            if before is not None:
+                before(drafters, texts)
+            states = [DraftState(list(text), 2 + b, sampling, None if sampling.greedy else
+                                 torch.Generator(device).manual_seed(10 * step + b)) for b, text in enumerate(texts)]
+            out.append(drafters[0].propose_pooled(drafters, states, cache, list(range(len(texts)))))
+        for chains in out[1:]:
+            assert [c.tokens.tolist() for c in chains] == [c.tokens.tolist() for c in out[0]], step
+        for b, text in enumerate(texts):
+            text += out[0][b].tokens.tolist()[:step % 3] + [3]
+
+
 def make_drafter(name: str, target, capacity: int, draft=None, note=None, layers=None, **options):
     """The registered drafter `name` over a loaded target (and draft, layer-skip layers); options:
     DraftOptions fields."""

@@ -10,7 +10,7 @@ from specdec.drafters.base import END, GO_ON, LAST, DraftState, NoDrafter
 from specdec.drafters.device_chain import DeviceChains
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.engine import Engine
-from tests.conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB, pools_draft_alike, seat_in_pool
 
 CAP = 160
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [5, 9, 5, 9, 5, 9, 11], [42]]
@@ -79,11 +79,7 @@ def test_greedy_generation_with_device_chains_equals_plain(tiny_target, tiny_dra
 
 def pool(model, n: int, on_device: bool, **kw):
     """n drafters whose caches are rows of one batched cache, as a server's slots hold them."""
-    drafters = [DraftModelDrafter(model, TINY_VOCAB, CAP, on_device=on_device, **kw) for _ in range(n)]
-    cache = drafters[0].new_pool_cache(n)
-    for b, d in enumerate(drafters):
-        d.cache = cache.row(b)
-    return drafters, cache
+    return seat_in_pool([DraftModelDrafter(model, TINY_VOCAB, CAP, on_device=on_device, **kw) for _ in range(n)])
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
@@ -173,14 +169,4 @@ def test_a_pools_graphed_chains_equal_eager_ones_on_cuda(sampling):
     for drafters, _ in pools:
         for d, text in zip(drafters, texts):
             d.start(text)
-    for step in range(6):
-        out = []
-        for drafters, cache in pools:
-            states = [DraftState(list(texts[b]), 2 + b, sampling,
-                                 None if sampling.greedy else torch.Generator("cuda").manual_seed(10 * step + b))
-                      for b in range(2)]
-            out.append(drafters[0].propose_pooled(drafters, states, cache, [0, 1]))
-        for x, y in zip(*out):
-            assert x.tokens.tolist() == y.tokens.tolist()
-        for b in range(2):
-            texts[b] += out[0][b].tokens.tolist()[:step % 3] + [3]
+    pools_draft_alike(pools, texts, sampling)

@@ -13,7 +13,7 @@ from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.heads.modules import build_head, eagle_config, medusa_config
 from specdec.heads.prepared import quantize_q8_0
-from tests.conftest import TINY_VOCAB, run_engine, tiny_model
+from tests.conftest import TINY_VOCAB, pools_draft_alike, run_engine, seat_in_pool, tiny_model
 from tests.test_engine import N_TRIALS, PROMPTS, SMALL_VOCAB, exact_joint, tv, tv_bound
 
 
@@ -112,11 +112,7 @@ def test_the_server_pool_gives_the_engines_tokens(tiny_target, lookup, on_device
 
 def head_pool(target, prepared, n: int, on_device: bool):
     """n head drafters whose caches are rows of one batched cache, as a server's slots hold them."""
-    drafters = [EagleDrafter(target, prepared, 256, on_device=on_device) for _ in range(n)]
-    cache = drafters[0].new_pool_cache(n)
-    for b, d in enumerate(drafters):
-        d.cache = cache.row(b)
-    return drafters, cache
+    return seat_in_pool([EagleDrafter(target, prepared, 256, on_device=on_device) for _ in range(n)])
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
@@ -578,23 +574,14 @@ def test_the_heads_graphed_drafts_equal_its_eager_ones_on_cuda(case):
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
                          ids=["greedy", "sampled"])
 def test_a_pools_graphed_head_chains_equal_its_eager_ones_on_cuda(sampling):
-    from specdec.drafters.base import DraftState
     from specdec.model.cuda_graphs import enable_cuda_graphs
     eager_target, graph_target = tiny_model(0).cuda(), tiny_model(0).cuda()
     enable_cuda_graphs(graph_target)
     head = eagle_head(eager_target, seed=6)
     pools = [head_pool(t, EagleDrafter(t, head, 256).prepared, 2, True) for t in (eager_target, graph_target)]
     texts = [list(PROMPTS[0]), list(PROMPTS[1])]
-    for step in range(6):
-        out = []
-        for drafters, cache in pools:
-            for b in range(2):
-                drafters[b].feed(0, full_features(eager_target, texts[b])[:-1])
-            states = [DraftState(list(texts[b]), 2 + b, sampling,
-                                 None if sampling.greedy else torch.Generator("cuda").manual_seed(10 * step + b))
-                      for b in range(2)]
-            out.append(drafters[0].propose_pooled(drafters, states, cache, [0, 1]))
-        for x, y in zip(*out):
-            assert x.tokens.tolist() == y.tokens.tolist()
-        for b in range(2):
-            texts[b] += out[0][b].tokens.tolist()[:step % 3] + [3]
+
+    def features(drafters, texts):
+        for d, text in zip(drafters, texts):
+            d.feed(0, full_features(eager_target, text)[:-1])
+    pools_draft_alike(pools, texts, sampling, before=features)

@@ -18,7 +18,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, tiny_config
+from conftest import TINY_VOCAB, seat_in_pool, tiny_config
 from specdec.bench.synthetic import SHAPES, TREE, random_eagle
 from specdec.config import SamplingParams
 from specdec.drafters.base import DraftState
@@ -196,10 +196,8 @@ def test_a_pools_rows_draft_together_off_the_cpu_and_read_nothing_back(no_captur
     if fused:
         gpu_forward.enable(draft)
     no_capture(draft)
-    drafters = [DraftModelDrafter(draft, TINY_VOCAB, CAP) for _ in range(2)]
-    cache = drafters[0].new_pool_cache(2)
+    drafters, cache = seat_in_pool([DraftModelDrafter(draft, TINY_VOCAB, CAP) for _ in range(2)])
     for b, d in enumerate(drafters):
-        d.cache = cache.row(b)
         d.start(list(range(1, 9 + b)))
     chains = StopAfterChain(graphed=True)
     monkeypatch.setattr(draft_model, "pool_chains", lambda cache, graphed: chains)
@@ -216,10 +214,8 @@ def test_a_pools_head_chains_draft_together_off_the_cpu_and_read_nothing_back(no
     target = meta_model(tiny_config(), torch.float32)
     no_capture(target)
     first = random_eagle(target, CAP, seed=0)
-    drafters = [first, EagleDrafter(target, first.prepared, CAP)]
-    cache = first.new_pool_cache(2)
-    for b, d in enumerate(drafters):
-        d.cache = cache.row(b)
+    drafters, cache = seat_in_pool([first, EagleDrafter(target, first.prepared, CAP)])
+    for d in drafters:
         d.feed(0, torch.zeros(12, target.config.hidden_size, device=META))
     chains = StopAfterChain(graphed=True)
     monkeypatch.setattr(eagle, "pool_chains", lambda cache, graphed: chains)
