@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's measurements of the CUDA path, in order of value: each step under its own timeout,
-# its log and JSON written under $OUT as it ends, the whole under 7.5 minutes (caps sum to 440 s; the
+# its log and JSON written under $OUT as it ends, the whole under 7.5 minutes (caps sum to 445 s; the
 # first step compiles every kernel variant). For the device tool, which
 # sets $OUT and runs in the repository root (the GPU machine's own torch, Triton and transformers):
 #   bash scripts/gpu_run.sh
@@ -11,7 +11,9 @@
 # 3. eager with HF transformers' eager decode beside it, and the Triton loop without graphs;
 # 4. Inductor's compiled plain step (torch.compile), the well-kept way to fuse, against ours;
 # 5. the other CUDA tests;
-# 6. HF transformers' static cache with its compiled forward (context; its compile may not finish in the cap).
+# 6. scripts/gpu_profile.py: a step's kernels by device time, torch path and Triton loop, and the
+#    attention's key split swept (what to cut next toward the roofline);
+# 7. HF transformers' static cache with its compiled forward (context; its compile may not finish in the cap).
 set -u
 OUT=${OUT:?"set OUT to a folder for the results"}
 mkdir -p "$OUT"
@@ -30,4 +32,5 @@ step cuda-tests 40 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_cud
   tests/test_eagle.py::test_the_heads_graphed_drafts_equal_its_eager_ones_on_cuda \
   tests/test_eagle.py::test_a_pools_graphed_head_chains_equal_its_eager_ones_on_cuda \
   tests/test_synthetic_bench.py::test_successor_models_on_cuda_with_graphs
-step hf-compiled 40 python3 scripts/cuda_bench.py --modes none --hf-compile --repeats 2 --out "$OUT/cuda-bench-hf.json"
+step profile 30 python3 scripts/gpu_profile.py --out "$OUT/gpu-profile.json"
+step hf-compiled 15 python3 scripts/cuda_bench.py --modes none --hf-compile --repeats 2 --out "$OUT/cuda-bench-hf.json"

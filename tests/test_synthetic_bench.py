@@ -86,6 +86,24 @@ def test_successor_models_on_cuda_with_graphs():
         assert r["plain_follows_successor"] and r["oracle_k4"]["0.8"]["same_tokens_as_plain"]
 
 
+def test_gpu_profile_script_runs_on_cpu(tmp_path):
+    """scripts/gpu_profile.py's code on tiny shapes: both paths' operator tables (the Triton loop in the
+    interpreter) and the attention's key-split sweep."""
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, str(ROOT / "scripts/gpu_profile.py"), "--device", "cpu", "--target", "tiny-target",
+           "--context", "40", "--capacity", "128", "--sweep-contexts", "40,100", "--repeats", "2",
+           "--bandwidth-mb", "8", "--top", "4", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300,
+                   env={**os.environ, "TRITON_INTERPRET": "1"})
+    report = json.loads(out.read_text())
+    for mode in ("torch", "kernels"):
+        for step in ("decode", "verify5"):
+            table = report["modes"][mode][step]
+            assert table["step_us"] > 0 and 0 < table["roofline_share"] and len(table["top"]) == 4
+    assert set(report["attention_split_us"]) == {"40", "100"}
+    assert all(us > 0 for row in report["attention_split_us"].values() for us in row.values())
+
+
 def test_the_gpu_scripts_name_bad_arguments(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -93,6 +111,12 @@ def test_the_gpu_scripts_name_bad_arguments(tmp_path):
     for modes, said in (("eager,bogus", "bogus"), ("graphs", "graphs need CUDA")):
         out = run(bench, "--device", "cpu", "--target", "tiny-target", "--draft", "tiny-draft", "--modes", modes,
                   "--out", tmp_path / "b.json")
+        assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
+    for args, said in ((["--modes", "torch,bogus"], "bogus"), (["--device", "cuda"], "needs a GPU")):
+        if "cuda" in args and CUDA:
+            continue
+        out = run(ROOT / "scripts/gpu_profile.py", "--target", "tiny-target", *(["--device", "cpu"] if "--device"
+                  not in args else []), *args, "--out", tmp_path / "p.json")
         assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
     for args, said in ((["--tokenizer", tmp_path / "none"], "not a tokenizer directory"), ([], "give --tokenizer"),
                        (["--export-tokenizer", tmp_path / "none.gguf"], "none.gguf")):

@@ -216,18 +216,20 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
 
 
 def attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-              slots: torch.Tensor, mask: torch.Tensor | None, heads: int, scale: float) -> torch.Tensor:
+              slots: torch.Tensor, mask: torch.Tensor | None, heads: int, scale: float,
+              split_keys: int = SPLIT_KEYS) -> torch.Tensor:
     """Softmax attention of the q heads of qkv # [B, T, (heads + 2 kv_heads) * head_dim] over cache row rows[b]
     of k_cache, v_cache # [batch, kv_heads, capacity, head_dim], keys 0..slots[b, T-1] (slots # [B, T]) under
     mask # [B or 1, T, S] bool (None: every key to the row's last slot; S caps the keys); q head h reads kv
     head h // (heads / kv_heads). One program a (row, kv head, rows block, key split) reads its keys once
-    for every q head that shares them and every position. Returns [B, T, heads * head_dim] in qkv's dtype."""
+    for every q head that shares them and every position; split_keys: keys a split covers at most (a power of
+    two, at least 32). Returns [B, T, heads * head_dim] in qkv's dtype."""
     k = _kernels()
     b, t, w = qkv.shape
     kv, cap, hd = k_cache.shape[1:]
     g = heads // kv
     s = cap if mask is None else mask.shape[-1]
-    nsplit = max(1, -(-s // SPLIT_KEYS))
+    nsplit = max(1, -(-s // split_keys))
     block_m = 16 if t * g <= 16 else 32
     grid = (b * kv, -(-(t * g) // block_m))
     dev = qkv.device
@@ -240,7 +242,7 @@ def attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     k["attention_split"][(*grid, nsplit)](
         qkv, k_cache, v_cache, rows, slots, m, pm, pl, pacc, t, w, heads, g, k_cache.stride(0), k_cache.stride(1),
         slots.stride(0), m_sb, m_st, s, scale, nsplit, HD=hd, HAS_MASK=mask is not None, BLOCK_M=block_m,
-        BLOCK_N=32, SPLIT=SPLIT_KEYS, UPCAST=dev.type != "cuda")  # off CUDA: Triton's interpreter, whose dot
+        BLOCK_N=32, SPLIT=split_keys, UPCAST=dev.type != "cuda")  # off CUDA: Triton's interpreter, whose dot
     # multiplies bf16's raw bits
     out = torch.empty(b, t, heads * hd, device=dev, dtype=qkv.dtype)
     k["attention_combine"][grid](pm, pl, pacc, out, t, heads, g, nsplit, HD=hd, BLOCK_M=block_m)
