@@ -112,11 +112,11 @@ def sdpa(q, keys, values, mask, scale):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["decode", "causal", "ragged", "tree", "long"])
+@pytest.mark.parametrize("case", ["decode", "causal", "ragged", "tree", "long", "splits32"])
 def test_attention_matches_sdpa_over_the_cache(dtype, case):
     heads, kv, hd, cap = 4, 2, 16, 700  # 700: three key splits
-    b, t = (2, 3) if case == "ragged" else (1, 1 if case in ("decode", "long") else 5)
-    lengths = {"decode": [9], "causal": [40], "ragged": [30, 7], "tree": [12], "long": [600]}[case]
+    b, t = (2, 3) if case == "ragged" else (1, 1 if case in ("decode", "long", "splits32") else 5)
+    lengths = {"decode": [9], "causal": [40], "ragged": [30, 7], "tree": [12], "long": [600], "splits32": [600]}[case]
     qkv, _, _ = qkv_and_tables(b, t, heads, kv, hd, dtype, seed=4)
     g = torch.Generator().manual_seed(5)
     kc, vc = (torch.randn(b, kv, cap, hd, generator=g).to(DEV, dtype) for _ in range(2))
@@ -132,7 +132,8 @@ def test_attention_matches_sdpa_over_the_cache(dtype, case):
         slots = torch.arange(lengths[0], lengths[0] + t, device=DEV)[None]
         m = causal_mask(lengths[0], t, DEV)
         mask = None if m is None else m[None]
-    got = gpu_kernels.attention(qkv, kc, vc, rows, slots, mask, heads, 0.25)
+    split = {"splits32": 32}.get(case, gpu_kernels.SPLIT_KEYS)  # 32: 19 of 22 splits hold keys
+    got = gpu_kernels.attention(qkv, kc, vc, rows, slots, mask, heads, 0.25, split_keys=split)
     q = qkv[..., :heads * hd].view(b, t, heads, hd).transpose(1, 2)
     s = int(slots.max()) + 1
     full = torch.arange(s, device=DEV)[None, None, :] <= slots[:, :, None]  # [B, T, S]: up to each row's own slot

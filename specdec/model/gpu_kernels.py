@@ -148,7 +148,8 @@ def _kernels():
         tl.store(pacc + at.to(tl.int64)[:, None] * HD + d[None, :], acc, mask=live[:, None])
 
     @triton.jit
-    def attention_combine_kernel(pm, pl, pacc, out, T, H, G, NSPLIT, HD: tl.constexpr, BLOCK_M: tl.constexpr):
+    def attention_combine_kernel(pm, pl, pacc, out, slots, T, H, G, NSPLIT, slot_sb, S, HD: tl.constexpr,
+                                 BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
         bk = tl.program_id(0)
         kvh = bk % (H // G)
         b = bk // (H // G)
@@ -159,7 +160,9 @@ def _kernels():
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HD], tl.float32)
-        for sp in range(0, NSPLIT):  # the splits' softmax pieces merged, as the split kernel merges its blocks
+        # the splits that hold keys of this row (up to its last slot); the rest of the grid found none
+        end = tl.minimum(tl.load(slots + b * slot_sb + T - 1).to(tl.int32) + 1, S)
+        for sp in range(0, tl.minimum(tl.cdiv(end, SPLIT), NSPLIT)):  # merged as the split kernel merges blocks
             at = (bk * NSPLIT + sp) * rows_m + r
             m = tl.load(pm + at, mask=live, other=-1.0e30)
             m_new = tl.maximum(m_i, m)
@@ -245,7 +248,8 @@ def attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
         BLOCK_N=32, SPLIT=split_keys, UPCAST=dev.type != "cuda")  # off CUDA: Triton's interpreter, whose dot
     # multiplies bf16's raw bits
     out = torch.empty(b, t, heads * hd, device=dev, dtype=qkv.dtype)
-    k["attention_combine"][grid](pm, pl, pacc, out, t, heads, g, nsplit, HD=hd, BLOCK_M=block_m)
+    k["attention_combine"][grid](pm, pl, pacc, out, slots, t, heads, g, nsplit, slots.stride(0), s, HD=hd,
+                                 BLOCK_M=block_m, SPLIT=split_keys)
     return out
 
 
