@@ -139,7 +139,7 @@ def main() -> None:
         tables = {name: kernel_table(fn, device, args.repeats, args.top)
                   for name, fn in steps(model, args.context, args.capacity).items()}
         for table in tables.values():
-            table["roofline_share"] = round(roofline_us / table["step_us"], 3)
+            table["roofline_share"] = round(roofline_us / table["step_us"], 5)
         report["modes"][mode] = {"weights_roofline_us": round(roofline_us, 1), **tables}
         if mode == "kernels":
             report["attention_split_us"] = split_sweep(model, [int(c) for c in args.sweep_contexts.split(",")],
