@@ -143,9 +143,10 @@ def _kernels():
             l_i = l_i * keep + tl.sum(p, axis=1)
             m_i = m_new
         at = (bk * NSPLIT + sp) * rows_m + r
-        tl.store(pm + at, m_i, mask=live)
-        tl.store(pl + at, l_i, mask=live)
-        tl.store(pacc + at.to(tl.int64)[:, None] * HD + d[None, :], acc, mask=live[:, None])
+        kept = live & (lo < end)  # a split past the row's last key stores nothing: the combine stops before it
+        tl.store(pm + at, m_i, mask=kept)
+        tl.store(pl + at, l_i, mask=kept)
+        tl.store(pacc + at.to(tl.int64)[:, None] * HD + d[None, :], acc, mask=kept[:, None])
 
     @triton.jit
     def attention_combine_kernel(pm, pl, pacc, out, slots, T, H, G, NSPLIT, slot_sb, S, HD: tl.constexpr,
