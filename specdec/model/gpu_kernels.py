@@ -143,7 +143,9 @@ def _kernels():
             l_i = l_i * keep + tl.sum(p, axis=1)
             m_i = m_new
         at = (bk * NSPLIT + sp) * rows_m + r
-        kept = live & (lo < end)  # a split past the row's last key stores nothing: the combine stops before it
+        # a split past the row's last key stores nothing (the combine stops before it); the bound as a block, which
+        # every Triton's interpreter takes as a mask
+        kept = live & (tl.full([BLOCK_M], lo, tl.int32) < end)
         tl.store(pm + at, m_i, mask=kept)
         tl.store(pl + at, l_i, mask=kept)
         tl.store(pacc + at.to(tl.int64)[:, None] * HD + d[None, :], acc, mask=kept[:, None])
