@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from specdec.config import SamplingParams
+from specdec.drafters.base import GO_ON, LAST
 from specdec.model.cuda_graphs import capture
 from specdec.model.kv_cache import KVCache
 from specdec.model.transformer import Ragged
@@ -202,6 +203,17 @@ def device_chains(graphed: bool, on_device: bool | None) -> DeviceChains | None:
     """A drafter's DeviceChains where it drafts on the device (on_device; None: where its model replays CUDA
     graphs, `graphed`), graphed where the model is; else None (the host loop)."""
     return DeviceChains(graphed) if (graphed if on_device is None else on_device) else None
+
+
+def stop_cut(top: list[float], limit: int, decide) -> int:
+    """How many tokens of a chain drafted to its end the stop rules keep (at most limit): decide(i, p), on
+    token i's top probability p (END, LAST or GO_ON, as DraftState.stop), as the host loop asks it
+    before drafting token i."""
+    for i, p in enumerate(top[:limit]):
+        decision = decide(i, p)
+        if decision != GO_ON:
+            return i + (decision == LAST)
+    return limit
 
 
 _pools: dict[int, tuple[weakref.ref, DeviceChains]] = {}

@@ -10,7 +10,7 @@ from torch import nn
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
-from specdec.drafters.device_chain import chain_samplings, device_chains, draw_uniforms, pool_chains
+from specdec.drafters.device_chain import chain_samplings, device_chains, draw_uniforms, pool_chains, stop_cut
 from specdec.model import loaded_module
 from specdec.model.cuda_graphs import enable_cuda_graphs
 from specdec.model.quant import first_rows
@@ -150,7 +150,7 @@ class DraftModelDrafter(BaseDrafter):
                                   self.target_vocab, rules)
         if rules:  # the cut needs the chain on the host now
             self.cached += chain.tokens[0].tolist()[:-1]  # every token but the last was fed
-            n = self._cut(chain.top[0].tolist(), state)
+            n = stop_cut(chain.top[0].tolist(), state.limit, lambda i, p: self._decision(p, state, i))
         else:  # read at the next step, when the device is idle: the verify follows the chain with no wait
             self.unread, n = chain.tokens[0, :-1], state.limit
         return DraftTree.chain(*chain.row(0, n, state.sampling.greedy))
@@ -160,15 +160,6 @@ class DraftModelDrafter(BaseDrafter):
         if self.unread is not None:
             self.cached += self.unread.tolist()
             self.unread = None
-
-    def _cut(self, top: list[float] | None, state: DraftState) -> int:
-        """How many tokens of a chain drafted on the device the stop rules keep (at most state.limit), from
-        each position's top probability (None: no rule)."""
-        for i, p in enumerate((top or [])[:state.limit]):
-            decision = self._decision(p, state, i)
-            if decision != GO_ON:
-                return i + (decision == LAST)
-        return state.limit
 
     def drafts_on_device(self, state: DraftState, feed: list[int]) -> bool:
         """Whether this proposal's chain is drafted on the device: where the drafter does so, without a grammar
@@ -350,11 +341,12 @@ def _rows_on_device(drafters: list[DraftModelDrafter], states: list[DraftState],
     tokens, top = chain.tokens.tolist(), chain.top.tolist() if tops else None
     out = [DraftTree.empty(device) for _ in drafters]
     for j, i in enumerate(live):
-        d = drafters[i]
+        d, state = drafters[i], states[i]
         d.cache.advance(len(feeds[i]) + limit - 1)  # the feed, and the chain but its last token
         d.cached += tokens[j][:limit - 1]
-        out[i] = DraftTree.chain(*chain.row(j, d._cut(None if top is None else top[j], states[i]),
-                                            states[i].sampling.greedy))
+        n = state.limit if top is None else stop_cut(top[j], state.limit,
+                                                     lambda k, p, d=d, state=state: d._decision(p, state, k))
+        out[i] = DraftTree.chain(*chain.row(j, n, state.sampling.greedy))
     return out
 
 

@@ -24,7 +24,8 @@ import torch
 
 from specdec.config import TreeConfig
 from specdec.drafters.base import END, GO_ON, LAST, BaseDrafter, Capabilities, DraftState
-from specdec.drafters.device_chain import chain_samplings, device_chains, draft_chain, draw_uniforms, pool_chains
+from specdec.drafters.device_chain import (chain_samplings, device_chains, draft_chain, draw_uniforms, pool_chains,
+                                           stop_cut)
 from specdec.drafters.draft_model import node_depths, select_tree, tree_sizes
 from specdec.drafters.registry import Entry
 from specdec.errors import SpecdecError
@@ -197,13 +198,7 @@ class EagleDrafter(BaseDrafter):
             self._head_step(p), lg, st, u, limit, samplings, rules), (self._full(logits[None]), pred, start.view(1),
                                                                      uniforms))
         self.cache.length = self.valid + limit - 1  # the chain fed all but its last token, at slots valid..
-        cut = limit
-        if rules:
-            for i, top in enumerate(chain.top[0].tolist()):
-                decision = state.stop(i, top)
-                if decision != GO_ON:
-                    cut = i + (decision == LAST)
-                    break
+        cut = stop_cut(chain.top[0].tolist(), limit, state.stop) if rules else limit
         if cut == 0:
             return DraftTree.empty()
         return DraftTree.chain(*chain.row(0, cut, state.sampling.greedy))
@@ -432,13 +427,7 @@ def _head_rows_on_device(drafters: list[EagleDrafter], states: list[DraftState],
     for j, i in enumerate(live):
         d, state, n = drafters[i], states[i], len(states[i].tokens)
         d.valid, d.cache.length = n - 1, n + limit - 2  # true entries, then the chain's scratch ones
-        cut = limits[i]
-        if state.stop is not None:
-            for k, p in enumerate(top[j][:cut]):
-                decision = state.stop(k, p)
-                if decision != GO_ON:
-                    cut = k + (decision == LAST)
-                    break
+        cut = limits[i] if state.stop is None else stop_cut(top[j], limits[i], state.stop)
         if cut:
             out[i] = DraftTree.chain(*chain.row(j, cut, state.sampling.greedy))
     return out
