@@ -126,6 +126,12 @@ def main() -> None:
         ap.error(f"unknown mode {bad[0]!r}; modes are {', '.join(MODES)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda needs a GPU; use --device cpu")
+    try:
+        sweep = [int(c) for c in args.sweep_contexts.split(",")]
+    except ValueError:
+        ap.error(f"--sweep-contexts takes comma-separated token counts, got {args.sweep_contexts!r}")
+    if not all(0 < c < args.capacity for c in [args.context, *sweep]):
+        ap.error(f"--context and --sweep-contexts must lie between 0 and --capacity ({args.capacity}), exclusive")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "target": args.target, "dtype": args.dtype, "context": args.context, "modes": {}}
@@ -142,8 +148,7 @@ def main() -> None:
             table["roofline_share"] = round(roofline_us / table["step_us"], 5)
         report["modes"][mode] = {"weights_roofline_us": round(roofline_us, 1), **tables}
         if mode == "kernels":
-            report["attention_split_us"] = split_sweep(model, [int(c) for c in args.sweep_contexts.split(",")],
-                                                       args.capacity, args.repeats)
+            report["attention_split_us"] = split_sweep(model, sweep, args.capacity, args.repeats)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -142,6 +142,15 @@ def test_attention_matches_sdpa_over_the_cache(dtype, case):
     close(got.view(b, t, heads, hd).transpose(1, 2), want.to(dtype), dtype)
 
 
+@pytest.mark.parametrize("split", [16, 96])
+def test_attention_refuses_a_key_split_it_cannot_run(split):
+    qkv, _, _ = qkv_and_tables(1, 1, 4, 2, 16, torch.float32, seed=4)
+    cache = torch.zeros(1, 2, 64, 16, device=DEV)
+    with pytest.raises(ValueError, match="power of two of at least 32"):
+        gpu_kernels.attention(qkv, cache, cache, torch.zeros(1, dtype=torch.long, device=DEV),
+                              torch.zeros(1, 1, dtype=torch.long, device=DEV), None, 4, 0.25, split_keys=split)
+
+
 def fused_and_plain(seed=0, **overrides):
     """A tiny model with the fused loop and the same weights on the torch path."""
     plain = tiny_model(seed, attention_bias=True, **overrides).to(DEV)

@@ -112,7 +112,9 @@ def test_the_gpu_scripts_name_bad_arguments(tmp_path):
         out = run(bench, "--device", "cpu", "--target", "tiny-target", "--draft", "tiny-draft", "--modes", modes,
                   "--out", tmp_path / "b.json")
         assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
-    for args, said in ((["--modes", "torch,bogus"], "bogus"), (["--device", "cuda"], "needs a GPU")):
+    for args, said in ((["--modes", "torch,bogus"], "bogus"), (["--device", "cuda"], "needs a GPU"),
+                       (["--sweep-contexts", "512,lots"], "comma-separated token counts"),
+                       (["--context", "5000"], "between 0 and --capacity")):
         if "cuda" in args and CUDA:
             continue
         out = run(ROOT / "scripts/gpu_profile.py", "--target", "tiny-target", *(["--device", "cpu"] if "--device"

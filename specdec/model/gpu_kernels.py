@@ -230,6 +230,8 @@ def attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     head h // (heads / kv_heads). One program a (row, kv head, rows block, key split) reads its keys once
     for every q head that shares them and every position; split_keys: keys a split covers at most (a power of
     two, at least 32). Returns [B, T, heads * head_dim] in qkv's dtype."""
+    if split_keys < 32 or split_keys & (split_keys - 1):
+        raise ValueError(f"split_keys must be a power of two of at least 32 (the kernel's key block), got {split_keys}")
     k = _kernels()
     b, t, w = qkv.shape
     kv, cap, hd = k_cache.shape[1:]
