@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.model.transformer import ModelConfig, Transformer
+from specdec.model.transformer import ModelConfig, Ragged, Transformer
 
 TINY_VOCAB = 96
 
@@ -58,6 +58,28 @@ def pools_draft_alike(pools: list, texts: list[list[int]], sampling, before=None
             assert [c.tokens.tolist() for c in chains] == [c.tokens.tolist() for c in out[0]], step
         for b, text in enumerate(texts):
             text += out[0][b].tokens.tolist()[:step % 3] + [3]
+
+
+def ragged_step(m, prompt, lengths: list[int], feeds: list[list[int]], rows: list[int], capacity: int = 48):
+    """Rows `rows` of a 3-row cache, prefilled with the first `lengths` tokens of prompt # [1, >= max(lengths)],
+    take `feeds` in one ragged forward (the server's batched verify and pooled drafting): its logits, the
+    cache, whether the model's fused layer loop takes the call, and each row's own step alone."""
+    from specdec.sampling.verify import ragged_inputs
+    with torch.inference_mode():
+        batch = m.new_cache(capacity, batch=3)
+        for r, n in zip(rows, lengths):
+            m(prompt[:, :n], batch.row(r), 0)
+        tokens, slots, positions, mask = ragged_inputs(lengths, feeds, "cpu")
+        args = dict(positions=positions, mask=mask, slots=slots, rows=torch.tensor(rows))
+        inputs = m.layer_inputs(positions, Ragged(args["rows"], slots), mask)
+        takes = m.layer_loop is not None and m.layer_loop.takes(tokens, batch, Ragged(args["rows"], slots), inputs)
+        logits = m(tokens, batch, 0, **args)
+        alone = []
+        for r, n, feed in zip(rows, lengths, feeds):  # the same step of each sequence by itself, on a copy
+            one = m.new_cache(capacity)
+            one.k.copy_(batch.k[:, r:r + 1]), one.v.copy_(batch.v[:, r:r + 1])
+            alone.append(m(torch.tensor([feed]), one, n))
+        return logits, batch.k.clone(), takes, alone
 
 
 def make_drafter(name: str, target, capacity: int, draft=None, note=None, layers=None, **options):

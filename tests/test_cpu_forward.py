@@ -1,11 +1,13 @@
 """The layer loop in one C call (cpu_forward.c): the same logits as the Python loop, bit for bit,
-for one-token steps, verify passes and tree masks; it declines what it does not serve; silu_mul is
+for one-token steps, verify passes, tree masks and ragged batches; it declines what it does not serve; silu_mul is
 SiLU."""
 
 import pytest
 import torch
 
 from specdec.model import cpu_kernels
+from specdec.model.transformer import Ragged
+from tests.conftest import ragged_step
 
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
@@ -106,6 +108,21 @@ def test_c_loop_serves_a_row_of_a_batched_cache(smollm2):
 
 
 @pytest.mark.real
+@pytest.mark.parametrize("feeds", [[[5], [7]], [[5, 6, 7, 8, 9], [1, 2]], [[3] * 16, [4]]], ids=["decode", "verify", "T16"])
+def test_c_loop_gives_the_python_loops_bits_on_a_ragged_batch(smollm2, feeds):
+    """A ragged batch (rows 2 and 0 of a 3-row cache, at different lengths, the shorter feed padded) takes
+    the C loop: the Python loop's bits, in the logits and the cache; each row's logits are its sequence's
+    own step's."""
+    prompt = torch.randint(0, 1000, (1, 20), generator=torch.Generator().manual_seed(2))
+    (a, ka, takes, alone), (b, kb, _, _) = both_loops(smollm2, lambda m: ragged_step(m, prompt, [20, 9], feeds, [2, 0]))
+    assert takes
+    assert torch.equal(a, b) and torch.equal(ka, kb)
+    for row, (feed, own) in enumerate(zip(feeds, alone)):
+        assert torch.equal(a[row, :len(feed)], own[0])
+    assert ka[:, 1].abs().sum() == 0  # the row outside the batch is untouched
+
+
+@pytest.mark.real
 def test_c_loop_declines_what_it_does_not_serve(smollm2):
     fast = smollm2.layer_loop
     cache, batch2 = smollm2.new_cache(64), smollm2.new_cache(64, batch=2)
@@ -120,6 +137,16 @@ def test_c_loop_declines_what_it_does_not_serve(smollm2):
     assert not fast.takes(tok, cache, 3, inputs(1, torch.ones(1, 4)))  # a float mask
     with pytest.raises(RuntimeError, match="refused"):  # past the cache: a clear error, nothing written
         fast.run(torch.zeros(1, 2, smollm2.config.hidden_size), inputs(2), cache, 63)
+    # a ragged batch: its mask must be bool [batch, 1, T, S]; a row or a slot outside the cache is refused
+    x, pos = torch.zeros(2, 1, smollm2.config.hidden_size), torch.tensor([[3], [5]])
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    at = Ragged(torch.tensor([0, 1]), pos.clone())
+    assert fast.takes(torch.zeros(2, 1, dtype=torch.long), batch2, at, smollm2.layer_inputs(pos, at, mask))
+    assert not fast.takes(torch.zeros(2, 1, dtype=torch.long), batch2, at, smollm2.layer_inputs(pos, at, mask.float()))
+    for rows, slots in (([0, 2], [[3], [5]]), ([0, 1], [[3], [64]])):
+        bad = Ragged(torch.tensor(rows), torch.tensor(slots))
+        with pytest.raises(RuntimeError, match="refused"):
+            fast.run(x.clone(), smollm2.layer_inputs(pos, bad, mask), batch2, bad)
 
 
 @pytest.mark.real

@@ -24,6 +24,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.engine import Engine
 from specdec.model import cpu_kernels, load_model
 from specdec.model.loading import load_gguf_blocks, load_gguf_reference, open_gguf
+from tests.conftest import ragged_step
 
 LLAMA_CPP = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "llama.cpp" / "src"
 CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
@@ -195,7 +196,7 @@ def both_loops(module, fn):
 @kernel
 @pytest.mark.parametrize("name", FAMILIES)
 def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
-    """Decode steps and verify passes past the sliding window, and a tree with its own mask."""
+    """Decode steps and verify passes past the sliding window, a tree with its own mask, and a ragged batch."""
     model, paths = checkpoints[name]
     loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
     prompt, steps = prompt_ids(model.config.vocab_size, 20), prompt_ids(model.config.vocab_size, 16)
@@ -216,6 +217,11 @@ def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert torch.equal(ka, kb)
     assert torch.equal(a[8], torch.cat(a[:2], 1))  # a verify row is a one-token step
+    # a ragged batch (the server's) past the window: rows at 20 and 9 slots, 5 and 2 new positions
+    feeds = [steps[0, :5].tolist(), steps[0, 5:7].tolist()]
+    (a, ka, takes, alone), (b, kb, _, _) = both_loops(loaded, lambda m: ragged_step(m, prompt, [20, 9], feeds, [2, 0]))
+    assert takes and torch.equal(a, b) and torch.equal(ka, kb)
+    assert all(torch.equal(a[row, :len(f)], own[0]) for row, (f, own) in enumerate(zip(feeds, alone)))
 
 
 @pytest.mark.parametrize("name", FAMILIES)

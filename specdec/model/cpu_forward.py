@@ -7,9 +7,11 @@ the 0.5B draft model's step, an eighth of the 1.5B target's.
 `forward_layers` runs the same C ops on the same data in the same order, so its output is the
 loop's, bit for bit (tests/test_cpu_forward.py).
 
-It serves one sequence (batch 1, or one row of a batched cache) writing at an int start, up to 16 positions, a model whose every
-linear layer is a QuantLinear (loading.load_gguf_blocks) on our fused ops; `CpuForward.takes` says
-whether a call qualifies, and the caller keeps the Python loop otherwise.
+It serves one sequence (batch 1, or one row of a batched cache) writing at an int start, and a ragged
+batch (the server's rows, each at its own slots under its own mask), up to 16 positions a row, for a
+model whose every linear layer is a QuantLinear (loading.load_gguf_blocks) on our fused ops. A ragged
+batch's GEMMs read each weight once for all its rows. `CpuForward.takes` says whether a call
+qualifies, and the caller keeps the Python loop otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import nn
 
 from specdec.model import cpu_kernels
 from specdec.model.quant import QuantLinear
-from specdec.model.transformer import RMSNorm
+from specdec.model.transformer import Ragged, RMSNorm
 
 MAX_T = 16  # cpu_forward.c's FW_MAX_T
 MAX_PARTS = 4  # FW_MAX_PARTS
@@ -74,44 +76,76 @@ class CpuForward:
         self._scratch = threading.local()  # per thread: two threads may step two sequences of one model
 
     def takes(self, tokens: torch.Tensor, cache, start, inputs) -> bool:
-        """Whether a forward of tokens [batch, T] at `start` with inputs (transformer.LayerInputs) fits."""
+        """Whether a forward of tokens [batch, T] at `start` (an int slot, or transformer.Ragged rows and
+        slots) with inputs (transformer.LayerInputs) fits."""
         b, t = tokens.shape
-        return (b == 1 and 1 <= t <= MAX_T and isinstance(start, int) and cache.k.shape[1] == 1
-                and cache.k.dtype is torch.float32 and _one_row(cache.k) and _one_row(cache.v)
-                and cache.k.stride() == cache.v.stride()
-                and all(m is None or (m.dtype is torch.bool and m.dim() == 2 and m.shape[0] == t
-                                      and m.shape[1] >= start + t and m.stride(1) == 1)
-                        for m in (inputs.mask, inputs.local_mask)))
+        if not (1 <= t <= MAX_T and cache.k.dtype is torch.float32 and _rows_apart(cache.k)
+                and cache.k.stride() == cache.v.stride()):
+            return False
+        masks = (inputs.mask, inputs.local_mask)
+        if isinstance(start, int):
+            return b == 1 and cache.k.shape[1] == 1 and all(
+                m is None or (m.dtype is torch.bool and m.dim() == 2 and m.shape[0] == t and m.shape[1] >= start + t
+                              and m.stride(1) == 1) for m in masks)
+        return (isinstance(start, Ragged) and start.slots.dtype is torch.int64 and start.slots.shape == (b, t)
+                and all(m is not None and m.dtype is torch.bool and m.dim() == 4 and m.shape[0] in (1, b)
+                        and m.shape[2] == t and m.shape[3] == masks[0].shape[3] and m.stride(3) == 1 for m in masks))
 
-    def run(self, x: torch.Tensor, inputs, cache, start: int) -> torch.Tensor:
-        """x [1, T, D] (embeddings; written in place) through every layer; inputs: the layers' RoPE rows
-        [1, 1, T, head_dim] and masks (transformer.LayerInputs)."""
+    def run(self, x: torch.Tensor, inputs, cache, start) -> torch.Tensor:
+        """x [batch, T, D] (embeddings; written in place) through every layer, writing at `start` (an int
+        slot for one sequence, or Ragged rows and slots); inputs: the layers' RoPE rows [batch, 1, T, head_dim]
+        and masks (transformer.LayerInputs: [T, S] for an int start, [batch, 1, T, S] for a ragged batch)."""
         D, H, KV, hd, inter = self.dims
-        T = x.shape[1]
-        scratch = getattr(self._scratch, "buf", None)
-        if scratch is None:
-            scratch = self._scratch.buf = torch.empty(int(self.lib.forward_scratch_floats(MAX_T, D, H, KV, hd, inter)))
+        B, T = x.shape[:2]
         x = x.contiguous()
         cos, sin, lcos, lsin = (t.contiguous() for t in (inputs.cos, inputs.sin, inputs.local_cos, inputs.local_sin))
-        mask, lmask = inputs.mask, inputs.local_mask
-        rc = self.lib.forward_layers(self.layers, self.n_layers, x.data_ptr(), T, D, H, KV, hd, inter, self.eps,
-                                     self.scale, cos.data_ptr(), sin.data_ptr(), lcos.data_ptr(), lsin.data_ptr(),
-                                     cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[3], cache.k.stride(0), start,
-                                     mask.data_ptr() if mask is not None else None,
-                                     mask.stride(0) if mask is not None else 0,
-                                     lmask.data_ptr() if lmask is not None else None,
-                                     lmask.stride(0) if lmask is not None else 0, scratch.data_ptr(),
-                                     torch.get_num_threads())
+        (mask, smb, smt), (lmask, lsmb, lsmt) = _strides(inputs.mask), _strides(inputs.local_mask)
+        if isinstance(start, int):
+            rows = slots = None
+            first, span = start, start + T
+        else:
+            rows, slots = start.rows.to(torch.int64).contiguous(), start.slots.contiguous()
+            first, span = 0, inputs.mask.shape[3]
+        rc = self.lib.forward_rows(self.layers, self.n_layers, x.data_ptr(), B, T, D, H, KV, hd, inter, self.eps,
+                                   self.scale, cos.data_ptr(), sin.data_ptr(), lcos.data_ptr(), lsin.data_ptr(),
+                                   cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[3], cache.k.stride(0),
+                                   cache.k.stride(1), cache.k.shape[1], _ptr(rows), _ptr(slots), first, span, _ptr(mask), smb, smt,
+                                   _ptr(lmask), lsmb, lsmt, self._scratch_for(B * T).data_ptr(),
+                                   torch.get_num_threads())
         if rc:
-            raise RuntimeError(f"forward_layers refused T = {T} at slot {start} (capacity {cache.k.shape[3]})")
+            where = f"slot {start}" if rows is None else f"slots {slots.tolist()}"
+            raise RuntimeError(f"forward_rows refused {B} x {T} positions at {where} (capacity {cache.k.shape[3]})")
         return x
 
+    def _scratch_for(self, n: int) -> torch.Tensor:
+        """This thread's scratch, for n rows at least."""
+        D, H, KV, hd, inter = self.dims
+        need = int(self.lib.forward_scratch_floats(max(n, MAX_T), D, H, KV, hd, inter))
+        scratch = getattr(self._scratch, "buf", None)
+        if scratch is None or scratch.numel() < need:
+            scratch = self._scratch.buf = torch.empty(need)
+        return scratch
 
-def _one_row(t: torch.Tensor) -> bool:
-    """A cache tensor [layers, 1, kv_heads, capacity, head_dim] whose layers may lie apart (a row of a
-    batched cache) but each layer's [kv_heads, capacity, head_dim] is contiguous."""
-    _, _, kv, cap, hd = t.shape
-    return t.stride()[2:] == (cap * hd, hd, 1) and t.stride(0) >= kv * cap * hd
+
+def _strides(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
+    """A bool mask [T, S] or [batch, 1, T, S] (contiguous slots), with its batch and query strides."""
+    if mask is None:
+        return None, 0, 0
+    if mask.dim() == 2:
+        return mask, 0, mask.stride(0)
+    return mask, mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2)
+
+
+def _ptr(t: torch.Tensor | None):
+    return t.data_ptr() if t is not None else None
+
+
+def _rows_apart(t: torch.Tensor) -> bool:
+    """A cache tensor [layers, batch, kv_heads, capacity, head_dim] whose layers and rows may lie apart (a
+    row of a batched cache, or its rows) but each row's layer [kv_heads, capacity, head_dim] is contiguous."""
+    _, batch, kv, cap, hd = t.shape
+    layer = kv * cap * hd
+    return t.stride()[2:] == (cap * hd, hd, 1) and (batch == 1 or t.stride(1) >= layer) and t.stride(0) >= batch * layer
 
 
 def enable(model: nn.Module) -> bool:

@@ -84,7 +84,14 @@ typedef struct {
     fw_linear qkv, o, gate_up, down;
 } fw_layer;
 
-int64_t forward_scratch_floats(int64_t T, int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I);
+int64_t forward_scratch_floats(int64_t n, int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I);
+int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t T, int64_t D, int64_t H, int64_t KV,
+                 int64_t hd, int64_t I, float eps, float scale, const float *cos, const float *sin,
+                 const float *lcos, const float *lsin, float *kc, float *vc, int64_t cap, int64_t layer_stride,
+                 int64_t row_stride, int64_t n_rows, const int64_t *rows, const int64_t *slots, int64_t start,
+                 int64_t S,
+                 const uint8_t *mask, int64_t smb, int64_t smt, const uint8_t *lmask, int64_t lsmb, int64_t lsmt,
+                 float *scratch, int nthreads);
 int forward_layers(const fw_layer *layers, int64_t L, float *x, int64_t T, int64_t D, int64_t H, int64_t KV,
                    int64_t hd, int64_t I, float eps, float scale, const float *cos, const float *sin,
                    const float *lcos, const float *lsin, float *kc, float *vc, int64_t cap, int64_t layer_stride,
