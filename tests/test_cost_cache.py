@@ -13,10 +13,11 @@ def fake_measure(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     state = {"calls": 0, "spread": 1.0, "c": 0.25}
 
-    def fake(target, draft, sizes, context=256, repeats=3):
+    def fake(target, draft, sizes, context=256, repeats=3, batches=()):
         state["calls"] += 1
-        return CostModel({1: 1.0, 2: 1.1, 3: 1.2}, state["c"] if draft is not None else 0.0, 0.010, 0.01, 0.3), \
-            state["spread"]
+        rows = {1: 1.0, **{n: 1.0 + 0.1 * n for n in batches}}
+        return CostModel({1: 1.0, 2: 1.1, 3: 1.2}, state["c"] if draft is not None else 0.0, 0.010, 0.01, 0.3,
+                         draft_rows=rows), state["spread"]
 
     monkeypatch.setattr(measure, "_measure", fake)
     return state
@@ -36,6 +37,15 @@ def test_another_pair_or_other_sizes_are_measured_anew(fake_measure, tiny_target
     measure.cached_costs(tiny_target, tiny_draft, sizes=(1, 2, 3, 5))
     measure.cached_costs(tiny_target, tiny_model(7, num_layers=1), sizes=(1, 2, 3))  # other weights
     assert fake_measure["calls"] == 4
+
+
+def test_a_pooled_drafts_row_costs_are_kept_apart_and_read_back(fake_measure, tiny_target, tiny_draft):
+    """A server's costs (the pooled draft's d(n) at its row counts) are their own entry; generate's stays."""
+    single = measure.cached_costs(tiny_target, tiny_draft, sizes=(1, 2, 3))
+    pooled = measure.cached_costs(tiny_target, tiny_draft, sizes=(1, 2, 3), batches=(2, 4))
+    again = measure.cached_costs(tiny_target, tiny_draft, sizes=(1, 2, 3), batches=(2, 4))
+    assert fake_measure["calls"] == 2 and single.draft_rows == {1: 1.0}
+    assert again.source and again.draft_rows == pooled.draft_rows == {1: 1.0, 2: 1.2, 4: 1.4}
 
 
 def test_a_cached_entry_is_read_without_timing_a_step(fake_measure, tiny_target, tiny_draft, monkeypatch):

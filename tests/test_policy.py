@@ -10,7 +10,7 @@ from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
-from specdec.policy.costs import quadratic_part
+from specdec.policy.costs import quadratic_part, round_draft_cost
 from specdec.policy import (AdaptivePolicy, CostModel, Outcome, PolicyConfig, best_k, expected_tokens, fit_prefill,
                             interpolate, measure_costs, parse_schedule, round_width)
 from tests.conftest import TINY_VOCAB, tiny_model
@@ -63,6 +63,57 @@ def test_round_width_is_chosen_for_the_whole_batch():
     assert round_width([(sure, 4)] * 2) == 5  # 10 rows still cost ~1 step: both draft 4
     assert round_width([(None, 3), (None, 0)]) == 4  # fixed k (no adaptive policy): the widest stands
     assert round_width([]) == 1
+
+
+def test_a_pooled_draft_is_priced_by_its_row_curve():
+    """A server's rows drafting together read the draft's weights once a position: a pooled draft model
+    costs k c d(B), not B k c. Measured on a 2-core Zen 4: the 0.5B draft's 4-row forward costs 1.4 of one
+    row's and its verify curve (1.5B target) as in CPU below: linear pricing turns drafting off at 4 rows,
+    the row curve keeps it on."""
+    rows = CostModel(CPU.verify_cost, CPU.draft_cost, draft_rows={1: 1.0, 4: 1.4, 16: 4.2})
+    assert rows.d(1) == 1.0 and rows.d(4) == 1.4 and rows.d(10) == pytest.approx(2.8)
+    assert CPU.d(4) == 4.0  # no curve: each row drafts on its own
+    assert rows.step_time(4, batch=4) == pytest.approx(4 * 0.26 * 1.4 + rows.v(20))
+    beta = [0.85] * 4
+    assert best_k(beta, CPU, 4, batch=4)[0] == 0 and best_k(beta, rows, 4, batch=4)[0] > 0
+    with pytest.raises(SpecdecError, match="d\\(1\\) = 1"):
+        CostModel(CPU.verify_cost, 0.2, draft_rows={1: 2.0})
+    with pytest.raises(SpecdecError, match="positive"):
+        CostModel(CPU.verify_cost, 0.2, draft_rows={1: 1.0, 4: 0.0})
+
+
+def test_round_width_prices_a_pooled_position_once_for_its_rows():
+    """Four sure rows drafting 4: linear pricing (16 draft forwards) keeps them plain where the pooled
+    row curve (4 forwards of 4 rows, 1.4 each) lets them draft; a position only some rows reach costs
+    d(those rows)."""
+    linear = CostModel(CPU.verify_cost, 0.4)
+    pooled = CostModel(CPU.verify_cost, 0.4, draft_rows={1: 1.0, 2: 1.1, 4: 1.4})
+    widths = []
+    for costs in (linear, pooled):
+        sure = AdaptivePolicy(costs, PolicyConfig(k_max=4))
+        sure.assume([0.9] * 4)
+        widths.append(round_width([(sure, 4)] * 4))
+    assert widths[0] == 1 and widths[1] > 1
+    # one row drafting 4, three drafting 1: positions 2..4 hold that row alone
+    assert round_draft_cost(pooled, 0.4, [4, 1, 1, 1]) == pytest.approx(0.4 * (1.4 + 3 * 1.0))
+    assert round_draft_cost(linear, 0.4, [4, 1, 1, 1]) == pytest.approx(0.4 * 7)
+    assert round_draft_cost(pooled, 0.4, [0, 0]) == 0.0
+
+
+def test_calibration_of_a_pooled_draft_reads_its_share_as_one_rows_forward():
+    """In a pool of B rows each row's draft seconds are the pooled forwards' time over B, which is
+    c d(B) / B of a plain step a position: calibrated back to c, not to c d(B) / B."""
+    costs = CostModel(CPU.verify_cost, 0.25, step_seconds=0.1, draft_rows={1: 1.0, 4: 2.0})
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=4))
+    policy.assume([0.8] * 4)
+    for _ in range(12):
+        policy.observe_time(4, 0.1 * 4 * 0.25 * 2.0 / 4, 0.1 * costs.v(20) / 4, batch=4, width=5)
+    assert policy.draft_cost == pytest.approx(0.25, rel=0.02)
+    linear = AdaptivePolicy(CostModel(CPU.verify_cost, 0.25, step_seconds=0.1), PolicyConfig(k_max=4))
+    linear.assume([0.8] * 4)
+    for _ in range(12):  # each row drafting on its own: its seconds are its own forwards
+        linear.observe_time(4, 0.1 * 4 * 0.25, 0.1 * CPU.v(20) / 4, batch=4, width=5)
+    assert linear.draft_cost == pytest.approx(0.25, rel=0.02)
 
 
 def test_fixed_schedule_overrides_the_model():
@@ -413,6 +464,10 @@ def test_measured_costs_are_positive(tiny_target, tiny_draft):
     assert costs.prefill(16) > 0 and costs.prefill_fixed >= 0
     lookup = measure_costs(tiny_target, None, sizes=(1, 2), context=16)
     assert lookup.prefill(16) == 0 and lookup.prefill_fixed == 0
+    assert costs.draft_rows == {1: 1.0} and lookup.draft_rows == {1: 1.0}  # no pool asked for: each row alone
+    pooled = measure_costs(tiny_target, tiny_draft, sizes=(1, 2), context=16, repeats=2, batches=(2, 8))
+    d = pooled.draft_rows
+    assert sorted(d) == [1, 2, 8] and d[1] == 1.0 and 0 < d[2] <= d[8]  # more rows never cost less
 
 
 PROMPTS = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60))]

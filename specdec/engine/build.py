@@ -118,16 +118,15 @@ class Builder:
         name = m.entry.label(self.parts, m.options(self.options), drafter)
         return f"{name} {k_text}" if m.entry.drafts else name
 
-    def policy(self, drafter, k_max: int, cost_profile: str | None = None, max_rows: int = 0, confidence: bool = True):
-        return build_policy(drafter, self.target, k_max, cost_profile, max_rows, confidence)
+    def policy(self, drafter, k_max: int, cost_profile: str | None = None, max_batch: int = 1, confidence: bool = True):
+        return build_policy(drafter, self.target, k_max, cost_profile, max_batch, confidence)
 
     def engine(self, m: Method, plan: EnginePlan, note=log, options: DraftOptions | None = None,
                drafter=None) -> Engine:
         """An engine of plan.max_batch slots drafting with method m (drafter: the first slot's, made
         already); each slot's policy starts from the same costs."""
         first = drafter if drafter is not None else self.drafter(m, note, options)
-        rows = plan.max_batch * (plan.k + 1) if plan.max_batch > 1 else 0
-        policy = self.policy(first, plan.k, plan.cost_profile, rows, plan.confidence) if plan.adaptive else None
+        policy = self.policy(first, plan.k, plan.cost_profile, plan.max_batch, plan.confidence) if plan.adaptive else None
         if plan.max_batch == 1:
             return Engine(self.target.module, lambda: first, self.parts.capacity, 1,
                           (lambda: policy) if policy is not None else None, plan.prefill_chunk,
@@ -143,22 +142,27 @@ class Builder:
                       policies if policy is not None else None, plan.prefill_chunk, prefix_cache=plan.prefix_cache)
 
 
-def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, max_rows: int = 0,
+def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, max_batch: int = 1,
                  confidence: bool = True):
     """An AdaptivePolicy for this drafter (None for plain decoding): costs from a `specdec profile`
-    JSON or measured now (v(n) up to n = max(k_max + 1, max_rows): a server measures up to
-    max_batch (k_max + 1) rows), corrected by the drafter's own cost hints (drafters/base.py)."""
+    JSON or measured now (v(n) up to n = max(k_max + 1, max_batch (k_max + 1)); for a draft model
+    that drafts a server's rows together, d(n) at powers of two up to max_batch), corrected by the
+    drafter's own cost hints (drafters/base.py)."""
     if not drafter.caps.drafts:
         return None
     model = drafter.cost_model()
     if cost_profile:
         costs = CostModel.from_profile(load_profile(cost_profile), draft_model=model is not None)
     else:
-        top = max(k_max + 1, max_rows)
+        top = max_batch * (k_max + 1)
         sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}
-        costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log)
+        pooled = max_batch > 1 and model is not None and drafter.caps.pooled
+        batches = sorted({n for n in (2, 4, 8, 16, 32, 64) if n < max_batch} | {max_batch}) if pooled else []
+        costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log, batches=batches)
     drafter.adjust_costs(costs, target, measured=not cost_profile)
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
         f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_fixed:.3f} + {costs.prefill_cost:.4f} per prompt token "
-        f"+ {costs.prefill_quadratic:.2e} per token squared")
+        f"+ {costs.prefill_quadratic:.2e} per token squared"
+        + (f", pooled draft rows d(n) {dict((n, round(d, 3)) for n, d in costs.draft_rows.items())}"
+           if len(costs.draft_rows) > 1 else ""))
     return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **drafter.tree_actions()))

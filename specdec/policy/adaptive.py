@@ -17,7 +17,7 @@ from specdec.policy.admission import Admission
 from specdec.policy.calibration import Calibration
 from specdec.policy.confidence import ConfidenceRule
 from specdec.policy.config import PolicyConfig
-from specdec.policy.costs import CostModel, best_k, expected_tokens
+from specdec.policy.costs import CostModel, best_k, expected_tokens, round_draft_cost
 from specdec.policy.estimates import Acceptance
 from specdec.policy.face import Action, Ask, Outcome
 from specdec.policy.trees import Trees
@@ -166,7 +166,8 @@ def round_width(chosen: list[tuple["AdaptivePolicy | None", int]]) -> int:
 
     With adaptive policies on every row, the width W is chosen for the whole round: the one with
     the most expected tokens, sum_b E_b(min(k_b, W - 1)), per predicted time, v(B W) plus the rows'
-    draft costs; each row then drafts at most W - 1. A lone probe in a large batch no longer makes
+    draft costs (draft position j costs c d(the rows drafting that far): one pooled forward, or each
+    row's own); each row then drafts at most W - 1. A lone probe in a large batch no longer makes
     every row pay for it. Otherwise (fixed k, a schedule) the widest choice stands."""
     if not chosen:
         return 1
@@ -177,11 +178,12 @@ def round_width(chosen: list[tuple["AdaptivePolicy | None", int]]) -> int:
     costs, n = policies[0].costs, len(chosen)
     rho_v = sum(p.rho_v for p in policies) / n
     rho_spec = sum(p.rho_spec for p in policies) / n  # drafted (multi-position) steps' calibration
+    c = sum(p.draft_cost for p in policies) / n  # one row's draft forward (calibrated)
     best, best_rate = 1, 0.0
     for w in sorted({k + 1 for _, k in chosen} | {1}):
         tokens = sum(expected_tokens(p.beta, min(k, w - 1)) for p, k in chosen)
-        seconds = (rho_spec if w > 1 else rho_v) * costs.v(n * w) + sum(min(k, w - 1) * p.draft_cost
-                                                                        for p, k in chosen)
+        drafting = round_draft_cost(costs, c, [min(k, w - 1) for _, k in chosen])
+        seconds = (rho_spec if w > 1 else rho_v) * costs.v(n * w) + drafting
         if tokens / seconds > best_rate * (1 + 1e-9):
             best, best_rate = w, tokens / seconds
     return best

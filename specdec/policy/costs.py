@@ -4,6 +4,8 @@
 - verifying n positions costs v(n) (v(1) = 1), measured once per model (`measure_costs`) or taken
   from a `specdec profile` JSON;
 - one draft token costs c (the draft model's step over the target's; about 0 for lookup drafters);
+- a pooled draft forward over n rows (a server's slots drafting together) costs c d(n), d(1) = 1, measured
+  for a draft model that pools; else d(n) = n (each row drafts on its own);
 - the drafter's prefill of n prompt tokens costs prefill_fixed + prefill_cost n + prefill_quadratic n^2 (a draft
   model; 0 for lookup drafters): the square is attention's, which a 1-2k-token prompt makes count.
 
@@ -12,7 +14,8 @@ acceptance estimates, see estimates.py) for k c + v(k + 1) time; best_k takes th
 E(k) / time, k = 0 being plain decoding (1 token per 1 time), which drafting must beat by a margin.
 
 Batch awareness: with B sequences in a verify pass the target reads its weights once for B (k + 1)
-rows, so plain costs v(B) for B tokens and a chain costs B k c + v(B (k + 1)) for B E(k) tokens;
+rows, so plain costs v(B) for B tokens and a chain costs k c d(B) + v(B (k + 1)) for B E(k) tokens
+(a pooled draft model reads its weights once a position for all B rows too: d(B) well under B);
 above a measured critical batch no k pays. A fixed schedule {batch size: k} (vLLM's
 num_speculative_tokens_per_batch_size) overrides the model.
 """
@@ -47,11 +50,15 @@ class CostModel:
     prefill_cost: float = 0.0  # the drafter's prefill per prompt token, relative to one plain step
     prefill_fixed: float = 0.0  # and per prefill forward, whatever its length (reading the weights, small-M GEMMs)
     prefill_quadratic: float = 0.0  # and per token squared (attention over the prompt so far)
+    # n rows of a pooled draft forward -> time relative to one row (d(1) = 1); {1: 1.0} alone: n rows cost n
+    draft_rows: dict[int, float] = field(default_factory=lambda: {1: 1.0})
     source: str | None = field(default=None, compare=False)  # the cache file these were read from (measure.py)
 
     def __post_init__(self):
         if not self.verify_cost or 1 not in self.verify_cost:
             raise SpecdecError("a cost model needs v(1) among its verify costs")
+        if self.draft_rows.get(1) != 1.0 or any(n < 1 or d <= 0 for n, d in self.draft_rows.items()):
+            raise SpecdecError(f"a pooled draft's row costs need d(1) = 1 and positive values, got {self.draft_rows}")
         if (any(n < 1 or v <= 0 for n, v in self.verify_cost.items()) or self.draft_cost < 0
                 or self.prefill_cost < 0 or self.prefill_fixed < 0 or self.prefill_quadratic < 0):
             raise SpecdecError(f"costs must be positive: v={self.verify_cost}, c={self.draft_cost}, "
@@ -60,6 +67,10 @@ class CostModel:
 
     def v(self, n: int) -> float:
         return interpolate(self.verify_cost, n)
+
+    def d(self, n: int) -> float:
+        """A pooled draft forward over n rows, in one row's forwards."""
+        return interpolate(self.draft_rows, n)
 
     @property
     def charges_prefill(self) -> bool:
@@ -76,7 +87,7 @@ class CostModel:
         return self.prefill_fixed + self.prefill_cost * n + self.prefill_quadratic * n * n if n > 0 else 0.0
 
     def step_time(self, k: int, batch: int = 1) -> float:
-        return batch * k * self.draft_cost + self.v(batch * (k + 1))
+        return k * self.draft_cost * self.d(batch) + self.v(batch * (k + 1))
 
     @staticmethod
     def from_profile(data: dict, *, draft_model: bool = True) -> "CostModel":
@@ -138,6 +149,12 @@ def expected_tokens(beta: list[float], k: int) -> float:
     return total
 
 
+def round_draft_cost(costs: CostModel, c: float, ks: list[int]) -> float:
+    """Drafting one round's chains of lengths ks (one a row), in plain steps: draft position j is one
+    forward over the rows drafting that far, c d(those rows) (a pooled draft; d(n) = n: each row alone)."""
+    return sum(c * costs.d(sum(1 for k in ks if k >= j)) for j in range(1, max(ks, default=0) + 1))
+
+
 def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_v: float = 1.0,
            draft_cost: float | None = None, rho_spec: float | None = None, margin: float = 0.0) -> tuple[int, float]:
     """The k in 0..k_max with the highest predicted tokens per unit time, and that rate (per sequence).
@@ -149,8 +166,9 @@ def best_k(beta: list[float], costs: CostModel, k_max: int, batch: int = 1, rho_
     c = costs.draft_cost if draft_cost is None else draft_cost
     plain = batch / (rho_v * costs.v(batch))
     best, rate = 0, plain * (1 + margin)
+    rows = costs.d(batch)  # one draft position for the whole batch, in one row's forwards
     for k in range(1, k_max + 1):
-        r = batch * expected_tokens(beta, k) / (rho_spec * costs.v(batch * (k + 1)) + batch * k * c)
+        r = batch * expected_tokens(beta, k) / (rho_spec * costs.v(batch * (k + 1)) + k * c * rows)
         if r > rate * (1 + 1e-9):
             best, rate = k, r
     return best, (rate if best else plain) / batch

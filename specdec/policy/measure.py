@@ -1,5 +1,6 @@
-"""Costs measured on this machine: v(n) for the target and, for a draft model, c and the prefill's
-price (fixed + per token), timed with bare forwards in a few seconds, and kept per host, model pair,
+"""Costs measured on this machine: v(n) for the target and, for a draft model, c, the prefill's
+price (fixed + per token) and, for a server's slots drafting together, d(n), a pooled draft forward over
+n rows against one row's, timed with bare forwards in a few seconds, and kept per host, model pair,
 weight format and kernel build under $SPECDEC_HOME/costs (`cached_costs`), so a start with a draft
 does not pay the measurement again.
 
@@ -25,6 +26,7 @@ from specdec.model import cpu_kernels
 from specdec.model.registry import specdec_home
 from specdec.model.timing import sync, timed  # noqa: F401 (sync re-exported: specdec.policy.sync)
 from specdec.policy.costs import CostModel, fit_prefill, quadratic_part
+from specdec.sampling.verify import ragged_inputs
 
 if TYPE_CHECKING:
     from specdec.model.transformer import Transformer
@@ -41,17 +43,29 @@ def forward_seconds(model: Transformer, n: int, context: int, repeats: int, last
 
 
 def measure_costs(target: Transformer, draft: Transformer | None = None, sizes=(1, 2, 3, 5, 9), context: int = 256,
-                  repeats: int = 3) -> CostModel:
+                  repeats: int = 3, batches=()) -> CostModel:
     """v(n) for the target, and c and the prefill cost per prompt token for a draft model, timed on
-    this machine (a few seconds: no forward here is a long prefill).
+    this machine (a few seconds: no forward here is a long prefill); d(n) at the row counts `batches`
+    for a draft model that drafts a server's rows together.
 
     target/draft: Transformer modules. Each forward runs at `context` cached positions."""
-    return _measure(target, draft, sizes, context, repeats)[0]
+    return _measure(target, draft, sizes, context, repeats, batches)[0]
+
+
+def ragged_seconds(model: Transformer, n: int, context: int, repeats: int) -> float:
+    """Median time of a ragged forward of one new token in each of n cache rows at `context` cached
+    positions: a pooled draft position (drafters/draft_model.py, propose_chains)."""
+    device = model.device
+    cache = model.new_cache(context + 1, batch=n)
+    tokens, slots, positions, mask = ragged_inputs([context] * n, [[1]] * n, device)
+    rows = torch.arange(n, device=device)
+    return statistics.median(timed(lambda: model(tokens, cache, 0, positions=positions, mask=mask, slots=slots,
+                                                 rows=rows), device, repeats))
 
 
 @torch.inference_mode()
 def _measure(target: Transformer, draft: Transformer | None, sizes, context: int = 256,
-             repeats: int = 3) -> tuple[CostModel, float]:
+             repeats: int = 3, batches=()) -> tuple[CostModel, float]:
     """measure_costs, and the spread of its plain steps (slowest over fastest)"""
     caches = {}
 
@@ -89,7 +103,12 @@ def _measure(target: Transformer, draft: Transformer | None, sizes, context: int
     fixed, per_token, quadratic = prefill_price(
         draft, lambda n: relative(lambda: forward_seconds(draft, n, 0, 1, last_only=True)),
         max(context // 8, 1), max(context // 2, 2))
-    return CostModel(curve, c, statistics.median(ones), per_token, fixed, quadratic), spread(ones)
+    rows = {1: 1.0}
+    if any(n > 1 for n in batches):
+        one, floor = relative(lambda: ragged_seconds(draft, 1, context, repeats)), 1.0
+        for n in sorted(set(batches) - {1}):  # more rows never cost less
+            floor = rows[n] = max(floor, relative(lambda: ragged_seconds(draft, n, context, repeats)) / one)
+    return CostModel(curve, c, statistics.median(ones), per_token, fixed, quadratic, rows), spread(ones)
 
 
 def chain_token_seconds(draft: Transformer, cache, context: int, k: int, repeats: int) -> float:
@@ -172,43 +191,46 @@ def step_mode(model: Transformer | None) -> str:
     return f"graphs={model.graphs is not None}|loop={type(model.layer_loop).__name__}"
 
 
-def _cost_path(target: Transformer, draft: Transformer | None, sizes) -> Path:
+def _cost_path(target: Transformer, draft: Transformer | None, sizes, batches=()) -> Path:
     modes = [step_mode(target), step_mode(draft)]
     key = json.dumps([COSTS_VERSION, host_key(target.device), fingerprint(target),
-                      fingerprint(draft) if draft is not None else None, sorted(sizes)] + (modes if any(modes) else []))
+                      fingerprint(draft) if draft is not None else None, sorted(sizes)] + (modes if any(modes) else [])
+                     + ([sorted(batches)] if batches else []))
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
 @torch.inference_mode()
 def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1, 2, 3, 5, 9),
-                 progress: Callable[[str], None] = lambda m: None) -> CostModel:
+                 progress: Callable[[str], None] = lambda m: None, batches=()) -> CostModel:
     """measure_costs, kept in $SPECDEC_HOME/costs under the host, both models' fingerprints, the kernel
-    build and the sizes. A cached entry is used as it is, with no step timed at start: the costs are
+    build, the sizes and the pooled draft's row counts. A cached entry is used as it is, with no step timed at start: the costs are
     ratios to a plain step, and the policy's calibration scales them by the live step times from the
     first steps on. Live plain steps faster by RECHECK than the entry's (it was measured on a busy host)
     mark the entry stale (mark_stale, from policy/calibration.py), and the next start measures again. A
     measurement whose plain steps spread by more than RECHECK (a busy host) is not kept; where a
     cached entry exists, that entry is used instead (measured on a quiet host, it is the better guess)."""
-    path = _cost_path(target, draft, sizes)
+    path = _cost_path(target, draft, sizes, batches)
     try:
         data = json.loads(path.read_text())
         cached = CostModel({int(n): v for n, v in data["verify_cost"].items()}, data["draft_cost"],
                            data["step_seconds"], data["prefill_cost"], data["prefill_fixed"],
-                           data["prefill_quadratic"], source=str(path))
+                           data["prefill_quadratic"], {int(n): d for n, d in data.get("draft_rows", {1: 1.0}).items()},
+                           source=str(path))
     except (OSError, ValueError, KeyError, TypeError, SpecdecError):
         cached = None
     if cached is not None and cached.step_seconds and not data.get("stale"):
         progress(f"policy costs: from {path}")
         return cached
     t0 = time.perf_counter()
-    costs, spread = _measure(target, draft, sizes)
+    costs, spread = _measure(target, draft, sizes, batches=batches)
     if spread <= RECHECK:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"verify_cost": costs.verify_cost, "draft_cost": costs.draft_cost,
                                    "step_seconds": costs.step_seconds, "prefill_cost": costs.prefill_cost,
                                    "prefill_fixed": costs.prefill_fixed,
-                                   "prefill_quadratic": costs.prefill_quadratic, "measured_seconds":
+                                   "prefill_quadratic": costs.prefill_quadratic, "draft_rows": costs.draft_rows,
+                                   "measured_seconds":
                                    round(time.perf_counter() - t0, 2), "measured_at": time.time()}))
         os.replace(tmp, path)
         costs.source = str(path)
