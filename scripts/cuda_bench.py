@@ -10,7 +10,8 @@ greedy next token is a fixed permutation of the current one by a margin wider th
 End-to-end speculation uses an oracle drafter proposing that continuation with each token kept with
 probability alpha, at zero draft cost: it measures the verify side at a known acceptance, and reports
 the measured alpha beside the stated one, and the speedup predicted from it and v(k+1) beside the
-measured one. The draft model's cost enters through c, measured separately.
+measured one. The draft model's cost enters through c, measured separately, and for a server's rows
+drafting together through d(B), a pooled chain and a ragged forward of B rows against one row's.
 
     PYTHONPATH=. python3 scripts/cuda_bench.py --out runs/cuda-bench.json [--modes kernels+graphs,graphs,eager]
         [--hf-compile] [--compile reduce-overhead]

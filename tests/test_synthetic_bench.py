@@ -48,6 +48,11 @@ def test_cuda_bench_script_runs_on_cpu(tmp_path):
     assert eager["hf_eager"]["tokens_per_second"] > 0
     for run in eager["oracle_k4"].values():
         assert run["same_tokens_as_plain"] and run["predicted_speedup"] > 0 and 0 < run["alpha_measured"] <= 1
+    for mode in ("eager", "kernels"):  # a server's rows drafting together: the pooled chain and forward, d(1) = 1
+        pooled = report["modes"][mode]["pooled_draft"]
+        assert pooled["rows"] == [1, 4, 16] and pooled["chain_d"]["1"] == pooled["forward_d"]["1"] == 1.0
+        assert all(d > 0 for d in [*pooled["chain_d"].values(), *pooled["forward_d"].values(),
+                                   *pooled["chain_cost_ratio_per_row"].values()])
     kernels = report["modes"]["kernels"]
     assert kernels["plain_follows_successor"] and kernels["chain_cost_ratio_device"] > 0
     assert all(run["same_tokens_as_plain"] for run in kernels["oracle_k4"].values())

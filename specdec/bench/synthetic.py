@@ -11,8 +11,8 @@ as in fp32. Random weights without that structure break near-ties at once (bf16 
 
 `measure` is scripts/cuda_bench.py's whole run for one mode (eager, CUDA graphs, the Triton layer loop):
 the profile (roofline, v(n), the draft's c and an EAGLE head's; each one's c as a k-token chain pays it,
-drafted token by token or on the device; the head's EAGLE-2 tree, host levels against device ones), plain
-decoding's rate, and the oracle's rate, acceptance and predicted speedup at each alpha. A CPU test runs it
+drafted token by token or on the device; the head's EAGLE-2 tree, host levels against device ones; a
+server's rows drafting together, d(B)), plain decoding's rate, and the oracle's rate, acceptance and predicted speedup at each alpha. A CPU test runs it
 on tiny shapes, so the GPU bench cannot rot between GPU sessions.
 """
 
@@ -28,12 +28,14 @@ import torch
 from specdec.bench.profile import interleaved_seconds, profile, synchronize
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState, NoDrafter
+from specdec.drafters.device_chain import DeviceChains
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.heads.modules import build_head, eagle_config
 from specdec.engine.engine import Engine
 from specdec.model.transformer import ModelConfig, Static, Transformer
 from specdec.policy.costs import interpolate
+from specdec.sampling.verify import ragged_inputs
 from specdec.tree import DraftTree
 
 SHAPES = {  # from the GGUFs' metadata (specdec/model/loading.py reads the same fields)
@@ -182,6 +184,35 @@ def chain_costs(draft: Transformer, head: EagleDrafter, prompt: list[int], k: in
     return {key: round(statistics.median(ts) / per[key] / step_seconds, 3) for key, ts in times.items()}
 
 
+POOL_ROWS = (1, 4, 16)  # a server's rows drafting together, timed against one
+
+
+def pooled_draft_costs(draft: Transformer, context: int, k: int, step_seconds: float, repeats: int) -> dict:
+    """A server's rows drafting together with the draft model, B of POOL_ROWS rows at `context` cached slots:
+    a greedy k-token chain of all B rows (device_chain.py's draft_rows: one CUDA graph under graphs) and one
+    ragged draft forward of B rows, one token each (what the policy's d(n) times at a server's start,
+    policy/measure.py). Each is reported against one row's (d(B)), and the chain per row and token over the
+    target's plain step (c per row: c d(B) / B)."""
+    device, vocab = draft.device, draft.config.vocab_size
+    cache = draft.new_cache(context + k + 2, batch=max(POOL_ROWS))
+    chains = DeviceChains(draft.graphs is not None)
+    runs = {}
+    for b in POOL_ROWS:
+        rows = list(range(b))
+        runs[f"chain_{b}"] = lambda rows=rows: chains.draft_rows(
+            draft, cache, rows, [[1]] * len(rows), [context] * len(rows), k, (SamplingParams(),) * len(rows), None,
+            vocab, False).tokens.tolist()
+        tokens, slots, positions, mask = ragged_inputs([context] * b, [[1]] * b, device)
+        at = torch.arange(b, device=device)
+        runs[f"forward_{b}"] = lambda x=(tokens, slots, positions, mask, at): draft(
+            x[0], cache, 0, positions=x[2], mask=x[3], slots=x[1], rows=x[4])
+    med = {key: statistics.median(ts) for key, ts in interleaved_seconds(runs, device, repeats).items()}
+    return {"rows": list(POOL_ROWS),
+            "chain_d": {b: round(med[f"chain_{b}"] / med["chain_1"], 3) for b in POOL_ROWS},
+            "forward_d": {b: round(med[f"forward_{b}"] / med["forward_1"], 3) for b in POOL_ROWS},
+            "chain_cost_ratio_per_row": {b: round(med[f"chain_{b}"] / (b * k * step_seconds), 3) for b in POOL_ROWS}}
+
+
 def compiled_step(model: Transformer, context: int, repeats: int, mode: str) -> dict:
     """The plain step (one token after `context` cached) through torch.compile (Inductor's fusions; with
     mode "reduce-overhead" in torch's own CUDA graph): compile seconds and the step's best seconds."""
@@ -255,6 +286,8 @@ def measure(target: Transformer, successor: torch.Tensor, draft: Transformer | N
                    head=head.entry(len(prompt)))
     prof["profile_seconds"] = round(time.perf_counter() - t0, 1)
     prof.update(chain_costs(draft, head, prompt, k, prof["step_seconds"], profile_repeats))
+    if draft is not None:
+        prof["pooled_draft"] = pooled_draft_costs(draft, len(prompt), k, prof["step_seconds"], profile_repeats)
     plain_rate, plain = decode_rate(Engine.single(target, NoDrafter(), len(prompt) + new_tokens + 8), prompt,
                                     new_tokens, 1, repeats)
     prof["plain_decode_tokens_per_second"] = round(plain_rate, 2)
