@@ -110,6 +110,25 @@ def test_the_server_pool_gives_the_engines_tokens(tiny_target, lookup, on_device
     assert [got[i] for i in range(len(prompts))] == expected
 
 
+def test_a_heads_pooled_rows_are_priced_by_their_own_timing(tiny_target, tmp_path, monkeypatch):
+    """A server's heads draft their rows together: the policy's d(n) comes from the head's own ragged entries
+    (it has no draft model to time), at the pool's sizes; one slot keeps d(n) = n."""
+    import types
+    from specdec.engine.build import build_policy, pool_sizes
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    drafter = EagleDrafter(tiny_target, eagle_head(tiny_target), 256)
+    drafter.start([1, 2, 3])
+    before = drafter.cache.k.clone()
+    curve = drafter.row_costs([2, 4], context=16, repeats=2)
+    assert sorted(curve) == [1, 2, 4] and curve[1] == 1.0 and 0 < curve[2] <= curve[4]
+    assert torch.equal(drafter.cache.k, before)  # timed in caches of its own
+    assert pool_sizes(4) == [2, 4] and pool_sizes(12) == [2, 4, 8, 12]
+    target = types.SimpleNamespace(module=tiny_target)
+    pooled = build_policy(drafter, target, 3, max_batch=4)
+    assert sorted(pooled.costs.draft_rows) == [1, 2, 4]
+    assert build_policy(drafter, target, 3).costs.draft_rows == {1: 1.0}
+
+
 def head_pool(target, prepared, n: int, on_device: bool):
     """n head drafters whose caches are rows of one batched cache, as a server's slots hold them."""
     return seat_in_pool([EagleDrafter(target, prepared, 256, on_device=on_device) for _ in range(n)])

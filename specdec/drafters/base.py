@@ -159,6 +159,26 @@ class BaseDrafter:
         self.start([])
         return seconds
 
+    def rows_entry(self, rows: int, context: int = 256):
+        """caps.pooled without a cost_model(): a callable of one pooled draft position over `rows` rows of
+        a pool's cache at `context` cached entries (for its row curve d(n)); None: not timed."""
+        return None
+
+    def row_costs(self, batches, context: int = 256, repeats: int = 5) -> dict[int, float] | None:
+        """d(n) at the row counts `batches` (n rows of a pooled draft position against one row's, never
+        less at more rows), timed with rows_entry; None where the drafter does not time it."""
+        first = self.rows_entry(1, context)
+        if first is None:
+            return None
+        device = self.features.device  # a drafter with rows_entry reads the target's features
+
+        def seconds(n: int) -> float:
+            return statistics.median(timed(first if n == 1 else self.rows_entry(n, context), device, repeats))
+        one, curve, floor = seconds(1), {1: 1.0}, 1.0
+        for n in sorted(set(batches) - {1}):
+            floor = curve[n] = max(floor, seconds(n) / one)
+        return curve
+
     # ---- cost hints, for the adaptive policy (engine/build.py's build_policy) ----
 
     def cost_model(self):

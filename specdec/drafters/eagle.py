@@ -102,6 +102,13 @@ class EagleDrafter(BaseDrafter):
         token = torch.zeros(1, dtype=torch.long, device=device)
         return lambda: self._run(feature, token, start)
 
+    def rows_entry(self, rows: int, context: int = 256):
+        """One pooled head entry over `rows` rows of a pool's cache at `context` entries, as a callable."""
+        cache, device = self.new_pool_cache(rows), self.features.device
+        at, feature = min(context, self.capacity - 1), torch.zeros(1, self.prepared.config.hidden_size, device=device)
+        feeds = [(feature, [0], at)] * rows
+        return lambda: _ragged_entries(self.prepared, self.target, feeds, cache, list(range(rows)), device)
+
     def feed(self, position: int, features: torch.Tensor) -> None:
         """The target's features # [n, hidden] of positions position..position+n-1."""
         n = features.shape[0]

@@ -142,11 +142,16 @@ class Builder:
                       policies if policy is not None else None, plan.prefill_chunk, prefix_cache=plan.prefix_cache)
 
 
+def pool_sizes(max_batch: int) -> list[int]:
+    """The row counts a pooled draft's d(n) is measured at: powers of two below max_batch, and max_batch."""
+    return sorted({n for n in (2, 4, 8, 16, 32, 64) if n < max_batch} | {max_batch})
+
+
 def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, max_batch: int = 1,
                  confidence: bool = True):
     """An AdaptivePolicy for this drafter (None for plain decoding): costs from a `specdec profile`
-    JSON or measured now (v(n) up to n = max(k_max + 1, max_batch (k_max + 1)); for a draft model
-    that drafts a server's rows together, d(n) at powers of two up to max_batch), corrected by the
+    JSON or measured now (v(n) up to n = max(k_max + 1, max_batch (k_max + 1)); for a draft model or
+    a head that drafts a server's rows together, d(n) at pool_sizes(max_batch)), corrected by the
     drafter's own cost hints (drafters/base.py)."""
     if not drafter.caps.drafts:
         return None
@@ -157,9 +162,11 @@ def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, m
         top = max_batch * (k_max + 1)
         sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}
         pooled = max_batch > 1 and model is not None and drafter.caps.pooled
-        batches = sorted({n for n in (2, 4, 8, 16, 32, 64) if n < max_batch} | {max_batch}) if pooled else []
-        costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log, batches=batches)
+        costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log,
+                             batches=pool_sizes(max_batch) if pooled else [])
     drafter.adjust_costs(costs, target, measured=not cost_profile)
+    if not cost_profile and model is None and max_batch > 1 and drafter.caps.pooled:  # a head times its own rows
+        costs.draft_rows = drafter.row_costs(pool_sizes(max_batch)) or costs.draft_rows
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
         f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_fixed:.3f} + {costs.prefill_cost:.4f} per prompt token "
         f"+ {costs.prefill_quadratic:.2e} per token squared"
