@@ -74,6 +74,7 @@ class CpuForward:
         self.scale = float(model.model.layers[0].self_attn.scale)
         self._keep = [t for layer in model.model.layers for t in (*layer.parameters(), *layer.buffers())]  # the pointers' owners
         self._scratch = threading.local()  # per thread: two threads may step two sequences of one model
+        self.row_floats = int(self.lib.forward_scratch_floats(1, *self.dims))  # scratch a row needs
 
     def takes(self, tokens: torch.Tensor, cache, start, inputs) -> bool:
         """Whether a forward of tokens [batch, T] at `start` (an int slot, or transformer.Ragged rows and
@@ -119,8 +120,7 @@ class CpuForward:
 
     def _scratch_for(self, n: int) -> torch.Tensor:
         """This thread's scratch, for n rows at least."""
-        D, H, KV, hd, inter = self.dims
-        need = int(self.lib.forward_scratch_floats(max(n, MAX_T), D, H, KV, hd, inter))
+        need = self.row_floats * max(n, MAX_T)
         scratch = getattr(self._scratch, "buf", None)
         if scratch is None or scratch.numel() < need:
             scratch = self._scratch.buf = torch.empty(need)
