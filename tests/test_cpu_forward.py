@@ -108,7 +108,8 @@ def test_c_loop_serves_a_row_of_a_batched_cache(smollm2):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("feeds", [[[5], [7]], [[5, 6, 7, 8, 9], [1, 2]], [[3] * 16, [4]]], ids=["decode", "verify", "T16"])
+@pytest.mark.parametrize("feeds", [[[5], [7]], [[5, 6, 7, 8, 9], [1, 2]], [[3] * 16, [4]]],
+                         ids=["decode", "verify", "T16"])
 def test_c_loop_gives_the_python_loops_bits_on_a_ragged_batch(smollm2, feeds):
     """A ragged batch (rows 2 and 0 of a 3-row cache, at different lengths, the shorter feed padded) takes
     the C loop: the Python loop's bits, in the logits and the cache; each row's logits are its sequence's

@@ -12,8 +12,9 @@ as in fp32. Random weights without that structure break near-ties at once (bf16 
 `measure` is scripts/cuda_bench.py's whole run for one mode (eager, CUDA graphs, the Triton layer loop):
 the profile (roofline, v(n), the draft's c and an EAGLE head's; each one's c as a k-token chain pays it,
 drafted token by token or on the device; the head's EAGLE-2 tree, host levels against device ones; a
-server's rows drafting together, d(B)), plain decoding's rate, and the oracle's rate, acceptance and predicted speedup at each alpha. A CPU test runs it
-on tiny shapes, so the GPU bench cannot rot between GPU sessions.
+server's rows drafting together, d(B)), plain decoding's rate, and the oracle's rate, acceptance and
+predicted speedup at each alpha. A CPU test runs it on tiny shapes, so the GPU bench cannot rot
+between GPU sessions.
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ class Builder:
         """An engine of plan.max_batch slots drafting with method m (drafter: the first slot's, made
         already); each slot's policy starts from the same costs."""
         first = drafter if drafter is not None else self.drafter(m, note, options)
-        policy = self.policy(first, plan.k, plan.cost_profile, plan.max_batch, plan.confidence) if plan.adaptive else None
+        policy = (self.policy(first, plan.k, plan.cost_profile, plan.max_batch, plan.confidence) if plan.adaptive
+                  else None)
         if plan.max_batch == 1:
             return Engine(self.target.module, lambda: first, self.parts.capacity, 1,
                           (lambda: policy) if policy is not None else None, plan.prefill_chunk,

@@ -110,8 +110,8 @@ class CpuForward:
         rc = self.lib.forward_rows(self.layers, self.n_layers, x.data_ptr(), B, T, D, H, KV, hd, inter, self.eps,
                                    self.scale, cos.data_ptr(), sin.data_ptr(), lcos.data_ptr(), lsin.data_ptr(),
                                    cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[3], cache.k.stride(0),
-                                   cache.k.stride(1), cache.k.shape[1], _ptr(rows), _ptr(slots), first, span, _ptr(mask), smb, smt,
-                                   _ptr(lmask), lsmb, lsmt, self._scratch_for(B * T).data_ptr(),
+                                   cache.k.stride(1), cache.k.shape[1], _ptr(rows), _ptr(slots), first, span,
+                                   _ptr(mask), smb, smt, _ptr(lmask), lsmb, lsmt, self._scratch_for(B * T).data_ptr(),
                                    torch.get_num_threads())
         if rc:
             where = f"slot {start}" if rows is None else f"slots {slots.tolist()}"

@@ -203,9 +203,9 @@ def _cost_path(target: Transformer, draft: Transformer | None, sizes, batches=()
 def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1, 2, 3, 5, 9),
                  progress: Callable[[str], None] = lambda m: None, batches=()) -> CostModel:
     """measure_costs, kept in $SPECDEC_HOME/costs under the host, both models' fingerprints, the kernel
-    build, the sizes and the pooled draft's row counts. A cached entry is used as it is, with no step timed at start: the costs are
-    ratios to a plain step, and the policy's calibration scales them by the live step times from the
-    first steps on. Live plain steps faster by RECHECK than the entry's (it was measured on a busy host)
+    build, the sizes and the pooled draft's row counts. A cached entry is used as it is, with no step
+    timed at start: the costs are ratios to a plain step, and the policy's calibration scales them by the
+    live step times from the first steps on. Live plain steps faster by RECHECK than the entry's (it was measured on a busy host)
     mark the entry stale (mark_stale, from policy/calibration.py), and the next start measures again. A
     measurement whose plain steps spread by more than RECHECK (a busy host) is not kept; where a
     cached entry exists, that entry is used instead (measured on a quiet host, it is the better guess)."""
