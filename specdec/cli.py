@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(load)
     add_loadtest_flags(load)
     prof = sub.add_parser("profile", help="bandwidth, step time vs roofline, verify-cost curve v(n), draft ratio c, "
-                                              "draft prefill price")
+                                              "draft prefill price, pooled draft rows d(n)")
     add_model_flags(prof)
     prof.add_argument("--draft", default=None, help="draft model, to measure c (draft/target step ratio) and its prefill's price "
                            "(fixed + per token, fitted at context/8 and context tokens)")

@@ -109,8 +109,8 @@ def add_drafter_knobs(p: argparse.ArgumentParser) -> None:
                         "under $SPECDEC_HOME/heads, or 'auto' (the one trained for --model; bench's eagle method "
                         "uses auto when this is not given)")
     p.add_argument("--cost-profile", default=None,
-                   help="`specdec profile` JSON with v(n), c and the draft prefill's price (a fixed part + a part "
-                        "per prompt token) for the adaptive policy and bench's theory check (default: measured "
+                   help="`specdec profile` JSON with v(n), c, the draft prefill's price (a fixed part + a part "
+                        "per prompt token) and d(n) (a server's pooled draft over n rows) for the adaptive policy and bench's theory check (default: measured "
                         "on first use, kept per host, model pair and kernel build under $SPECDEC_HOME/costs)")
     registry.add_flags(p)  # each drafter's own, declared beside its class
 

@@ -9,6 +9,7 @@ from specdec.bench.datasets import load_prompts, read_jsonl
 from specdec.bench.profile import VERIFY_SIZES, profile
 from specdec.cli import main
 from specdec.errors import SpecdecError
+from specdec.policy.costs import CostModel
 from tests.test_cli import cli_error
 
 
@@ -154,6 +155,9 @@ def test_profile_reports_the_verify_curve(tiny_target, tiny_draft):
     assert r["draft_prefill_cost"] >= 0 and r["draft_prefill_fixed"] >= 0  # the policy's affine prefill price
     assert r["draft_prefill_quadratic"] >= 0  # and attention's square (0 for a draft that holds few positions)
     assert r["draft_prefill_cost"] > 0 or r["draft_prefill_fixed"] > 0
+    d = r["draft_rows"]  # a server's pooled draft position over 1, 4 and 16 rows, against one row's
+    assert list(d) == ["1", "4", "16"] and d["1"] == 1.0 and 1.0 <= d["4"] <= d["16"]
+    assert CostModel.from_profile(r).draft_rows == {1: 1.0, 4: d["4"], 16: d["16"]}
 
 
 def test_select_prompts_by_category_and_limit():

@@ -806,6 +806,9 @@ def test_an_old_profile_s_prefill_price_is_split_into_the_draft_s_weight_read_an
     new = dict(old, draft_prefill_fixed=0.9, draft_prefill_cost=0.02)
     assert CostModel.from_profile(new).prefill(100) == pytest.approx(2.9)
     assert CostModel.from_profile(old, draft_model=False).prefill(100) == 0.0
+    assert costs.draft_rows == {1: 1.0}  # a profile without d(n): each row priced alone, as before
+    pooled = dict(new, draft_rows={"1": 1.0, "4": 1.5})
+    assert CostModel.from_profile(pooled).d(4) == 1.5 and CostModel.from_profile(pooled, draft_model=False).d(4) == 4
 
 
 def test_the_learning_allowance_pays_a_prefill_s_fixed_part_and_bounds_the_rest():

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from specdec.model.transformer import Transformer
-from specdec.policy.measure import forward_seconds, prefill_price
+from specdec.policy.measure import forward_seconds, prefill_price, ragged_fn
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33)
+POOL_ROWS = (1, 4, 16)  # a server's rows drafting together (one ragged draft forward), timed against one
 
 
 def synchronize(device: torch.device) -> None:
@@ -119,20 +120,22 @@ def interleaved_seconds(fns: dict, device: torch.device, repeats: int) -> dict:
 def profile(target: Transformer, draft: Transformer | None, context: int = 512, repeats: int = 7,
             bandwidth_mb: int = 2048, head=None) -> dict:
     """v(n) and c are medians of per-round ratios to the target's one-token step timed in the same
-    round (sizes interleaved), so a drift of the host's bandwidth between sizes does not bend the curve.
+    round (sizes interleaved), so a drift of the host's bandwidth between sizes does not bend the curve;
+    a draft's d(n) (draft_rows) likewise, to its one-row ragged forward.
     head: a self-drafting head's one-token callable (a drafter's entry()): its c as head_cost_ratio."""
     device = target.device
     paired = roofline_rounds(target, context, 2 * repeats + 1, bandwidth_mb)
     fns = {n: forward_fn(target, n, context) for n in VERIFY_SIZES}
     if draft is not None:
         fns["draft"] = forward_fn(draft, 1, context)
+        fns.update({f"rows{n}": ragged_fn(draft, n, context) for n in POOL_ROWS})
     if head is not None:
         fns["head"] = head
     times = interleaved_seconds(fns, device, repeats)
     t = {key: statistics.median(ts) for key, ts in times.items()}
 
-    def ratio(key) -> float:
-        return statistics.median(a / b for a, b in zip(times[key], times[1]))
+    def ratio(key, over=1) -> float:
+        return statistics.median(a / b for a, b in zip(times[key], times[over]))
     roofline = paired["bandwidth_gbs"] * 1e9 / weight_bytes(target)
     result = {"device": str(device), "dtype": str(target.dtype),
               "weight_dtype": target.weight_format, "context": context,
@@ -147,6 +150,9 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
     if head is not None:
         result.update({"head_step_seconds": round(t["head"], 5), "head_cost_ratio": round(ratio("head"), 3)})
     if draft is not None:
+        rows, floor = {}, 1.0  # d(n): a pooled draft position over n rows (a server's) against one row's
+        for n in POOL_ROWS:  # more rows never cost less
+            floor = rows[str(n)] = round(max(floor, ratio(f"rows{n}", "rows1")), 3)
         # the draft's prefill as the drafter runs it (the LM head scores the last position only:
         # scoring all 512 would add a 512-row full-vocabulary GEMM), at a short and a context-long
         # prompt: a fixed part per forward and a part per token (policy.CostModel.prefill)
@@ -155,7 +161,7 @@ def profile(target: Transformer, draft: Transformer | None, context: int = 512, 
             max(context // 8, 1), context)
         result.update({"draft_step_seconds": round(t["draft"], 5), "draft_cost_ratio": round(ratio("draft"), 3),
                        "draft_prefill_cost": round(per_token, 5), "draft_prefill_fixed": round(fixed, 4),
-                       "draft_prefill_quadratic": round(quadratic, 9)})
+                       "draft_prefill_quadratic": round(quadratic, 9), "draft_rows": rows})
     return result
 
 
@@ -168,6 +174,8 @@ def print_profile(r: dict) -> None:
         print(f"draft step {r['draft_step_seconds'] * 1000:.1f} ms, c = {r['draft_cost_ratio']}, "
               f"draft prefill {r.get('draft_prefill_fixed', 0)} + {r.get('draft_prefill_cost', 0)} plain steps "
               f"per prompt token + {r.get('draft_prefill_quadratic', 0)} per token squared")
+        if "draft_rows" in r:
+            print("pooled draft rows: " + "  ".join(f"d({n})={d}" for n, d in r["draft_rows"].items()))
     if "head_cost_ratio" in r:
         print(f"head entry {r['head_step_seconds'] * 1000:.1f} ms, c = {r['head_cost_ratio']}")
 

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from specdec.bench.profile import interleaved_seconds, profile, synchronize
+from specdec.bench.profile import POOL_ROWS, interleaved_seconds, profile, synchronize
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.base import BaseDrafter, Capabilities, DraftState, NoDrafter
 from specdec.drafters.device_chain import DeviceChains
@@ -36,7 +36,7 @@ from specdec.heads.modules import build_head, eagle_config
 from specdec.engine.engine import Engine
 from specdec.model.transformer import ModelConfig, Static, Transformer
 from specdec.policy.costs import interpolate
-from specdec.sampling.verify import ragged_inputs
+from specdec.policy.measure import ragged_fn
 from specdec.tree import DraftTree
 
 SHAPES = {  # from the GGUFs' metadata (specdec/model/loading.py reads the same fields)
@@ -185,16 +185,13 @@ def chain_costs(draft: Transformer, head: EagleDrafter, prompt: list[int], k: in
     return {key: round(statistics.median(ts) / per[key] / step_seconds, 3) for key, ts in times.items()}
 
 
-POOL_ROWS = (1, 4, 16)  # a server's rows drafting together, timed against one
-
-
 def pooled_draft_costs(draft: Transformer, context: int, k: int, step_seconds: float, repeats: int) -> dict:
     """A server's rows drafting together with the draft model, B of POOL_ROWS rows at `context` cached slots:
     a greedy k-token chain of all B rows (device_chain.py's draft_rows: one CUDA graph under graphs) and one
     ragged draft forward of B rows, one token each (what the policy's d(n) times at a server's start,
     policy/measure.py). Each is reported against one row's (d(B)), and the chain per row and token over the
     target's plain step (c per row: c d(B) / B)."""
-    device, vocab = draft.device, draft.config.vocab_size
+    vocab = draft.config.vocab_size
     cache = draft.new_cache(context + k + 2, batch=max(POOL_ROWS))
     chains = DeviceChains(draft.graphs is not None)
     runs = {}
@@ -203,11 +200,8 @@ def pooled_draft_costs(draft: Transformer, context: int, k: int, step_seconds: f
         runs[f"chain_{b}"] = lambda rows=rows: chains.draft_rows(
             draft, cache, rows, [[1]] * len(rows), [context] * len(rows), k, (SamplingParams(),) * len(rows), None,
             vocab, False).tokens.tolist()
-        tokens, slots, positions, mask = ragged_inputs([context] * b, [[1]] * b, device)
-        at = torch.arange(b, device=device)
-        runs[f"forward_{b}"] = lambda x=(tokens, slots, positions, mask, at): draft(
-            x[0], cache, 0, positions=x[2], mask=x[3], slots=x[1], rows=x[4])
-    med = {key: statistics.median(ts) for key, ts in interleaved_seconds(runs, device, repeats).items()}
+        runs[f"forward_{b}"] = ragged_fn(draft, b, context, cache)
+    med = {key: statistics.median(ts) for key, ts in interleaved_seconds(runs, draft.device, repeats).items()}
     return {"rows": list(POOL_ROWS),
             "chain_d": {b: round(med[f"chain_{b}"] / med["chain_1"], 3) for b in POOL_ROWS},
             "forward_d": {b: round(med[f"forward_{b}"] / med["forward_1"], 3) for b in POOL_ROWS},

@@ -104,7 +104,8 @@ class CostModel:
             context = float(data.get("context") or 512)
             fixed, prefill = c, max(prefill - c / context, 0.0)
         quadratic = float(data.get("draft_prefill_quadratic") or 0.0) if draft_model else 0.0
-        return CostModel(curve, c, data.get("step_seconds"), prefill, fixed, quadratic)
+        rows = {int(n): float(d) for n, d in (data.get("draft_rows") or {1: 1.0}).items()} if draft_model else {1: 1.0}
+        return CostModel(curve, c, data.get("step_seconds"), prefill, fixed, quadratic, rows)
 
 
 def fit_prefill(short: tuple[int, float], long: tuple[int, float]) -> tuple[float, float]:

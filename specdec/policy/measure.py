@@ -52,15 +52,20 @@ def measure_costs(target: Transformer, draft: Transformer | None = None, sizes=(
     return _measure(target, draft, sizes, context, repeats, batches)[0]
 
 
-def ragged_seconds(model: Transformer, n: int, context: int, repeats: int) -> float:
-    """Median time of a ragged forward of one new token in each of n cache rows at `context` cached
-    positions: a pooled draft position (drafters/draft_model.py, propose_chains)."""
+def ragged_fn(model: Transformer, n: int, context: int, cache=None) -> Callable[[], torch.Tensor]:
+    """A callable running a ragged forward of one new token in each of n cache rows (of `cache`, default
+    one of its own) at `context` cached positions: a pooled draft position (drafters/draft_model.py,
+    propose_chains)."""
     device = model.device
-    cache = model.new_cache(context + 1, batch=n)
+    cache = model.new_cache(context + 1, batch=n) if cache is None else cache
     tokens, slots, positions, mask = ragged_inputs([context] * n, [[1]] * n, device)
     rows = torch.arange(n, device=device)
-    return statistics.median(timed(lambda: model(tokens, cache, 0, positions=positions, mask=mask, slots=slots,
-                                                 rows=rows), device, repeats))
+    return lambda: model(tokens, cache, 0, positions=positions, mask=mask, slots=slots, rows=rows)
+
+
+def ragged_seconds(model: Transformer, n: int, context: int, repeats: int) -> float:
+    """Median time of ragged_fn's forward."""
+    return statistics.median(timed(ragged_fn(model, n, context), model.device, repeats))
 
 
 @torch.inference_mode()
