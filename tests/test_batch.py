@@ -43,6 +43,29 @@ def test_batched_greedy_equals_single_sequence(tiny_target, tiny_draft, drafter)
         assert done[i] == expected[i], i
 
 
+def test_each_row_reports_the_rows_it_drafted_with(tiny_target, tiny_draft):
+    """The policy reads a row's draft seconds as its share of the rows drafted together (Outcome.pooled):
+    every row of a pooled draft model's round, and only the rows that drafted; a lookup drafter's rows
+    draft alone."""
+    from specdec.policy import AdaptivePolicy, CostModel, PolicyConfig
+    seen = []
+
+    class Recording(AdaptivePolicy):
+        def observe(self, outcome, num_accepted=None):
+            seen.append((outcome.batch, outcome.num_drafted, outcome.pooled))
+            super().observe(outcome, num_accepted)
+    costs = CostModel({1: 1.0, 64: 1.0}, 0.01)  # drafting always pays: every row drafts
+    for factory, alone in ((lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), False),
+                           (lambda: NgramDrafter(3, 1), True)):
+        seen.clear()
+        stepper = Engine(tiny_target, factory, 256, max_batch=3,
+                         policy_factory=lambda: Recording(costs, PolicyConfig(k_max=4, prior=0.9)))
+        run_engine(stepper, PROMPTS[:3], GenerationConfig(12, 4), set(), limits=(None,))
+        drafted = [(b, p) for b, n, p in seen if n > 0]
+        assert drafted and all(1 <= p <= b for b, p in drafted)
+        assert all(p == 1 for _, p in drafted) if alone else any(p == 3 for _, p in drafted)
+
+
 def test_batch_k_schedule_waiting_and_errors(tiny_target):
     stepper = Engine(tiny_target, lambda: NgramDrafter(3, 1), 64, max_batch=2)
     stepper.k_limit = 0

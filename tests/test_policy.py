@@ -101,14 +101,21 @@ def test_round_width_prices_a_pooled_position_once_for_its_rows():
 
 
 def test_calibration_of_a_pooled_draft_reads_its_share_as_one_rows_forward():
-    """In a pool of B rows each row's draft seconds are the pooled forwards' time over B, which is
-    c d(B) / B of a plain step a position: calibrated back to c, not to c d(B) / B."""
+    """In a pool of B rows drafting together each row's draft seconds are the pooled forwards' time over B,
+    c d(B) / B of a plain step a position: calibrated back to c, not to c d(B) / B. B is the rows that
+    drafted together, not the rows verified."""
     costs = CostModel(CPU.verify_cost, 0.25, step_seconds=0.1, draft_rows={1: 1.0, 4: 2.0})
     policy = AdaptivePolicy(costs, PolicyConfig(k_max=4))
     policy.assume([0.8] * 4)
     for _ in range(12):
-        policy.observe_time(4, 0.1 * 4 * 0.25 * 2.0 / 4, 0.1 * costs.v(20) / 4, batch=4, width=5)
+        policy.observe_time(4, 0.1 * 4 * 0.25 * 2.0 / 4, 0.1 * costs.v(20) / 4, batch=4, width=5, pooled=4)
     assert policy.draft_cost == pytest.approx(0.25, rel=0.02)
+    two = AdaptivePolicy(CostModel(CPU.verify_cost, 0.25, step_seconds=0.1, draft_rows={1: 1.0, 2: 1.2, 4: 2.0}),
+                         PolicyConfig(k_max=4))
+    two.assume([0.8] * 4)
+    for _ in range(12):  # 4 rows verified, 2 of them drafted (pooled): their share is of d(2), not d(4)
+        two.observe_time(4, 0.1 * 4 * 0.25 * 1.2 / 2, 0.1 * CPU.v(20) / 4, batch=4, width=5, pooled=2)
+    assert two.draft_cost == pytest.approx(0.25, rel=0.02)
     linear = AdaptivePolicy(CostModel(CPU.verify_cost, 0.25, step_seconds=0.1), PolicyConfig(k_max=4))
     linear.assume([0.8] * 4)
     for _ in range(12):  # each row drafting on its own: its seconds are its own forwards

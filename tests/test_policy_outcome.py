@@ -20,6 +20,7 @@ def test_observe_outcome_is_the_separate_calls():
              Outcome(0, 0, confidence=[0.97], verify_seconds=0.05),
              Outcome(2, 1, nodes=8, draft_seconds=0.02, verify_seconds=0.09, forwards=3),
              Outcome(4, 4, batch=2, width=5, draft_seconds=0.02, verify_seconds=0.07),
+             Outcome(3, 3, batch=3, width=4, draft_seconds=0.01, verify_seconds=0.07, pooled=2),
              Outcome(1, 0)]
     for o in steps:
         one.choose_action()
@@ -33,7 +34,7 @@ def test_observe_outcome_is_the_separate_calls():
             many.observe(o.num_drafted, o.num_accepted)
         if o.verify_seconds is not None:
             forwards = o.num_drafted if o.forwards is None else o.forwards
-            many.observe_time(forwards, o.draft_seconds, o.verify_seconds, o.batch, o.width, o.nodes)
+            many.observe_time(forwards, o.draft_seconds, o.verify_seconds, o.batch, o.width, o.nodes, o.pooled)
         assert state(one) == state(many)
 
 

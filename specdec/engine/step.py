@@ -273,6 +273,7 @@ class _Row:
     draft: DraftTree | None = None
     state: DraftState | None = None
     masks: torch.Tensor | None = None  # the grammar's, bool # [1 + len(draft), vocab], where it has one
+    pooled: int = 1  # rows whose chains were drafted together with this one's (a pool's), itself included
 
 
 FORCED_MOST = 32  # the most tokens a chain may hold with the grammar's forced tokens (its verify rows)
@@ -352,7 +353,7 @@ def _propose(rows: list[_Row], pool, failed: list) -> list[_Row]:
             return out
         share = (time.perf_counter() - t0) / len(pooled)
         for r, d in zip(pooled, drafts):
-            r.draft, r.seconds = d, r.seconds + share
+            r.draft, r.seconds, r.pooled = d, r.seconds + share, len(pooled)
             out.append(r)
     kept = []
     for r in out:
@@ -467,7 +468,8 @@ def _commit(r: _Row, verified: Verified, verify_seconds: float, batch: int, widt
     tree = action.nodes is not None
     seq.policy.observe(_outcome(r, verified, verify_seconds, batch, width) if draft.free else
                        Outcome(depth, accepted, action.nodes if tree else None, list(verified.confidence) or None,
-                               r.seconds, verify_seconds, batch, width, action.k if tree else None))
+                               r.seconds, verify_seconds, batch, width, action.k if tree else None,
+                               pooled=r.pooled))
     tokens = draft.tokens[verified.path].tolist() + [verified.next_token]
     if seq.logprobs is None:
         return seq.emit(tokens)
@@ -486,7 +488,7 @@ def _outcome(r: _Row, verified: Verified, verify_seconds: float, batch: int, wid
     rows = [c for j, c in enumerate(verified.confidence) if j >= len(free) or not free[j]]
     passed = sum(1 for i in mine if i < accepted)
     return Outcome(len(mine), passed, None, rows or None, r.seconds, verify_seconds, batch, width or len(free) + 1,
-                   free_accepted=accepted - passed)
+                   free_accepted=accepted - passed, pooled=r.pooled)
 
 
 def commit_cache(cache, verified: Verified) -> None:

@@ -129,7 +129,7 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
             self._observe_chain(o.num_drafted, o.num_accepted)
         if o.verify_seconds is not None:
             forwards = o.num_drafted if o.forwards is None else o.forwards
-            self.observe_time(forwards, o.draft_seconds, o.verify_seconds, o.batch, o.width, o.nodes)
+            self.observe_time(forwards, o.draft_seconds, o.verify_seconds, o.batch, o.width, o.nodes, o.pooled)
 
     def _observe_chain(self, num_drafted: int, num_accepted: int) -> None:
         """One verify step's outcome: positions 1..accepted passed, position accepted+1 (if drafted) failed.

@@ -69,10 +69,10 @@ class Calibration:
             self.recent[name] = [x * f for x in self.recent[name]]
 
     def observe_time(self, k: int, draft_seconds: float | None, verify_seconds: float, batch: int = 1,
-                     width: int | None = None, nodes: int | None = None) -> None:
+                     width: int | None = None, nodes: int | None = None, pooled: int = 1) -> None:
         """A step's measured draft and verify seconds (this sequence's share of a batched verify, whose
-        rows were padded to `width` positions, default k + 1, and of a pooled drafting); draft_seconds None =
-        not measured.
+        rows were padded to `width` positions, default k + 1, and of the drafting of the `pooled` rows that
+        drafted together); draft_seconds None = not measured.
         nodes: the step was a tree of that size (its verify covered nodes + 1 positions, its k is
         its depth). Calibrates rho_v and c_eff (for a tree: that size's draft cost per depth)."""
         t1 = self.costs.step_seconds
@@ -99,8 +99,8 @@ class Calibration:
             c = min(max(draft_seconds / (t1 * k), 0.0), 4.0)
             self.tree_cost[nodes] = (1 - d) * self.tree_cost[nodes] + d * c
         elif max(k, self.last_looked) > 0 and draft_seconds is not None and not (self.probed or self.first_draft):
-            # per draft forward of one row: this row's share of a pooled forward over `batch` rows is d(batch) / batch
-            share = draft_seconds * batch / self.costs.d(batch)
+            # per draft forward of one row: this row's share of a pooled forward over `pooled` rows is d(pooled) / pooled
+            share = draft_seconds * pooled / self.costs.d(pooled)
             c = min(max(share / (t1 * max(k, self.last_looked)), 0.0), 4.0)
             self.draft_cost = (1 - d) * self.draft_cost + d * self._median3("draft_cost", c)
 

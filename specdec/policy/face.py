@@ -23,6 +23,7 @@ class Outcome:
     width: int | None = None  # positions per row of a padded batched verify (default num_drafted + 1)
     forwards: int | None = None  # draft forwards timed (a tree: its chosen depth; default num_drafted)
     free_accepted: int = 0  # tokens accepted beyond those counted above (a grammar's forced ones): the answer's length
+    pooled: int = 1  # rows drafted together with this one (draft_seconds: their pooled time's share, over this)
 
 
 @dataclass(frozen=True)
