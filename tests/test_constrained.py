@@ -208,7 +208,7 @@ def test_the_policy_learns_from_the_drafters_own_tokens_alone():
     draft = DraftTree.chain(torch.arange(6), free=[False, True, True, False, False, True])
     conf = (0.9, 1.0, 1.0, 0.8, 0.3, 1.0, 0.7)  # rows 0..6: row 6 the bonus row
     for accepted, mine in ((6, 3), (4, 2), (3, 1), (0, 0)):
-        o = _outcome(SimpleNamespace(draft=draft, seconds=0.01), Verified(list(range(accepted)), 0, 7,
+        o = _outcome(SimpleNamespace(draft=draft, seconds=0.01, pooled=1), Verified(list(range(accepted)), 0, 7,
                      confidence=conf), 0.05, 1, None)
         assert (o.num_drafted, o.num_accepted) == (3, mine)
         assert o.confidence == [0.9, 0.8, 0.3, 0.7] and o.width == 7 and o.forwards is None
@@ -216,7 +216,7 @@ def test_the_policy_learns_from_the_drafters_own_tokens_alone():
     # the answer length the policy learns (its admission's horizon) is every token emitted, forced ones too
     policy = AdaptivePolicy(CostModel({1: 1.0, 5: 1.1}, 0.25), PolicyConfig(k_max=4))
     policy.reset()
-    policy.observe(_outcome(SimpleNamespace(draft=draft, seconds=0.01), Verified(list(range(6)), 0, 7,
+    policy.observe(_outcome(SimpleNamespace(draft=draft, seconds=0.01, pooled=1), Verified(list(range(6)), 0, 7,
                             confidence=conf), 0.05, 1, None))
     assert policy.request_tokens == 7
 
