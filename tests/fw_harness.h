@@ -1,6 +1,7 @@
 /* kernel_harness.c's forward_layers check: the structs of one call rebuilt from a dump (tests/test_arm.py
  * writes it from the Python loader's CpuForward), then forward_layers for T = 5 positions at slot 0
- * (causal mask) and T = 1 at slot 5 (every slot), writing x after each call and the caches.
+ * (causal mask) and T = 1 at slot 5 (every slot), then forward_rows on a ragged batch of two rows (each
+ * its own cache row, slots and mask), writing x after each call and the caches.
  * --count runs one of a decode step, a 5-row verify pass or a 128-token prefill (16 rows a call) REPS
  * times on one thread, with the LM head's GEMM where the dump has it (all rows of a verify pass, the
  * last of a prefill), for instruction counts under qemu (scripts/arm_counts.py): the count of REPS 2
@@ -138,6 +139,24 @@ static int forward_main(const char *in, const char *path) {
     put("forward_T1", x + 5 * D, sizeof(float) * D);
     put("forward_k", kc, sizeof(float) * L * KV * cap * hd);
     put("forward_v", vc, sizeof(float) * L * KV * cap * hd);
+    /* a ragged batch (forward_rows): batch row 0 is cache row 1 at slots 2, 3, batch row 1 cache row 0 at
+     * slots 0, 1, each under its own causal mask over S = 4 slots */
+    const int64_t rows[2] = {1, 0}, slots[4] = {2, 3, 0, 1}, S = 4;
+    float *kr = alloc(sizeof(float) * L * 2 * KV * cap * hd), *vr = alloc(sizeof(float) * L * 2 * KV * cap * hd);
+    float *xr = alloc(sizeof(float) * 4 * D), *cr = alloc(sizeof(float) * 4 * hd), *sr = alloc(sizeof(float) * 4 * hd);
+    memcpy(xr, x0, sizeof(float) * 4 * D);
+    uint8_t rmask[2 * 2 * 4] = {0};
+    for (int i = 0; i < 4; i++) {
+        memcpy(cr + i * hd, cos + slots[i] * hd, sizeof(float) * hd);
+        memcpy(sr + i * hd, sin + slots[i] * hd, sizeof(float) * hd);
+        for (int s = 0; s <= slots[i]; s++) rmask[S * i + s] = 1;
+    }
+    if (forward_rows(layers, L, xr, 2, 2, D, H, KV, hd, I, es[0], es[1], cr, sr, cr, sr, kr, vr, cap,
+                     2 * KV * cap * hd, KV * cap * hd, 2, rows, slots, 0, S, rmask, 2 * S, S, rmask, 2 * S, S,
+                     scratch, 2))
+        die("forward_rows refused", "a ragged batch");
+    put("forward_ragged", xr, sizeof(float) * 4 * D);
+    put("forward_ragged_k", kr, sizeof(float) * L * 2 * KV * cap * hd);
     fclose(out);
     return 0;
 }

@@ -201,7 +201,7 @@ def test_forward_layers_gives_the_x86_bits_on_aarch64(builds, tmp_path, smollm2_
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda k: run(runs[k][0], ["--forward", str(inputs), str(tmp_path / k)], runs[k][1]), runs))
     ref, got = read_blobs(tmp_path / "x86"), read_blobs(tmp_path / "dotprod")
-    assert sorted(ref) == ["forward_T1", "forward_T5", "forward_k", "forward_v"]
+    assert sorted(ref) == ["forward_T1", "forward_T5", "forward_k", "forward_ragged", "forward_ragged_k", "forward_v"]
     # the harness rebuilt the call: the library built for x86-64-v3, called by CpuForward, gives its bytes
     import torch
     cf, x = model.layer_loop, torch.from_numpy(blobs["x"].copy())[None]
