@@ -46,6 +46,14 @@ def test_a_pooled_drafts_row_costs_are_kept_apart_and_read_back(fake_measure, ti
     again = measure.cached_costs(tiny_target, tiny_draft, sizes=(1, 2, 3), batches=(2, 4))
     assert fake_measure["calls"] == 2 and single.draft_rows == {1: 1.0}
     assert again.source and again.draft_rows == pooled.draft_rows == {1: 1.0, 2: 1.2, 4: 1.4}
+    import json
+    from pathlib import Path
+    for bad in (["1", "2"], {"1": 3.0}):  # a damaged entry: measured again, not a crash
+        path = Path(again.source)
+        path.write_text(json.dumps({**json.loads(path.read_text()), "draft_rows": bad}))
+        calls = fake_measure["calls"]
+        assert measure.cached_costs(tiny_target, tiny_draft, sizes=(1, 2, 3), batches=(2, 4)).draft_rows[4] == 1.4
+        assert fake_measure["calls"] == calls + 1
 
 
 def test_a_cached_entry_is_read_without_timing_a_step(fake_measure, tiny_target, tiny_draft, monkeypatch):

@@ -858,6 +858,15 @@ def test_a_profile_with_bad_prefill_prices_is_refused_clearly(tmp_path):
     path.write_text(json.dumps(dict(good, draft_prefill_fixed="fast")))
     with pytest.raises(SpecdecError, match="profile"):
         load_profile(str(path))
+    for rows in ({"1": 1.0, "4": "fast"}, ["1", "4"]):  # a pooled draft's row curve that is not one
+        path.write_text(json.dumps(dict(good, draft_rows=rows)))
+        with pytest.raises(SpecdecError, match="profile"):
+            load_profile(str(path))
+    path.write_text(json.dumps(dict(good, draft_rows={"1": 1.0, "4": 1.5})))
+    assert CostModel.from_profile(load_profile(str(path))).d(4) == 1.5
+    path.write_text(json.dumps(dict(good, draft_rows={"1": 2.0, "4": 1.5})))  # d(1) must be 1
+    with pytest.raises(SpecdecError, match="d\\(1\\) = 1"):
+        CostModel.from_profile(load_profile(str(path)))
     path.write_text(json.dumps(dict(good, draft_prefill_fixed=-1.0)))
     with pytest.raises(SpecdecError, match="positive"):
         CostModel.from_profile(load_profile(str(path)))

@@ -127,7 +127,8 @@ def quadratic_part(fixed: float, per_token: float, longest: tuple[int, float]) -
 
 
 def load_profile(path: str) -> dict:
-    """A `specdec profile` JSON with its verify curve as {int n: float v(n)}; a clear error otherwise."""
+    """A `specdec profile` JSON with its verify curve as {int n: float v(n)} (and d(n) where it has one); a clear
+    error otherwise."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -136,6 +137,8 @@ def load_profile(path: str) -> dict:
                     "draft_prefill_quadratic"):
             if data.get(key) is not None:
                 data[key] = float(data[key])
+        if data.get("draft_rows") is not None:
+            data["draft_rows"] = {int(n): float(d) for n, d in data["draft_rows"].items()}
         return data
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise SpecdecError(f"cannot read a `specdec profile` JSON from {path}: {e}") from None

@@ -221,7 +221,7 @@ def cached_costs(target: Transformer, draft: Transformer | None = None, sizes=(1
                            data["step_seconds"], data["prefill_cost"], data["prefill_fixed"],
                            data["prefill_quadratic"], {int(n): d for n, d in data.get("draft_rows", {1: 1.0}).items()},
                            source=str(path))
-    except (OSError, ValueError, KeyError, TypeError, SpecdecError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecdecError):
         cached = None
     if cached is not None and cached.step_seconds and not data.get("stale"):
         progress(f"policy costs: from {path}")
