@@ -185,6 +185,20 @@ def drafted(drafter, tokens: list[int], k: int, sampling: SamplingParams, stop=N
     return out.value.args[0]
 
 
+def pooled_chain(monkeypatch, module, propose, drafters, cache, ends: tuple[int, int]):
+    """propose(drafters, ...) for two pooled rows, texts 1..ends[b] - 1 (a greedy row under a stop rule
+    drafting 4, a sampled one drafting 2), the pool's chains (module.pool_chains) stopped after their one
+    capture: the chain drafted."""
+    chains = StopAfterChain(graphed=True)
+    monkeypatch.setattr(module, "pool_chains", lambda cache, graphed: chains)
+    states = [DraftState(list(range(1, ends[0])), 4, SAMPLINGS[0], None, stop=lambda i, p: 0, k_stop=4),
+              DraftState(list(range(1, ends[1])), 2, SAMPLINGS[1], None)]
+    with pytest.raises(Drafted) as out:
+        propose(drafters, states, cache, [0, 1])
+    assert chains.captures == 1
+    return out.value.args[0]
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
 def test_a_draft_models_device_chain_runs_off_the_cpu_and_reads_nothing_back(no_capture, sampling):
     draft = meta_model(tiny_config(num_layers=1))
@@ -206,14 +220,8 @@ def test_a_pools_rows_draft_together_off_the_cpu_and_read_nothing_back(no_captur
     drafters, cache = seat_in_pool([DraftModelDrafter(draft, TINY_VOCAB, CAP) for _ in range(2)])
     for b, d in enumerate(drafters):
         d.start(list(range(1, 9 + b)))
-    chains = StopAfterChain(graphed=True)
-    monkeypatch.setattr(draft_model, "pool_chains", lambda cache, graphed: chains)
-    states = [DraftState(list(range(1, 10)), 4, SAMPLINGS[0], None, stop=lambda i, p: 0, k_stop=4),
-              DraftState(list(range(1, 11)), 2, SAMPLINGS[1], None)]
-    with pytest.raises(Drafted) as out:
-        DraftModelDrafter.propose_pooled(drafters, states, cache, [0, 1])
-    chain = out.value.args[0]
-    assert chains.captures == 1 and chain.tokens.shape == chain.top.shape == (2, 4)
+    chain = pooled_chain(monkeypatch, draft_model, DraftModelDrafter.propose_pooled, drafters, cache, (10, 11))
+    assert chain.tokens.shape == chain.top.shape == (2, 4)
     assert chain.q.shape == (2, 4, TINY_VOCAB)
 
 
@@ -224,14 +232,8 @@ def test_a_pools_head_chains_draft_together_off_the_cpu_and_read_nothing_back(no
     drafters, cache = seat_in_pool([first, EagleDrafter(target, first.prepared, CAP)])
     for d in drafters:
         d.feed(0, torch.zeros(12, target.config.hidden_size, device=META))
-    chains = StopAfterChain(graphed=True)
-    monkeypatch.setattr(eagle, "pool_chains", lambda cache, graphed: chains)
-    states = [DraftState(list(range(1, 10)), 4, SAMPLINGS[0], None, stop=lambda i, p: 0, k_stop=4),
-              DraftState(list(range(1, 12)), 2, SAMPLINGS[1], None)]
-    with pytest.raises(Drafted) as out:
-        EagleDrafter.propose_pooled(drafters, states, cache, [0, 1])
-    chain = out.value.args[0]
-    assert chains.captures == 1 and chain.tokens.shape == chain.top.shape == (2, 4)
+    chain = pooled_chain(monkeypatch, eagle, EagleDrafter.propose_pooled, drafters, cache, (10, 12))
+    assert chain.tokens.shape == chain.top.shape == (2, 4)
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])

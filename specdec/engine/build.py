@@ -157,17 +157,17 @@ def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, m
     if not drafter.caps.drafts:
         return None
     model = drafter.cost_model()
+    pools = pool_sizes(max_batch) if max_batch > 1 and drafter.caps.pooled else []  # a server's rows draft together
     if cost_profile:
         costs = CostModel.from_profile(load_profile(cost_profile), draft_model=model is not None)
     else:
         top = max_batch * (k_max + 1)
         sizes = {n for n in (1, 2, 3, 5, 9, 17, 33, 65, 129) if n <= top} | {k_max + 1, top}
-        pooled = max_batch > 1 and model is not None and drafter.caps.pooled
         costs = cached_costs(target.module, model, sizes=sorted(sizes), progress=log,
-                             batches=pool_sizes(max_batch) if pooled else [])
+                             batches=pools if model is not None else [])
     drafter.adjust_costs(costs, target, measured=not cost_profile)
-    if not cost_profile and model is None and max_batch > 1 and drafter.caps.pooled:  # a head times its own rows
-        costs.draft_rows = drafter.row_costs(pool_sizes(max_batch)) or costs.draft_rows
+    if pools and model is None and not cost_profile:  # a head times its own rows
+        costs.draft_rows = drafter.row_costs(pools) or costs.draft_rows
     log(f"policy costs: v(n) {dict((n, round(v, 3)) for n, v in costs.verify_cost.items())}, "
         f"c {costs.draft_cost:.3f}, draft prefill {costs.prefill_fixed:.3f} + {costs.prefill_cost:.4f} per prompt token "
         f"+ {costs.prefill_quadratic:.2e} per token squared"
