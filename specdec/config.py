@@ -59,6 +59,9 @@ class TreeConfig:
 class GenerationConfig:
     """One request: token budget, draft length and sampling; and whether to score the tokens.
 
+    k: the most draft tokens a step verifies (the adaptive policy's cap); 0: plain decoding, the
+    drafter never starts (a server request's `speculative.n_max` 0).
+
     logprobs: None = not asked; n >= 0 = each new token's logprob under the target's raw
     distribution (before temperature, top-k, top-p) and the n most likely alternatives.
     prompt_logprobs: also every prompt token's logprob (all prompt positions are computed)."""
@@ -75,8 +78,8 @@ class GenerationConfig:
             raise SpecdecError(f"logprobs (top alternatives per token) must be >= 0, got {self.logprobs}")
         if self.prompt_logprobs and self.logprobs is None:
             raise SpecdecError("prompt_logprobs needs logprobs (the number of top alternatives) too")
-        if self.k < 1:
-            raise SpecdecError(f"k (draft length) must be >= 1, got {self.k}")
+        if self.k < 0:
+            raise SpecdecError(f"k (draft length) must be >= 0 (0: plain decoding), got {self.k}")
         if self.max_new_tokens < 0:
             raise SpecdecError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
 

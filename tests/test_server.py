@@ -794,6 +794,65 @@ def test_batched_round_drafts_every_chain_together(tiny_target_loaded, tiny_qwen
                           for p in prompts]
 
 
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_a_request_of_k_0_decodes_plain_beside_drafting_ones(tiny_target_loaded, tiny_qwen_dir, method):
+    """A request asking for no speculation (k 0: a request's `speculative.n_max` 0) runs plain steps in
+    rounds whose other rows draft: its drafter never starts (no draft prefill, no lookup), it drafts
+    nothing, and every row's greedy output is plain decoding's."""
+    target = tiny_target_loaded
+    draft = load_model(str(tiny_qwen_dir), device="cpu") if method == "draft" else None
+    started = []
+
+    def factory():
+        d = make_drafter(method, target, CONTEXT, draft)
+        for name in ("start", "start_lookup_only"):
+            original = getattr(d, name)
+            setattr(d, name, lambda *a, _o=original, _d=d: (started.append(_d), _o(*a))[1])
+        return d
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5, 4], [7, 8, 9, 7, 8, 9, 7]]
+    stepper = Engine(target.module, factory, CONTEXT, max_batch=3, prefill_chunk=64)
+    seqs = [stepper.add_request(p, GenerationConfig(16, k), set()) for p, k in zip(prompts, (K, 0, K))]
+    while stepper.has_work:
+        for seq in stepper.step():
+            assert seq.finish_reason in ("stop", "length"), seq.error
+    off = seqs[1]
+    assert off.drafter not in started and off.stats.draft_started_at is None
+    assert off.stats.drafted == 0 and off.stats.k_chosen[0] == off.stats.steps > 0
+    assert all(s.drafter in started and s.stats.drafted > 0 for s in (seqs[0], seqs[2]))
+    plain = [Engine.single(target.module, make_drafter("none", target, CONTEXT), CONTEXT).generate(
+        p, GenerationConfig(16, K)).tokens for p in prompts]
+    assert [s.new_tokens for s in seqs] == plain
+
+
+def test_a_requests_speculative_n_max_caps_its_drafts_and_0_turns_them_off(main):
+    """llama-server's `speculative.n_max` per request: 0 decodes plain (nothing drafted, every step plain),
+    1 drafts at most one token a step, and the greedy text is the same either way; `n_min` or `p_min`
+    other than 0 and a negative `n_max` are 400s naming the field."""
+    base, sched = main
+    ids = [5, 17, 3, 88, 41]
+    texts = []
+    for n_max in (0, 1, None):
+        extra = {} if n_max is None else {"speculative.n_max": n_max}
+        r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 24,
+                                                        "temperature": 0} | extra, timeout=60)
+        assert r.status_code == 200, r.text
+        spec, texts = r.json()["usage"]["speculative"], texts + [r.json()["choices"][0]["text"]]
+        if n_max == 0:
+            assert spec["drafted"] == 0 and spec["plain_steps"] == spec["steps"] > 0
+        elif n_max == 1:
+            assert 0 < spec["drafted"] <= spec["steps"]
+        else:
+            assert spec["drafted"] > spec["steps"]  # the server's --k 3, fixed
+    assert texts[0] == texts[1] == texts[2] == text_of(sched, reference(sched, ids, 24).tokens)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "w1"}], "max_tokens": 4}
+    for field, value in (("speculative.n_min", 2), ("speculative.p_min", 0.5), ("speculative.n_max", -1)):
+        r = httpx.post(base + "/v1/chat/completions", json=body | {field: value}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = httpx.post(base + "/v1/chat/completions", json=body | {"speculative.n_min": 0, "speculative.p_min": 0.0},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+
+
 def test_batched_policy_sees_the_round_batch_size(tiny_target_loaded):
     """Verifying 5 positions costs one step, more costs n steps: alone a sequence drafts 4 tokens;
     three decoding together draft nothing (3 plain rows beat any 6+ row verify)."""

@@ -213,8 +213,13 @@ def admit_drafter(seq: Sequence, load: int = 1) -> bool:
     prompt pays now (at `load` sequences, which a draft prefill stalls); True: the caller starts it
     (`_start_now`). If not, the request runs plain (a drafter that can draft by lookup alone does so)
     and the policy is asked again before each step: the drafter starts, prefilling the text so far,
-    once the answer has run long enough to win its prefill back."""
+    once the answer has run long enough to win its prefill back. A request of k 0 runs plain, its
+    drafter never started."""
     seq.policy.reset()
+    if seq.cfg.k == 0:  # the request asked for plain decoding: the drafter never starts, nor looks up
+        seq.pending = seq.speculate = False
+        seq.stats.draft_admission = seq.stats.draft_started_at = None
+        return False
     pays = _drafter_pays(seq, load)
     admission = seq.policy.last_admission
     seq.stats.draft_admission = dict(admission) if admission else None

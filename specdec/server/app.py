@@ -309,7 +309,7 @@ class Endpoints:
             raise APIError(400, str(e)) from None
         try:
             params = RequestParams(max_tokens, sampling, body.stop_list, logprobs, echo and logprobs is not None,
-                                   constraint)
+                                   constraint, body.speculative_n_max)
             return self.scheduler.submit(ids, params, sink)
         except QueueFull as e:
             raise APIError(429, str(e), code="queue_full", type="rate_limit_error",

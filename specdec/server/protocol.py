@@ -71,6 +71,14 @@ class _Sampling(BaseModel):
     guided_choice: list[str] | None = None
     json_schema: dict | None = None  # llama-server's
     grammar: str | None = None  # llama-server's (GBNF)
+    # speculation for this request, under llama-server's names: n_max caps a step's draft tokens (0: plain
+    # decoding, the drafter never starts); the policy drafts no minimum and ends chains by its own rule
+    speculative_n_max: int | None = Field(None, alias="speculative.n_max", ge=0,
+                                          description="the most draft tokens a step verifies (at most the "
+                                                      "server's --k); 0: plain decoding for this request")
+    speculative_n_min: int = Field(0, alias="speculative.n_min", description="0 only (no minimum)")
+    speculative_p_min: float = Field(0.0, alias="speculative.p_min", description="0 only (the server's --draft-p-min "
+                                                                                  "applies)")
 
     @field_validator("response_format", "structured_outputs")
     @classmethod
@@ -125,6 +133,16 @@ class _Sampling(BaseModel):
     def _no_penalty(cls, v: float) -> float:
         if v != 0:
             raise ValueError("penalties are not supported (they would change the target's distribution); use 0")
+        return v
+
+    @field_validator("speculative_n_min", "speculative_p_min")
+    @classmethod
+    def _no_floor(cls, v, info: ValidationInfo):
+        if v != 0:
+            name = info.field_name.replace("speculative_", "speculative.")
+            raise ValueError(f"{name} is not supported per request: the adaptive policy drafts no minimum and ends "
+                             "each chain by its own confidence rule (and the server's --draft-p-min); give 0 or "
+                             "leave it out (speculative.n_max caps the draft, 0 turns it off)")
         return v
 
     @field_validator("logit_bias")

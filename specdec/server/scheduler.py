@@ -57,8 +57,11 @@ class RequestParams:
     logprobs: int | None = None  # None: not asked; n: each token's logprob and its n top alternatives
     prompt_logprobs: bool = False  # the prompt's tokens' logprobs too (echo)
     constraint: object | None = field(default=None, compare=False)  # its grammar (a fresh Constraint), or None
+    k_max: int | None = None  # the request's own cap on a step's draft tokens (None: the server's; 0: plain)
 
     def generation(self, k: int) -> GenerationConfig:
+        """The request's GenerationConfig under the server's draft length k."""
+        k = k if self.k_max is None else min(k, self.k_max)
         return GenerationConfig(self.max_tokens, k, self.sampling, logprobs=self.logprobs,
                                 prompt_logprobs=self.prompt_logprobs)
 
