@@ -4,15 +4,15 @@ import json
 import pytest
 
 from specdec.config import GenerationConfig, SamplingParams
-from specdec.drafters.base import END, GO_ON, NoDrafter
+from specdec.drafters.base import END, GO_ON, LAST, NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
 from specdec.policy.costs import quadratic_part, round_draft_cost
-from specdec.policy import (AdaptivePolicy, CostModel, Outcome, PolicyConfig, best_k, expected_tokens, fit_prefill,
-                            interpolate, measure_costs, parse_schedule, round_width)
+from specdec.policy import (AdaptivePolicy, Ask, CostModel, Outcome, PolicyConfig, best_k, expected_tokens,
+                            fit_prefill, interpolate, measure_costs, parse_schedule, round_width)
 from tests.conftest import TINY_VOCAB, tiny_model
 
 FLAT = CostModel({1: 1.0, 33: 1.0})  # verification free: a GPU at batch 1
@@ -660,6 +660,32 @@ def test_the_rule_drafts_confident_tokens_past_k_and_stops_at_an_unsure_one():
     assert cap_stop == (0, None)  # a plain choice gets no rule
 
 
+def test_the_rule_prices_a_rounds_tokens_at_its_batch():
+    """In a round of 4 rows a draft position is one pooled forward over them, c d(4), and a token each
+    row drafts adds 4 verify positions to the round every row waits on: the rule weighs each token
+    against those, as choose() prices the round (a row's rate is its tokens per round time)."""
+    def rule(verify: dict, rows: dict, batch: int) -> int:
+        policy = AdaptivePolicy(CostModel(verify, 0.3, draft_rows=rows), PolicyConfig(k_max=8))
+        policy.rate = 1.0  # what choose() left: a row's tokens per unit of round time
+        _, stop = policy.confident_draft(1, 2, batch)
+        return stop(0, 0.9)  # the first token (its forward spent): draft it, and go on to a second?
+    flat, pooled = {1: 1.0, 16: 1.0}, {1: 1.0, 4: 1.0}
+    assert rule(flat, {1: 1.0}, 1) == GO_ON  # a second token, passing about 0.9 x 0.9, beats c = 0.3
+    assert rule(flat, {1: 1.0, 4: 4.0}, 4) == LAST  # four rows drafting one by one: a position costs 4 c
+    assert rule(flat, pooled, 4) == GO_ON  # pooled at no extra cost: as one row
+    dear = {1: 1.0, 4: 1.0, 8: 3.0, 12: 5.0}
+    assert rule(dear, pooled, 1) == GO_ON  # one row: 2 and 3 positions verify at one step's cost
+    assert rule(dear, pooled, 4) == END  # four rows: a token each adds 4 positions, 2 steps to the round
+    seen = []
+
+    class Spy(AdaptivePolicy):
+        def confident_draft(self, k, k_cap, batch=1):
+            seen.append(batch)
+            return super().confident_draft(k, k_cap, batch)
+    Spy(CostModel(flat, 0.3, draft_rows=pooled), PolicyConfig(k_max=8)).plan(Ask(2, 4, None, True))
+    assert seen == [4]  # the engine's round batch reaches the rule
+
+
 def test_a_look_that_stops_before_its_first_token_is_a_failed_look_not_a_plain_step():
     policy = AdaptivePolicy(CPU, PolicyConfig(k_max=8, prior=0.9))
     k, n = draft_with_rule(policy, 8, [0.03])
@@ -709,8 +735,8 @@ def test_the_rule_in_the_engine_is_greedy_exact_and_lengthens_and_ends_chains():
     stops = []
 
     class Counting(AdaptivePolicy):
-        def confident_draft(self, k, k_cap):
-            cap, stop = super().confident_draft(k, k_cap)
+        def confident_draft(self, k, k_cap, batch=1):
+            cap, stop = super().confident_draft(k, k_cap, batch)
             if stop is None:
                 return cap, stop
 

@@ -73,7 +73,7 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
         else:
             k, nodes = self.choose(ask.batch, ask.k_cap), None
         if nodes is None and ask.knows_confidence:
-            k_stop, stop = self.confident_draft(k, ask.k_cap)
+            k_stop, stop = self.confident_draft(k, ask.k_cap, ask.batch)
             return Action(k, None, False, stop, k_stop)
         return Action(k, nodes, nodes is not None)
 

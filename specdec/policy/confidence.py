@@ -1,8 +1,9 @@
 """The confidence rule, and the target's confidence as a signal on plain steps (mixins of AdaptivePolicy).
 
-Confidence rule (single-sequence chains of a drafter that knows its confidence: a draft model, a
-hybrid's model steps): once choose() says draft, the drafter may go up to k_cap, and before each token
-asks the rule from confident_draft() with the top probability p of its distribution there. a(p),
+Confidence rule (chains of a drafter that knows its confidence: a draft model, a hybrid's model
+steps; in a server's round at the round's batch, priced as choose() prices it): once choose() says
+draft, the drafter may go up to k_cap, and before each token asks the rule from
+confident_draft() with the top probability p of its distribution there. a(p),
 per bin of p, is the chance such a token passes given the chain reached it; n(p) the chance that,
 after a passing token of that confidence, the next look passes too (Beta estimates with prior mean
 p, kept across requests). With R the chance the chain got this far and r the rate choose()
@@ -89,18 +90,23 @@ class ConfidenceRule:
         ended a chain whose tokens all passed (a failed look)."""
         return num_drafted + int(self.step_stopped and num_accepted == num_drafted)
 
-    def confident_draft(self, k: int, k_cap: int) -> tuple[int, Callable[[int, float], int] | None]:
-        """After choose() returned k for a chain: (the most tokens to draft, the rule) for a drafter that
-        knows its confidence (DraftState.stop). Where choose() drafts (by estimate, or a probe: then
+    def confident_draft(self, k: int, k_cap: int, batch: int = 1) -> tuple[int, Callable[[int, float], int] | None]:
+        """After choose(batch) returned k for a chain: (the most tokens to draft, the rule) for a drafter
+        that knows its confidence (DraftState.stop). Where choose() drafts (by estimate, or a probe: then
         against plain decoding's rate) and the rule is on, the drafter may go up to k_cap, the rule
-        deciding each token; else (k, None)."""
+        deciding each token; else (k, None).
+
+        In a round of `batch` rows the times are the round's, as choose() prices them (every row alike):
+        a draft position is one pooled forward over the rows, c d(batch), and n drafted tokens a row
+        verify batch (n + 1) positions. choose()'s rate is a row's tokens per round time, so each row
+        weighs its tokens against the time its drafting adds to the round every row waits on."""
         if not self.cfg.confidence or k == 0 or self.rate <= 0 or self.cfg.schedule:
             return k, None
         self.step_conf, self.step_stopped, reach = [], False, [1.0]
-        rate, c = self.rate, self.draft_cost
+        rate, c = self.rate, self.draft_cost * self.costs.d(batch)
 
-        def V(n: int) -> float:  # verify time of a step with n drafted tokens
-            return self.rho_v * self.costs.v(1) if n == 0 else self.rho_spec * self.costs.v(n + 1)
+        def V(n: int) -> float:  # the round's verify time with n drafted tokens a row
+            return self.rho_v * self.costs.v(batch) if n == 0 else self.rho_spec * self.costs.v(batch * (n + 1))
 
         def stop(i: int, p: float) -> int:
             """Token i + 1, of draft probability p (its draft forward is spent): worth drafting if the
