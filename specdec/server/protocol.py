@@ -71,11 +71,12 @@ class _Sampling(BaseModel):
     guided_choice: list[str] | None = None
     json_schema: dict | None = None  # llama-server's
     grammar: str | None = None  # llama-server's (GBNF)
-    # speculation for this request, under llama-server's names: n_max caps a step's draft tokens (0: plain
+    # speculation for this request, under llama-server's names: n_max caps a step's draft length (0: plain
     # decoding, the drafter never starts); the policy drafts no minimum and ends chains by its own rule
     speculative_n_max: int | None = Field(None, alias="speculative.n_max", ge=0,
-                                          description="the most draft tokens a step verifies (at most the "
-                                                      "server's --k); 0: plain decoding for this request")
+                                          description="a step's draft length at most (a chain's tokens, a "
+                                                      "tree's depth; at most the server's --k); 0: plain "
+                                                      "decoding for this request")
     speculative_n_min: int = Field(0, alias="speculative.n_min", description="0 only (no minimum)")
     speculative_p_min: float = Field(0.0, alias="speculative.p_min", description="0 only (the server's --draft-p-min "
                                                                                   "applies)")

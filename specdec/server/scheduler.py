@@ -57,7 +57,7 @@ class RequestParams:
     logprobs: int | None = None  # None: not asked; n: each token's logprob and its n top alternatives
     prompt_logprobs: bool = False  # the prompt's tokens' logprobs too (echo)
     constraint: object | None = field(default=None, compare=False)  # its grammar (a fresh Constraint), or None
-    k_max: int | None = None  # the request's own cap on a step's draft tokens (None: the server's; 0: plain)
+    k_max: int | None = None  # the request's own cap on a step's draft length (None: the server's; 0: plain)
 
     def generation(self, k: int) -> GenerationConfig:
         """The request's GenerationConfig under the server's draft length k."""
