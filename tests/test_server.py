@@ -144,6 +144,9 @@ def test_completion_greedy_equals_engine(main):
     spec = usage["speculative"]
     assert (spec["drafted"], spec["accepted"]) == (ref.stats.drafted, ref.stats.accepted) and spec["drafted"] > 0
     assert spec["tau"] == pytest.approx(ref.stats.tau, abs=1e-3)
+    assert (spec["drafted_per_position"], spec["accepted_per_position"]) == (ref.stats.drafted_at,
+                                                                             ref.stats.accepted_at)
+    assert sum(spec["accepted_per_position"]) == spec["accepted"] and len(spec["drafted_per_position"]) == K
 
 
 def test_completion_text_prompt_streaming_matches_non_streaming(main):
@@ -321,6 +324,22 @@ def test_n_choices_whole_and_streamed_are_each_what_a_request_alone_gives(main):
         mine = [ch.choices[0] for ch in streamed if ch.choices[0].index == i]
         assert mine[0].delta.role == "assistant" and mine[-1].finish_reason == chat.choices[i].finish_reason
         assert "".join(m.delta.content or "" for m in mine) == chat.choices[i].message.content
+
+
+def test_a_requests_usage_over_its_choices_sums_them_position_by_position():
+    from specdec.server.app import merge_usage
+
+    def usage(completion, drafted, accepted, steps, plain, at, ok):
+        return {"prompt_tokens": 9, "completion_tokens": completion, "total_tokens": 9 + completion,
+                "prompt_tokens_details": {"cached_tokens": 0},
+                "speculative": {"drafted": drafted, "accepted": accepted, "tau": (completion / steps), "steps": steps,
+                                "plain_steps": plain, "drafted_per_position": at, "accepted_per_position": ok}}
+    merged = merge_usage([usage(12, 7, 5, 4, 1, [3, 3, 1], [3, 2, 0]), usage(6, 2, 1, 5, 3, [2], [1])])
+    assert merged["completion_tokens"] == 18 and merged["total_tokens"] == 27
+    spec = merged["speculative"]
+    assert (spec["drafted"], spec["accepted"], spec["steps"], spec["plain_steps"]) == (9, 6, 9, 4)
+    assert spec["drafted_per_position"] == [5, 3, 1] and spec["accepted_per_position"] == [4, 2, 0]
+    assert spec["tau"] == pytest.approx(18 / 9)
 
 
 def test_concurrent_requests_all_complete_with_engine_outputs(main):

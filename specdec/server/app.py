@@ -12,6 +12,7 @@ Streaming answers are server-sent events (`data: {...}` chunks in OpenAI's forma
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import signal
@@ -384,16 +385,22 @@ class Endpoints:
 
 def merge_usage(usages: list[dict]) -> dict:
     """One request's usage over its choices: the prompt once (its cached tokens as the first choice's, the
-    one that prefilled it), the completions' tokens and the speculation summed, tau over all steps."""
+    one that prefilled it), the completions' tokens and the speculation summed (position by position), tau
+    over all steps."""
     completion = sum(u["completion_tokens"] for u in usages)
     spec = [u["speculative"] for u in usages]
     steps = sum(s["steps"] for s in spec)
+
+    def by_position(key: str) -> list[int]:
+        return [sum(c) for c in itertools.zip_longest(*(s[key] for s in spec), fillvalue=0)]
     return {"prompt_tokens": usages[0]["prompt_tokens"], "completion_tokens": completion,
             "total_tokens": usages[0]["prompt_tokens"] + completion,
             "prompt_tokens_details": dict(usages[0]["prompt_tokens_details"]),
             "speculative": {"drafted": sum(s["drafted"] for s in spec), "accepted": sum(s["accepted"] for s in spec),
                             "tau": round(sum(s["tau"] * s["steps"] for s in spec) / steps, 4) if steps else 0.0,
-                            "steps": steps, "plain_steps": sum(s["plain_steps"] for s in spec)}}
+                            "steps": steps, "plain_steps": sum(s["plain_steps"] for s in spec),
+                            "drafted_per_position": by_position("drafted_per_position"),
+                            "accepted_per_position": by_position("accepted_per_position")}}
 
 
 async def merged(answers: list["Answer"], sources, handles, include_usage: bool):

@@ -376,6 +376,8 @@ class SpeculativeUsage(BaseModel):
     tau: float = 0.0
     steps: int = 0  # verify steps
     plain_steps: int = 0  # of those, steps that drafted nothing (speculation off for that step)
+    drafted_per_position: list[int] = []  # [i]: steps whose draft reached position i + 1
+    accepted_per_position: list[int] = []  # [i]: of those, steps whose token there was accepted
 
 
 class PromptTokensDetails(BaseModel):

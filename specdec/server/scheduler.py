@@ -416,7 +416,9 @@ class Scheduler:
                  "total_tokens": len(h.prompt) + completion,
                  "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
                  "speculative": {"drafted": stats.drafted, "accepted": stats.accepted, "tau": round(stats.tau, 4),
-                                 "steps": stats.steps, "plain_steps": stats.k_chosen[0] if stats.k_chosen else 0}}
+                                 "steps": stats.steps, "plain_steps": stats.k_chosen[0] if stats.k_chosen else 0,
+                                 "drafted_per_position": list(stats.drafted_at),
+                                 "accepted_per_position": list(stats.accepted_at)}}
         self.metrics.finished.labels(reason=reason).inc()
         if stats.steps or completion:
             self.metrics.record_generation(stats)
