@@ -53,43 +53,15 @@ def test_greedy_equivalence_with_policy_and_admission(tiny_target, tiny_draft):
         assert drafter.lookup_steps + drafter.model_steps > 0
 
 
-def test_a_started_model_without_copy_n_drafts_every_step_and_lookup_only_the_waiting_ones(tiny_draft):
-    """copy_n None (`--draft MODEL` alone): once started the model drafts even where the text repeats;
-    while it waits (not admitted), lookup drafts and the model is not touched."""
-    model = DraftModelDrafter(tiny_draft, TINY_VOCAB, 128)
-    waiting = HybridDrafter(model, copy_n=None)
-    text = [7, 8, 9, 10, 11, 12, 50, 7, 8, 9]
-    waiting.start_lookup_only(text)
-    assert waiting.propose(state(text)).tokens.tolist() == [10, 11, 12, 50] and model.cache.length == 0
-    waiting.start(text)  # the policy starts the model: every step is the model's, repeats or not
-    assert waiting.propose(state(text)).tokens.tolist() == model.propose(state(text)).tokens.tolist()
-    assert (waiting.lookup_steps, waiting.model_steps) == (1, 1)
-
-
-def test_the_draft_method_waits_with_lookup_and_keeps_greedy_output(tiny_llama_dir, tiny_qwen_dir):
-    """The registry's `draft` (what --draft MODEL builds): a chain drafter drafts by lookup while the policy
-    holds the draft's prefill back and by the model once admitted, and greedy output is plain decoding's
-    either way; a tree drafter and a draft of another tokenizer stay the model's own."""
-    from specdec.config import TreeConfig
-    from specdec.model import load_model
-    from tests.conftest import make_drafter
-    target, draft = load_model(str(tiny_llama_dir), device="cpu"), load_model(str(tiny_qwen_dir), device="cpu")
-    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60)) + list(range(30, 40))]
-    cfg = GenerationConfig(40, 5, SamplingParams())
-    plain = Engine.single(target.module, NoDrafter(), 256)
-    for prefill_cost in (0.0, 100.0):  # admitted at once, and held back (lookup alone)
-        drafter = make_drafter("draft", target, 256, draft)
-        assert isinstance(drafter, HybridDrafter) and drafter.copy_n is None
-        policy = AdaptivePolicy(CostModel(FREE.verify_cost, 0.1, prefill_cost=prefill_cost), PolicyConfig(k_max=5))
-        engine = Engine.single(target.module, drafter, 256, policy)
-        for prompt in prompts:
-            assert engine.generate(prompt, cfg).tokens == plain.generate(prompt, cfg).tokens
-        assert (drafter.lookup_steps > 0, drafter.model_steps > 0) == (prefill_cost > 0, prefill_cost == 0)
-    tree = make_drafter("draft", target, 256, draft, tree=TreeConfig(8, 3, 2))
-    assert isinstance(tree, DraftModelDrafter) and tree.caps.tree_nodes > 0
-
-
-@pytest.mark.parametrize("kwargs", [{"copy_n": 0}, {"copy_n": -1}, {"max_n": 1, "min_n": 2}, {"min_n": 0}])
+@pytest.mark.parametrize("kwargs", [{"copy_n": 0}, {"max_n": 1, "min_n": 2}, {"min_n": 0}])
 def test_bad_arguments(tiny_draft, kwargs):
     with pytest.raises(SpecdecError):
         HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 64), **kwargs)
+
+
+def test_a_hybrid_prices_pooled_drafting_by_its_models_row_curve(tiny_draft):
+    """A server's policy prices a pooled draft position by d(n) (Drafter.row_costs): the hybrid's is its
+    model's (a head's ragged entries, timed), not the default of none (each row drafting alone)."""
+    model = DraftModelDrafter(tiny_draft, TINY_VOCAB, 64)
+    model.row_costs = lambda batches, context=256, repeats=5: {1: 1.0, **{n: 1.0 + 0.1 * n for n in batches}}
+    assert HybridDrafter(model).row_costs([4, 16]) == {1: 1.0, 4: 1.4, 16: 2.6}
