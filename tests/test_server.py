@@ -256,6 +256,9 @@ BAD = [  # (endpoint, body changes, param named in the error)
     ("completions", {"stop": ["w" * 257]}, "stop"),  # the default limits: 256 characters, 512 messages
     ("chat/completions", {"stop": "w" * 257}, "stop"),
     ("chat/completions", {"messages": [{"role": "user", "content": "w1"}] * 513}, "messages"),
+    ("completions", {"speculative.n_max": "many"}, "speculative.n_max"),
+    ("chat/completions", {"speculative.n_max": 2.5}, "speculative.n_max"),
+    ("chat/completions", {"speculative.p_min": "sure"}, "speculative.p_min"),
 ]
 
 
