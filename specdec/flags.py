@@ -119,7 +119,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     """Which drafter generate and serve use, k, trees and the policy (DraftingSettings)."""
     p.add_argument("--draft", default=None,
                    help="draft model (registry name, .gguf or HF dir), 'self' (the target's own weights re-encoded "
-                        "at load in --draft-bits: no second file), or 'none' for plain decoding. A draft with another "
+                        "at load in --draft-bits: no second file), or 'none' for plain decoding. While the policy "
+                        "holds the draft's prefill of a long prompt back, prompt lookup drafts. A draft with another "
                         "tokenizer drafts chains across tokenizers: its text is re-tokenized for the target")
     registry.add_switches(p)  # each drafter's on/off flag (--ngram, --suffix, --lookahead), declared beside its class
     p.add_argument("--k", type=integer, default=4,

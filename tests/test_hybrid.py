@@ -53,7 +53,67 @@ def test_greedy_equivalence_with_policy_and_admission(tiny_target, tiny_draft):
         assert drafter.lookup_steps + drafter.model_steps > 0
 
 
-@pytest.mark.parametrize("kwargs", [{"copy_n": 0}, {"max_n": 1, "min_n": 2}, {"min_n": 0}])
+def test_a_started_model_without_copy_n_drafts_every_step_and_lookup_only_the_waiting_ones(tiny_draft):
+    """copy_n None (`--draft MODEL` alone): once started the model drafts even where the text repeats;
+    while it waits (not admitted), lookup drafts and the model is not touched."""
+    model = DraftModelDrafter(tiny_draft, TINY_VOCAB, 128)
+    waiting = HybridDrafter(model, copy_n=None)
+    text = [7, 8, 9, 10, 11, 12, 50, 7, 8, 9]
+    waiting.start_lookup_only(text)
+    assert waiting.propose(state(text)).tokens.tolist() == [10, 11, 12, 50] and model.cache.length == 0
+    waiting.start(text)  # the policy starts the model: every step is the model's, repeats or not
+    assert waiting.propose(state(text)).tokens.tolist() == model.propose(state(text)).tokens.tolist()
+    assert (waiting.lookup_steps, waiting.model_steps) == (1, 1)
+
+
+def test_the_draft_method_waits_with_lookup_and_keeps_greedy_output(tiny_llama_dir, tiny_qwen_dir):
+    """The registry's `draft` (what --draft MODEL builds): a chain drafter drafts by lookup while the policy
+    holds the draft's prefill back and by the model once admitted, and greedy output is plain decoding's
+    either way; a tree drafter and a draft of another tokenizer stay the model's own."""
+    from specdec.config import TreeConfig
+    from specdec.model import load_model
+    from tests.conftest import make_drafter
+    target, draft = load_model(str(tiny_llama_dir), device="cpu"), load_model(str(tiny_qwen_dir), device="cpu")
+    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 60)) + list(range(30, 40))]
+    cfg = GenerationConfig(40, 5, SamplingParams())
+    plain = Engine.single(target.module, NoDrafter(), 256)
+    for prefill_cost in (0.0, 100.0):  # admitted at once, and held back (lookup alone)
+        drafter = make_drafter("draft", target, 256, draft)
+        assert isinstance(drafter, HybridDrafter) and drafter.copy_n is None
+        costs = CostModel(FREE.verify_cost, 0.1, prefill_cost=prefill_cost)
+        policy = AdaptivePolicy(costs, PolicyConfig(k_max=5), AdaptivePolicy.lookup_while_waiting(costs, 5))
+        engine = Engine.single(target.module, drafter, 256, policy)
+        for prompt in prompts:
+            assert engine.generate(prompt, cfg).tokens == plain.generate(prompt, cfg).tokens
+        assert (drafter.lookup_steps > 0, drafter.model_steps > 0) == (prefill_cost > 0, prefill_cost == 0)
+    tree = make_drafter("draft", target, 256, draft, tree=TreeConfig(8, 3, 2))
+    assert isinstance(tree, DraftModelDrafter) and tree.caps.tree_nodes > 0
+
+
+def test_a_waiting_lookup_is_the_waiting_policys_and_the_drafters_policy_reads_the_target(tiny_target, tiny_draft):
+    """While the draft model waits (its prefill priced too high to start), lookup drafts under the policy's
+    waiting one: that one chooses k and learns the lookups' outcomes; the draft model's own policy counts
+    no lookup outcome, but takes the target's confidence at every emitted token as a plain step's
+    (its shadow) and counts every token toward the answer's length. Greedy output is plain's."""
+    cfg = GenerationConfig(40, 5, SamplingParams())
+    costs = CostModel(FREE.verify_cost, 0.1, prefill_cost=100.0)
+    policy = AdaptivePolicy(costs, PolicyConfig(k_max=5), AdaptivePolicy.lookup_while_waiting(costs, 5))
+    drafter = HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), copy_n=None)
+    engine = Engine.single(tiny_target, drafter, 256, policy)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+    result = engine.generate(prompt, cfg)
+    assert result.tokens == Engine.single(tiny_target, NoDrafter(), 256).generate(prompt, cfg).tokens
+    assert result.stats.draft_started_at is None and drafter.model_steps == 0 and drafter.lookup_steps > 0
+    emitted = len(result.tokens) - 1  # every token but the prefill's came from a waiting step
+    assert policy.waiting.request.trials > 0  # the lookups' outcomes are the waiting policy's
+    assert policy.request.trials == 0 and policy.pool.trials == 0
+    assert policy.request_shadow.trials == emitted and policy.request_tokens == emitted
+    assert policy.waiting.costs.draft_cost == 0 and not policy.waiting.costs.charges_prefill
+    twin = policy.fresh()  # another slot's: its own policies, the same costs
+    assert twin.waiting is not policy.waiting and twin.waiting.costs == policy.waiting.costs and twin.costs is costs
+
+
+@pytest.mark.parametrize("kwargs", [{"copy_n": 0}, {"copy_n": -1}, {"max_n": 1, "min_n": 2}, {"min_n": 0}])
 def test_bad_arguments(tiny_draft, kwargs):
     with pytest.raises(SpecdecError):
         HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 64), **kwargs)
@@ -65,3 +125,18 @@ def test_a_hybrid_prices_pooled_drafting_by_its_models_row_curve(tiny_draft):
     model = DraftModelDrafter(tiny_draft, TINY_VOCAB, 64)
     model.row_costs = lambda batches, context=256, repeats=5: {1: 1.0, **{n: 1.0 + 0.1 * n for n in batches}}
     assert HybridDrafter(model).row_costs([4, 16]) == {1: 1.0, 4: 1.4, 16: 2.6}
+
+
+def test_the_builder_gives_a_drafter_that_waits_with_lookup_a_waiting_policy(tiny_target, tiny_draft, tmp_path,
+                                                                            monkeypatch):
+    """build_policy: a drafter that can draft by lookup while its model waits gets the waiting policy (free
+    drafts over the same verify costs); a draft model alone, which waits plain, gets none."""
+    import types
+    from specdec.engine.build import build_policy
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    target = types.SimpleNamespace(module=tiny_target)
+    model = DraftModelDrafter(tiny_draft, TINY_VOCAB, 64)
+    waits = build_policy(HybridDrafter(model, copy_n=None), target, 3)
+    assert waits.waiting is not None and waits.waiting.costs.verify_cost == waits.costs.verify_cost
+    assert waits.waiting.costs.draft_cost == 0 and waits.costs.draft_cost > 0
+    assert build_policy(model, target, 3).waiting is None

@@ -23,7 +23,6 @@ import torch
 
 from specdec.drafters.base import END, BaseDrafter, Capabilities, DraftState
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.registry import Entry
 from specdec.drafters.text_bridge import Bridge, bridge, target_tokens
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import check_compatible
@@ -177,7 +176,3 @@ def build_draft(parts, options, note):
     if parts.draft is None:
         raise SpecdecError("this drafting method needs a draft model (--draft MODEL)")
     return model_drafter(parts.target, parts.draft, parts.capacity, options, note)
-
-
-DRAFTERS = [(Entry("draft", build_draft, lambda p, o, d: f"draft {o.draft}", draft_model=True, trees=True,
-                   chain_theory=True, chosen_by=("--draft",)), {"tree": {"tree_sizes": True}})]

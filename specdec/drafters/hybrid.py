@@ -10,8 +10,16 @@ source:
   on every step, lookup steps included, and catches up on the committed tokens when it next drafts.
 
 A request the policy does not admit for the draft model (its prefill of a long prompt would not pay
-back, see specdec.policy) starts with `start_lookup_only`: the model never sees the request, and
-every step drafts by lookup alone (n-gram sizes max_n..min_n, as the plain n-gram drafter).
+back, see specdec.policy) starts with `start_lookup_only`: the model does not see the request until
+the policy starts it mid-answer, and until then every step drafts by lookup alone (n-gram sizes
+max_n..min_n, as the plain n-gram drafter). Those steps are planned by the policy's waiting one
+(AdaptivePolicy.lookup_while_waiting: lookup's own acceptance, free drafts), while the model's
+policy reads the target's confidence at every token, as on plain steps, to decide when the model starts.
+
+`--draft MODEL` alone is this drafter with copy_n None: a started model drafts every step (no lookup),
+so where the draft model runs nothing changes; lookup drafts only the steps that would otherwise be
+plain, while the model waits for its prefill to pay (summaries, RAG: long prompts whose answers copy
+them).
 
 Each proposal is verified by the same rules as any chain (its own q: None for lookup, the model's
 for model drafts), so the output is exactly the target's.
@@ -36,9 +44,11 @@ from specdec.tree import DraftTree
 
 class HybridDrafter(BaseDrafter):
 
-    def __init__(self, model: BaseDrafter, copy_n: int = 3, max_n: int = 3, min_n: int = 1):
-        if not 1 <= min_n <= max_n or copy_n < 1:
-            raise SpecdecError(f"hybrid drafter: need 1 <= min_n <= max_n and copy_n >= 1, "
+    def __init__(self, model: BaseDrafter, copy_n: int | None = 3, max_n: int = 3, min_n: int = 1):
+        """copy_n: the match that makes a started model's step a lookup (None: never; lookup drafts only
+        while the model waits to start)."""
+        if not 1 <= min_n <= max_n or copy_n is not None and copy_n < 1:
+            raise SpecdecError(f"hybrid drafter: need 1 <= min_n <= max_n and copy_n >= 1 (or None), "
                                f"got {min_n}, {max_n}, {copy_n}")
         self.model = model
         # its model's chains honour DraftState.stop; lookups draft their k as asked. Only a draft model
@@ -73,6 +83,9 @@ class HybridDrafter(BaseDrafter):
     def lookup(self, state: DraftState) -> DraftTree | None:
         """This step's source: the lookup chain, or None when the draft model must propose (the
         batched server then drafts for many sequences in one draft forward)."""
+        if self.use_model and self.copy_n is None:  # a started model drafts every step
+            self.model_steps += 1
+            return None
         tokens = np.asarray(state.tokens, dtype=np.int64)
         min_n = self.copy_n if self.use_model else self.min_n
         cont = ngram_continuation(tokens, state.k, max(self.max_n, min_n), min_n)
@@ -115,6 +128,16 @@ def _draft(parts, options, note):
     return build_draft(parts, options, note)
 
 
+def _draft_waiting_lookup(parts, options, note):
+    """--draft MODEL: the draft model's drafter; a chain drafter of the target's tokenizer (one that can
+    wait to start) drafts by prompt lookup until its model starts (copy_n None)."""
+    model = build_draft(parts, options, note)
+    if not isinstance(model, DraftModelDrafter) or model.tree is not None:
+        return model
+    s = options.of("ngram")
+    return HybridDrafter(model, copy_n=None, max_n=s.max_n, min_n=s.min_n)
+
+
 def _head(parts, options, note):
     return build_head(parts, replace(options, tree=None), note)
 
@@ -123,7 +146,9 @@ def _head_label(parts, options, drafter):
     return f"{head_label(parts, options, drafter)} + prompt lookup"
 
 
-DRAFTERS = [(Entry("hybrid", _hybrid_of(_draft), lambda p, o, d: f"draft {o.draft} + prompt lookup", draft_model=True,
+DRAFTERS = [(Entry("draft", _draft_waiting_lookup, lambda p, o, d: f"draft {o.draft}", draft_model=True, trees=True,
+                   chain_theory=True, chosen_by=("--draft",)), {"tree": {"tree_sizes": True}}),
+            (Entry("hybrid", _hybrid_of(_draft), lambda p, o, d: f"draft {o.draft} + prompt lookup", draft_model=True,
                    chosen_by=("--draft", "--ngram")), {}),
             (Entry("head-hybrid", _hybrid_of(_head), _head_label, head=True, chosen_by=("--head", "--ngram")),
              {"eagle-hybrid": {}})]

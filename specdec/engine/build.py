@@ -138,7 +138,7 @@ class Builder:
             return made.pop() if made else self.drafter(m, None, options)
 
         def policies():
-            return AdaptivePolicy(policy.costs, policy.cfg)
+            return policy.fresh()
         return Engine(self.target.module, drafters, self.parts.capacity, plan.max_batch,
                       policies if policy is not None else None, plan.prefill_chunk, prefix_cache=plan.prefix_cache)
 
@@ -173,4 +173,5 @@ def build_policy(drafter, target, k_max: int, cost_profile: str | None = None, m
         f"+ {costs.prefill_quadratic:.2e} per token squared"
         + (f", pooled draft rows d(n) {dict((n, round(d, 3)) for n, d in costs.draft_rows.items())}"
            if len(costs.draft_rows) > 1 else ""))
-    return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **drafter.tree_actions()))
+    waiting = AdaptivePolicy.lookup_while_waiting(costs, k_max) if drafter.caps.lookup_only else None
+    return AdaptivePolicy(costs, PolicyConfig(k_max=k_max, confidence=confidence, **drafter.tree_actions()), waiting)

@@ -5,7 +5,9 @@ for every sequence given:
 
 1. plan: a drafter whose prefill was put off is started if the policy now says it pays; then the
    policy's `plan(Ask)` picks the action (plain, a chain of k, a tree), capped by the budget and
-   the context, and by the step's common width where chains of many rows are verified together;
+   the context, and by the step's common width where chains of many rows are verified together
+   (a drafter drafting by lookup while its model waits: the policy's waiting one plans and learns,
+   and the policy itself reads the step's tokens, `observe_waiting`);
 2. propose: each drafter drafts (the chains of pooled drafters, a draft model or a head: all rows
    in one forward per draft position);
 3. verify: the chains of every row in ONE target forward over ragged rows; a tree, or a drafter
@@ -273,6 +275,7 @@ class _Row:
     """One sequence's step in the making."""
 
     seq: Sequence
+    policy: StepPolicy  # the one that planned the step (_planner)
     action: Action
     seconds: float  # choosing and drafting
     draft: DraftTree | None = None
@@ -303,11 +306,18 @@ def chain_room(seq: Sequence) -> int:
     return min(FORCED_MOST, _space(seq)) if seq.drafter.caps.drafts else 0
 
 
-def _plan(seq: Sequence, batch: int, k_limit: int | None) -> Action:
+def _planner(seq: Sequence) -> StepPolicy:
+    """The policy that plans this step and learns its outcome: while the drafter drafts by prompt lookup
+    waiting for its model to start, the policy's waiting one (where it has one), else its own."""
+    waiting = seq.policy.waiting
+    return waiting if waiting is not None and seq.pending and seq.speculate else seq.policy
+
+
+def _plan(seq: Sequence, policy: StepPolicy, batch: int, k_limit: int | None) -> Action:
     k_cap = draft_length(seq) if k_limit is None else min(draft_length(seq), k_limit)
     caps = seq.drafter.caps
     room = seq.cache.capacity - seq.cache.length - 1
-    return seq.policy.plan(Ask(k_cap, batch, room if caps.tree_nodes else None, caps.knows_confidence))
+    return policy.plan(Ask(k_cap, batch, room if caps.tree_nodes else None, caps.knows_confidence))
 
 
 def _state(seq: Sequence, action: Action) -> DraftState:
@@ -416,14 +426,15 @@ def step(target: Transformer, cache, seqs: list[Sequence], load: int = 1, pool=N
             if seq.pending and _drafter_pays(seq, load):  # a put-off prefill: buy it now
                 _start_now(seq)
             t0 = time.perf_counter()
-            rows.append(_Row(seq, _plan(seq, batch, k_limit), 0.0))
+            planner = _planner(seq)
+            rows.append(_Row(seq, planner, _plan(seq, planner, batch, k_limit), 0.0))
         except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
             failed.append((seq, e))
             continue
         rows[-1].seconds = time.perf_counter() - t0
     chains = [r for r in rows if not r.seq.drafter.caps.tree_nodes and not r.seq.drafter.caps.own_verify]
     if width_rule is not None and len(chains) > 1:
-        w = width_rule([(r.seq.policy, r.action.k) for r in chains])
+        w = width_rule([(r.policy, r.action.k) for r in chains])
         for r in chains:  # trees and own verifies run alone, at their own width
             a = r.action
             r.action = Action(min(a.k, w - 1), a.nodes, a.tree, a.stop, min(a.k_stop, w - 1))
@@ -471,10 +482,12 @@ def _commit(r: _Row, verified: Verified, verify_seconds: float, batch: int, widt
     stats.record_step(depth, accepted, nodes=len(draft))
     seq.drafter.observe(accepted)
     tree = action.nodes is not None
-    seq.policy.observe(_outcome(r, verified, verify_seconds, batch, width) if draft.free else
-                       Outcome(depth, accepted, action.nodes if tree else None, list(verified.confidence) or None,
-                               r.seconds, verify_seconds, batch, width, action.k if tree else None,
-                               pooled=r.pooled))
+    outcome = (_outcome(r, verified, verify_seconds, batch, width) if draft.free else
+               Outcome(depth, accepted, action.nodes if tree else None, list(verified.confidence) or None,
+                       r.seconds, verify_seconds, batch, width, action.k if tree else None, pooled=r.pooled))
+    r.policy.observe(outcome)
+    if r.policy is not seq.policy:  # a waiting lookup's step: the drafter's own policy sees its tokens
+        seq.policy.observe_waiting(outcome)
     tokens = draft.tokens[verified.path].tolist() + [verified.next_token]
     if seq.logprobs is None:
         return seq.emit(tokens)

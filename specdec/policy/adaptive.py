@@ -29,6 +29,9 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
 
     costs: CostModel
     cfg: PolicyConfig = field(default_factory=PolicyConfig)
+    # the steps a drafter drafts by prompt lookup while its model waits to start are this other
+    # policy's (its own acceptance, no draft cost; `lookup_while_waiting`); None: they are this one's
+    waiting: "AdaptivePolicy | None" = None
 
     def __post_init__(self):
         self.prior = self.cfg.prior  # the pooled rate's prior; moves toward each request's outcome
@@ -41,6 +44,8 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
     def reset(self) -> None:
         """A new request: this request's acceptance moves the prior and its length the expected
         answer length, then the counts start afresh."""
+        if self.waiting is not None:
+            self.waiting.reset()
         self._carry_prior()
         self._end_admission()
         self._reset_acceptance()
@@ -54,6 +59,17 @@ class AdaptivePolicy(Acceptance, ConfidenceRule, Calibration, Admission, Trees):
         self.opening = True  # no step of this request has run yet
         self.opening_probe = False  # the first step drafts as a probe although the estimate says plain
         self.rate = 0.0  # the predicted tokens per unit time of the last choice that drafted by estimate
+
+    def fresh(self) -> "AdaptivePolicy":
+        """A new policy of the same costs and settings (another slot's), its waiting one too."""
+        return AdaptivePolicy(self.costs, self.cfg, self.waiting.fresh() if self.waiting is not None else None)
+
+    @staticmethod
+    def lookup_while_waiting(costs: CostModel, k_max: int) -> "AdaptivePolicy":
+        """The policy of a drafter's prompt lookup while its model waits for its prefill to pay: the
+        same verify costs, drafts free (as the n-gram drafter's), no confidence rule (lookup has none)."""
+        return AdaptivePolicy(CostModel(dict(costs.verify_cost), step_seconds=costs.step_seconds),
+                              PolicyConfig(k_max=k_max, confidence=False))
 
     def _best_k(self, beta: list[float], k_max: int, batch: int = 1) -> tuple[int, float]:
         """best_k under this policy's calibration (rho_v, rho_spec, c_eff) and margin."""

@@ -10,9 +10,10 @@ how many come is unknown: after a long prompt a RAG answer runs to 20 tokens, a 
 The engine and the server rent before they buy (start_now, a ski rental): it starts the draft
 model with the prompt only when the prefill costs at most commit_share (1/4) of the saving predicted
 over the expected answer (max_new_tokens, or less: the running mean length of earlier answers,
-expected_new); otherwise it decodes plain (a hybrid drafts by lookup) and starts the draft model,
-prefilling the prompt and the answer so far, once those plain steps have lost as much as the prefill
-costs and the tokens left under max_new_tokens could still win it back. A short answer then never
+expected_new); otherwise it decodes plain, or drafts by lookup under the waiting policy (`--draft`
+of the target's tokenizer, the hybrid), and starts the draft model, prefilling the prompt and the
+answer so far, once the tokens so far have lost as much as the prefill costs (at the saving per token
+predicted over plain decoding) and the tokens left under max_new_tokens could still win it back. A short answer then never
 pays the prefill, a long one pays it at most twice. In the server a draft prefill stalls the whole
 batch, so there both terms are taken at the round's batch size. A prefill within a
 small learning allowance (the fixed part of a prefill plus 5% of the expected answer's length in plain

@@ -85,6 +85,21 @@ class ConfidenceRule:
             self.target_bins.count(p, j < num_accepted, 1.0 - self.cfg.conf_decay)
         self.shadow.fade(1.0 - self.cfg.decay)
 
+    def observe_waiting(self, outcome) -> None:
+        """A step drafted by prompt lookup while this policy's drafter waits to start (its outcome is
+        the waiting policy's to learn from): its tokens count toward the answer's length, and the
+        target's confidence at each emitted row (the lookup's passed tokens and the token after them)
+        predicts this drafter's acceptance there, as on a plain step. The start (start_now) so rests
+        on the same evidence, token for token, as when the waiting steps run plain."""
+        o = outcome
+        self.request_tokens += o.num_accepted + 1 + o.free_accepted
+        if not self.cfg.target_signal or not o.confidence:
+            return
+        for p in o.confidence[:o.num_accepted + 1]:
+            a = self.target_rate(p)
+            self.shadow.add(a, 1.0, 1.0 - self.cfg.shadow_decay)
+            self.request_shadow.add(a)
+
     def _looked(self, num_drafted: int, num_accepted: int) -> int:
         """Positions this step looked at: its drafted tokens, and one more where the confidence rule
         ended a chain whose tokens all passed (a failed look)."""

@@ -50,6 +50,7 @@ class Action:
 class StepPolicy(Protocol):
     wants_target_confidence: bool
     last_admission: dict | None
+    waiting: "StepPolicy | None"  # the policy of the steps a drafter drafts by lookup while its model waits
 
     def reset(self) -> None: ...
 
@@ -61,6 +62,8 @@ class StepPolicy(Protocol):
 
     def observe_prefill(self, prompt_len: int, seconds: float) -> None: ...
 
+    def observe_waiting(self, outcome: Outcome) -> None: ...
+
 
 class FixedPolicy:
     """No policy: the drafter starts with every request and each step drafts k_cap (its tree, if any)."""
@@ -68,6 +71,7 @@ class FixedPolicy:
     wants_target_confidence = False
     last_admission = None
     inner = None
+    waiting = None
 
     def reset(self) -> None:
         pass
@@ -82,4 +86,7 @@ class FixedPolicy:
         pass
 
     def observe_prefill(self, prompt_len: int, seconds: float) -> None:
+        pass
+
+    def observe_waiting(self, outcome: Outcome) -> None:
         pass
