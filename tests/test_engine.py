@@ -143,7 +143,8 @@ def sample_first3(target, drafter, prompt, sampling, policy=None):
 
 @pytest.mark.parametrize("sampling, methods", [
     (SamplingParams(1.0), ("draft", "ngram", "plain", "draft-truncated-head", "draft-p-min", "draft-adaptive",
-                           "draft-confidence", "draft-window", "hybrid", "hybrid-lookup-only", "draft-deferred")),
+                           "draft-confidence", "draft-window", "hybrid", "hybrid-lookup-only", "draft-deferred",
+                           "draft-waiting-lookup")),
     (SamplingParams(0.7, top_k=2, top_p=0.9), ("draft",)),
 ])
 def test_speculative_sampling_matches_target_distribution(sampling, methods):
@@ -164,7 +165,9 @@ def test_speculative_sampling_matches_target_distribution(sampling, methods):
                 # steps alternate between lookup (q one-hot) and the model (q = its distribution)
                 "hybrid": HybridDrafter(DraftModelDrafter(draft, SMALL_VOCAB, 64), copy_n=2),
                 "hybrid-lookup-only": HybridDrafter(DraftModelDrafter(draft, SMALL_VOCAB, 64), copy_n=2),
-                "draft-deferred": DraftModelDrafter(draft, SMALL_VOCAB, 64)}
+                "draft-deferred": DraftModelDrafter(draft, SMALL_VOCAB, 64),
+                # --draft MODEL: lookup while the draft waits, under the policy's waiting one
+                "draft-waiting-lookup": HybridDrafter(DraftModelDrafter(draft, SMALL_VOCAB, 64), copy_n=None)}
     # k chosen per step from the acceptance seen so far (free verification: the policy drafts)
     policies = {"draft-adaptive": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1), PolicyConfig(k_max=3, decay=0.5)),
                 # verify positions dear enough that the confidence rule ends some chains early, not others
@@ -175,7 +178,10 @@ def test_speculative_sampling_matches_target_distribution(sampling, methods):
                                                      PolicyConfig(k_max=3)),
                 # never committed to at the start, started after the first token (rented one step)
                 "draft-deferred": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1, prefill_cost=1e-6),
-                                                 PolicyConfig(k_max=3, prior=0.9, commit_share=0.0, memory=0.0))}
+                                                 PolicyConfig(k_max=3, prior=0.9, commit_share=0.0, memory=0.0)),
+                "draft-waiting-lookup": AdaptivePolicy(CostModel({1: 1.0, 9: 1.0}, 0.1, prefill_cost=100.0),
+                                                       PolicyConfig(k_max=3), AdaptivePolicy.lookup_while_waiting(
+                                                           CostModel({1: 1.0, 9: 1.0}), 3))}
     for method in methods:
         counts = sample_first3(target, drafters[method], prompt, sampling, policies.get(method))
         assert tv(counts, joint, N_TRIALS) < bound, method

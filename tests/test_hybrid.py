@@ -140,3 +140,35 @@ def test_the_builder_gives_a_drafter_that_waits_with_lookup_a_waiting_policy(tin
     assert waits.waiting is not None and waits.waiting.costs.verify_cost == waits.costs.verify_cost
     assert waits.waiting.costs.draft_cost == 0 and waits.costs.draft_cost > 0
     assert build_policy(model, target, 3).waiting is None
+
+
+def test_a_server_round_mixes_waiting_lookups_and_started_drafts_and_keeps_greedy_output(tiny_target, tiny_draft,
+                                                                                         monkeypatch):
+    """Three slots (each its own policy and waiting one, as the builder makes them): a short prompt's draft
+    starts at once, the long prompts' wait and draft by lookup, all verified in the same rounds (one
+    width over rows of different policies); every answer is plain decoding's."""
+    import specdec.engine.engine as engine_module
+    from tests.conftest import run_engine
+    rounds, width = [], engine_module.round_width
+
+    def recorded(chosen):  # which policies planned each round's rows: the slot's own, or its waiting one
+        rounds.append({p.waiting is None for p, _ in chosen})
+        return width(chosen)
+    monkeypatch.setattr(engine_module, "round_width", recorded)
+    cfg = GenerationConfig(30, 4, SamplingParams())
+    costs = CostModel({1: 1.0, 9: 1.0}, 0.1, prefill_cost=0.1)
+    first = AdaptivePolicy(costs, PolicyConfig(k_max=4), AdaptivePolicy.lookup_while_waiting(costs, 4))
+    drafters = []
+
+    def factory():
+        drafters.append(HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), copy_n=None))
+        return drafters[-1]
+    prompts = [[5, 17, 3, 88, 41], [1, 2, 3, 4, 5, 6] * 7, list(range(30, 60)) + list(range(30, 45)), [9, 8, 7]]
+    engine = Engine(tiny_target, factory, 256, max_batch=3, policy_factory=first.fresh)
+    got = run_engine(engine, prompts, cfg, set())
+    plain = Engine.single(tiny_target, NoDrafter(), 256)
+    assert [got[i] for i in range(len(prompts))] == [plain.generate(p, cfg).tokens for p in prompts]
+    assert sum(d.lookup_steps for d in drafters) > 0 and sum(d.model_steps for d in drafters) > 0
+    assert {True, False} in rounds  # a round of started and waiting rows together
+    assert all(p.waiting is not None for p in engine.pool.policies)
+    assert len({id(p.waiting) for p in engine.pool.policies}) == 3
