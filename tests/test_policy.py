@@ -1074,3 +1074,21 @@ def test_a_requests_first_drafting_step_does_not_price_draft_tokens():
     assert policy.draft_cost > 1.2 * costs.draft_cost  # the later steps' price (2x the curve's) moved it
     assert policy.draft_cost < 2.5 * costs.draft_cost
     assert policy._best_k([0.9] * 4, 4)[0] > 0
+
+
+def test_round_width_prices_a_waiting_lookups_rows_apart_from_the_pooled_drafts():
+    """A round of one draft model row and three waiting lookup rows: the lookups' drafts are free and do not
+    join the draft's pool, so each position the draft model drafts costs its c d(1). One group at the mean
+    c (c / 4, over a pool of 4) priced the draft's 4 forwards at a sixth of their cost and drafted 4 a row."""
+    model = CostModel({1: 1.0, 4: 1.0, 8: 1.1, 16: 1.3, 32: 2.6}, 0.6, draft_rows={1: 1.0, 4: 1.2})
+    draft = AdaptivePolicy(model, PolicyConfig(k_max=4))
+    draft.assume([0.9] * 4)
+    lookup = AdaptivePolicy.lookup_while_waiting(model, 4)
+    lookup.assume([0.6] * 4)
+    assert round_width([(draft, 4)] + [(lookup, 4)] * 3) == 1  # 4 forwards of 0.6 cost more than they win
+    one_group = CostModel(model.verify_cost, 0.15, draft_rows=model.draft_rows)
+    pooled = [AdaptivePolicy(one_group, PolicyConfig(k_max=4)) for _ in range(4)]
+    for p, b in zip(pooled, (0.9, 0.6, 0.6, 0.6)):
+        p.assume([b] * 4)
+    assert round_width([(p, 4) for p in pooled]) == 5
+    assert round_width([(draft, 4), (draft, 4)]) == 5  # two sure draft rows pool and pay

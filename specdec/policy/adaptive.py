@@ -183,7 +183,8 @@ def round_width(chosen: list[tuple["AdaptivePolicy | None", int]]) -> int:
     With adaptive policies on every row, the width W is chosen for the whole round: the one with
     the most expected tokens, sum_b E_b(min(k_b, W - 1)), per predicted time, v(B W) plus the rows'
     draft costs (draft position j costs c d(the rows drafting that far): one pooled forward, or each
-    row's own); each row then drafts at most W - 1. A lone probe in a large batch no longer makes
+    row's own; rows planned by policies of different costs, a draft model's and a waiting lookup's,
+    are priced apart, each group at its own c and d(n)); each row then drafts at most W - 1. A lone probe in a large batch no longer makes
     every row pay for it. Otherwise (fixed k, a schedule) the widest choice stands."""
     if not chosen:
         return 1
@@ -194,11 +195,16 @@ def round_width(chosen: list[tuple["AdaptivePolicy | None", int]]) -> int:
     costs, n = policies[0].costs, len(chosen)
     rho_v = sum(p.rho_v for p in policies) / n
     rho_spec = sum(p.rho_spec for p in policies) / n  # drafted (multi-position) steps' calibration
-    c = sum(p.draft_cost for p in policies) / n  # one row's draft forward (calibrated)
+    # rows by their policy's costs: the rows of one drafter kind draft a position together (a pool), those
+    # of a waiting lookup (free drafts, costs of its own) apart
+    groups: dict[int, list[tuple[AdaptivePolicy, int]]] = {}
+    for p, k in chosen:
+        groups.setdefault(id(p.costs), []).append((p, k))
     best, best_rate = 1, 0.0
     for w in sorted({k + 1 for _, k in chosen} | {1}):
         tokens = sum(expected_tokens(p.beta, min(k, w - 1)) for p, k in chosen)
-        drafting = round_draft_cost(costs, c, [min(k, w - 1) for _, k in chosen])
+        drafting = sum(round_draft_cost(g[0][0].costs, sum(p.draft_cost for p, _ in g) / len(g),  # calibrated c
+                                        [min(k, w - 1) for _, k in g]) for g in groups.values())
         seconds = (rho_spec if w > 1 else rho_v) * costs.v(n * w) + drafting
         if tokens / seconds > best_rate * (1 + 1e-9):
             best, best_rate = w, tokens / seconds
