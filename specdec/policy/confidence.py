@@ -77,9 +77,7 @@ class ConfidenceRule:
             return
         looked = self._looked(num_drafted, num_accepted)
         if looked == 0:
-            a = self.target_rate(confidence[0])
-            self.shadow.add(a, 1.0, 1.0 - self.cfg.shadow_decay)
-            self.request_shadow.add(a)
+            self._predict(confidence[0])
             return
         for j, p in enumerate(confidence[:min(looked, num_accepted + 1)]):
             self.target_bins.count(p, j < num_accepted, 1.0 - self.cfg.conf_decay)
@@ -96,9 +94,14 @@ class ConfidenceRule:
         if not self.cfg.target_signal or not o.confidence:
             return
         for p in o.confidence[:o.num_accepted + 1]:
-            a = self.target_rate(p)
-            self.shadow.add(a, 1.0, 1.0 - self.cfg.shadow_decay)
-            self.request_shadow.add(a)
+            self._predict(p)
+
+    def _predict(self, p: float) -> None:
+        """A token this drafter did not draft, where the target's top probability was p: its calibrated
+        rate counts as a predicted acceptance in the pooled rate and the request's record."""
+        a = self.target_rate(p)
+        self.shadow.add(a, 1.0, 1.0 - self.cfg.shadow_decay)
+        self.request_shadow.add(a)
 
     def _looked(self, num_drafted: int, num_accepted: int) -> int:
         """Positions this step looked at: its drafted tokens, and one more where the confidence rule
