@@ -9,12 +9,25 @@ from specdec.errors import SpecdecError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are chosen. temperature == 0 means greedy (argmax)."""
+    """How tokens are chosen. temperature == 0 means greedy (argmax).
+
+    temperature, top_k, top_p and min_p shape both sides of rejection sampling alike (the target's p and
+    a drafter's q, sampling/logits.py). logit_bias ((token id, bias) pairs) and the penalties depend on
+    the text so far, so they shape the target's logits alone, row by row along each draft
+    (sampling/penalties.py): what plain decoding with the same settings draws, speculation draws too.
+    repetition_penalty (HF's and vLLM's: a seen token's positive logit divided by it, a negative one
+    multiplied) counts the prompt and the answer; presence_penalty and frequency_penalty (OpenAI's:
+    minus presence once a token has appeared, minus frequency per appearance) the answer alone."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     seed: int | None = None
+    min_p: float = 0.0  # 0 = off: drop tokens below min_p x the top token's probability
+    repetition_penalty: float = 1.0  # 1 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -25,10 +38,28 @@ class SamplingParams:
             raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise SpecdecError(f"seed must be in [0, 2**64), got {self.seed}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise SpecdecError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise SpecdecError(f"repetition_penalty must be in (0, 10] (1 = off), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise SpecdecError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if not (isinstance(token, int) and token >= 0):
+                raise SpecdecError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise SpecdecError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the target's logits depend on the text so far (a bias or a penalty is set)."""
+        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or bool(self.presence_penalty) \
+            or bool(self.frequency_penalty)
 
 
 @dataclass(frozen=True)

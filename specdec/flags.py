@@ -140,10 +140,36 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     add_drafter_knobs(p)
 
 
+def logit_bias(text: str) -> tuple[tuple[int, float], ...]:
+    """--logit-bias 'ID=BIAS,ID=BIAS' -> ((id, bias), ...) in id order."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        token, sep, bias = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            pairs.append((int(token), float(bias)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected ID=BIAS pairs such as 198=-100,1234=2.5, got {item!r}") from None
+    return tuple(sorted(pairs))
+
+
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=integer, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below MIN_P x the top token's probability (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="a token seen in the prompt or the answer: its logit divided by this where positive, "
+                        "multiplied where negative (1 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logit of each token the answer holds (-2..2, 0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted once per time the answer holds the token (-2..2, 0 = off)")
+    p.add_argument("--logit-bias", type=logit_bias, default=(), metavar="ID=BIAS[,ID=BIAS...]",
+                   help="added to those token ids' logits (-100..100; -100 bans a token). Bias and penalties "
+                        "shape the target's logits by the text so far; speculation keeps plain decoding's output")
     p.add_argument("--seed", type=integer, default=None)
     p.add_argument("--max-new-tokens", type=positive, default=128)
 

@@ -4,6 +4,7 @@ and raw httpx, on the tiny HF-directory models. Greedy output must equal Specula
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import torch
 
 from specdec.flags import add_all_serve_flags, serve_settings
 from specdec.config import GenerationConfig, SamplingParams, TreeConfig
+from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.engine import Engine
 from specdec.errors import SpecdecError
@@ -149,6 +151,34 @@ def test_completion_greedy_equals_engine(main):
     assert sum(spec["accepted_per_position"]) == spec["accepted"] and len(spec["drafted_per_position"]) == K
 
 
+def test_penalties_and_logit_bias_reach_the_engine(main):
+    """A request's penalties, bias and min_p give the engine's plain decoding under the same settings,
+    greedy token for token (batched with another request), and sampled from the same seed."""
+    base, sched = main
+    ids = [5, 17, 3, 5, 17, 3, 5]
+    body = {"model": "tiny", "prompt": ids, "max_tokens": 30, "presence_penalty": 0.8, "frequency_penalty": 0.4,
+            "repeat_penalty": 1.3, "logit_bias": {"9": 3.0, "17": -100}}
+    sampling = SamplingParams(0.0, repetition_penalty=1.3, presence_penalty=0.8, frequency_penalty=0.4,
+                              logit_bias=((9, 3.0), (17, -100.0)))
+    plain = Engine.single(sched.engine.target, NoDrafter(), CONTEXT)
+    ref = plain.generate(ids, GenerationConfig(30, K, sampling), sched.eos_ids)
+    unpenalised = reference(sched, ids, 30)
+    assert ref.tokens != unpenalised.tokens and 17 not in ref.tokens
+    with ThreadPoolExecutor(2) as pool:
+        other = pool.submit(httpx.post, base + "/v1/completions", json={"model": "tiny", "prompt": [8, 2, 4],
+                                                                          "max_tokens": 30, "temperature": 0},
+                            timeout=60)
+        r = httpx.post(base + "/v1/completions", json=body | {"temperature": 0}, timeout=60)
+        assert other.result().status_code == 200
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == text_of(sched, ref.tokens)
+    sampled = dataclasses.replace(sampling, temperature=0.9, seed=7, min_p=0.05)
+    spec = Engine.single(sched.engine.target, sched.engine.drafter, CONTEXT)  # the same draws as the server's
+    ref = spec.generate(ids, GenerationConfig(30, K, sampled), sched.eos_ids)
+    r = httpx.post(base + "/v1/completions", json=body | {"temperature": 0.9, "seed": 7, "min_p": 0.05}, timeout=60)
+    assert r.json()["choices"][0]["text"] == text_of(sched, ref.tokens)
+
+
 def test_completion_text_prompt_streaming_matches_non_streaming(main):
     base, sched = main
     c = client(base)
@@ -237,7 +267,14 @@ BAD = [  # (endpoint, body changes, param named in the error)
     ("completions", {"logprobs": 21}, "logprobs"),
     ("completions", {"logprobs": -1}, "logprobs"),
     ("completions", {"echo": "loud"}, "echo"),
-    ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
+    ("completions", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("chat/completions", {"frequency_penalty": "lots"}, "frequency_penalty"),
+    ("completions", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("completions", {"repeat_penalty": -1}, "repeat_penalty"),
+    ("completions", {"min_p": 1.5}, "min_p"),
+    ("completions", {"logit_bias": {"w1": 5}}, "logit_bias"),
+    ("completions", {"logit_bias": {"3": 101}}, "logit_bias"),
+    ("chat/completions", {"logit_bias": {"100000": 1}}, "logit_bias"),  # outside the vocabulary
     ("completions", {"stream": "maybe"}, "stream"),
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "wizard", "content": "w1"}]}, "messages.0.role"),

@@ -110,7 +110,8 @@ class Drafter(Protocol):
     def verify(self, target, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
                generator: torch.Generator | None, masks: torch.Tensor | None = None) -> "Verified":
         """caps.own_verify: verify [last token] + tree in the drafter's own forward, under the grammar's
-        masks # [1 + nodes, vocab] where given. Moves no cache: it reports the slots it wrote
+        masks # [1 + nodes, vocab] where given (or the request's penalties with them: sampling.penalties.Rules,
+        which sampling.verify's accept_chain and accept_tree apply). Moves no cache: it reports the slots it wrote
         (Verified.written); the engine's commit moves the cache."""
 
     def share_target_cache(self, cache) -> "Drafter":

@@ -41,6 +41,7 @@ from specdec.errors import SpecdecError
 from specdec.metrics import GenerationStats
 from specdec.model.transformer import Transformer
 from specdec.policy import round_width
+from specdec.sampling.penalties import Penalties
 from specdec.tokens import common_prefix
 
 __all__ = ["Engine", "GenerationResult", "Sequence"]
@@ -131,9 +132,11 @@ class Engine:
         grammar (a fresh specdec.constraints.Constraint) or None; tag: the caller's; on_tokens: hears
         each step's new tokens."""
         self.check_fits(prompt, cfg.max_new_tokens)
+        penalties = (Penalties(cfg.sampling, prompt, self.target.config.vocab_size) if cfg.sampling.penalized
+                     else None)
         seq = Sequence(list(prompt), len(prompt), cfg, set(eos_ids), make_generator(cfg.sampling.seed,
                                                                                       self.cache.k.device),
-                       tag=tag, on_tokens=on_tokens, constraint=constraint)
+                       tag=tag, on_tokens=on_tokens, constraint=constraint, penalties=penalties)
         with self.lock:
             self.waiting.append(seq)
         return seq

@@ -46,6 +46,7 @@ from specdec.model.transformer import Transformer
 from specdec.policy import Action, Ask, Outcome, StepPolicy, sync
 from specdec.sampling.logits import probs_from_logits, sample
 from specdec.sampling.logprobs import TokenLogprob, token_logprobs
+from specdec.sampling.penalties import Penalties, Rules, paths_of
 from specdec.tree import DraftTree
 from specdec.sampling.constrained import constrain
 from specdec.sampling.verify import Verified, masked, verify, verify_chains, verify_tree
@@ -85,6 +86,7 @@ class Sequence:
     logprobs: list[TokenLogprob] | None = None  # one per new token, where cfg.logprobs asks
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (the first: None), where asked
     constraint: object | None = None  # a specdec.constraints.Constraint (structured output), or None
+    penalties: Penalties | None = None  # the request's logit bias and penalties on the target's rows, or None
     error: Exception | None = None  # what failed it (finish_reason 'error')
 
     def __post_init__(self):
@@ -184,7 +186,10 @@ def prefill(target: Transformer, seq: Sequence, chunk: int | None = None, load: 
         seq.finish_reason = "length"
         return seq.finish_reason
     sampling = seq.cfg.sampling
-    scored = logits if seq.constraint is None else masked(logits[None], seq.constraint.allowed()[None])[0]
+    allowed = None if seq.constraint is None else seq.constraint.allowed()[None]
+    if seq.penalties is not None:
+        allowed = Rules(seq.penalties.rows([], [[]]), allowed)
+    scored = masked(logits[None], allowed)[0]
     first = int(scored.argmax()) if sampling.greedy else int(sample(probs_from_logits(scored, sampling),
                                                                     seq.generator))
     pays = admit_drafter(seq, load)  # decided at the request's start, before anything is generated
@@ -280,7 +285,8 @@ class _Row:
     seconds: float  # choosing and drafting
     draft: DraftTree | None = None
     state: DraftState | None = None
-    masks: torch.Tensor | None = None  # the grammar's, bool # [1 + len(draft), vocab], where it has one
+    masks: torch.Tensor | Rules | None = None  # the grammar's, bool # [1 + len(draft), vocab], where it has one;
+    # Rules where the request has a bias or penalties (they carry the grammar's masks)
     pooled: int = 1  # rows whose chains were drafted together with this one's (a pool's), itself included
 
 
@@ -376,6 +382,8 @@ def _propose(rows: list[_Row], pool, failed: list) -> list[_Row]:
             r.draft = _clip(r.seq, r.draft, r.state)
             if r.seq.constraint is not None:
                 r.draft, r.masks = constrain(r.seq.constraint, r.draft, r.state.most)
+            if r.seq.penalties is not None:
+                r.masks = Rules(r.seq.penalties.rows(r.seq.new_tokens, paths_of(r.draft)), r.masks)
             kept.append(r)
         except Exception as e:  # noqa: BLE001
             failed.append((r.seq, e))

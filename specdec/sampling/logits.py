@@ -1,4 +1,4 @@
-"""Pure logit processing: temperature, top-k, top-p -> fp32 probabilities; and sampling.
+"""Pure logit processing: temperature, min-p, top-k, top-p -> fp32 probabilities; and sampling.
 
 The same `probs_from_logits` turns target logits into p and draft logits into q, so both sides of
 rejection sampling see identical processing. Everything stays on the logits' device.
@@ -6,6 +6,7 @@ rejection sampling see identical processing. Everything stays on the logits' dev
 
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
@@ -17,14 +18,16 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     """Processed probabilities, fp32, same shape as `logits`.
 
     logits: # [..., vocab], any float dtype, any device
-    temperature == 0 gives a one-hot at the argmax. Otherwise: divide by temperature, keep the
-    top_k largest (ties at the k-th value are all kept), keep the nucleus of mass top_p (the top
-    token always stays), renormalise.
+    temperature == 0 gives a one-hot at the argmax. Otherwise (vLLM's order): divide by temperature,
+    drop the tokens below min_p x the top token's probability, keep the top_k largest (ties at the
+    k-th value are all kept), keep the nucleus of mass top_p (the top token always stays), renormalise.
     """
     logits = logits.float()
     if params.greedy:
         return _one_hot_argmax(logits)
     logits = logits / params.temperature
+    if params.min_p > 0.0:
+        logits = _min_p_mask(logits, params.min_p)
     if params.top_k > 0:
         logits = _top_k_mask(logits, params.top_k)
     if params.top_p < 1.0:
@@ -80,6 +83,13 @@ def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits # [..., vocab] fp32 -> one-hot # [..., vocab] at the argmax."""
     best = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
     return torch.zeros_like(logits).scatter_(-1, best, 1.0)
+
+
+def _min_p_mask(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """logits # [..., vocab] -> same, -inf where the probability is below min_p x the top one's
+    (p_i / p_max = exp(l_i - l_max), so no softmax is needed; the top token always stays)."""
+    floor = logits.amax(dim=-1, keepdim=True) + math.log(min_p)  # [..., 1]
+    return logits.masked_fill(logits < floor, float("-inf"))
 
 
 def _top_k_mask(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -11,7 +11,9 @@ accepts its own prefix with its own generator.
 Under a grammar (structured output) every verified row's logits are masked by what the grammar allows
 after the tokens before it (`masks`, bool # [rows, vocab]): acceptance then runs on the target's
 constrained distribution, and keeps the output exactly that distribution (greedy: constrained plain
-decoding's tokens). The logits a Verified reports for logprobs stay the raw ones.
+decoding's tokens). A request's logit bias and penalties (sampling/penalties.py) shape each row by
+the text before it in the same place, before the grammar's masks. The logits a Verified reports for
+logprobs stay the raw ones.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from specdec.config import SamplingParams
 from specdec.errors import SpecdecError
 from specdec.model.transformer import Transformer
 from specdec.sampling.logits import probs_from_logits
+from specdec.sampling.penalties import Rules
 from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept
 from specdec.sampling.tree_accept import TreeAcceptance, greedy_tree_accept, tree_rejection_accept
 from specdec.tree import DraftTree
@@ -63,11 +66,14 @@ class Verified:
         return Verified(list(acc.path), acc.next_token, written, False, logits=logits)
 
 
-def masked(logits: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
+def masked(logits: torch.Tensor, masks: torch.Tensor | Rules | None) -> torch.Tensor:
     """logits # [rows, vocab] with -inf where masks # [rows, vocab] (bool, the grammar's) is False;
     logits themselves where there is no grammar. A row the grammar allows nothing at (after a stop id,
     or a tree node on a path it rejects) is never one a kept token comes from: it stays as it is, so
-    that no row of probabilities is NaN."""
+    that no row of probabilities is NaN. Rules (a request's bias and penalties, sampling/penalties.py)
+    penalise each row first, then mask it by the grammar's masks they carry."""
+    if isinstance(masks, Rules):
+        logits, masks = masks.penalties.apply(logits), masks.masks
     if masks is None:
         return logits
     masks = masks.to(logits.device)
@@ -75,7 +81,7 @@ def masked(logits: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
 
 
 def accept_chain(draft: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator,
-                 confidence: bool = False, masks: torch.Tensor | None = None) -> Verified:
+                 confidence: bool = False, masks: torch.Tensor | Rules | None = None) -> Verified:
     """logits # [k + 1, vocab] of [last token] + draft -> the accepted prefix and the next token
     (masks # [k + 1, vocab]: the grammar's, row by row)."""
     tokens = draft.tokens.to(logits.device)
@@ -89,7 +95,7 @@ def accept_chain(draft: DraftTree, logits: torch.Tensor, sampling: SamplingParam
 
 def verify(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
            generator: torch.Generator | None, confidence: bool = False, features: bool = False,
-           masks: torch.Tensor | None = None) -> Verified:
+           masks: torch.Tensor | Rules | None = None) -> Verified:
     """One target forward over [last committed token] + draft chain, at the cache's length
     (features: also the kept rows' features; masks # [k + 1, vocab]: the grammar's)."""
     device = cache.k.device
@@ -154,7 +160,7 @@ def tree_attention_mask(tree: DraftTree, start: int, device) -> torch.Tensor:
 
 
 def accept_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator, q,
-                masks: torch.Tensor | None = None) -> TreeAcceptance:
+                masks: torch.Tensor | Rules | None = None) -> TreeAcceptance:
     """logits # [n + 1, vocab] of [root] + nodes -> the accepted path and the next token (masks
     # [n + 1, vocab]: the grammar's after each node's path)."""
     logits = masked(logits, masks)
@@ -164,7 +170,7 @@ def accept_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams,
 
 
 def verify_tree(target: Transformer, cache, last_token: int, tree: DraftTree, sampling: SamplingParams,
-                generator: torch.Generator | None, features: bool = False, masks: torch.Tensor | None = None) -> Verified:
+                generator: torch.Generator | None, features: bool = False, masks: torch.Tensor | Rules | None = None) -> Verified:
     """One target forward over [last committed token] + every tree node, under the tree mask (and
     the grammar's masks # [n + 1, vocab])."""
     device = cache.k.device

@@ -305,7 +305,9 @@ class Endpoints:
         """One choice of the request (choice i of n draws from seed + i where a seed is given)."""
         seed = None if body.seed is None else (body.seed + choice) % 2**63
         try:
-            sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, seed)
+            sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, seed, body.min_p,
+                                      body.repetition_penalty, body.presence_penalty, body.frequency_penalty,
+                                      body.bias_pairs)
         except SpecdecError as e:
             raise APIError(400, str(e)) from None
         try:
@@ -319,7 +321,8 @@ class Endpoints:
             raise APIError(503, str(e), code="shutting_down", type="server_error") from None
         except SpecdecError as e:
             code = "context_length_exceeded" if "context" in str(e) else None
-            raise APIError(400, str(e), param="max_tokens" if code else None, code=code) from None
+            param = "max_tokens" if code else "logit_bias" if str(e).startswith("logit_bias") else None
+            raise APIError(400, str(e), param=param, code=code) from None
 
     async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool,
                   logprobs: int | None = None, echo: str | None = None, constraints: list = (None,),

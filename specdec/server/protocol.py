@@ -2,8 +2,10 @@
 /tokenize and /detokenize.
 
 Supported: model, prompt / messages, max_tokens (chat: also max_completion_tokens), temperature,
-top_p, top_k, seed, stop (a string or a list), stream (+ stream_options.include_usage), n (1..128
-samples of the prompt, prefilled once; with a seed, choice i draws from seed + i);
+top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, repetition_penalty (or repeat_penalty),
+logit_bias (token id strings to [-100, 100]; config.SamplingParams says how each acts), stop (a string
+or a list), stream (+ stream_options.include_usage), n (1..128 samples of the prompt, prefilled once;
+with a seed, choice i draws from seed + i);
 logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20);
 completions' max_tokens 0 with echo: the prompt scored (its logprobs, with logprobs), nothing generated.
 Structured output, on both endpoints (one of them a request): response_format {"type": "json_object"}
@@ -12,7 +14,8 @@ structured_outputs {json | regex | grammar | choice} and its older guided_json, 
 guided_grammar, guided_choice; llama-server's json_schema and grammar (GBNF). The answer is generated
 under the grammar (specdec.constraints), speculatively and losslessly.
 Refused with a 400 naming the field: n outside 1..128, logprobs or top_logprobs out of range, best_of > 1,
-suffix, non-zero presence/frequency penalties, logit_bias, two structured-output fields at once, a
+suffix, a sampling value out of its range (or a logit_bias id outside the vocabulary), two
+structured-output fields at once, a
 tool_choice naming no given tool, tools where the model's chat template has none (server/tools.py).
 Tools: OpenAI's `tools`, `tool_choice` (none, auto, required, a named function) and
 `parallel_tool_calls`; assistant messages' `tool_calls` and `role: "tool"` results.
@@ -25,7 +28,7 @@ import time
 import uuid
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
@@ -59,8 +62,11 @@ class _Sampling(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, validation_alias=AliasChoices(
+        "repetition_penalty", "repeat_penalty"), description="vLLM's (llama-server's repeat_penalty); 1 = off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM's and llama-server's; 0 = off")
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: dict | None = None
@@ -129,13 +135,6 @@ class _Sampling(BaseModel):
             raise ValueError("stop strings must not be empty")
         return stops
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float) -> float:
-        if v != 0:
-            raise ValueError("penalties are not supported (they would change the target's distribution); use 0")
-        return v
-
     @field_validator("speculative_n_min", "speculative_p_min")
     @classmethod
     def _no_floor(cls, v, info: ValidationInfo):
@@ -148,10 +147,18 @@ class _Sampling(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported by this server")
+    def _bias(cls, v):
+        for key, bias in (v or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (decimal strings), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
         return v
+
+    @property
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs, in id order."""
+        return tuple(sorted((int(k), float(b)) for k, b in (self.logit_bias or {}).items()))
 
     @property
     def stop_list(self) -> tuple[str, ...]:
