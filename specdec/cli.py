@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(gen)
     add_structure_flags(gen)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--infill", default=None, metavar="SUFFIX",
+                     help="fill in the middle: generate the text between the prompt and SUFFIX (the text after the "
+                          "gap), through the model's fill-in-the-middle tokens (code models such as Qwen2.5-Coder)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("prompt", help="the prompt text")
     bench = sub.add_parser("bench", help="side-by-side comparison of methods and peers on a prompt set",
@@ -190,7 +193,7 @@ def cmd_generate(args) -> int:
     structure = structure_of(args)
     runner = Runner.build(model, drafting, GenerationConfig(args.max_new_tokens, args.k, settings(SamplingParams, args)))
     on_tokens = None if args.json else stream_printer(runner.target.tokenizer)
-    result = runner.generate(args.prompt, chat=args.chat, on_tokens=on_tokens, structure=structure)
+    result = runner.generate(args.prompt, chat=args.chat, on_tokens=on_tokens, structure=structure, suffix=args.infill)
     if args.json:
         text = runner.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         print(json.dumps({"text": text, "method": runner.method, "stats": result.stats.summary()}))

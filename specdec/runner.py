@@ -9,8 +9,9 @@ from specdec.config import GenerationConfig
 from specdec.constraints import Grammars
 from specdec.engine.build import Builder, EnginePlan, log
 from specdec.engine.engine import Engine, GenerationResult
+from specdec.errors import SpecdecError
 from specdec.model import LoadedModel
-from specdec.model.tokenizer import encode_prompt
+from specdec.model.tokenizer import encode_infill, encode_prompt
 from specdec.settings import DraftingSettings, ModelSettings
 
 __all__ = ["Runner", "log", "stream_printer"]
@@ -33,9 +34,16 @@ class Runner:
         k_text = f"k<={drafting.k} adaptive" if drafting.adaptive and engine.speculative else f"k={drafting.k}"
         return Runner(builder.target, engine, cfg, builder.label(chosen, engine.drafter, k_text))
 
-    def generate(self, prompt: str, chat: bool = False, on_tokens=None, structure=None) -> GenerationResult:
-        """structure: a specdec.constraints.ConstraintSpec the answer must match, or None."""
-        ids = encode_prompt(self.target.tokenizer, prompt, chat)
+    def generate(self, prompt: str, chat: bool = False, on_tokens=None, structure=None,
+                 suffix: str | None = None) -> GenerationResult:
+        """structure: a specdec.constraints.ConstraintSpec the answer must match, or None; suffix: the text
+        after a gap the answer fills (the prompt: the text before it), or None."""
+        if suffix is not None:
+            if chat:
+                raise SpecdecError("--infill fills a gap in raw text; drop --chat")
+            ids = encode_infill(self.target.tokenizer, prompt, suffix)
+        else:
+            ids = encode_prompt(self.target.tokenizer, prompt, chat)
         return self.engine.generate(ids, self.cfg, self.target.eos_ids, on_tokens, self.constraint(structure))
 
     def constraint(self, structure):

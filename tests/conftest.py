@@ -154,6 +154,28 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return write_hf_dir(tmp_path_factory.mktemp("tiny-llama"), tiny_model(2, tie_word_embeddings=True), "llama")
 
 
+FIM = (TINY_VOCAB - 5, TINY_VOCAB - 4, TINY_VOCAB - 3)  # tiny_fim_dir's fill-in-the-middle tokens
+
+
+@pytest.fixture(scope="session")
+def tiny_fim_dir(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The tiny llama directory whose word-level tokenizer spells three of its ids (FIM) as Qwen2.5-Coder's
+    fill-in-the-middle tokens: <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>."""
+    import shutil
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    out = tmp_path_factory.mktemp("tiny-fim") / "model"
+    shutil.copytree(tiny_llama_dir, out)
+    names = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+    vocab = ({f"w{i}": i for i in range(TINY_VOCAB - 5)} | dict(zip(names, FIM))
+             | {"<unk>": TINY_VOCAB - 2, "</s>": TINY_VOCAB - 1})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>",
+                            additional_special_tokens=list(names)).save_pretrained(str(out))
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen_dir(tmp_path_factory) -> Path:
     return write_hf_dir(tmp_path_factory.mktemp("tiny-qwen"), tiny_model(3, attention_bias=True), "qwen2")

@@ -278,6 +278,35 @@ def test_ignore_eos_runs_every_method_to_the_budget_and_refuses_peers(tiny_llama
     assert "peers" in cli_error(argv[:4] + ["plain,hf"] + argv[5:], capsys)
 
 
+def test_a_prompt_with_a_suffix_fills_the_middle(tiny_fim_dir, tmp_path):
+    """A dataset line with a suffix: every method (ours and a peer) gets the raw prefix and suffix around
+    the fill-in-the-middle tokens, no chat template; a suffix beside several turns is a malformed line."""
+    from specdec.bench.compare import Comparison
+    from specdec.config import GenerationConfig
+    from specdec.drafters.base import NoDrafter
+    from specdec.engine.engine import Engine
+    from specdec.model import load_model
+    from tests.conftest import FIM
+
+    seen = []
+
+    class Peer:
+        def generate(self, ids, max_new_tokens, *args):
+            seen.append(ids)
+            return [1] * max_new_tokens, 0.01
+
+    prompts = read_jsonl([json.dumps({"id": "f", "category": "fim", "prompt": "w1 w2", "suffix": "w3 w4 w1"}),
+                          json.dumps({"turns": ["w1", "w2"], "suffix": "w3"})], "x.jsonl")
+    assert len(prompts) == 1 and prompts[0].suffix == "w3 w4 w1"
+    target = load_model(str(tiny_fim_dir))
+    records = Comparison(Parts(target, 64, cache=target.module.new_cache(64)), parse_methods("plain,hf", [2]), 4,
+                         hf=Peer()).run(prompts, tmp_path / "r.jsonl")
+    ids = [FIM[0], 1, 2, FIM[1], 3, 4, 1, FIM[2]]
+    assert seen[-1] == ids
+    plain = Engine.single(target.module, NoDrafter(), 64).generate(ids, GenerationConfig(4, 2), target.eos_ids)
+    assert [r.method for r in records] == ["plain", "hf"] and records[0].tokens == plain.tokens
+
+
 def test_each_prompt_starts_one_method_further_on_after_a_warm_up(tiny_llama_dir, tmp_path):
     """What a method leaves behind (a peer's spinning threads, a cold cache) must not always land on the
     same next method, nor a model's first forward on the first method: the order rotates per prompt, and

@@ -170,6 +170,29 @@ def test_ngram_with_a_draft_model_is_the_hybrid_and_matches_plain(capsys, tiny_l
     assert out["text"] == plain and "prompt lookup" in out["method"]
 
 
+def test_infill_fills_the_middle_speculatively_and_refuses_what_cannot(capsys, tiny_fim_dir, tiny_llama_dir):
+    """--infill SUFFIX: the prompt and the suffix around the fill-in-the-middle tokens, answered as the
+    engine answers those ids (plain and with a drafter, the same text); a model without the tokens, or
+    --chat, is a one-line error."""
+    from specdec.config import GenerationConfig
+    from specdec.drafters.base import NoDrafter
+    from specdec.engine.engine import Engine
+    from specdec.model import load_model
+    from tests.conftest import FIM
+    target = load_model(str(tiny_fim_dir))
+    ref = Engine.single(target.module, NoDrafter(), 64).generate(
+        [FIM[0], 1, 2, 3, FIM[1], 4, 1, 2, FIM[2]], GenerationConfig(10, 1), target.eos_ids)
+    base = ["generate", "--model", str(tiny_fim_dir), "--max-new-tokens", "10", "--json", "--infill", "w4 w1 w2",
+            "w1 w2 w3"]
+    for extra in ([], ["--ngram"], ["--draft", str(tiny_fim_dir)]):
+        assert main(base[:1] + extra + base[1:]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["text"] == target.tokenizer.decode(ref.tokens, skip_special_tokens=True), extra
+    assert "--chat" in cli_error(base[:1] + ["--chat"] + base[1:], capsys)
+    msg = cli_error(["generate", "--model", str(tiny_llama_dir), "--infill", "w3", "w1 w2"], capsys)
+    assert "fill-in-the-middle" in msg
+
+
 def test_bench_and_serve_refuse_a_negative_draft_window(capsys, no_model_loads):
     assert "--draft-window" in cli_error(["bench", "--methods", "plain,draft", "--draft-window", "-2"], capsys)
     assert "--draft-window" in cli_error(["serve", "--draft-window", "-2"], capsys)

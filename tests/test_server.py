@@ -35,7 +35,7 @@ from specdec.server.app import create_app, make_server
 from specdec.server.guard import Access, RequestLimits, exposure_warning
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler, TextTracker, k_schedule
-from tests.conftest import make_drafter, run_engine
+from tests.conftest import FIM, make_drafter, run_engine
 
 K = 3
 CONTEXT = 512
@@ -177,6 +177,27 @@ def test_penalties_and_logit_bias_reach_the_engine(main):
     ref = spec.generate(ids, GenerationConfig(30, K, sampled), sched.eos_ids)
     r = httpx.post(base + "/v1/completions", json=body | {"temperature": 0.9, "seed": 7, "min_p": 0.05}, timeout=60)
     assert r.json()["choices"][0]["text"] == text_of(sched, ref.tokens)
+
+
+def test_suffix_fills_the_middle(tiny_fim_dir, main):
+    """completions' suffix: the prompt laid out as prefix, suffix, middle through the fill-in-the-middle
+    tokens, answered as the engine answers those ids; a model without the tokens, a token-id prompt and
+    echo are 400s naming the field."""
+    sched = build_scheduler(*serve_args("--model", str(tiny_fim_dir), "--ngram", "--k", str(K), "--device", "cpu",
+                                        "--max-context", str(CONTEXT), "--policy", "fixed"), progress=lambda m: None)
+    ids = [FIM[0], 5, 17, 3, FIM[1], 9, 5, 17, 3, 40, FIM[2]]
+    ref = Engine.single(sched.engine.target, sched.engine.drafter, CONTEXT).generate(
+        ids, GenerationConfig(20, K), sched.eos_ids)
+    with running(sched) as (base, _):
+        out = client(base).completions.create(model="tiny", prompt="w5 w17 w3", suffix="w9 w5 w17 w3 w40",
+                                              max_tokens=20, temperature=0)
+        assert out.choices[0].text == text_of(sched, ref.tokens)
+        assert out.usage.prompt_tokens == len(ids)
+    base, _ = main  # a word-level tokenizer without fill-in-the-middle tokens
+    for change, param in (({}, "suffix"), ({"prompt": [5, 17]}, "prompt"), ({"echo": True}, "echo")):
+        r = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": "w5 w17", "suffix": "w3",
+                                                       "max_tokens": 5} | change, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_completion_text_prompt_streaming_matches_non_streaming(main):

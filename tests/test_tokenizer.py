@@ -10,8 +10,9 @@ import pytest
 
 from specdec.model.byte_bpe import SPLITS, ByteLevelTokenizer, build_backend
 from specdec.model.gguf_file import GGUFFile
-from specdec.model.tokenizer import (ControlTokens, encode_messages, encode_prompt, gguf_metadata,
-                                     gguf_tokenizer)
+from specdec.errors import SpecdecError
+from specdec.model.tokenizer import (ControlTokens, encode_infill, encode_messages, encode_prompt, fim_ids,
+                                     gguf_metadata, gguf_tokenizer)
 
 TEXTS = ["Hello world", "  def f(x):\n\treturn x**2  # ok\n\n", "日本語のテキスト 😀 ü ß", "don't I'LL 12345 3.14",
          "<|im_start|>user hi<|im_end|>\n<|endoftext|>", "\r\n\r\n   \t", "a" * 300]
@@ -203,3 +204,24 @@ def test_a_tokenizer_that_makes_a_control_token_from_text_is_a_clear_error(tiny_
                                                                                       add_special_tokens=False)
     with pytest.raises(SpecdecError, match="makes the control token '</s>' from plain text"):
         encode_messages(tok, [{"role": "user", "content": "w1 </s> w2"}])
+
+
+def test_fill_in_the_middle_lays_out_the_gap_and_keeps_control_strings_as_text(pair):
+    """Both tokenizers alike: where the model has fill-in-the-middle tokens, prefix and suffix sit between
+    them as text (a control token's string inside is characters, not the token); where it has none, a
+    clear error."""
+    ours, hf = pair
+    prefix, suffix = "def f(x):\n    y = '<|fim_suffix|>'\n", "\n    return y\n"
+    fim = fim_ids(ours)
+    assert fim == fim_ids(hf)
+    if fim is None:
+        with pytest.raises(SpecdecError, match="fill-in-the-middle"):
+            encode_infill(ours, prefix, suffix)
+        return
+    ids = encode_infill(ours, prefix, suffix)
+    assert ids == encode_infill(hf, prefix, suffix)
+    pre, suf, mid = fim
+    text = ours.encode(prefix, add_special_tokens=False, split_special_tokens=True)
+    assert ids == [pre, *text, suf, *ours.encode(suffix, add_special_tokens=False), mid]
+    assert ids.count(suf) == 1
+    assert ours.decode(ids) == "".join([ours.decode([pre]), prefix, ours.decode([suf]), suffix, ours.decode([mid])])

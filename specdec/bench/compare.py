@@ -26,7 +26,7 @@ from specdec.drafters.registry import DraftOptions, Parts, method
 from specdec.engine.build import Builder, EnginePlan, draft_options, load_parts, log
 from specdec.errors import SpecdecError
 from specdec.model.registry import resolve_model
-from specdec.model.tokenizer import encode_messages, encode_prompt
+from specdec.model.tokenizer import encode_infill, encode_messages, encode_prompt
 from specdec.settings import BenchSettings, ModelSettings
 
 PEER_K_KINDS = ("hf-assisted", "hf-lookup", "llama-lookup")  # the peers that take a draft length
@@ -167,6 +167,13 @@ class Comparison:
     def encode(self, messages: list[dict]) -> list[int]:
         return encode_turns(self.target.tokenizer, messages)
 
+    def first_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's first turn as the target reads it: through the chat template, or the raw text
+        laid out around the gap where the prompt fills a middle."""
+        if prompt.suffix is not None:
+            return encode_infill(self.target.tokenizer, prompt.turns[0], prompt.suffix)
+        return self.encode([{"role": "user", "content": prompt.turns[0]}])
+
     def generate(self, ids: list[int], spec: MethodSpec, seed: int | None) -> tuple[list[int], float, dict | None]:
         if spec.label in self.engines:
             # a fixed tree's k caps its depth; tree:auto may also choose chains up to AUTO_K_MAX
@@ -192,7 +199,7 @@ class Comparison:
         (0.6 s of a 3.2 s plain run on the 1.5B model). Our models run one forward; each peer mode generates two
         tokens (a peer that fails here fails again in its timed run, which records it)."""
         import torch
-        ids = self.encode([{"role": "user", "content": prompt.turns[0]}])
+        ids = self.first_ids(prompt)
         with torch.inference_mode():
             for model, cache in ((self.target, self.cache), (self.draft, None)):
                 if model is not None:
@@ -214,7 +221,8 @@ class Comparison:
         messages, tokens, seconds, stats, counts = [], [], 0.0, [], {}
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
-            new, secs, st = self.generate(self.encode(messages), spec, seed)
+            ids = self.encode(messages) if len(messages) > 1 else self.first_ids(prompt)
+            new, secs, st = self.generate(ids, spec, seed)
             if spec.kind in LLAMA_KINDS:
                 for key, n in self.llama.last_counts.items():
                     counts[key] = counts.get(key, 0) + n

@@ -1,4 +1,5 @@
-"""Prompt sets: the shipped code prompts, Spec-Bench style JSONL (`turns`) or any JSONL with `prompt`."""
+"""Prompt sets: the shipped code prompts, Spec-Bench style JSONL (`turns`) or any JSONL with `prompt`
+(and `suffix`: fill in the middle, the answer the text between the prompt and the suffix)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Prompt:
     id: str
     category: str
     turns: tuple[str, ...]  # one user message per turn
+    suffix: str | None = None  # fill in the middle: the text after the gap (turns: the text before it, raw)
 
 
 def parse_line(line: str, index: int) -> Prompt:
@@ -28,11 +30,14 @@ def parse_line(line: str, index: int) -> Prompt:
     turns = row.get("turns") or ([row["prompt"]] if "prompt" in row else None)
     if not turns or not all(isinstance(t, str) and t for t in turns):
         raise ValueError("needs a non-empty 'prompt' string or 'turns' list")
+    suffix = row.get("suffix")
+    if suffix is not None and (not isinstance(suffix, str) or len(turns) != 1):
+        raise ValueError("a 'suffix' is a string, beside one prompt")
     pid = str(row.get("id", row.get("question_id", index)))
     category = str(row.get("category", "default"))
     if category in MT_BENCH_SUBCATEGORIES and "question_id" in row:
         category = "multi_turn"
-    return Prompt(pid, category, tuple(turns))
+    return Prompt(pid, category, tuple(turns), suffix)
 
 
 def read_jsonl(lines, source: str) -> list[Prompt]:

@@ -116,6 +116,8 @@ def one_request(base: str, model: str, prompt, max_tokens: int, mode: str, c: in
         body["messages"] = [{"role": "user", "content": prompt.turns[0]}]
     else:
         body["prompt"] = prompt.turns[0]
+        if prompt.suffix is not None:
+            body["suffix"] = prompt.suffix
     t0 = time.perf_counter()
     ttft, usage, status, error = None, {}, 0, None
     try:

@@ -16,7 +16,14 @@ from specdec.errors import SpecdecError
 from specdec.model.byte_bpe import ByteLevelTokenizer, build_backend
 from specdec.model.gguf_file import GGUFFile
 
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>")
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>",
+               # a fill-in-the-middle answer's ends, as llama.cpp's: the padding, file and repository markers
+               "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<fim_pad>", "<file_sep>")
+# fill-in-the-middle control tokens, (prefix, suffix, middle) as each family spells them: Qwen2.5-Coder
+# and CodeGemma, StarCoder (1 and 2), DeepSeek-Coder; laid out prefix first (PSM), as all of them train
+FIM_SPELLINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+                 ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+                 ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"))
 MAX_VOCAB_SIZE_DIFFERENCE = 128  # as llama.cpp's draft compatibility check
 
 
@@ -103,6 +110,36 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     if not chat:
         return tokenizer.encode(prompt, add_special_tokens=True)
     return encode_messages(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def fim_ids(tokenizer) -> tuple[int, int, int] | None:
+    """The tokenizer's fill-in-the-middle tokens (prefix, suffix, middle), found by their spelling
+    (FIM_SPELLINGS), or None where it has none."""
+    token_id = tokenizer.token_id if isinstance(tokenizer, ByteLevelTokenizer) else tokenizer.get_vocab().get
+    for spelling in FIM_SPELLINGS:
+        ids = tuple(token_id(t) for t in spelling)
+        if all(i is not None for i in ids):
+            return ids
+    return None
+
+
+def encode_infill(tokenizer, prefix: str, suffix: str) -> list[int]:
+    """The prompt that asks for the text between `prefix` and `suffix` (the middle): the model's
+    fill-in-the-middle tokens around both, prefix first, as its training laid them out. Both are text:
+    a control token's string inside them is encoded as the characters it is."""
+    fim = fim_ids(tokenizer)
+    if fim is None:
+        raise SpecdecError("this model has no fill-in-the-middle tokens (such as <|fim_prefix|>, <|fim_suffix|> "
+                           "and <|fim_middle|>), so it cannot fill a gap; use a code model trained for it, "
+                           "or give the text before the gap alone")
+    pre, suf, mid = fim
+
+    def text(s: str) -> list[int]:
+        return list(tokenizer.encode(s, add_special_tokens=False, split_special_tokens=True)) if s else []
+    with_special, plain = list(tokenizer.encode("x", add_special_tokens=True)), list(tokenizer.encode("x", add_special_tokens=False))
+    at = next((i for i in range(len(with_special)) if with_special[i:i + len(plain)] == plain), 0)
+    lead = with_special[:at]  # a BOS, where the tokenizer adds one
+    return lead + [pre] + text(prefix) + [suf] + text(suffix) + [mid]
 
 
 def encode_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.config import SamplingParams
 from specdec.constraints import ConstraintSpec, Grammars
 from specdec.errors import SpecdecError
-from specdec.model.tokenizer import encode_messages
+from specdec.model.tokenizer import encode_infill, encode_messages
 from specdec.server.guard import Access, Guard, RequestLimits
 from specdec.server.metrics import CONTENT_TYPE_LATEST
 from specdec.server.logprobs import CompletionLogprobs, Scored, chat_content
@@ -171,7 +171,17 @@ class Endpoints:
     async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
         self.check_limits(body.stop_list)
-        if isinstance(body.prompt, str):
+        if body.suffix is not None:  # fill in the middle: the prompt is the text before the gap
+            if not isinstance(body.prompt, str):
+                raise APIError(400, "suffix (fill in the middle) needs the prompt as text, the text before the gap",
+                               param="prompt")
+            if body.echo:
+                raise APIError(400, "echo is not supported with suffix", param="echo")
+            try:
+                ids = await self.encode(encode_infill, self.tokenizer, body.prompt, body.suffix)
+            except SpecdecError as e:
+                raise APIError(400, str(e), param="suffix") from None
+        elif isinstance(body.prompt, str):
             ids = await self.encode(self.tokenizer.encode, body.prompt)
         else:
             ids = list(body.prompt)

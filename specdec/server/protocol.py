@@ -7,14 +7,16 @@ logit_bias (token id strings to [-100, 100]; config.SamplingParams says how each
 or a list), stream (+ stream_options.include_usage), n (1..128 samples of the prompt, prefilled once;
 with a seed, choice i draws from seed + i);
 logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20);
-completions' max_tokens 0 with echo: the prompt scored (its logprobs, with logprobs), nothing generated.
+completions' max_tokens 0 with echo: the prompt scored (its logprobs, with logprobs), nothing generated;
+completions' suffix: fill in the middle, the answer the text between the prompt and the suffix (through
+the model's fill-in-the-middle tokens; a 400 for a model without them, a token-id prompt or echo).
 Structured output, on both endpoints (one of them a request): response_format {"type": "json_object"}
 or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (OpenAI's); vLLM's
 structured_outputs {json | regex | grammar | choice} and its older guided_json, guided_regex,
 guided_grammar, guided_choice; llama-server's json_schema and grammar (GBNF). The answer is generated
 under the grammar (specdec.constraints), speculatively and losslessly.
 Refused with a 400 naming the field: n outside 1..128, logprobs or top_logprobs out of range, best_of > 1,
-suffix, a sampling value out of its range (or a logit_bias id outside the vocabulary), two
+a sampling value out of its range (or a logit_bias id outside the vocabulary), two
 structured-output fields at once, a
 tool_choice naming no given tool, tools where the model's chat template has none (server/tools.py).
 Tools: OpenAI's `tools`, `tool_choice` (none, auto, required, a named function) and
@@ -224,10 +226,6 @@ class CompletionRequest(_Sampling):
     def _no_best_of(cls, v):
         return _refuse(v, (None, 1), "best_of > 1")
 
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        return _refuse(v, (None,), "suffix (insertion)")
 
 
 class TextPart(BaseModel):
