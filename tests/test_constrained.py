@@ -113,6 +113,20 @@ def test_every_drafter_gives_constrained_plain_decoding(target, draft, plain, me
         assert c.n == len(expected)  # the grammar moved with every emitted token (advance checks each)
 
 
+@pytest.mark.parametrize("method", ["draft", "tree", "ngram", "lookahead"])
+def test_penalties_under_a_grammar_give_penalised_constrained_plain_decoding(target, draft, plain, method):
+    """The rows are penalised first, then masked: every drafter keeps plain decoding's tokens under both."""
+    sampling = SamplingParams(repetition_penalty=1.6, presence_penalty=0.5, logit_bias=((7, 1.5),))
+    for prompt, unpenalised in zip(PROMPTS, plain):
+        expected, _ = generate(target, make_drafter("none", target, 256), prompt, sampling)
+        assert expected.tokens != unpenalised
+        drafter = make_drafter("draft" if method == "tree" else method, target, 256,
+                               draft if method in ("draft", "tree") else None,
+                               tree=TreeConfig(8, 3, 2) if method == "tree" else None)
+        result, c = generate(target, drafter, prompt, sampling)
+        assert result.tokens == expected.tokens, f"{method} diverged under the grammar and penalties on {prompt}"
+
+
 def test_pooled_drafts_are_masked_as_a_single_sequences_are(target, plain):
     """Sequences drafting together (one draft forward per position over every row, as the server's
     batches do) draft from their grammars' masked distributions as a sequence alone does: the same
