@@ -28,6 +28,8 @@ class GenerationStats:
     prefill_seconds: float = 0.0  # the target's prefill and the drafter's (also one started mid-answer)
     seconds: float = 0.0
     draft_started_at: int | None = 0  # new tokens before the drafter started (None: it never did)
+    lookup_drafted: int = 0  # of `drafted`, the tokens prompt lookup drafted while a draft model waited
+    lookup_accepted: int = 0  # of `accepted`, those
     draft_admission: dict | None = None  # the policy's terms when it decided at the start (AdaptivePolicy.last_admission)
     cached_tokens: int = 0  # prompt tokens whose keys/values a prefix cache held (not prefilled)
     load_seconds: float = 0.0  # a draft model's load, deferred to its first start (not in `seconds`)
@@ -85,6 +87,7 @@ class GenerationStats:
                 "prefill_seconds": round(self.prefill_seconds, 4), "seconds": round(self.seconds, 4),
                 "load_seconds": round(self.load_seconds, 4),
                 "draft_started_at": self.draft_started_at, "draft_admission": self.draft_admission,
+                "lookup_drafted": self.lookup_drafted, "lookup_accepted": self.lookup_accepted,
                 "tokens_per_second": round(self.tokens_per_second, 3),
                 "emitted_per_step": self.emitted_per_step, "k_chosen": self.k_chosen,
                 "plain_fraction": round(self.plain_fraction, 4)}

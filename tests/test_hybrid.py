@@ -86,6 +86,8 @@ def test_the_draft_method_waits_with_lookup_and_keeps_greedy_output(tiny_llama_d
         for prompt in prompts:
             assert engine.generate(prompt, cfg).tokens == plain.generate(prompt, cfg).tokens
         assert (drafter.lookup_steps > 0, drafter.model_steps > 0) == (prefill_cost > 0, prefill_cost == 0)
+        stats = engine.generate(prompts[1], cfg).stats  # lookups counted as such only while the draft waits
+        assert (stats.lookup_drafted > 0, stats.draft_started_at) == ((True, None) if prefill_cost else (False, 0))
     tree = make_drafter("draft", target, 256, draft, tree=TreeConfig(8, 3, 2))
     assert isinstance(tree, DraftModelDrafter) and tree.caps.tree_nodes > 0
 
@@ -104,6 +106,8 @@ def test_a_waiting_lookup_is_the_waiting_policys_and_the_drafters_policy_reads_t
     result = engine.generate(prompt, cfg)
     assert result.tokens == Engine.single(tiny_target, NoDrafter(), 256).generate(prompt, cfg).tokens
     assert result.stats.draft_started_at is None and drafter.model_steps == 0 and drafter.lookup_steps > 0
+    s = result.stats  # every draft was a waiting lookup's, and the counts say so
+    assert (s.lookup_drafted, s.lookup_accepted) == (s.drafted, s.accepted) and s.drafted > 0
     emitted = len(result.tokens) - 1  # every token but the prefill's came from a waiting step
     assert policy.waiting.request.trials > 0  # the lookups' outcomes are the waiting policy's
     assert policy.request.trials == 0 and policy.pool.trials == 0

@@ -148,6 +148,7 @@ def test_completion_greedy_equals_engine(main):
     assert spec["tau"] == pytest.approx(ref.stats.tau, abs=1e-3)
     assert (spec["drafted_per_position"], spec["accepted_per_position"]) == (ref.stats.drafted_at,
                                                                              ref.stats.accepted_at)
+    assert (spec["lookup_drafted"], spec["draft_started_at"]) == (ref.stats.lookup_drafted, ref.stats.draft_started_at)
     assert sum(spec["accepted_per_position"]) == spec["accepted"] and len(spec["drafted_per_position"]) == K
 
 
@@ -390,15 +391,19 @@ def test_n_choices_whole_and_streamed_are_each_what_a_request_alone_gives(main):
 def test_a_requests_usage_over_its_choices_sums_them_position_by_position():
     from specdec.server.app import merge_usage
 
-    def usage(completion, drafted, accepted, steps, plain, at, ok):
+    def usage(completion, drafted, accepted, steps, plain, at, ok, started):
         return {"prompt_tokens": 9, "completion_tokens": completion, "total_tokens": 9 + completion,
                 "prompt_tokens_details": {"cached_tokens": 0},
                 "speculative": {"drafted": drafted, "accepted": accepted, "tau": (completion / steps), "steps": steps,
-                                "plain_steps": plain, "drafted_per_position": at, "accepted_per_position": ok}}
-    merged = merge_usage([usage(12, 7, 5, 4, 1, [3, 3, 1], [3, 2, 0]), usage(6, 2, 1, 5, 3, [2], [1])])
+                                "plain_steps": plain, "drafted_per_position": at, "accepted_per_position": ok,
+                                "lookup_drafted": drafted - 1, "lookup_accepted": accepted - 1,
+                                "draft_started_at": started}}
+    merged = merge_usage([usage(12, 7, 5, 4, 1, [3, 3, 1], [3, 2, 0], None), usage(6, 2, 1, 5, 3, [2], [1], 4)])
     assert merged["completion_tokens"] == 18 and merged["total_tokens"] == 27
     spec = merged["speculative"]
     assert (spec["drafted"], spec["accepted"], spec["steps"], spec["plain_steps"]) == (9, 6, 9, 4)
+    assert (spec["lookup_drafted"], spec["lookup_accepted"], spec["draft_started_at"]) == (7, 4, 4)
+    assert merge_usage([usage(6, 2, 1, 5, 3, [2], [1], None)] * 2)["speculative"]["draft_started_at"] is None
     assert spec["drafted_per_position"] == [5, 3, 1] and spec["accepted_per_position"] == [4, 2, 0]
     assert spec["tau"] == pytest.approx(18 / 9)
 

@@ -496,6 +496,8 @@ def _commit(r: _Row, verified: Verified, verify_seconds: float, batch: int, widt
     r.policy.observe(outcome)
     if r.policy is not seq.policy:  # a waiting lookup's step: the drafter's own policy sees its tokens
         seq.policy.observe_waiting(outcome)
+        stats.lookup_drafted += depth
+        stats.lookup_accepted += accepted
     tokens = draft.tokens[verified.path].tolist() + [verified.next_token]
     if seq.logprobs is None:
         return seq.emit(tokens)

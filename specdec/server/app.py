@@ -399,10 +399,11 @@ class Endpoints:
 def merge_usage(usages: list[dict]) -> dict:
     """One request's usage over its choices: the prompt once (its cached tokens as the first choice's, the
     one that prefilled it), the completions' tokens and the speculation summed (position by position), tau
-    over all steps."""
+    over all steps, the draft's earliest start."""
     completion = sum(u["completion_tokens"] for u in usages)
     spec = [u["speculative"] for u in usages]
     steps = sum(s["steps"] for s in spec)
+    started = [s["draft_started_at"] for s in spec if s["draft_started_at"] is not None]  # the earliest start
 
     def by_position(key: str) -> list[int]:
         return [sum(c) for c in itertools.zip_longest(*(s[key] for s in spec), fillvalue=0)]
@@ -413,7 +414,10 @@ def merge_usage(usages: list[dict]) -> dict:
                             "tau": round(sum(s["tau"] * s["steps"] for s in spec) / steps, 4) if steps else 0.0,
                             "steps": steps, "plain_steps": sum(s["plain_steps"] for s in spec),
                             "drafted_per_position": by_position("drafted_per_position"),
-                            "accepted_per_position": by_position("accepted_per_position")}}
+                            "accepted_per_position": by_position("accepted_per_position"),
+                            "lookup_drafted": sum(s["lookup_drafted"] for s in spec),
+                            "lookup_accepted": sum(s["lookup_accepted"] for s in spec),
+                            "draft_started_at": min(started, default=None)}}
 
 
 async def merged(answers: list["Answer"], sources, handles, include_usage: bool):

@@ -383,6 +383,9 @@ class SpeculativeUsage(BaseModel):
     plain_steps: int = 0  # of those, steps that drafted nothing (speculation off for that step)
     drafted_per_position: list[int] = []  # [i]: steps whose draft reached position i + 1
     accepted_per_position: list[int] = []  # [i]: of those, steps whose token there was accepted
+    lookup_drafted: int = 0  # of drafted, tokens prompt lookup drafted while the draft model waited to start
+    lookup_accepted: int = 0  # of accepted, those
+    draft_started_at: int | None = 0  # completion tokens before the drafter started; null: it never did
 
 
 class PromptTokensDetails(BaseModel):

@@ -418,7 +418,9 @@ class Scheduler:
                  "speculative": {"drafted": stats.drafted, "accepted": stats.accepted, "tau": round(stats.tau, 4),
                                  "steps": stats.steps, "plain_steps": stats.k_chosen[0] if stats.k_chosen else 0,
                                  "drafted_per_position": list(stats.drafted_at),
-                                 "accepted_per_position": list(stats.accepted_at)}}
+                                 "accepted_per_position": list(stats.accepted_at),
+                                 "lookup_drafted": stats.lookup_drafted, "lookup_accepted": stats.lookup_accepted,
+                                 "draft_started_at": stats.draft_started_at}}
         self.metrics.finished.labels(reason=reason).inc()
         if stats.steps or completion:
             self.metrics.record_generation(stats)
