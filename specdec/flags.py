@@ -154,8 +154,8 @@ def logit_bias(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(pairs))
 
 
-def add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+def add_sampling_knobs(p: argparse.ArgumentParser) -> None:
+    """top-k, top-p, min-p and the penalties (generate's and bench's: config.SamplingParams' fields)."""
     p.add_argument("--top-k", type=integer, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     p.add_argument("--min-p", type=float, default=0.0,
@@ -167,6 +167,11 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
                    help="subtracted from the logit of each token the answer holds (-2..2, 0 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="subtracted once per time the answer holds the token (-2..2, 0 = off)")
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    add_sampling_knobs(p)
     p.add_argument("--logit-bias", type=logit_bias, default=(), metavar="ID=BIAS[,ID=BIAS...]",
                    help="added to those token ids' logits (-100..100; -100 bans a token). Bias and penalties "
                         "shape the target's logits by the text so far; speculation keeps plain decoding's output")
@@ -297,6 +302,7 @@ def add_bench_flags(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--max-new-tokens", type=positive, default=128)
     bench.add_argument("--temperature", type=float, default=0.0,
                        help="0 = greedy (outputs are checked token for token against plain decoding)")
+    add_sampling_knobs(bench)
     bench.add_argument("--seed", type=integer, default=None, help="base seed for sampling (per prompt: seed + index)")
     bench.add_argument("--ignore-eos", action="store_true",
                        help="our methods generate exactly --max-new-tokens (EOS does not stop them), so sampled "

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import specdec.model
-from specdec.config import TreeConfig, parse_schedule, rank_paths
+from specdec.config import SamplingParams, TreeConfig, parse_schedule, rank_paths
 from specdec.drafters import registry
 from specdec.errors import SpecdecError
 
@@ -314,6 +314,12 @@ class BenchSettings(DrafterKnobs):
     k: str = "2,auto"
     max_new_tokens: int = 128
     temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
     repeats: int = 1
@@ -326,6 +332,13 @@ class BenchSettings(DrafterKnobs):
         super().__post_init__()
         at_least("--repeats", self.repeats, 1)
         at_least("--max-new-tokens", self.max_new_tokens, 1)
+        self.sampling  # noqa: B018 - validated now: a bad value is the flags' error
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """Every method's sampling (the seed the base one: per prompt, seed + index)."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed, self.min_p,
+                              self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
 
 
 @dataclass(frozen=True)

@@ -331,3 +331,44 @@ def test_each_prompt_starts_one_method_further_on_after_a_warm_up(tiny_llama_dir
         ("a", "plain"), ("a", "ngram"), ("a", "hf"), ("b", "ngram"), ("b", "hf"), ("b", "plain"),
         ("c", "hf"), ("c", "plain"), ("c", "ngram"), ("d", "plain"), ("d", "ngram"), ("d", "hf")]
     assert calls == [2, 4, 4, 4, 4]  # the warm-up's two tokens, then the four timed runs
+
+
+def test_sampling_settings_reach_every_method(tiny_llama_dir, tmp_path, capsys, monkeypatch):
+    """--top-k, --top-p, --min-p and the penalties: ours sample under them (greedy: still plain decoding's
+    tokens, now penalised), the summary records them, llama-server gets them under its names, and HF
+    peers, which have no presence or frequency penalty, are refused them."""
+    from specdec.bench.llama_server import LlamaServerPeer
+    from specdec.config import SamplingParams
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6 w5 w6"}) + "\n")
+    base = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram", "--k", "3", "--dataset", str(data),
+            "--max-new-tokens", "16", "--no-plots"]
+    texts = []
+    for extra in ([], ["--repetition-penalty", "1.8", "--presence-penalty", "0.5", "--min-p", "0.1"]):
+        out = tmp_path / f"run{len(texts)}"
+        assert main(base + extra + ["--out", str(out)]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["methods"]["ngram"]["greedy_mismatches"] == []
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        texts.append(records[0]["tokens"])
+    assert texts[0] != texts[1]
+    assert summary["config"]["sampling"]["repetition_penalty"] == 1.8 and summary["config"]["sampling"]["min_p"] == 0.1
+    assert "presence" in cli_error(base + ["--presence-penalty", "0.5", "--methods", "plain,hf", "--out",
+                                           str(tmp_path / "hf")], capsys)
+    assert "min_p" in cli_error(base + ["--min-p", "2", "--out", str(tmp_path / "bad")], capsys)
+
+    sent = []
+
+    class Server:
+        def complete(self, body):
+            sent.append(body)
+            return {"tokens": [1, 2]}
+    peer = object.__new__(LlamaServerPeer)
+    peer.eos, peer.server = set(), lambda *a: Server()
+    peer.generate([3, 4], 2, sampling=SamplingParams(0.8, 40, 0.95, 7, 0.05, 1.1, 0.2, 0.3))
+    peer.generate([3, 4], 2, sampling=SamplingParams(repetition_penalty=1.2))
+    assert {k: sent[0][k] for k in ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
+                                    "presence_penalty", "frequency_penalty", "repeat_last_n")} == {
+        "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 7, "repeat_penalty": 1.1,
+        "presence_penalty": 0.2, "frequency_penalty": 0.3, "repeat_last_n": -1}
+    assert (sent[1]["temperature"], sent[1]["top_k"], sent[1]["repeat_penalty"]) == (0.0, 1, 1.2)

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from specdec.config import SamplingParams
 from specdec.errors import SpecdecError
 from specdec.model.loading import gguf_hf_config, gguf_state_dict, hf_state_dict, open_gguf
 
@@ -54,15 +55,19 @@ class HFBaseline:
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
-                 temperature: float = 0.0, seed: int | None = None) -> tuple[list[int], float]:
-        """mode: plain, assisted (assistant_model) or lookup (prompt_lookup_num_tokens)."""
+                 sampling: SamplingParams = SamplingParams()) -> tuple[list[int], float]:
+        """mode: plain, assisted (assistant_model) or lookup (prompt_lookup_num_tokens); sampling: its
+        temperature, top-k, top-p, min-p and repetition penalty (HF's has ours' definition) are passed on,
+        the checkpoint's own defaults switched off (run_comparison refuses the other settings for HF)."""
         extra = {"plain": {}, "assisted": {"assistant_model": self.assistant, "num_assistant_tokens": k,
                                            "num_assistant_tokens_schedule": "constant"},
                  "lookup": {"prompt_lookup_num_tokens": k}}[mode]
-        if temperature > 0:  # plain temperature sampling: switch off the checkpoint's default top-k/top-p
-            extra.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-            if seed is not None:
-                torch.manual_seed(seed)
+        extra.update(repetition_penalty=sampling.repetition_penalty)
+        if not sampling.greedy:
+            extra.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,
+                         top_p=sampling.top_p, min_p=sampling.min_p or None)
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
         else:
             extra.update(do_sample=False)
         x = torch.tensor([prompt])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -140,16 +140,18 @@ def encode_turns(tok, messages: list[dict]) -> list[int]:
 
 class Comparison:
     def __init__(self, parts: Parts, specs: list[MethodSpec], max_new_tokens: int,
-                 options: DraftOptions = DraftOptions(), hf=None, llama=None, temperature: float = 0.0,
-                 seed: int | None = None, cost_profile: str | None = None, tree_depth: int = 4, tree_topk: int = 4,
-                 ignore_eos: bool = False):
+                 options: DraftOptions = DraftOptions(), hf=None, llama=None,
+                 sampling: SamplingParams = SamplingParams(), cost_profile: str | None = None, tree_depth: int = 4,
+                 tree_topk: int = 4, ignore_eos: bool = False):
         """parts: the target and what our methods need (engine.build.load_parts), its cache shared by
         every engine (one method runs at a time; layer skip drafts into it too); options: how the
-        drafters are built; ignore_eos: our methods always generate max_new_tokens."""
+        drafters are built; sampling: every method's (its seed the base: per prompt, seed + index);
+        ignore_eos: our methods always generate max_new_tokens."""
         self.ignore_eos = ignore_eos
         self.parts, self.target, self.draft, self.cache = parts, parts.target, parts.draft, parts.cache
         self.specs, self.hf, self.llama = specs, hf, llama
-        self.max_new_tokens, self.temperature, self.seed, self.tree_depth = max_new_tokens, temperature, seed, tree_depth
+        self.max_new_tokens, self.sampling, self.seed, self.tree_depth = (max_new_tokens, sampling, sampling.seed,
+                                                                          tree_depth)
         drafters = {}  # kind -> its drafter, shared by the engines of that kind (tree sizes: one each)
         self.engines = {}  # label -> engine
         for s in (s for s in specs if is_ours(s.kind)):
@@ -178,13 +180,14 @@ class Comparison:
         if spec.label in self.engines:
             # a fixed tree's k caps its depth; tree:auto may also choose chains up to AUTO_K_MAX
             k = min(self.tree_depth, spec.k) if tree_sizes(spec.kind) and not spec.adaptive else spec.k
-            cfg = GenerationConfig(self.max_new_tokens, k, SamplingParams(self.temperature, seed=seed),
+            cfg = GenerationConfig(self.max_new_tokens, k, replace(self.sampling, seed=seed),
                                    stop_at_eos=not self.ignore_eos)
             res = self.engines[spec.label].generate(ids, cfg, self.target.eos_ids)
             return res.tokens, res.stats.seconds, res.stats.summary()
         peer, mode = self._peer(spec)
         extra = {"p_min": spec.p_min} if spec.kind == "llama-spec" else {}
-        tokens, seconds = peer.generate(ids, self.max_new_tokens, mode, spec.k, self.temperature, seed, **extra)
+        tokens, seconds = peer.generate(ids, self.max_new_tokens, mode, spec.k, replace(self.sampling, seed=seed),
+                                        **extra)
         return tokens, seconds, None
 
     def _peer(self, spec: MethodSpec) -> tuple:
@@ -212,7 +215,7 @@ class Comparison:
                 peer, mode = self._peer(spec)
                 try:
                     extra = {"p_min": spec.p_min} if spec.kind == "llama-spec" else {}
-                    peer.generate(ids, 2, mode, spec.k, self.temperature, self.seed, **extra)
+                    peer.generate(ids, 2, mode, spec.k, self.sampling, **extra)
                 except Exception:  # noqa: BLE001 - recorded by the timed run
                     pass
 
@@ -336,6 +339,10 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     peers = sorted(s.label for s in specs if s.kind in HF_KINDS or s.kind in LLAMA_KINDS)
     if bench.ignore_eos and peers:
         raise SpecdecError(f"--ignore-eos applies to our methods only; drop it or the peers {peers}")
+    hf = sorted(s.label for s in specs if s.kind in HF_KINDS)
+    if hf and (bench.presence_penalty or bench.frequency_penalty):
+        raise SpecdecError(f"HF transformers' generate() has no presence or frequency penalty; drop them or the "
+                           f"peers {hf}")
     if {s.kind for s in specs} & set(LLAMA_KINDS) and not bench.report_only:
         find_binary(bench.llama_bin)  # a missing build fails now, not after the models load
     prompts = select_prompts(load_prompts(bench.dataset), bench.categories, bench.limit)
@@ -356,8 +363,8 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
         parts = load_parts(model, ours, options)
         weight_format = parts.target.module.weight_format
         peers = make_peers(model, bench, parts.target, pending)
-        comparison = Comparison(parts, specs, bench.max_new_tokens, options, peers.hf, peers.llama, bench.temperature,
-                                bench.seed, bench.cost_profile, bench.tree_depth, bench.tree_topk, bench.ignore_eos)
+        comparison = Comparison(parts, specs, bench.max_new_tokens, options, peers.hf, peers.llama, bench.sampling,
+                                bench.cost_profile, bench.tree_depth, bench.tree_topk, bench.ignore_eos)
         try:
             records = comparison.run(prompts, records_path, bench.repeats)
         finally:
@@ -373,6 +380,7 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
               "categories": sorted({p.category for p in prompts}), "repeats": bench.repeats,
               "prompts_complete": len(complete),
               "dataset": bench.dataset or "specdec/data/code_prompts.jsonl", "temperature": bench.temperature,
+              "sampling": {k: v for k, v in asdict(bench.sampling).items() if k not in ("temperature", "seed")},
               "seed": bench.seed, "greedy": bench.temperature == 0, "ignore_eos": bench.ignore_eos,
               "weight_dtype": model.weight_dtype or "auto", "weight_format": weight_format,
               "cost_profile": bench.cost_profile, "llama_cpp": llama_info,

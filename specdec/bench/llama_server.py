@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from specdec import peer_environ
+from specdec.config import SamplingParams
 from specdec.errors import SpecdecError
 from specdec.model.registry import specdec_home
 
@@ -228,18 +229,22 @@ class LlamaServerPeer:
         return self.servers[key]
 
     def generate(self, prompt: list[int], max_new_tokens: int, mode: str = "plain", k: int = 4,
-                 temperature: float = 0.0, seed: int | None = None,
-                 p_min: float | None = None, json_schema: dict | None = None) -> tuple[list[int], float]:
-        """mode: plain, spec (k = 0: the server's own draft settings) or lookup; json_schema: the answer
-        under llama-server's own JSON Schema grammar."""
+                 sampling: SamplingParams = SamplingParams(), p_min: float | None = None,
+                 json_schema: dict | None = None) -> tuple[list[int], float]:
+        """mode: plain, spec (k = 0: the server's own draft settings) or lookup; sampling: ours, passed under
+        llama-server's names (its penalties over the whole context; it orders its samplers its own way);
+        json_schema: the answer under llama-server's own JSON Schema grammar."""
         body = {"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": False, "return_tokens": True,
-                "stream": False, "seed": -1 if seed is None else seed}
+                "stream": False, "seed": -1 if sampling.seed is None else sampling.seed,
+                "repeat_penalty": sampling.repetition_penalty, "presence_penalty": sampling.presence_penalty,
+                "frequency_penalty": sampling.frequency_penalty, "repeat_last_n": -1}
         if json_schema is not None:
             body["json_schema"] = json_schema
-        if temperature > 0:
-            body.update(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
+        if not sampling.greedy:
+            body.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                        min_p=sampling.min_p, typical_p=1.0)
         else:
-            body.update(temperature=0.0, top_k=1, repeat_penalty=1.0)
+            body.update(temperature=0.0, top_k=1)
         srv = self.server(mode, k, p_min)
         t0 = time.perf_counter()
         out = srv.complete(body)
