@@ -364,11 +364,11 @@ def test_sampling_settings_reach_every_method(tiny_llama_dir, tmp_path, capsys, 
             sent.append(body)
             return {"tokens": [1, 2]}
     peer = object.__new__(LlamaServerPeer)
-    peer.eos, peer.server = set(), lambda *a: Server()
+    peer.eos, peer.n_ctx, peer.server = set(), 512, lambda *a: Server()
     peer.generate([3, 4], 2, sampling=SamplingParams(0.8, 40, 0.95, 7, 0.05, 1.1, 0.2, 0.3))
     peer.generate([3, 4], 2, sampling=SamplingParams(repetition_penalty=1.2))
     assert {k: sent[0][k] for k in ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
                                     "presence_penalty", "frequency_penalty", "repeat_last_n")} == {
         "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 7, "repeat_penalty": 1.1,
-        "presence_penalty": 0.2, "frequency_penalty": 0.3, "repeat_last_n": -1}
+        "presence_penalty": 0.2, "frequency_penalty": 0.3, "repeat_last_n": 512}
     assert (sent[1]["temperature"], sent[1]["top_k"], sent[1]["repeat_penalty"]) == (0.0, 1, 1.2)

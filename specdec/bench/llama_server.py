@@ -237,7 +237,7 @@ class LlamaServerPeer:
         body = {"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": False, "return_tokens": True,
                 "stream": False, "seed": -1 if sampling.seed is None else sampling.seed,
                 "repeat_penalty": sampling.repetition_penalty, "presence_penalty": sampling.presence_penalty,
-                "frequency_penalty": sampling.frequency_penalty, "repeat_last_n": -1}
+                "frequency_penalty": sampling.frequency_penalty, "repeat_last_n": self.n_ctx}
         if json_schema is not None:
             body["json_schema"] = json_schema
         if not sampling.greedy:
