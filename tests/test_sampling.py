@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.config import SamplingParams
-from specdec.sampling.logits import probs_from_logits, sample
+from specdec.sampling.logits import probs_from_logits, processed, sample
 from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept, residual_probs
 
 # Fixed target p [k + 1, vocab] and draft q [k, vocab], k = 3, vocab = 6: every row different and
@@ -154,6 +154,52 @@ def test_probs_from_logits_batch_matches_rows(params):
     rows = torch.stack([probs_from_logits(row, params) for row in logits.reshape(6, 11)])  # [6, vocab]
     torch.testing.assert_close(probs.reshape(6, 11), rows)
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 3))
+
+
+def sorted_reference(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """probs_from_logits by the book, in float64: the whole vocabulary masked step by step, the nucleus
+    read off a full sort."""
+    x = logits.double() / params.temperature
+    if params.min_p > 0:
+        x = x.masked_fill(x < x.amax(-1, keepdim=True) + math.log(params.min_p), float("-inf"))
+    if params.top_k > 0:
+        x = x.masked_fill(x < x.topk(params.top_k, dim=-1).values[..., -1:], float("-inf"))
+    if params.top_p < 1:
+        p, order = torch.softmax(x, -1).sort(dim=-1, descending=True)
+        keep = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, order, p.cumsum(-1) - p < params.top_p)
+        x = x.masked_fill(~keep, float("-inf"))
+    return torch.softmax(x, -1).float()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(1.0, top_p=0.9), SamplingParams(0.7, top_p=0.95), SamplingParams(1.3, top_p=0.5),
+    SamplingParams(0.8, top_k=40, top_p=0.95, min_p=0.05), SamplingParams(1.0, top_k=7),
+    SamplingParams(1.0, top_k=300, top_p=0.99), SamplingParams(1.0, min_p=0.01, top_p=0.9),
+], ids=lambda s: f"t{s.temperature}-k{s.top_k}-p{s.top_p}-m{s.min_p}")
+def test_the_nucleus_and_top_k_without_sorting_the_vocabulary_are_the_book_s(params):
+    """The top-p nucleus from topk (grown while a row's nucleus is wider, here up to thousands of tokens)
+    and the top-k path worked out on the k best logits keep exactly the book's tokens, at its
+    probabilities: peaked rows, flat rows, a whole batch and one row."""
+    g = torch.Generator().manual_seed(7)
+    spread = torch.tensor([[8.0], [3.0], [1.0], [0.3]])  # peaked .. nearly flat
+    logits = torch.randn(4, 5000, generator=g) * spread  # [rows, vocab]
+    got = probs_from_logits(logits, params)
+    want = sorted_reference(logits, params)
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    device_path = processed(logits, params, on_host=False)  # what a CUDA graph runs: no value read back
+    assert torch.equal(device_path > 0, want > 0)
+    torch.testing.assert_close(device_path, want, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(probs_from_logits(logits[2], params), want[2], rtol=1e-4, atol=1e-6)
+    if params.top_p < 1 and params.top_k == 0:
+        assert (got[3] > 0).sum() > 4 * 64  # a nucleus far wider than topk's first look
+
+
+def test_top_k_keeps_every_tie_at_its_kth_value():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 2.0, 2.0, 0.5]])
+    got = probs_from_logits(logits, SamplingParams(1.0, top_k=2))
+    assert (got > 0).tolist() == [[True, False, True, True, True, False]]
+    torch.testing.assert_close(got, sorted_reference(logits, SamplingParams(1.0, top_k=2)))
 
 
 def test_sample_shapes_and_one_hot():
