@@ -18,10 +18,11 @@ from specdec.settings import (BenchSettings, DraftingSettings, LoadtestSettings,
 PACKAGE = Path(__file__).parents[1] / "specdec"
 # command -> (the settings its flags become, the flags it keeps for itself)
 COMMANDS = {
-    # generate's structure flags become a ConstraintSpec (flags.structure_of)
-    "generate": ((ModelSettings, DraftingSettings, SamplingParams), {"max_new_tokens", "chat", "json", "prompt",
-                                                                      "json_schema", "json_object", "regex", "grammar",
-                                                                      "choice"}),
+    # generate's structure flags become a ConstraintSpec (flags.structure_of); --chat and --infill say how
+    # the prompt is read
+    "generate": ((ModelSettings, DraftingSettings, SamplingParams), {"max_new_tokens", "chat", "infill", "json",
+                                                                      "prompt", "json_schema", "json_object", "regex",
+                                                                      "grammar", "choice"}),
     "serve": ((ModelSettings, DraftingSettings, ServeSettings, RaySettings), set()),
     "bench": ((ModelSettings, BenchSettings), set()),
     "loadtest": ((ModelSettings, LoadtestSettings), set()),
