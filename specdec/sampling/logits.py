@@ -108,10 +108,9 @@ def _top_k_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor |
     if ((logits >= values[..., -1:]).sum(dim=-1) > params.top_k).any():
         return None
     if params.min_p > 0.0:
-        values = values.masked_fill(values < values[..., :1] + math.log(params.min_p), float("-inf"))
+        values = _min_p_mask(values, params.min_p)
     if params.top_p < 1.0:
-        probs = torch.softmax(values, dim=-1)  # the survivors' renormalised mass, best first
-        values = values.masked_fill(probs.cumsum(dim=-1) - probs >= params.top_p, float("-inf"))
+        values = _top_p_mask(values, params.top_p)
     return torch.zeros_like(logits).scatter_(-1, order, torch.softmax(values, dim=-1))
 
 
