@@ -144,3 +144,12 @@ def test_bad_settings_are_clear_errors(tiny_target):
     engine = Engine.single(tiny_target, NoDrafter(), 64)
     with pytest.raises(SpecdecError, match="logit_bias names token 96"):
         engine.generate([1, 2], GenerationConfig(4, 1, SamplingParams(logit_bias=((TINY_VOCAB, 1.0),))))
+
+
+def test_bad_flags_are_clear_errors(capsys):
+    """--logit-bias takes ID=BIAS pairs; values out of range are the sampling settings' errors."""
+    from tests.test_cli import argparse_error, cli_error
+    for bad in ("28", "x=1", "5=high"):
+        assert "ID=BIAS" in argparse_error(["generate", "--logit-bias", bad, "hi"], capsys)
+    assert "logit_bias" in cli_error(["generate", "--logit-bias", "5=300", "hi"], capsys)
+    assert "repetition_penalty" in cli_error(["generate", "--repetition-penalty", "0", "hi"], capsys)
