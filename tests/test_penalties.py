@@ -153,3 +153,50 @@ def test_bad_flags_are_clear_errors(capsys):
         assert "ID=BIAS" in argparse_error(["generate", "--logit-bias", bad, "hi"], capsys)
     assert "logit_bias" in cli_error(["generate", "--logit-bias", "5=300", "hi"], capsys)
     assert "repetition_penalty" in cli_error(["generate", "--repetition-penalty", "0", "hi"], capsys)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_draft_model_drafts_from_the_penalised_distribution(tiny_target, temperature, batched):
+    """The target's own copy drafting under the penalties guesses exactly what the target keeps: its
+    penalised q equals p (up to rounding), so every drafted token is accepted, greedy or sampled
+    (min(1, p/q) = 1). A draft that ignored the penalties would lose the tokens they change."""
+    prompts = [[5, 17, 3, 5, 17, 3, 5], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 44))]
+    sampling = dataclasses.replace(PENALISED, temperature=temperature, seed=3)
+    cfg = GenerationConfig(40, 4, sampling)
+    drafter = lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256)  # noqa: E731
+    if batched:  # three slots: the pool drafts their chains together, one forward a position
+        engine, stats = Engine(tiny_target, drafter, 256, max_batch=3), []
+        for i, p in enumerate(prompts):
+            engine.add_request(p, cfg, set(), tag=i)
+        while engine.has_work:
+            stats += [seq.stats for seq in engine.step()]
+        assert len(stats) == len(prompts)
+    else:
+        stats = [Engine.single(tiny_target, drafter(), 256).generate(p, cfg).stats for p in prompts]
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    assert drafted > 60 and accepted == drafted
+
+
+@pytest.mark.parametrize("drafter", ["draft", "head", "head-pooled"])
+def test_drafters_draft_what_a_forcing_bias_leaves(tiny_target, tiny_draft, drafter):
+    """A logit bias of +100 on one token makes the target emit nothing else. A drafter of other
+    weights (a random draft model, a random EAGLE head over part of the vocabulary; alone, and
+    a head pooled over three slots) that drafts from its logits with the same bias drafts that
+    token every time, so every draft is accepted; one that ignored the bias would draft its own guesses."""
+    from specdec.drafters.eagle import EagleDrafter
+    from tests.test_eagle import eagle_head
+    prompts = [[5, 17, 3, 5, 17, 3, 5], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 44))]
+    cfg = GenerationConfig(30, 3, SamplingParams(logit_bias=((7, 100.0),)))
+    if drafter == "draft":
+        make = lambda: DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)  # noqa: E731
+    else:
+        head = eagle_head(tiny_target, list(range(0, TINY_VOCAB, 2)) + [7])
+        make = lambda: EagleDrafter(tiny_target, head, 256)  # noqa: E731
+    engine = Engine(tiny_target, make, 256, max_batch=3 if drafter == "head-pooled" else 1)
+    seqs = [engine.add_request(p, cfg, set(), tag=i) for i, p in enumerate(prompts)]
+    while any(s.finish_reason is None for s in seqs):
+        engine.step()
+    assert all(s.new_tokens == [7] * 30 for s in seqs)
+    drafted, accepted = sum(s.stats.drafted for s in seqs), sum(s.stats.accepted for s in seqs)
+    assert drafted > 40 and accepted == drafted

@@ -45,6 +45,11 @@ class DraftState:
     # they are free, so they do not count against k, only against `room`; None: no grammar.
     forced: Callable[[int, list[int]], list[int]] | None = None
     room: int = 0  # under a grammar: the most tokens a chain may hold, forced ones included (>= limit)
+    # A request's logit bias and penalties: penalize(logits, drafted) is logits # [vocab] as the target's row
+    # after tokens + drafted is penalised (sampling/penalties.py). A drafter whose ids are the target's may
+    # draft from the penalised distribution (its q is then that one), so it guesses what the target keeps;
+    # None: the request has none.
+    penalize: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None
 
     @property
     def limit(self) -> int:

@@ -382,6 +382,8 @@ class Chain:
         state = self.state
         if len(self.tokens) >= state.most or self.drafted >= state.limit:
             return False  # the forced tokens filled it: they were fed with the committed ones
+        if state.penalize is not None:  # the request's penalties, as the target's row after these tokens has them
+            logits = state.penalize(logits, self.tokens)
         if state.mask is not None:  # under a grammar: draft from the masked distribution
             allowed = state.mask(self.tokens)  # [vocab]
             if allowed is None:  # the grammar is over

@@ -140,9 +140,11 @@ class EagleDrafter(BaseDrafter):
         return probs_from_logits(full, state.sampling)
 
     def masked(self, logits: torch.Tensor, state: DraftState, drafted: list) -> torch.Tensor | None:
-        """Draft-vocabulary logits # [draft_vocab] as the head drafts from them: under a grammar, its
-        mask after the tokens drafted so far; None where the grammar allows none of the head's ids
-        (or is over): the chain ends there."""
+        """Draft-vocabulary logits # [draft_vocab] as the head drafts from them: the request's penalties
+        after the tokens drafted so far (as the target's row there has them), and under a grammar its
+        mask there; None where the grammar allows none of the head's ids (or is over): the chain ends there."""
+        if state.penalize is not None:
+            logits = state.penalize(self._full(logits), [int(t) for t in drafted])[self.ids]
         if state.mask is None:
             return logits
         allowed = state.mask([int(t) for t in drafted])  # [vocab]

@@ -33,6 +33,7 @@ the emitted tokens.
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -331,8 +332,10 @@ def _state(seq: Sequence, action: Action) -> DraftState:
     cap = room if action.nodes is None else min(room, action.nodes)
     mask = None if seq.constraint is None else seq.constraint.mask_after
     forced = None if seq.constraint is None else seq.constraint.forced
+    penalize = None if seq.penalties is None else partial(seq.penalties.after, seq.new_tokens)
     return DraftState(seq.tokens, action.k, seq.cfg.sampling, seq.generator, max_nodes=cap, tree=action.tree,
-                      stop=action.stop, k_stop=action.k_stop, mask=mask, forced=forced, room=chain_room(seq))
+                      stop=action.stop, k_stop=action.k_stop, mask=mask, forced=forced, room=chain_room(seq),
+                      penalize=penalize)
 
 
 def _clip(seq: Sequence, tree: DraftTree, state: DraftState) -> DraftTree:

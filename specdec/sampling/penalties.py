@@ -4,8 +4,10 @@ Plain decoding penalises token i's logits by the text before it. A verify pass s
 once, and row j's text is the committed one plus the draft's first j tokens (in a tree: the path to
 its node). Each row is penalised by its own text, so the row a kept token comes from is exactly the
 row plain decoding would have drawn it from, and greedy and sampled output stay those of plain
-decoding with the same settings. A drafter's q is left unpenalised: rejection sampling is exact for
-any q the draft was drawn from, and the penalties cost acceptance only where they bite.
+decoding with the same settings. A drafter may draft from its own logits penalised the same way
+(`Penalties.after`, DraftState.penalize: a draft model's host chains do), so that it guesses what the
+penalised target keeps; rejection sampling is exact for any q the draft was drawn from, so a drafter
+that does not (lookup, a head, a device chain) only loses acceptance where the penalties bite.
 
 Per row, in this order (config.SamplingParams names the fields):
   1. logit_bias: its value added to each listed token's logit;
@@ -79,6 +81,11 @@ class Penalties:
             rows, cols = torch.tensor(at).T
             counts.index_put_((rows, cols), torch.ones(len(at)), accumulate=True)
         return PenaltyRows(self, self.ids[:n], counts, self.in_prompt[:n], self.bias[:n])  # [:n] never changes
+
+    def after(self, answer: list[int], logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
+        """logits # [vocab] (a drafter's, in the target's ids) penalised as the target's row whose text is
+        `answer` followed by `drafted`: the distribution a drafter drafts from to guess what the target keeps."""
+        return self.rows(answer, [drafted]).apply(logits[None])[0]
 
 
 class PenaltyRows(NamedTuple):
