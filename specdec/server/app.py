@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import signal
 import threading
@@ -37,6 +36,7 @@ from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionRespon
                                      ChatMessageOut, CompletionChoice, CompletionRequest, CompletionResponse,
                                      DetokenizeRequest, DetokenizeResponse, ErrorBody, ErrorResponse,
                                      TokenizeRequest, TokenizeResponse, TokenizerInfo, Usage, new_id, now)
+from specdec.server.protocol import APIError, error_body, error_response, sse
 from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
 from specdec.server.tools import ToolStream, ToolSyntax, syntax_of, template_messages
 
@@ -44,23 +44,6 @@ log = logging.getLogger("specdec.server")
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.25
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
-        self.headers = headers
-
-
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    return ErrorResponse(error=ErrorBody(message=message, type=type, param=param, code=code)).model_dump()
-
-
-def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status, headers=e.headers)
 
 
 TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
@@ -565,10 +548,6 @@ class Answer:
             choice = {"index": self.index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return sse({"id": self.rid, "object": self.object, "created": self.created, "model": self.model_name,
                     "choices": [choice]})
-
-
-def sse(obj) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 class Server(uvicorn.Server):

@@ -1,5 +1,5 @@
 """OpenAI-compatible request and response bodies (pydantic v2) for /v1/completions, /v1/chat/completions,
-/tokenize and /detokenize.
+/tokenize and /detokenize; the error bodies (APIError) and the server-sent events' framing (sse).
 
 Supported: model, prompt / messages, max_tokens (chat: also max_completion_tokens), temperature,
 top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, repetition_penalty (or repeat_penalty),
@@ -26,10 +26,12 @@ Other unknown fields are ignored, as OpenAI's own server does with fields it doe
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal, Union
 
+from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
@@ -501,3 +503,24 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return ErrorResponse(error=ErrorBody(message=message, type=type, param=param, code=code)).model_dump()
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status, headers=e.headers)
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
