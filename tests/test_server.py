@@ -714,11 +714,11 @@ def test_graceful_shutdown_ends_streams_with_abort(tiny_target_loaded):
 def test_text_tracker_holds_back_stop_prefixes(tiny_target_loaded):
     tok = tiny_target_loaded.tokenizer
     tr = TextTracker(tok, ("w3 w4",))
-    assert tr.add([1, 2]) == ("w1 w2", False)
-    assert tr.add([3]) == (" ", False)  # "w3" may begin the stop string: held back
-    assert tr.add([5]) == ("w3 w5", False)
-    assert tr.add([3, 4, 6]) == (" ", True)  # cut before the stop string
-    assert tr.text == "w1 w2 w3 w5 " and tr.flush() == ""
+    assert tr.add([1, 2]) == ("w1 w2", None)
+    assert tr.add([3]) == (" ", None)  # "w3" may begin the stop string: held back
+    assert tr.add([5]) == ("w3 w5", None)
+    assert tr.add([3, 4, 6]) == (" ", "stop")  # cut before the stop string
+    assert tr.text == "w1 w2 w3 w5 " and tr.flush() == "" and tr.word == "w3 w4"
 
 
 def test_k_schedule():
@@ -1080,15 +1080,17 @@ def test_the_api_reports_cached_prompt_tokens(main):
 
 
 def test_the_api_under_fuzzing(main):
-    """schemathesis drives completions and chat from /openapi.json with generated bodies (bounded):
+    """schemathesis drives completions, chat and llama-server's /completion and /infill from /openapi.json
+    with generated bodies (bounded):
     every answer is a 2xx or a clear 4xx with an error object; no 5xx, no hang."""
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, given, settings
     base, _ = main
     schema = schemathesis.openapi.from_url(base + "/openapi.json")
     ops = [r.ok() for r in schema.get_all_operations()]
-    ops = [op for op in ops if op.method.upper() == "POST" and op.path.endswith("completions")]
-    assert {op.path for op in ops} == {"/v1/completions", "/v1/chat/completions"}
+    ops = [op for op in ops if op.method.upper() == "POST" and op.path.endswith(("completions", "completion", "infill"))]
+    assert {op.path for op in ops} == {"/v1/completions", "/v1/chat/completions", "/completion", "/completions",
+                                       "/infill"}
     seen = []
     for op in ops:
         @settings(max_examples=30, deadline=None, database=None, derandomize=True,
@@ -1099,6 +1101,9 @@ def test_the_api_under_fuzzing(main):
                 case.body["model"] = "tiny"  # past the model check, into the rest of the body
                 if isinstance(case.body.get("max_tokens"), int):
                     case.body["max_tokens"] = min(case.body["max_tokens"], 16)  # bounded generation
+                if not case.path.startswith("/v1/"):  # llama-server's: n_predict -1 (the default) runs to the context
+                    n = case.body.get("n_predict")
+                    case.body["n_predict"] = min(n, 16) if isinstance(n, int) and n >= 0 else 16
             r = case.call(base_url=base, timeout=60)
             seen.append(r.status_code)
             assert r.status_code < 500, (case.body, r.text)

@@ -24,6 +24,8 @@ END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "
 FIM_SPELLINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
                  ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
                  ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"))
+# the repository-level tokens (repository name, file separator) laid before a FIM prompt's other files
+REPO_SPELLINGS = (("<|repo_name|>", "<|file_sep|>"), ("<reponame>", "<file_sep>"))  # Qwen2.5-Coder, StarCoder
 MAX_VOCAB_SIZE_DIFFERENCE = 128  # as llama.cpp's draft compatibility check
 
 
@@ -115,12 +117,29 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
 def fim_ids(tokenizer) -> tuple[int, int, int] | None:
     """The tokenizer's fill-in-the-middle tokens (prefix, suffix, middle), found by their spelling
     (FIM_SPELLINGS), or None where it has none."""
+    return spelled_ids(tokenizer, FIM_SPELLINGS)
+
+
+def spelled_ids(tokenizer, spellings: tuple[tuple[str, ...], ...]) -> tuple[int, ...] | None:
+    """The ids of the first of `spellings` (each a tuple of token strings) whose tokens the vocabulary
+    holds all of, or None."""
     token_id = tokenizer.token_id if isinstance(tokenizer, ByteLevelTokenizer) else tokenizer.get_vocab().get
-    for spelling in FIM_SPELLINGS:
+    for spelling in spellings:
         ids = tuple(token_id(t) for t in spelling)
         if all(i is not None for i in ids):
             return ids
     return None
+
+
+def text_ids(tokenizer, s: str) -> list[int]:
+    """Text encoded as text: a control token's string inside it is the characters it is; no BOS."""
+    return list(tokenizer.encode(s, add_special_tokens=False, split_special_tokens=True)) if s else []
+
+
+def lead_ids(tokenizer) -> list[int]:
+    """What the tokenizer puts before a text of its own accord (a BOS, where it adds one)."""
+    with_special, plain = list(tokenizer.encode("x", add_special_tokens=True)), text_ids(tokenizer, "x")
+    return with_special[:next((i for i in range(len(with_special)) if with_special[i:i + len(plain)] == plain), 0)]
 
 
 def encode_infill(tokenizer, prefix: str, suffix: str) -> list[int]:
@@ -133,13 +152,7 @@ def encode_infill(tokenizer, prefix: str, suffix: str) -> list[int]:
                            "and <|fim_middle|>), so it cannot fill a gap; use a code model trained for it, "
                            "or give the text before the gap alone")
     pre, suf, mid = fim
-
-    def text(s: str) -> list[int]:
-        return list(tokenizer.encode(s, add_special_tokens=False, split_special_tokens=True)) if s else []
-    with_special, plain = list(tokenizer.encode("x", add_special_tokens=True)), list(tokenizer.encode("x", add_special_tokens=False))
-    at = next((i for i in range(len(with_special)) if with_special[i:i + len(plain)] == plain), 0)
-    lead = with_special[:at]  # a BOS, where the tokenizer adds one
-    return lead + [pre] + text(prefix) + [suf] + text(suffix) + [mid]
+    return lead_ids(tokenizer) + [pre] + text_ids(tokenizer, prefix) + [suf] + text_ids(tokenizer, suffix) + [mid]
 
 
 def encode_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

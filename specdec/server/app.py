@@ -1,5 +1,6 @@
-"""The FastAPI app: OpenAI-compatible endpoints over a Scheduler; /tokenize and /detokenize (as
-llama-server's and vLLM's); plus /health, /metrics and /stats.
+"""The FastAPI app: OpenAI-compatible endpoints over a Scheduler; llama-server's own /completion and
+/infill (llama_api.py); /tokenize and /detokenize (as llama-server's and vLLM's); plus /health, /metrics
+and /stats.
 
 Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}}. Validation errors
 are 400 and name the field in `param`, the limits on stop strings and messages included. Without the
@@ -31,6 +32,7 @@ from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_infill, encode_messages
 from specdec.server.guard import Access, Guard, RequestLimits
 from specdec.server.metrics import CONTENT_TYPE_LATEST
+from specdec.server.llama_api import INFILL_BATCH, InfillRequest, LlamaAnswer, LlamaCompletionRequest, infill_ids
 from specdec.server.logprobs import CompletionLogprobs, Scored, chat_content
 from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, ChatChoice, ChatLogprobs,
                                      ChatMessageOut, CompletionChoice, CompletionRequest, CompletionResponse,
@@ -118,6 +120,9 @@ def create_app(scheduler: Scheduler, model_name: str, access: Access = Access(),
     ends = Endpoints(scheduler, model_name, limits)
     app.post("/v1/completions")(ends.completions)
     app.post("/v1/chat/completions")(ends.chat_completions)
+    app.post("/completion")(ends.llama_completion)  # llama-server's own (server/llama_api.py)
+    app.post("/completions")(ends.llama_completion)
+    app.post("/infill")(ends.infill)
     app.get("/v1/models")(ends.models)
     app.post("/tokenize")(ends.tokenize)
     app.post("/detokenize")(ends.detokenize)
@@ -164,22 +169,55 @@ class Endpoints:
                 ids = await self.encode(encode_infill, self.tokenizer, body.prompt, body.suffix)
             except SpecdecError as e:
                 raise APIError(400, str(e), param="suffix") from None
-        elif isinstance(body.prompt, str):
-            ids = await self.encode(self.tokenizer.encode, body.prompt)
         else:
-            ids = list(body.prompt)
-            bad = [t for t in ids if t >= self.vocab_size]
-            if bad:
-                raise APIError(400, f"Invalid value for 'prompt': token id {bad[0]} is outside the vocabulary "
-                                    f"(0..{self.vocab_size - 1})", param="prompt")
-        if not ids:
-            raise APIError(400, "Invalid value for 'prompt': it encodes to no tokens; give some text", param="prompt")
+            ids = await self.prompt_ids(body.prompt)
         echo = None
         if body.echo:  # the answer starts with the prompt as given (token ids: their text)
             echo = body.prompt if isinstance(body.prompt, str) else await self.encode(self.tokenizer.decode, ids)
         max_tokens = DEFAULT_COMPLETION_TOKENS if body.max_tokens is None else body.max_tokens  # 0: echo alone
         return await self.run(request, body, ids, max_tokens, chat=False, logprobs=body.logprobs, echo=echo,
                               constraints=[await self.constraint_of(body) for _ in range(body.n)])
+
+    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completion prompt's ids: text encoded (its special tokens' strings as those tokens), or ids checked."""
+        if isinstance(prompt, str):
+            ids = await self.encode(self.tokenizer.encode, prompt)
+        else:
+            ids = list(prompt)
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise APIError(400, f"Invalid value for 'prompt': token id {bad[0]} is outside the vocabulary "
+                                    f"(0..{self.vocab_size - 1})", param="prompt")
+        if not ids:
+            raise APIError(400, "Invalid value for 'prompt': it encodes to no tokens; give some text", param="prompt")
+        return ids
+
+    async def llama_completion(self, body: LlamaCompletionRequest, request: Request):
+        """llama-server's /completion, in its shapes (server/llama_api.py)."""
+        return await self.llama_run(request, body, await self.prompt_ids(body.prompt))
+
+    async def infill(self, body: InfillRequest, request: Request):
+        """llama-server's /infill: the text between input_prefix and input_suffix (server/llama_api.py)."""
+        room = self.scheduler.context - INFILL_BATCH - 2 * max(0, body.max_tokens)  # for the extra chunks
+        try:
+            ids = await self.encode(infill_ids, self.tokenizer, body, room)
+        except SpecdecError as e:
+            raise APIError(400, str(e), param="input_prefix") from None
+        return await self.llama_run(request, body, ids)
+
+    async def llama_run(self, request: Request, body: LlamaCompletionRequest, ids: list[int]):
+        if body.model is not None:
+            self.check_model(body.model)
+        self.check_limits(body.stop_list)
+        max_tokens = body.max_tokens
+        if max_tokens < 0:  # -1: as many as the context leaves
+            max_tokens = self.scheduler.context - len(ids) - self.scheduler.engine.tree_nodes
+            if max_tokens < 1:
+                raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
+                                    f"{self.scheduler.context} tokens", param="prompt", code="context_length_exceeded")
+        answer = LlamaAnswer(self.model_name, body, ids, await self.encode(self.tokenizer.decode, ids))
+        return await self.run(request, body, ids, max_tokens, chat=False, logprobs=body.n_probs or None,
+                              constraints=[await self.constraint_of(body)], answer=answer)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
@@ -305,7 +343,7 @@ class Endpoints:
             raise APIError(400, str(e)) from None
         try:
             params = RequestParams(max_tokens, sampling, body.stop_list, logprobs, echo and logprobs is not None,
-                                   constraint, body.speculative_n_max)
+                                   constraint, body.speculative_n_max, *body.line_rules)
             return self.scheduler.submit(ids, params, sink)
         except QueueFull as e:
             raise APIError(429, str(e), code="queue_full", type="rate_limit_error",
@@ -319,10 +357,10 @@ class Endpoints:
 
     async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool,
                   logprobs: int | None = None, echo: str | None = None, constraints: list = (None,),
-                  tools: ToolSyntax | None = None):
+                  tools: ToolSyntax | None = None, answer: LlamaAnswer | None = None):
         """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer;
         constraints: each choice's grammar (one choice a constraint; None: none); tools: the syntax its tool
-        calls are read in, or None. Choices after the first are submitted with it and wait for its
+        calls are read in, or None; answer: llama-server's shapes for the one choice (else OpenAI's). Choices after the first are submitted with it and wait for its
         prefill of the prompt, then copy it (specdec.engine.Engine.shares_a_prefill)."""
         slots, waiting = self.scheduler.engine.max_batch, self.scheduler.max_queue
         if len(constraints) > slots + waiting:  # never admissible at once: not a 429 to retry
@@ -357,6 +395,11 @@ class Endpoints:
             return next_event
 
         sources = [events_of(q, h) for q, h in zip(queues, handles)]
+        if answer is not None:
+            if not body.stream:
+                return await answer.whole(sources[0], handles[0])
+            return StreamingResponse(answer.stream(sources[0], handles[0]), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         if not body.stream:
             if len(answers) == 1:
                 return await answers[0].whole(sources[0], handles[0])

@@ -169,6 +169,11 @@ class _Sampling(BaseModel):
         return tuple(self.stop or ())
 
     @property
+    def line_rules(self) -> tuple[int, float]:
+        """(n_indent, t_max_predict_ms): llama-server's ends for code completion (server/llama_api.py); off here."""
+        return 0, 0.0
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 

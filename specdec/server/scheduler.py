@@ -58,6 +58,8 @@ class RequestParams:
     prompt_logprobs: bool = False  # the prompt's tokens' logprobs too (echo)
     constraint: object | None = field(default=None, compare=False)  # its grammar (a fresh Constraint), or None
     k_max: int | None = None  # the request's own cap on a step's draft length (None: the server's; 0: plain)
+    indent: int = 0  # > 0: the text ends before a later line indented less (llama-server's n_indent)
+    line_ms: float = 0.0  # > 0: past this long from the first token, the text ends at a line end (t_max_predict_ms)
 
     def generation(self, k: int) -> GenerationConfig:
         """The request's GenerationConfig under the server's draft length k."""
@@ -81,6 +83,8 @@ class Event:
     error: str | None = None
     logprobs: list[Scored] = field(default_factory=list)
     prompt_logprobs: list[Scored] | None = None
+    stop_word: str | None = None  # 'done': the stop string the text ended at
+    timings: dict | None = None  # 'done': prompt_ms (the prefill's) and predicted_ms (from the first token on)
 
 
 def k_schedule(spec_off_batch: int | None = None, schedule: dict[int, int] | None = None) -> Callable[[int], int | None]:
@@ -101,37 +105,44 @@ def k_schedule(spec_off_batch: int | None = None, schedule: dict[int, int] | Non
 
 
 class TextTracker:
-    """Turns a growing list of token ids into text deltas, cut at the first stop string.
+    """Turns a growing list of token ids into text deltas, cut where the text ends: at the first stop
+    string ('stop'); under llama-server's rules for code completion ('length'), before the first
+    character of a line (past the first) indented by fewer than `indent` spaces or tabs (its n_indent),
+    and, once the request is past its time (`add(overdue=True)`, its t_max_predict_ms), after the first
+    line end in the new text.
 
     Text is held back while it ends in an incomplete UTF-8 character or in a prefix of a stop
     string (it may still turn into one)."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = (), lock: threading.Lock | None = None):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), lock: threading.Lock | None = None, indent: int = 0):
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
+        self.indent = indent
         self.lock = lock or threading.Lock()
         self.ids: list[int] = []
         self.text = ""
         self.sent = 0  # characters of text already delivered
-        self.stopped = False
+        self.ended: str | None = None  # why the text ended: 'stop' or 'length'; None: it goes on
+        self.word: str | None = None  # the stop string it ended at
 
     def _decode(self) -> str:
         with self.lock:
             return self.tokenizer.decode(self.ids, skip_special_tokens=True)
 
-    def add(self, new: list[int]) -> tuple[str, bool]:
-        """New tokens -> (text to deliver now, whether a stop string was found)."""
-        if self.stopped:
-            return "", True
+    def add(self, new: list[int], overdue: bool = False) -> tuple[str, str | None]:
+        """New tokens -> (text to deliver now, why the text ended: 'stop', 'length' or None)."""
+        if self.ended:
+            return "", self.ended
+        before = len(self.text)
         self.ids += new
         text = self.text = self._decode()
-        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-        if hits:
-            cut = min(hits)
-            self.text, self.stopped = text[:cut], True
+        end = self._end(text, before, overdue)
+        if end is not None:
+            cut, self.ended, self.word = end
+            self.text = text[:cut]
             delta = text[self.sent:cut]
             self.sent = max(self.sent, cut)
-            return delta, True
+            return delta, self.ended
         safe = len(text)
         if text.endswith("\ufffd"):
             safe = len(text.rstrip("\ufffd"))
@@ -142,7 +153,25 @@ class TextTracker:
                     break
         delta = text[self.sent:safe] if safe > self.sent else ""
         self.sent = max(self.sent, safe)
-        return delta, False
+        return delta, None
+
+    def _end(self, text: str, before: int, overdue: bool) -> tuple[int, str, str | None] | None:
+        """The earliest end in `text` (its first `before` characters were there before): (where it is
+        cut, why, the stop string), or None."""
+        ends = [(i, "stop", s) for s, i in ((s, text.find(s)) for s in self.stop) if i >= 0]
+        if self.indent > 0:
+            line = text.find("\n")
+            while line >= 0:
+                first = line + 1  # the line's first character past its indentation
+                while first < len(text) and text[first] in " \t":
+                    first += 1
+                if first < len(text) and first - line - 1 < self.indent:
+                    ends.append((first, "length", None))
+                    break
+                line = text.find("\n", first)
+        if overdue and (line := text.find("\n", before)) >= 0:
+            ends.append((line + 1, "length", None))
+        return min(ends, key=lambda e: e[0]) if ends else None
 
     def covering(self, start: int = 0) -> int:
         """The fewest leading tokens (at least `start`) whose text covers the text kept so far: tokens
@@ -253,7 +282,7 @@ class Scheduler:
         cfg = params.generation(self.k)  # validates
         deadline = time.monotonic() + self.request_timeout if self.request_timeout else None
         handle = Handle(list(prompt), params, sink, deadline, TextTracker(self.tokenizer, params.stop,
-                                                                          self.tokenizer_lock))
+                                                                          self.tokenizer_lock, params.indent))
         with self._cv:
             free = self.engine.max_batch - len(self.engine.running)
             if len(self.engine.waiting) >= self.max_queue + free:
@@ -384,11 +413,17 @@ class Scheduler:
         self.metrics.generated_tokens.inc(len(new))
         if h.t_first is None:
             h.t_first = time.monotonic()
-        delta, stopped = h.tracker.add(new)
+        delta, ended = h.tracker.add(new, self._overdue(h))
         if delta:
             self._send(h, Event("delta", delta, new, logprobs=self._scored(h), prompt_logprobs=self._prompt_scored(h)))
-        if stopped:
-            self._end(h, "stop")
+        if ended:
+            self._end(h, ended)
+
+    @staticmethod
+    def _overdue(h: Handle) -> bool:
+        """Whether the request is past its time for lines (RequestParams.line_ms) since its first token."""
+        return h.params.line_ms > 0 and h.t_first is not None and \
+            (time.monotonic() - h.t_first) * 1000.0 > h.params.line_ms
 
     def _end(self, h: Handle, reason: str, error: str | None = None) -> None:
         """Finish a request once: out of the engine (its slot free), the rest of its text, usage and reason."""
@@ -405,7 +440,8 @@ class Scheduler:
         if error is None:
             try:
                 if h.sent_tokens < len(seq.new_tokens):
-                    h.tracker.add(seq.new_tokens[h.sent_tokens:])
+                    _, ended = h.tracker.add(seq.new_tokens[h.sent_tokens:], self._overdue(h))
+                    reason = ended or reason
                     h.sent_tokens = len(seq.new_tokens)
                 tail = h.tracker.flush()
                 scored, prompt_scored = self._scored(h), self._prompt_scored(h)
@@ -428,8 +464,10 @@ class Scheduler:
                 self.metrics.tpot.observe((time.monotonic() - h.t_first) / (completion - 1))
         if reason in ("stop", "length"):
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (time.monotonic() - h.submitted)
+        timings = {"prompt_ms": stats.prefill_seconds * 1000.0,
+                   "predicted_ms": 0.0 if h.t_first is None else (time.monotonic() - h.t_first) * 1000.0}
         self._send(h, Event("done", tail, finish_reason=reason, usage=usage, error=error, logprobs=scored,
-                            prompt_logprobs=prompt_scored))
+                            prompt_logprobs=prompt_scored, stop_word=h.tracker.word, timings=timings))
 
     def _scored(self, h: Handle) -> list[Scored]:
         """The logprobs of the tokens whose text is out now and that were not scored yet (where asked)."""
