@@ -204,7 +204,7 @@ def coder_server():
         yield base, sched
 
 
-def test_infill_on_a_coder_model_lays_out_its_repository_and_ends_lines_by_indentation(coder_server):
+def test_infill_on_a_coder_model_lays_out_its_repository_and_ends_lines_by_indentation_and_time(coder_server):
     base, sched = coder_server
     tok = sched.tokenizer
     vocab = tok.get_vocab()
@@ -232,3 +232,6 @@ def test_infill_on_a_coder_model_lays_out_its_repository_and_ends_lines_by_inden
             assert cut["stop_type"] == "limit"
             shortened += 1
     assert shortened  # the rule cut at least one answer short
+    late = httpx.post(base + "/infill", json=body | {"t_max_predict_ms": 1}, timeout=120).json()
+    first_line = whole["content"][:whole["content"].index("\n") + 1]  # past 1 ms, the first line end ends it
+    assert late["content"] == first_line and late["stop_type"] == "limit"

@@ -1,5 +1,6 @@
 """/infill on llama-server and on specdec serve, the same bodies: prompt length, prompt text, greedy content."""
 import json, subprocess, sys, time, os
+from pathlib import Path
 import httpx
 
 HOME = os.environ["SPECDEC_HOME"]
@@ -47,4 +48,4 @@ for row in rows:
                       "stop_type": [l["stop_type"], s["stop_type"]], "llama": l["content"], "specdec": s["content"]}))
     if l["prompt"] != s["prompt"]:
         print("LLAMA PROMPT", repr(l["prompt"])); print("OURS  PROMPT", repr(s["prompt"]))
-json.dump(rows, open("/work/scratch/infill/compare.json", "w"), indent=1)
+json.dump(rows, open(Path(__file__).with_name("compare.json"), "w"), indent=1)
