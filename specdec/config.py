@@ -17,7 +17,8 @@ class SamplingParams:
     (sampling/penalties.py): what plain decoding with the same settings draws, speculation draws too.
     repetition_penalty (HF's and vLLM's: a seen token's positive logit divided by it, a negative one
     multiplied) counts the prompt and the answer; presence_penalty and frequency_penalty (OpenAI's:
-    minus presence once a token has appeared, minus frequency per appearance) the answer alone."""
+    minus presence once a token has appeared, minus frequency per appearance) the answer alone. With
+    penalty_last_n n > 0 all three count as llama.cpp's do: the last n tokens of the prompt and answer."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
@@ -28,6 +29,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    penalty_last_n: int = 0  # > 0: the penalties count the last n tokens of the text (llama.cpp's repeat_last_n)
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -45,6 +47,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise SpecdecError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        if self.penalty_last_n < 0:
+            raise SpecdecError(f"penalty_last_n must be >= 0 (0: the whole text, as HF and OpenAI count), "
+                               f"got {self.penalty_last_n}")
         for token, bias in self.logit_bias:
             if not (isinstance(token, int) and token >= 0):
                 raise SpecdecError(f"logit_bias keys must be token ids >= 0, got {token!r}")

@@ -167,6 +167,9 @@ def add_sampling_knobs(p: argparse.ArgumentParser) -> None:
                    help="subtracted from the logit of each token the answer holds (-2..2, 0 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="subtracted once per time the answer holds the token (-2..2, 0 = off)")
+    p.add_argument("--repeat-last-n", dest="penalty_last_n", type=integer, default=0, metavar="N",
+                   help="count all three penalties over the last N tokens of the prompt and answer, as llama.cpp "
+                        "does (0: the repetition penalty over the whole text, presence and frequency over the answer)")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:

@@ -320,6 +320,7 @@ class BenchSettings(DrafterKnobs):
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    penalty_last_n: int = 0
     seed: int | None = None
     ignore_eos: bool = False
     repeats: int = 1
@@ -338,7 +339,8 @@ class BenchSettings(DrafterKnobs):
     def sampling(self) -> SamplingParams:
         """Every method's sampling (the seed the base one: per prompt, seed + index)."""
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed, self.min_p,
-                              self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+                              self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
+                              penalty_last_n=self.penalty_last_n)
 
 
 @dataclass(frozen=True)

@@ -356,6 +356,9 @@ def test_sampling_settings_reach_every_method(tiny_llama_dir, tmp_path, capsys, 
     assert "presence" in cli_error(base + ["--presence-penalty", "0.5", "--methods", "plain,hf", "--out",
                                            str(tmp_path / "hf")], capsys)
     assert "min_p" in cli_error(base + ["--min-p", "2", "--out", str(tmp_path / "bad")], capsys)
+    assert "whole text" in cli_error(base + ["--repetition-penalty", "1.1", "--repeat-last-n", "64", "--methods",
+                                             "plain,hf", "--out", str(tmp_path / "hf2")], capsys)
+    assert "penalty_last_n" in cli_error(base + ["--repeat-last-n", "-1", "--out", str(tmp_path / "bad2")], capsys)
 
     sent = []
 
@@ -367,6 +370,8 @@ def test_sampling_settings_reach_every_method(tiny_llama_dir, tmp_path, capsys, 
     peer.eos, peer.n_ctx, peer.server = set(), 512, lambda *a: Server()
     peer.generate([3, 4], 2, sampling=SamplingParams(0.8, 40, 0.95, 7, 0.05, 1.1, 0.2, 0.3))
     peer.generate([3, 4], 2, sampling=SamplingParams(repetition_penalty=1.2))
+    peer.generate([3, 4], 2, sampling=SamplingParams(repetition_penalty=1.2, penalty_last_n=64))
+    assert sent[2]["repeat_last_n"] == 64  # the same window on both sides
     assert {k: sent[0][k] for k in ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
                                     "presence_penalty", "frequency_penalty", "repeat_last_n")} == {
         "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 7, "repeat_penalty": 1.1,

@@ -30,27 +30,31 @@ PENALISED = SamplingParams(repetition_penalty=1.4, presence_penalty=0.7, frequen
 
 def reference_row(logits: list[float], prompt: list[int], answer: list[int], s: SamplingParams) -> list[float]:
     """One row penalised by hand: the bias, then the repetition penalty over prompt + answer, then
-    presence and frequency over the answer."""
+    presence and frequency over the answer; with penalty_last_n n, all three over the text's last n tokens
+    (llama.cpp's penalties sampler: its ring buffer of the last n tokens accepted, the prompt's first)."""
     bias = dict(s.logit_bias)
+    window = (prompt + answer)[-s.penalty_last_n:] if s.penalty_last_n else None
     out = []
     for t, v in enumerate(logits):
         v += bias.get(t, 0.0)
-        if t in prompt or t in answer:
+        if (t in window) if window is not None else (t in prompt or t in answer):
             v = v / s.repetition_penalty if v > 0 else v * s.repetition_penalty
-        n = answer.count(t)
+        n = (window if window is not None else answer).count(t)
         out.append(v - s.frequency_penalty * n - s.presence_penalty * (n > 0))
     return out
 
 
-def test_each_row_is_penalised_by_its_own_text():
+@pytest.mark.parametrize("last_n", [0, 3, 6, 100])
+def test_each_row_is_penalised_by_its_own_text(last_n):
     """A tree's rows (root, then every node) against the hand-computed rows, with tokens repeated in the
-    prompt, the answer and along the paths."""
+    prompt, the answer and along the paths; and with llama.cpp's window of the last n tokens, short
+    enough to drop the prompt and part of the answer, or longer than the text."""
     vocab, prompt, answer = 16, [1, 2, 3, 2], [5, 3, 5, 7]
     tree = DraftTree(torch.tensor([5, 9, 5, 7, 7]), torch.tensor([-1, -1, 0, 2, 1]))
     paths = paths_of(tree)
     assert paths == [[], [5], [9], [5, 5], [5, 5, 7], [9, 7]]
     logits = torch.randn(len(paths), vocab, generator=torch.Generator().manual_seed(0)) * 3
-    s = dataclasses.replace(PENALISED, logit_bias=((4, 2.5), (9, -1.0)))
+    s = dataclasses.replace(PENALISED, logit_bias=((4, 2.5), (9, -1.0)), penalty_last_n=last_n)
     pen = Penalties(s, prompt, vocab)
     pen.rows(answer[:2], [[]])  # counted in two calls, as a generation goes
     got = pen.rows(answer, paths).apply(logits)
@@ -71,7 +75,8 @@ def test_min_p_drops_what_is_below_its_share_of_the_top_token():
     PENALISED,
     SamplingParams(repetition_penalty=0.8),  # below 1: seen tokens favoured, drafts that repeat pass more often
     SamplingParams(logit_bias=((7, 100.0),)),  # one token forced: every draft fails
-], ids=["all", "repetition-below-1", "forced"])
+    dataclasses.replace(PENALISED, penalty_last_n=4),  # llama.cpp's counting: the last 4 tokens
+], ids=["all", "repetition-below-1", "forced", "window"])
 @pytest.mark.parametrize("method", ["draft", "draft-on-device", "ngram", "tree", "lookahead", "batched"])
 def test_greedy_output_is_plain_decodings_under_the_same_penalties(tiny_target, tiny_draft, sampling, method):
     prompts = [[5, 17, 3, 5, 17, 3, 5], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 44))]
@@ -155,14 +160,15 @@ def test_bad_flags_are_clear_errors(capsys):
     assert "repetition_penalty" in cli_error(["generate", "--repetition-penalty", "0", "hi"], capsys)
 
 
+@pytest.mark.parametrize("last_n", [0, 4])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("batched", [False, True])
-def test_a_draft_model_drafts_from_the_penalised_distribution(tiny_target, temperature, batched):
+def test_a_draft_model_drafts_from_the_penalised_distribution(tiny_target, temperature, batched, last_n):
     """The target's own copy drafting under the penalties guesses exactly what the target keeps: its
     penalised q equals p (up to rounding), so every drafted token is accepted, greedy or sampled
     (min(1, p/q) = 1). A draft that ignored the penalties would lose the tokens they change."""
     prompts = [[5, 17, 3, 5, 17, 3, 5], [1, 2, 3, 1, 2, 3, 1, 2], list(range(30, 44))]
-    sampling = dataclasses.replace(PENALISED, temperature=temperature, seed=3)
+    sampling = dataclasses.replace(PENALISED, temperature=temperature, seed=3, penalty_last_n=last_n)
     cfg = GenerationConfig(40, 4, sampling)
     drafter = lambda: DraftModelDrafter(tiny_target, TINY_VOCAB, 256)  # noqa: E731
     if batched:  # three slots: the pool drafts their chains together, one forward a position

@@ -158,10 +158,39 @@ def test_completion_stops_at_words_and_counts_and_bans_by_bias(fim_server):
     assert r["content"] == text_of(sched, biased.tokens) and banned not in biased.tokens
 
 
+def test_penalties_count_llama_cpps_window(fim_server):
+    """repeat_last_n: the penalties over the last n tokens of the prompt and answer (default 64, -1 all of
+    them, 0 none), greedy token for token as the engine's plain decoding under the same counting; the
+    OpenAI endpoint takes it too."""
+    from specdec.drafters.base import NoDrafter
+    base, sched = fim_server
+    ids = [5, 17, 3, 5, 17, 3, 5]
+    plain = Engine.single(sched.engine.target, NoDrafter(), CONTEXT)
+    pen = dict(repetition_penalty=1.5, presence_penalty=0.6, frequency_penalty=0.4)
+
+    def want(last_n):
+        return text_of(sched, plain.generate(ids, GenerationConfig(30, K, SamplingParams(**pen, penalty_last_n=last_n)),
+                                             sched.eos_ids).tokens)
+    body = {"prompt": ids, "n_predict": 30, "temperature": 0, "repeat_penalty": 1.5, "presence_penalty": 0.6,
+            "frequency_penalty": 0.4}
+    outs = {}
+    for last_n, window in ((3, 3), (None, 64), (-1, CONTEXT)):
+        got = httpx.post(base + "/completion", json=body | ({} if last_n is None else {"repeat_last_n": last_n}),
+                         timeout=60).json()["content"]
+        assert got == want(window), last_n
+        outs[window] = got
+    assert outs[3] != outs[64]  # the window matters here
+    off = httpx.post(base + "/completion", json=body | {"repeat_last_n": 0}, timeout=60).json()["content"]
+    assert off == text_of(sched, plain.generate(ids, GenerationConfig(30, K), sched.eos_ids).tokens)
+    oai = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 30,
+                                                     "temperature": 0, "repeat_last_n": 3, **pen}, timeout=60)
+    assert oai.json()["choices"][0]["text"] == outs[3]
+
+
 def test_bad_llama_requests_are_clear_400s(fim_server, tiny_llama_dir):
     base, _ = fim_server
     for body, word in (({"prompt": "w5", "mirostat": 2}, "mirostat"), ({"prompt": "w5", "typical_p": 0.5}, "typical_p"),
-                       ({"prompt": "w5", "repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_last_n"),
+                       ({"prompt": "w5", "repeat_last_n": -2}, "repeat_last_n"),
                        ({"prompt": "w5", "lora": [{"id": 0, "scale": 0.5}]}, "lora"),
                        ({"prompt": "w5", "logit_bias": [[5]]}, "logit_bias"), ({"prompt": ""}, "prompt"),
                        ({"prompt": "w5", "n_predict": -2}, "n_predict")):
@@ -169,8 +198,6 @@ def test_bad_llama_requests_are_clear_400s(fim_server, tiny_llama_dir):
         assert r.status_code == 400 and word in r.text, (body, r.text)
     r = httpx.post(base + "/infill", json={"input_suffix": "w5"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_prefix"
-    assert httpx.post(base + "/completion", json={"prompt": "w5", "repeat_penalty": 1.1, "repeat_last_n": -1,
-                                                   "n_predict": 3}, timeout=30).status_code == 200
     sched = build_scheduler(*serve_args("--model", str(tiny_llama_dir), "--device", "cpu", "--max-context",
                                         str(CONTEXT)), progress=lambda m: None)
     with running(sched) as (plain_base, _):  # no fill-in-the-middle tokens

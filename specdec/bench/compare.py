@@ -343,6 +343,9 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     if hf and (bench.presence_penalty or bench.frequency_penalty):
         raise SpecdecError(f"HF transformers' generate() has no presence or frequency penalty; drop them or the "
                            f"peers {hf}")
+    if hf and bench.penalty_last_n and bench.repetition_penalty != 1.0:
+        raise SpecdecError(f"HF transformers' repetition penalty counts the whole text; drop --repeat-last-n or the "
+                           f"peers {hf}")
     if {s.kind for s in specs} & set(LLAMA_KINDS) and not bench.report_only:
         find_binary(bench.llama_bin)  # a missing build fails now, not after the models load
     prompts = select_prompts(load_prompts(bench.dataset), bench.categories, bench.limit)

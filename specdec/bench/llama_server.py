@@ -232,12 +232,14 @@ class LlamaServerPeer:
                  sampling: SamplingParams = SamplingParams(), p_min: float | None = None,
                  json_schema: dict | None = None) -> tuple[list[int], float]:
         """mode: plain, spec (k = 0: the server's own draft settings) or lookup; sampling: ours, passed under
-        llama-server's names (its penalties over the whole context; it orders its samplers its own way);
+        llama-server's names (its penalties over our penalty_last_n window where set, else the whole context;
+        it orders its samplers its own way);
         json_schema: the answer under llama-server's own JSON Schema grammar."""
         body = {"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": False, "return_tokens": True,
                 "stream": False, "seed": -1 if sampling.seed is None else sampling.seed,
                 "repeat_penalty": sampling.repetition_penalty, "presence_penalty": sampling.presence_penalty,
-                "frequency_penalty": sampling.frequency_penalty, "repeat_last_n": self.n_ctx}
+                "frequency_penalty": sampling.frequency_penalty,
+                "repeat_last_n": sampling.penalty_last_n or self.n_ctx}
         if json_schema is not None:
             body["json_schema"] = json_schema
         if not sampling.greedy:

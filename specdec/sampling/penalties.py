@@ -15,6 +15,8 @@ Per row, in this order (config.SamplingParams names the fields):
      l / r where l > 0, l x r otherwise;
   3. presence and frequency penalties, over the answer so far: l - presence x [count > 0] -
      frequency x count.
+With penalty_last_n n > 0 (llama.cpp's counting) 2 and 3 count the row's last n tokens of the prompt,
+the answer and its path alike: a token is seen where its count there is above 0.
 Only the tokens these touch are gathered and scattered (a few thousand at most), not the vocabulary.
 """
 
@@ -41,8 +43,10 @@ class Penalties:
                 raise SpecdecError(f"logit_bias names token {token}, but the vocabulary has {vocab} tokens")
         self.repetition = sampling.repetition_penalty
         self.presence, self.frequency = sampling.presence_penalty, sampling.frequency_penalty
+        self.last_n = sampling.penalty_last_n
+        self.prompt_tail = list(prompt[max(0, len(prompt) - self.last_n):]) if self.last_n else []
         bias = dict(sampling.logit_bias)
-        seen = set(prompt) if self.repetition != 1.0 else set()
+        seen = set(prompt) if self.repetition != 1.0 and not self.last_n else set()
         ids = sorted(set(bias) | seen)
         self.column = {t: i for i, t in enumerate(ids)}  # token id -> its column
         self.n = len(ids)
@@ -70,6 +74,8 @@ class Penalties:
     def rows(self, answer: list[int], paths: list[list[int]]) -> "PenaltyRows":
         """The penalties of rows whose text is `answer` (the tokens generated so far) followed by each
         path (row j: paths[j], the draft tokens before it)."""
+        if self.last_n:
+            return self._window_rows(answer, paths)
         new = [self._col(t) for t in answer[self.counted:]]
         if new:
             self.counts.index_put_((torch.tensor(new),), torch.ones(len(new)), accumulate=True)
@@ -81,6 +87,17 @@ class Penalties:
             rows, cols = torch.tensor(at).T
             counts.index_put_((rows, cols), torch.ones(len(at)), accumulate=True)
         return PenaltyRows(self, self.ids[:n], counts, self.in_prompt[:n], self.bias[:n])  # [:n] never changes
+
+    def _window_rows(self, answer: list[int], paths: list[list[int]]) -> "PenaltyRows":
+        """rows() as llama.cpp counts: each row's counts over the last `last_n` tokens of its text."""
+        n = self.last_n
+        text = (self.prompt_tail + answer[max(0, len(answer) - n):])[-n:]
+        at = [(j, self._col(t)) for j, p in enumerate(paths) for t in (text + p)[-n:]]
+        counts = torch.zeros(len(paths), self.n)  # [R, u]
+        if at:
+            rows, cols = torch.tensor(at).T
+            counts.index_put_((rows, cols), torch.ones(len(at)), accumulate=True)
+        return PenaltyRows(self, self.ids[:self.n], counts, self.in_prompt[:self.n], self.bias[:self.n])
 
     def after(self, answer: list[int], logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
         """logits # [vocab] (a drafter's, in the target's ids) penalised as the target's row whose text is

@@ -338,7 +338,7 @@ class Endpoints:
         try:
             sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, seed, body.min_p,
                                       body.repetition_penalty, body.presence_penalty, body.frequency_penalty,
-                                      body.bias_pairs)
+                                      body.bias_pairs, body.penalty_last_n(self.scheduler.context))
         except SpecdecError as e:
             raise APIError(400, str(e)) from None
         try:

@@ -4,7 +4,8 @@
 Request fields, with llama-server's defaults: prompt (text or token ids; /infill: text, placed after the
 prefix), n_predict (-1: as many as the context leaves; 0: the prompt is prefilled into the prefix cache,
 nothing generated), temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty, presence_penalty,
-frequency_penalty (over the whole text: repeat_last_n -1, or 0 to turn them off), logit_bias (pairs
+frequency_penalty (as llama.cpp counts them: over the last repeat_last_n tokens of the prompt and answer,
+default 64; -1: all of them; 0: off), logit_bias (pairs
 [[id, bias]], false banning the token, or a dict), seed (-1: random), stop, stream, n_probs (0..20),
 json_schema, grammar, samplers (which of temperature, top_k, top_p, min_p and penalties apply; their
 order is this server's: temperature first, as vLLM's; `infill` and other names are accepted and have
@@ -13,7 +14,7 @@ line indented less, or at a line end once that long has passed since the first t
 cache_prompt (the prefix cache is always on), speculative.n_max. /infill adds input_prefix,
 input_suffix and input_extra ([{filename, text}]), laid out as llama-server lays them (`infill_ids`).
 Refused with a 400 naming the field: mirostat, typical_p, dry, xtc, top_n_sigma, dynamic temperature or
-LoRA adapters set to anything that would act, ignore_eos, and repeat_last_n > 0 with a penalty.
+LoRA adapters set to anything that would act, and ignore_eos.
 Answers are llama-server's: {content, stop, stop_type (eos, word, limit, none), stopping_word, tokens_predicted,
 tokens_evaluated, tokens_cached, timings (with draft_n and draft_n_accepted), generation_settings, ...}
 plus `speculative` (the usage's); a stream is `data: {...}` chunks ending with one whose stop is true.
@@ -61,7 +62,7 @@ class LlamaCompletionRequest(_Sampling):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     min_p: float = Field(0.05, ge=0.0, le=1.0)
     seed: int | None = None
-    repeat_last_n: int = Field(-1, ge=-1)
+    repeat_last_n: int = Field(64, ge=-1)
     logit_bias: dict[str, float] | None = None
     samplers: list[str] | str | None = None
     n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
@@ -111,13 +112,7 @@ class LlamaCompletionRequest(_Sampling):
             self.top_p = self.top_p if "top_p" in on else 1.0
             self.min_p = self.min_p if "min_p" in on else 0.0
             if "penalties" not in on:
-                self.repeat_last_n = 0
-        if self.repeat_last_n == 0:  # llama.cpp: 0 turns the penalties off
-            self.repetition_penalty, self.presence_penalty, self.frequency_penalty = 1.0, 0.0, 0.0
-        elif self.repeat_last_n > 0 and (self.repetition_penalty != 1.0 or self.presence_penalty
-                                         or self.frequency_penalty):
-            raise ValueError(f"repeat_last_n {self.repeat_last_n}: this server's penalties count the whole text; "
-                             "give -1 (or 0 to turn them off)")
+                self.repetition_penalty, self.presence_penalty, self.frequency_penalty = 1.0, 0.0, 0.0
         return self
 
     @property

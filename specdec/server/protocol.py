@@ -3,7 +3,7 @@
 
 Supported: model, prompt / messages, max_tokens (chat: also max_completion_tokens), temperature,
 top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, repetition_penalty (or repeat_penalty),
-logit_bias (token id strings to [-100, 100]; config.SamplingParams says how each acts), stop (a string
+repeat_last_n (llama-server's counting: the penalties over the last n tokens), logit_bias (token id strings to [-100, 100]; config.SamplingParams says how each acts), stop (a string
 or a list), stream (+ stream_options.include_usage), n (1..128 samples of the prompt, prefilled once;
 with a seed, choice i draws from seed + i);
 logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20);
@@ -71,6 +71,9 @@ class _Sampling(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, validation_alias=AliasChoices(
         "repetition_penalty", "repeat_penalty"), description="vLLM's (llama-server's repeat_penalty); 1 = off")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM's and llama-server's; 0 = off")
+    repeat_last_n: int | None = Field(None, ge=-1, description="llama-server's: the penalties count the last n "
+                                      "tokens of the prompt and answer (-1: all of them; 0: penalties off); "
+                                      "unset: repetition over the whole text, presence and frequency over the answer")
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: dict | None = None
@@ -97,6 +100,17 @@ class _Sampling(BaseModel):
         if v is not None and not (info.field_name == "response_format" and v.get("type", "text") == "text"):
             _structure_of(info.field_name, v)  # ValueError naming what is wrong
         return v
+
+    @model_validator(mode="after")
+    def _penalties_off(self):
+        if self.repeat_last_n == 0:  # llama.cpp's: 0 turns the penalties off
+            self.repetition_penalty, self.presence_penalty, self.frequency_penalty = 1.0, 0.0, 0.0
+        return self
+
+    def penalty_last_n(self, context: int) -> int:
+        """config.SamplingParams.penalty_last_n of repeat_last_n (-1: the whole context; unset: 0, whole-text counting)."""
+        n = self.repeat_last_n or 0
+        return context if n < 0 else n
 
     @model_validator(mode="after")
     def _one_structure(self):
