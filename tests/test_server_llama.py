@@ -262,3 +262,24 @@ def test_infill_on_a_coder_model_lays_out_its_repository_and_ends_lines_by_inden
     late = httpx.post(base + "/infill", json=body | {"t_max_predict_ms": 1}, timeout=120).json()
     first_line = whole["content"][:whole["content"].index("\n") + 1]  # past 1 ms, the first line end ends it
     assert late["content"] == first_line and late["stop_type"] == "limit"
+
+
+def test_infill_bench_reads_this_servers_answers(fim_server):
+    """scripts/infill_bench.py's requests against this server (llama-server's run the same way, not here):
+    each gap in both modes, the plain ones drafting nothing, and the summary's sums and ratios."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("infill_bench", Path(__file__).parents[1] / "scripts/infill_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    base, _ = fim_server
+    gaps = [{"id": "a", "prompt": "w5 w17 w3", "suffix": "w9 w5"}, {"id": "b", "prompt": "w8 w8 w8", "suffix": "w2"}]
+    rows = bench.run_gaps(base, gaps, 12, ("spec", "plain"))
+    assert [(r["id"], r["mode"]) for r in rows] == [("a", "spec"), ("b", "spec"), ("a", "plain"), ("b", "plain")]
+    assert all(r["draft_n"] == 0 for r in rows if r["mode"] == "plain") and all(r["predicted_n"] > 0 for r in rows)
+    summary = bench.summarize([r | {"server": "specdec"} for r in rows])
+    plain, spec_row = summary["specdec plain"], summary["specdec spec"]
+    assert plain["tokens"] == sum(r["predicted_n"] for r in rows if r["mode"] == "plain")
+    assert plain["rate_vs_specdec_plain"] == 1.0 and spec_row["same_as_plain"] == "2/2"  # greedy: the same answers
+    assert spec_row["tokens_per_second"] == round(1000.0 * spec_row["tokens"] / sum(
+        r["predicted_ms"] for r in rows if r["mode"] == "spec"), 2)
