@@ -283,3 +283,15 @@ def test_infill_bench_reads_this_servers_answers(fim_server):
     assert plain["rate_vs_specdec_plain"] == 1.0 and spec_row["same_as_plain"] == "2/2"  # greedy: the same answers
     assert spec_row["tokens_per_second"] == round(1000.0 * spec_row["tokens"] / sum(
         r["predicted_ms"] for r in rows if r["mode"] == "spec"), 2)
+
+
+def test_props_gives_the_llama_endpoints_defaults(fim_server):
+    """/props, as llama-server's: the defaults /completion and /infill apply, the context and the slots."""
+    base, sched = fim_server
+    props = httpx.get(base + "/props", timeout=30).json()
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == CONTEXT == sched.context and props["total_slots"] == sched.engine.max_batch
+    assert (settings["params"]["temperature"], settings["params"]["top_k"], settings["params"]["min_p"]) == (0.8, 40, 0.05)
+    assert settings["params"]["repeat_last_n"] == 64 and props["model_alias"] == "tiny"
+    answer = httpx.post(base + "/completion", json={"prompt": "w5", "n_predict": 2}, timeout=30).json()
+    assert answer["generation_settings"] == settings["params"] | {"n_predict": 2}

@@ -1,5 +1,5 @@
-"""The FastAPI app: OpenAI-compatible endpoints over a Scheduler; llama-server's own /completion and
-/infill (llama_api.py); /tokenize and /detokenize (as llama-server's and vLLM's); plus /health, /metrics
+"""The FastAPI app: OpenAI-compatible endpoints over a Scheduler; llama-server's own /completion,
+/infill and /props (llama_api.py); /tokenize and /detokenize (as llama-server's and vLLM's); plus /health, /metrics
 and /stats.
 
 Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}}. Validation errors
@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec import __version__
 from specdec.config import SamplingParams
 from specdec.constraints import ConstraintSpec, Grammars
 from specdec.errors import SpecdecError
@@ -123,6 +124,7 @@ def create_app(scheduler: Scheduler, model_name: str, access: Access = Access(),
     app.post("/completion")(ends.llama_completion)  # llama-server's own (server/llama_api.py)
     app.post("/completions")(ends.llama_completion)
     app.post("/infill")(ends.infill)
+    app.get("/props")(ends.props)
     app.get("/v1/models")(ends.models)
     app.post("/tokenize")(ends.tokenize)
     app.post("/detokenize")(ends.detokenize)
@@ -297,6 +299,18 @@ class Endpoints:
             raise APIError(400, f"Invalid value for 'tokens': the tokenizer cannot decode them: {e}",
                            param="tokens") from None
         return DetokenizeResponse(content=text, prompt=text)
+
+    async def props(self):
+        """llama-server's /props: the defaults of /completion and /infill, the context, the slots, the template."""
+        tok = self.tokenizer
+        named = {name: getattr(tok, name, None) for name in ("chat_template", "bos_token", "eos_token")}
+        return {"default_generation_settings": {"params": LlamaCompletionRequest().settings(),
+                                                "n_ctx": self.scheduler.context},
+                "total_slots": self.scheduler.engine.max_batch, "model_alias": self.model_name,
+                "model_path": self.model_name, "modalities": {"vision": False, "video": False, "audio": False},
+                "build_info": f"specdec {__version__}", "is_sleeping": False, "endpoint_slots": False,
+                "endpoint_props": True, "endpoint_metrics": True,
+                **{k: v if isinstance(v, str) else "" for k, v in named.items()}}
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
