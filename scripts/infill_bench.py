@@ -7,6 +7,11 @@ draft limit, so it runs twice, without a draft and with `-md` and its draft-mode
 (`--spec-type draft-simple`, its own draft lengths). The servers take
 turns (ours, llama's plain, llama's with the draft; then the reverse), one at a time alone on the CPU.
 
+With --typing N each gap is asked N times, its middle typed a few characters further each time, as an
+editor asks while someone types: the later requests extend the earlier ones' prompts (the prefix caches'
+case). --servers picks the servers; --checkout serves ours from another checkout (a git worktree), for an
+A/B of two versions run one after the other.
+
 Per server and mode: median latency of a request, generation rate (its `timings`' predicted tokens over
 predicted ms, summed over gaps), median prompt ms, and how many answers equal the same server's plain
 ones (greedy: all should, for ours). Writes the records and the summary as one JSON.
@@ -33,6 +38,13 @@ from specdec.bench.loadtest import free_port, start_server, stop_server  # noqa:
 from specdec.model.registry import pull  # noqa: E402
 
 
+def typed(gaps: list[dict], times: int, chars: int) -> list[dict]:
+    """Each gap asked `times` times as someone types its middle: request j's prefix has the middle's first
+    j x chars characters after it (the prompt of request j extends request j - 1's)."""
+    return [gap | {"id": f"{gap['id']}+{j * chars}", "prompt": gap["prompt"] + gap.get("middle", "")[:j * chars]}
+            for gap in gaps for j in range(times)]
+
+
 def ask(base: str, gap: dict, n_predict: int, mode: str) -> dict:
     body = {"input_prefix": gap["prompt"], "input_suffix": gap["suffix"], "input_extra": [], "prompt": "",
             "n_predict": n_predict, "temperature": 0, "cache_prompt": True, "stream": False}
@@ -52,7 +64,8 @@ def ask(base: str, gap: dict, n_predict: int, mode: str) -> dict:
 
 def run_gaps(base: str, gaps: list[dict], n_predict: int, modes: tuple[str, ...]) -> list[dict]:
     """Every gap in each mode, a pass per mode: by the next pass a gap's prompt has left the prefix cache
-    (one slot, the other gaps since), so no request finds its prompt cached."""
+    (one slot, the other gaps since), so no request finds its prompt cached (with --typing, a gap's later
+    requests find its earlier ones' text, as an editor's do)."""
     return [ask(base, gap, n_predict, mode) for mode in modes for gap in gaps]
 
 
@@ -90,21 +103,27 @@ def main() -> None:
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-bin", default=None)
+    p.add_argument("--servers", default="specdec,llama,llama-spec", help="which of specdec, llama, llama-spec")
+    p.add_argument("--checkout", default=None, help="serve ours from this checkout (a git worktree) instead")
+    p.add_argument("--typing", type=int, default=1, metavar="N",
+                   help="ask each gap N times, its middle typed --typing-chars further each time")
+    p.add_argument("--typing-chars", type=int, default=8)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    gaps = [json.loads(line) for line in Path(a.dataset).read_text().splitlines() if line.strip()][:a.limit]
+    gaps = typed([json.loads(line) for line in Path(a.dataset).read_text().splitlines() if line.strip()][:a.limit],
+                 a.typing, a.typing_chars)
     model, draft = pull(a.model), pull(a.draft)
     logs = Path(a.out).with_suffix(".logs")
     logs.mkdir(parents=True, exist_ok=True)
     records = []
-    servers = ("specdec", "llama", "llama-spec")
+    servers = tuple(s for s in ("specdec", "llama", "llama-spec") if s in a.servers.split(","))
     for round_no in range(a.rounds):
         for server in (servers if round_no % 2 == 0 else servers[::-1]):
             print(f"round {round_no + 1}: {server}", flush=True)
             if server == "specdec":
                 port = free_port()
                 proc = start_server(str(model), ["--draft", str(draft), "--max-context", str(a.context)], port, 1,
-                                    logs / f"specdec-{round_no}.log")
+                                    logs / f"specdec-{round_no}.log", cwd=a.checkout)
                 try:
                     rows = run_gaps(f"http://127.0.0.1:{port}", gaps, a.n_predict,
                                     ("spec", "plain") if round_no % 2 == 0 else ("plain", "spec"))

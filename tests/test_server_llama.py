@@ -274,6 +274,8 @@ def test_infill_bench_reads_this_servers_answers(fim_server):
     spec.loader.exec_module(bench)
     base, _ = fim_server
     gaps = [{"id": "a", "prompt": "w5 w17 w3", "suffix": "w9 w5"}, {"id": "b", "prompt": "w8 w8 w8", "suffix": "w2"}]
+    typing = bench.typed([{"id": "g", "prompt": "w1", "suffix": "w2", "middle": " w3 w4"}], 3, 3)
+    assert [(g["id"], g["prompt"]) for g in typing] == [("g+0", "w1"), ("g+3", "w1 w3"), ("g+6", "w1 w3 w4")]
     rows = bench.run_gaps(base, gaps, 12, ("spec", "plain"))
     assert [(r["id"], r["mode"]) for r in rows] == [("a", "spec"), ("b", "spec"), ("a", "plain"), ("b", "plain")]
     assert all(r["draft_n"] == 0 for r in rows if r["mode"] == "plain") and all(r["predicted_n"] > 0 for r in rows)

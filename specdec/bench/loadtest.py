@@ -68,14 +68,15 @@ def mode_flags(mode: str, draft: str | None, k: int, ngram: bool = False) -> lis
 
 
 def start_server(model: str, flags: list[str], port: int, max_batch: int, log_path: Path,
-                 timeout: float = 900.0) -> subprocess.Popen:
-    """`specdec serve` in a subprocess; returns once /health answers (or raises with the log's tail)."""
+                 timeout: float = 900.0, cwd: str | None = None) -> subprocess.Popen:
+    """`specdec serve` in a subprocess (run in `cwd`: a checkout there serves its own package); returns once
+    /health answers (or raises with the log's tail)."""
     import httpx
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "--model", model, "--port", str(port),
            "--max-batch", str(max_batch), "--max-queue", str(4 * max_batch),
            *flags]
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
