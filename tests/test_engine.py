@@ -209,6 +209,30 @@ def test_a_draft_window_prefills_only_the_prompts_tail_and_feeds_every_later_tok
         DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, window=-1)
 
 
+def test_a_draft_prefill_counts_only_what_its_cache_lacks(tiny_target, tiny_draft, monkeypatch):
+    """A request that extends the last one's text (a conversation's next turn, an editor's next keystroke):
+    the draft's cache still holds that text, so its prefill feeds only the rest, and the policy is asked
+    about, and calibrated by, those tokens alone; a windowed draft holds nothing over."""
+    from specdec.policy.face import FixedPolicy
+    seen = []
+    monkeypatch.setattr(FixedPolicy, "observe_prefill", lambda self, n, seconds: seen.append(n))
+    drafter = DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)
+    engine = Engine.single(tiny_target, drafter, 256)
+    prompt = PROMPTS[2]
+    first = engine.generate(prompt, GenerationConfig(12, 3))
+    turn2 = prompt + first.tokens + [5, 6, 7]
+    held = drafter.held(turn2)
+    assert held == len(drafter.cached) >= len(prompt) - 1 and drafter.cached == turn2[:held]
+    second = engine.generate(turn2, GenerationConfig(12, 3))
+    assert seen == [len(prompt) - 1, len(turn2) - 1 - held]
+    assert second.tokens == Engine.single(tiny_target, DraftModelDrafter(tiny_draft, TINY_VOCAB, 256), 256).generate(
+        turn2, GenerationConfig(12, 3)).tokens  # the kept cache drafts as a fresh one would
+    assert drafter.held([9] + turn2[1:]) == 0  # another text from its first token: nothing held
+    windowed = DraftModelDrafter(tiny_draft, TINY_VOCAB, 256, window=4)
+    windowed.start(prompt)
+    assert windowed.held(prompt + [5]) == 0
+
+
 def test_the_first_token_is_streamed_before_the_draft_prefills_the_prompt(tiny_target, tiny_draft, plain_outputs):
     """The first token waits for the target's prefill alone: the draft model's prefill (the prompt,
     as before) comes after it is emitted; a request that ends at its first token prefills no draft."""

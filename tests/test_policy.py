@@ -446,8 +446,12 @@ def test_a_deferred_drafter_starts_mid_answer_and_stays_exact(tiny_target, tiny_
     adm = result.stats.summary()["draft_admission"]  # what the refusal at the start rested on
     assert adm["admitted"] is False and adm["prefill_cost"] == pytest.approx(6 * per_token, rel=1e-2)
     assert adm["horizon"] == 20 and adm["share"] == policy.cfg.commit_share
-    short = engine.generate(PROMPTS[2], GenerationConfig(8, 6, SamplingParams()))  # too short to pay: never
+    fresh = Engine.single(tiny_target, Counting(tiny_draft, TINY_VOCAB, 256), 256, policy)
+    short = fresh.generate(PROMPTS[2], GenerationConfig(8, 6, SamplingParams()))  # too short to pay: never
     assert short.stats.draft_started_at is None and short.stats.drafted == 0 and len(Counting.starts) == 1
+    # the first engine's draft still holds this prompt's text: its prefill is free, so it starts at once
+    again = engine.generate(PROMPTS[2], GenerationConfig(8, 6, SamplingParams()))
+    assert again.stats.draft_started_at == 0 and Counting.starts == [38, 30]
     hybrid = Engine.single(tiny_target, HybridDrafter(DraftModelDrafter(tiny_draft, TINY_VOCAB, 256)), 256,
                                   AdaptivePolicy(policy.costs, PolicyConfig(k_max=6, prior=0.9)))
     for prompt in PROMPTS:  # lookup drafts while the model waits, then both

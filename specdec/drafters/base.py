@@ -102,6 +102,10 @@ class Drafter(Protocol):
     def prefill_tokens(self, prompt_len: int) -> int:
         """Tokens start() feeds a model for a prompt of this length (what its prefill costs)."""
 
+    def held(self, prompt: list[int]) -> int:
+        """Of the prefill_tokens that start(prompt) would feed, how many its cache holds already from the
+        text it last saw (kept, not fed again): what a prefill of this prompt saves now."""
+
     def start_lookup_only(self, prompt: list[int]) -> None:
         """caps.lookup_only: this sequence drafts by lookup alone; the model is not started."""
 
@@ -134,6 +138,9 @@ class BaseDrafter:
 
     def prefill_tokens(self, prompt_len: int) -> int:
         return prompt_len  # priced by the policy's measured prefill cost (zero for lookup drafters)
+
+    def held(self, prompt: list[int]) -> int:
+        return 0
 
     def start_lookup_only(self, prompt: list[int]) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot draft by lookup alone")

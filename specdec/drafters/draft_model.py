@@ -109,19 +109,27 @@ class DraftModelDrafter(BaseDrafter):
         window, only the last `window` of those (positions from 0: the draft reads the text from
         there on, relative positions intact); drafts stay exact either way, only q changes."""
         self.load()
-        self._read_back()
+        keep = self.held(prompt)
         offset = len(prompt) - 1 - self.prefill_tokens(len(prompt)) if prompt else 0
         head = prompt[offset:-1]
-        # what the cache holds of the last request's text is kept where this prompt begins the same way
-        keep = common_prefix(self.cached, head) if offset == self.offset == 0 else 0
         self.offset = offset
-        self.cache.truncate(min(keep, self.cache.length))
+        self.cache.truncate(keep)
         self.cached, self.committed = list(head[:keep]), keep
         rest = head[keep:]
         if rest and len(head) < self.cache.capacity:
             self.model(torch.tensor([rest], device=self.cache.k.device), self.cache, keep, last_only=True)
             self.cache.advance(len(rest))
             self.cached, self.committed = list(head), len(head)
+
+    def held(self, prompt: list[int]) -> int:
+        """What the cache holds of the last request's text is kept where this prompt begins the same way
+        (without a window: a windowed prefill starts elsewhere)."""
+        if self.cache is None or not prompt:
+            return 0
+        self._read_back()
+        if len(prompt) - 1 - self.prefill_tokens(len(prompt)) != 0 or self.offset != 0:
+            return 0
+        return min(common_prefix(self.cached, prompt[:-1]), self.cache.length)
 
     def propose(self, state: DraftState) -> DraftTree:
         if state.k < 1:

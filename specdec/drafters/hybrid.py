@@ -70,6 +70,9 @@ class HybridDrafter(BaseDrafter):
     def prefill_tokens(self, prompt_len: int) -> int:
         return self.model.prefill_tokens(prompt_len)
 
+    def held(self, prompt: list[int]) -> int:
+        return self.model.held(prompt)
+
     def start_lookup_only(self, prompt: list[int]) -> None:
         """This request drafts by lookup alone; the draft model is not started (no prefill)."""
         self.use_model = False

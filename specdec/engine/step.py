@@ -243,7 +243,7 @@ def admit_drafter(seq: Sequence, load: int = 1) -> bool:
 def _drafter_pays(seq: Sequence, load: int) -> bool:
     if not seq.drafter.caps.drafts:
         return True
-    n = seq.drafter.prefill_tokens(len(seq.tokens))
+    n = seq.drafter.prefill_tokens(len(seq.tokens)) - seq.drafter.held(seq.tokens)  # what its cache lacks
     return seq.policy.start_now(n, seq.num_new, seq.cfg.max_new_tokens, load)
 
 
@@ -254,8 +254,9 @@ def _start_now(seq: Sequence, upto: int | None = None) -> float:
     request's seconds (as the target's load is), in stats.load_seconds; returns those seconds."""
     loaded = seq.drafter.load()
     seq.stats.load_seconds += loaded
-    t0 = time.perf_counter()
     tokens = seq.tokens[:upto] if upto is not None else list(seq.tokens)
+    fed = seq.drafter.prefill_tokens(len(tokens)) - seq.drafter.held(tokens)  # the tokens its prefill computes
+    t0 = time.perf_counter()
     seq.drafter.start(tokens)
     sync(seq.cache.k.device)
     seconds = time.perf_counter() - t0
@@ -263,7 +264,7 @@ def _start_now(seq: Sequence, upto: int | None = None) -> float:
     seq.stats.draft_started_at = len(tokens) - seq.prompt_len
     if upto is None and seq.num_new:  # mid-answer: a prefill all the same (the request's own is over by now)
         seq.stats.prefill_seconds += seconds
-    seq.policy.observe_prefill(seq.drafter.prefill_tokens(len(tokens)), seconds)
+    seq.policy.observe_prefill(fed, seconds)
     return loaded
 
 
