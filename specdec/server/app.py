@@ -39,7 +39,7 @@ from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionRespon
                                      ChatMessageOut, CompletionChoice, CompletionRequest, CompletionResponse,
                                      DetokenizeRequest, DetokenizeResponse, ErrorBody, ErrorResponse,
                                      TokenizeRequest, TokenizeResponse, TokenizerInfo, Usage, new_id, now)
-from specdec.server.protocol import APIError, error_body, error_response, sse
+from specdec.server.protocol import APIError, collected, error_body, error_response, sse
 from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
 from specdec.server.tools import ToolStream, ToolSyntax, syntax_of, template_messages
 
@@ -508,25 +508,13 @@ class Answer:
         self.offsets = CompletionLogprobs(len(echo or ""))  # the answer's tokens start after the prompt's text
 
     async def whole(self, next_event, handle):
-        parts: list[str] = []
-        scored: list[Scored] = []
-        prompt: list[Scored] = []
-        try:
-            while True:
-                ev = await next_event()
-                if ev is None:
-                    return Response(status_code=499)
-                parts.append(ev.text)
-                scored += ev.logprobs
-                prompt += ev.prompt_logprobs or []
-                if ev.kind == "done":
-                    break
-        except BaseException:
-            handle.cancel()
-            raise
-        if ev.error:
-            raise APIError(500, ev.error, type="server_error", code="engine_error")
-        usage, text = Usage(**ev.usage), "".join(parts)
+        events = await collected(next_event, handle)
+        if events is None:
+            return Response(status_code=499)
+        ev = events[-1]
+        scored: list[Scored] = [s for e in events for s in e.logprobs]
+        prompt: list[Scored] = [s for e in events for s in e.prompt_logprobs or []]
+        usage, text = Usage(**ev.usage), "".join(e.text for e in events)
         if self.chat:
             logprobs = ChatLogprobs(content=chat_content(scored)) if self.logprobs else None
             content, calls = self.tools.parse(text) if self.tools else (text, [])

@@ -29,7 +29,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from specdec.model.tokenizer import REPO_SPELLINGS, encode_infill, fim_ids, lead_ids, spelled_ids, text_ids
 from specdec.server.logprobs import Scored, chat_content
-from specdec.server.protocol import APIError, _Sampling, error_body, sse
+from specdec.server.protocol import _Sampling, collected, error_body, sse
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
 INFILL_BATCH = 2048  # as llama-server's default batch: the prefix keeps its last 3/4 of it, the suffix 1/4
@@ -204,23 +204,11 @@ class LlamaAnswer:
         return out
 
     async def whole(self, next_event, handle):
-        parts, ids, scored = [], [], []
-        try:
-            while True:
-                ev = await next_event()
-                if ev is None:
-                    return Response(status_code=499)
-                parts.append(ev.text)
-                ids += ev.token_ids
-                scored += ev.logprobs
-                if ev.kind == "done":
-                    break
-        except BaseException:
-            handle.cancel()
-            raise
-        if ev.error:
-            raise APIError(500, ev.error, type="server_error", code="engine_error")
-        return self.final("".join(parts), ids, scored, ev)
+        events = await collected(next_event, handle)
+        if events is None:
+            return Response(status_code=499)
+        return self.final("".join(e.text for e in events), [t for e in events for t in e.token_ids],
+                          [s for e in events for s in e.logprobs], events[-1])
 
     async def stream(self, next_event, handle):
         finished, predicted = False, 0

@@ -543,3 +543,23 @@ def error_response(e: APIError) -> JSONResponse:
 
 def sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def collected(next_event, handle) -> list | None:
+    """Every event of one answer (server/scheduler.py's Events) up to its 'done', or None where the client
+    went away; an answer that failed in the engine is an APIError (500)."""
+    events = []
+    try:
+        while True:
+            ev = await next_event()
+            if ev is None:
+                return None
+            events.append(ev)
+            if ev.kind == "done":
+                break
+    except BaseException:
+        handle.cancel()
+        raise
+    if ev.error:
+        raise APIError(500, ev.error, type="server_error", code="engine_error")
+    return events
