@@ -110,7 +110,7 @@ class DraftModelDrafter(BaseDrafter):
         there on, relative positions intact); drafts stay exact either way, only q changes."""
         self.load()
         keep = self.held(prompt)
-        offset = len(prompt) - 1 - self.prefill_tokens(len(prompt)) if prompt else 0
+        offset = self._offset(prompt)
         head = prompt[offset:-1]
         self.offset = offset
         self.cache.truncate(keep)
@@ -127,9 +127,13 @@ class DraftModelDrafter(BaseDrafter):
         if self.cache is None or not prompt:
             return 0
         self._read_back()
-        if len(prompt) - 1 - self.prefill_tokens(len(prompt)) != 0 or self.offset != 0:
+        if self._offset(prompt) != 0 or self.offset != 0:
             return 0
         return min(common_prefix(self.cached, prompt[:-1]), self.cache.length)
+
+    def _offset(self, prompt: list[int]) -> int:
+        """The prompt's leading tokens start() leaves out (the window's offset; 0 without one)."""
+        return len(prompt) - 1 - self.prefill_tokens(len(prompt)) if prompt else 0
 
     def propose(self, state: DraftState) -> DraftTree:
         if state.k < 1:

@@ -143,11 +143,12 @@ class EagleDrafter(BaseDrafter):
         """Draft-vocabulary logits # [draft_vocab] as the head drafts from them: the request's penalties
         after the tokens drafted so far (as the target's row there has them), and under a grammar its
         mask there; None where the grammar allows none of the head's ids (or is over): the chain ends there."""
+        drafted = [int(t) for t in drafted]
         if state.penalize is not None:
-            logits = state.penalize(self._full(logits), [int(t) for t in drafted])[self.ids]
+            logits = state.penalize(self._full(logits), drafted)[self.ids]
         if state.mask is None:
             return logits
-        allowed = state.mask([int(t) for t in drafted])  # [vocab]
+        allowed = state.mask(drafted)  # [vocab]
         if allowed is None:
             return None
         keep = allowed.to(logits.device)[self.ids]  # [draft_vocab]

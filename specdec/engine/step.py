@@ -243,8 +243,12 @@ def admit_drafter(seq: Sequence, load: int = 1) -> bool:
 def _drafter_pays(seq: Sequence, load: int) -> bool:
     if not seq.drafter.caps.drafts:
         return True
-    n = seq.drafter.prefill_tokens(len(seq.tokens)) - seq.drafter.held(seq.tokens)  # what its cache lacks
-    return seq.policy.start_now(n, seq.num_new, seq.cfg.max_new_tokens, load)
+    return seq.policy.start_now(_to_prefill(seq, seq.tokens), seq.num_new, seq.cfg.max_new_tokens, load)
+
+
+def _to_prefill(seq: Sequence, tokens: list[int]) -> int:
+    """The tokens the drafter's prefill of `tokens` computes: those it feeds, less what its cache holds."""
+    return seq.drafter.prefill_tokens(len(tokens)) - seq.drafter.held(tokens)
 
 
 def _start_now(seq: Sequence, upto: int | None = None) -> float:
@@ -255,7 +259,7 @@ def _start_now(seq: Sequence, upto: int | None = None) -> float:
     loaded = seq.drafter.load()
     seq.stats.load_seconds += loaded
     tokens = seq.tokens[:upto] if upto is not None else list(seq.tokens)
-    fed = seq.drafter.prefill_tokens(len(tokens)) - seq.drafter.held(tokens)  # the tokens its prefill computes
+    fed = _to_prefill(seq, tokens)
     t0 = time.perf_counter()
     seq.drafter.start(tokens)
     sync(seq.cache.k.device)

@@ -5,9 +5,10 @@ once, and row j's text is the committed one plus the draft's first j tokens (in 
 its node). Each row is penalised by its own text, so the row a kept token comes from is exactly the
 row plain decoding would have drawn it from, and greedy and sampled output stay those of plain
 decoding with the same settings. A drafter may draft from its own logits penalised the same way
-(`Penalties.after`, DraftState.penalize: a draft model's host chains do), so that it guesses what the
-penalised target keeps; rejection sampling is exact for any q the draft was drawn from, so a drafter
-that does not (lookup, a head, a device chain) only loses acceptance where the penalties bite.
+(`Penalties.after`, DraftState.penalize: a draft model's and a head's host chains do), so that it
+guesses what the penalised target keeps; rejection sampling is exact for any q the draft was drawn
+from, so a drafter that does not (lookup, trees, a device chain) only loses acceptance where the
+penalties bite.
 
 Per row, in this order (config.SamplingParams names the fields):
   1. logit_bias: its value added to each listed token's logit;
@@ -81,11 +82,14 @@ class Penalties:
             self.counts.index_put_((torch.tensor(new),), torch.ones(len(new)), accumulate=True)
         self.counted = len(answer)
         at = [(j, self._col(t)) for j, p in enumerate(paths) for t in p]  # row j's path: +1 at each token
-        n = self.n
-        counts = self.counts[:n].repeat(len(paths), 1)  # [R, u]
+        return self._rows(self.counts[:self.n].repeat(len(paths), 1), at)
+
+    def _rows(self, counts: torch.Tensor, at: list[tuple[int, int]]) -> "PenaltyRows":
+        """PenaltyRows of counts # [R, u] with one more at each (row, column) of `at`."""
         if at:
             rows, cols = torch.tensor(at).T
             counts.index_put_((rows, cols), torch.ones(len(at)), accumulate=True)
+        n = self.n
         return PenaltyRows(self, self.ids[:n], counts, self.in_prompt[:n], self.bias[:n])  # [:n] never changes
 
     def _window_rows(self, answer: list[int], paths: list[list[int]]) -> "PenaltyRows":
@@ -93,11 +97,7 @@ class Penalties:
         n = self.last_n
         text = (self.prompt_tail + answer[max(0, len(answer) - n):])[-n:]
         at = [(j, self._col(t)) for j, p in enumerate(paths) for t in (text + p)[-n:]]
-        counts = torch.zeros(len(paths), self.n)  # [R, u]
-        if at:
-            rows, cols = torch.tensor(at).T
-            counts.index_put_((rows, cols), torch.ones(len(at)), accumulate=True)
-        return PenaltyRows(self, self.ids[:self.n], counts, self.in_prompt[:self.n], self.bias[:self.n])
+        return self._rows(torch.zeros(len(paths), self.n), at)
 
     def after(self, answer: list[int], logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
         """logits # [vocab] (a drafter's, in the target's ids) penalised as the target's row whose text is

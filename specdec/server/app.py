@@ -1,6 +1,6 @@
 """The FastAPI app: OpenAI-compatible endpoints over a Scheduler; llama-server's own /completion,
-/infill and /props (llama_api.py); /tokenize and /detokenize (as llama-server's and vLLM's); plus /health, /metrics
-and /stats.
+/infill and /props (llama_api.py); /tokenize and /detokenize (as llama-server's and vLLM's); plus
+/health, /metrics and /stats.
 
 Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}}. Validation errors
 are 400 and name the field in `param`, the limits on stop strings and messages included. Without the
@@ -374,8 +374,9 @@ class Endpoints:
                   tools: ToolSyntax | None = None, answer: LlamaAnswer | None = None):
         """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer;
         constraints: each choice's grammar (one choice a constraint; None: none); tools: the syntax its tool
-        calls are read in, or None; answer: llama-server's shapes for the one choice (else OpenAI's). Choices after the first are submitted with it and wait for its
-        prefill of the prompt, then copy it (specdec.engine.Engine.shares_a_prefill)."""
+        calls are read in, or None; answer: llama-server's shapes for the one choice (else OpenAI's).
+        Choices after the first are submitted with it and wait for its prefill of the prompt, then copy it
+        (specdec.engine.Engine.shares_a_prefill)."""
         slots, waiting = self.scheduler.engine.max_batch, self.scheduler.max_queue
         if len(constraints) > slots + waiting:  # never admissible at once: not a 429 to retry
             raise APIError(400, f"n={len(constraints)} choices are more than this server holds at once ({slots} "

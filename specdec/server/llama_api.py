@@ -112,7 +112,7 @@ class LlamaCompletionRequest(_Sampling):
             self.top_p = self.top_p if "top_p" in on else 1.0
             self.min_p = self.min_p if "min_p" in on else 0.0
             if "penalties" not in on:
-                self.repetition_penalty, self.presence_penalty, self.frequency_penalty = 1.0, 0.0, 0.0
+                self.no_penalties()
         return self
 
     @property

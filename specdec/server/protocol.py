@@ -3,9 +3,10 @@
 
 Supported: model, prompt / messages, max_tokens (chat: also max_completion_tokens), temperature,
 top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, repetition_penalty (or repeat_penalty),
-repeat_last_n (llama-server's counting: the penalties over the last n tokens), logit_bias (token id strings to [-100, 100]; config.SamplingParams says how each acts), stop (a string
-or a list), stream (+ stream_options.include_usage), n (1..128 samples of the prompt, prefilled once;
-with a seed, choice i draws from seed + i);
+repeat_last_n (llama-server's counting: the penalties over the last n tokens), logit_bias (token id
+strings to [-100, 100]; config.SamplingParams says how each acts), stop (a string or a list), stream
+(+ stream_options.include_usage), n (1..128 samples of the prompt, prefilled once; with a seed, choice
+i draws from seed + i);
 logprobs (completions: 0..20 alternatives, and echo; chat: logprobs and top_logprobs 0..20);
 completions' max_tokens 0 with echo: the prompt scored (its logprobs, with logprobs), nothing generated;
 completions' suffix: fill in the middle, the answer the text between the prompt and the suffix (through
@@ -104,8 +105,11 @@ class _Sampling(BaseModel):
     @model_validator(mode="after")
     def _penalties_off(self):
         if self.repeat_last_n == 0:  # llama.cpp's: 0 turns the penalties off
-            self.repetition_penalty, self.presence_penalty, self.frequency_penalty = 1.0, 0.0, 0.0
+            self.no_penalties()
         return self
+
+    def no_penalties(self) -> None:
+        self.repetition_penalty, self.presence_penalty, self.frequency_penalty = 1.0, 0.0, 0.0
 
     def penalty_last_n(self, context: int) -> int:
         """config.SamplingParams.penalty_last_n of repeat_last_n (-1: the whole context; unset: 0, whole-text counting)."""
