@@ -223,12 +223,15 @@ class Access:
             return False
         return self.protects_stats or path not in STATS_PATHS
 
-    def allows(self, authorization: str | None) -> bool:
-        """Whether an Authorization header value carries the key (compared in constant time)."""
-        scheme, _, given = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or self.api_key is None:
+    def allows(self, authorization: str | None, x_api_key: str | None = None) -> bool:
+        """Whether an Authorization header value (Bearer KEY) or an x-api-key one (Anthropic's) carries the
+        key (compared in constant time)."""
+        if self.api_key is None:
             return False
-        return hmac.compare_digest(given.strip().encode(), self.api_key.encode())
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
+            return True
+        return x_api_key is not None and hmac.compare_digest(x_api_key.strip().encode(), self.api_key.encode())
 
 
 @dataclass(frozen=True)

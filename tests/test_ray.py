@@ -107,6 +107,26 @@ def test_concurrent_streaming_and_whole_answers(cluster, reference):
     bad = httpx.post(cluster + "/v1/chat/completions", headers=AUTH,
                      json={"model": MODEL, "messages": [{"role": "user", "content": None}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages.0"
+    hi = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
+    said = httpx.post(cluster + "/v1/messages", headers={"x-api-key": KEY}, json=hi, timeout=120)  # Anthropic's
+    assert said.status_code == 200 and said.json()["content"][0]["type"] == "text", said.text
+    with httpx.stream("POST", cluster + "/v1/messages", headers={"x-api-key": KEY}, json=hi | {"stream": True},
+                      timeout=120) as r:
+        names = [line[7:] for line in r.iter_lines() if line.startswith("event: ")]
+    assert names[0] == "message_start" and names[-1] == "message_stop"
+    missing = httpx.post(cluster + "/v1/messages", headers={"x-api-key": KEY}, json={"model": MODEL, "messages": []})
+    assert missing.status_code == 400 and missing.json()["type"] == "error"
+
+
+def test_a_conversation_is_keyed_by_its_start():
+    key, turn = ray_serve.conversation_key, [{"role": "user", "content": "a"}]
+    later = turn + [{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    assert key("/v1/chat/completions", {"messages": later}) == key("/v1/chat/completions", {"messages": turn})
+    assert key("/v1/messages", {"system": "s", "messages": later}) == key("/v1/messages", {"system": "s",
+                                                                                           "messages": turn})
+    assert key("/v1/messages", {"system": "s", "messages": turn}) != key("/v1/messages", {"system": "t",
+                                                                                          "messages": turn})
+    assert key("/v1/messages", {"user": "u", "messages": turn}) == "user:u"
 
 
 def test_a_conversations_turns_land_on_one_replica(cluster):

@@ -1080,17 +1080,18 @@ def test_the_api_reports_cached_prompt_tokens(main):
 
 
 def test_the_api_under_fuzzing(main):
-    """schemathesis drives completions, chat and llama-server's /completion and /infill from /openapi.json
-    with generated bodies (bounded):
+    """schemathesis drives completions, chat, llama-server's /completion and /infill and Anthropic's
+    /v1/messages (and its count_tokens) from /openapi.json with generated bodies (bounded):
     every answer is a 2xx or a clear 4xx with an error object; no 5xx, no hang."""
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, given, settings
     base, _ = main
     schema = schemathesis.openapi.from_url(base + "/openapi.json")
     ops = [r.ok() for r in schema.get_all_operations()]
-    ops = [op for op in ops if op.method.upper() == "POST" and op.path.endswith(("completions", "completion", "infill"))]
+    ops = [op for op in ops if op.method.upper() == "POST" and op.path.endswith(("completions", "completion", "infill",
+                                                                                  "messages", "count_tokens"))]
     assert {op.path for op in ops} == {"/v1/completions", "/v1/chat/completions", "/completion", "/completions",
-                                       "/infill"}
+                                       "/infill", "/v1/messages", "/v1/messages/count_tokens"}
     seen, refused = [], []
     for op in ops:
         @settings(max_examples=30, deadline=None, database=None, derandomize=True,

@@ -117,7 +117,8 @@ class ByteLevelTokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False, tokenize: bool = True,
-                            **kwargs):
+                            continue_final_message: bool = False, **kwargs):
+        """As transformers' (continue_final_message: the text ends where the last message's text does)."""
         if not self.chat_template:
             raise SpecdecError("this model has no chat template")
         if self._template is None or self._template[0] != self.chat_template:  # compiled once per template text
@@ -125,7 +126,21 @@ class ByteLevelTokenizer:
         text = self._template[1].render(**{"messages": messages, "tools": None, "documents": None,
                                         "add_generation_prompt": add_generation_prompt,
                                         **{k: v for k, v in self.special.items() if v is not None}, **kwargs})
+        if continue_final_message:
+            text = up_to_final(text, messages[-1]["content"])
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+def up_to_final(rendered: str, final: str) -> str:
+    """A rendered conversation cut after its last message's text, as transformers' continue_final_message
+    cuts it: after the text as given where the template kept it whole, else after it stripped."""
+    if not isinstance(final, str) or not final.strip() or final.strip() not in rendered:
+        raise SpecdecError("the chat template does not render the last message's text as given, so the answer "
+                           "cannot go on from it")
+    at = rendered.rindex(final.strip())
+    if rendered[at:at + len(final.lstrip())] == final:
+        return rendered[:at + len(final.lstrip())]
+    return rendered[:at + len(final.strip())]
 
 
 def compile_template(source: str):

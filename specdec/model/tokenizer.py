@@ -155,9 +155,12 @@ def encode_infill(tokenizer, prefix: str, suffix: str) -> list[int]:
     return lead_ids(tokenizer) + [pre] + text_ids(tokenizer, prefix) + [suf] + text_ids(tokenizer, suffix) + [mid]
 
 
-def encode_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+def encode_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                    continue_final: bool = False) -> list[int]:
     """A conversation through the model's chat template, ready for the assistant's reply (with the
-    tools, OpenAI's function definitions, rendered as the template renders them, where given).
+    tools, OpenAI's function definitions, rendered as the template renders them, where given);
+    continue_final: the last message is the assistant's reply begun (a prefill), rendered up to the end
+    of its text, so that the answer goes on from there.
 
     Message content is text: a special token's string inside it (a forged `<|im_end|>`, say) is encoded
     as the characters it is, never as the control token; only the template places those. Content
@@ -167,7 +170,8 @@ def encode_messages(tokenizer, messages: list[dict], tools: list[dict] | None = 
     controls = ControlTokens.of(tokenizer)
     marked = controls.mark(messages)
     more = {"tools": tools} if tools else {}
-    text = tokenizer.apply_chat_template(marked or messages, add_generation_prompt=True, tokenize=False, **more)
+    text = tokenizer.apply_chat_template(marked or messages, add_generation_prompt=not continue_final, tokenize=False,
+                                         continue_final_message=continue_final, **more)
     if marked is None:  # every special token in the text is the template's
         return list(tokenizer.encode(text, add_special_tokens=False))
     return controls.encode(tokenizer, text)

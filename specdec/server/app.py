@@ -1,8 +1,9 @@
 """The FastAPI app: OpenAI-compatible endpoints over a Scheduler; llama-server's own /completion,
-/infill and /props (llama_api.py); /tokenize and /detokenize (as llama-server's and vLLM's); plus
-/health, /metrics and /stats.
+/infill and /props (llama_api.py); Anthropic's /v1/messages and its count_tokens (anthropic_api.py);
+/tokenize and /detokenize (as llama-server's and vLLM's); plus /health, /metrics and /stats.
 
-Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}}. Validation errors
+Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}} (on Anthropic's paths its
+own: {"type": "error", "error": {"type", "message"}}). Validation errors
 are 400 and name the field in `param`, the limits on stop strings and messages included. Without the
 API key where one is needed: 401; a body over the size cap: 413 (guard.py). A request the queue
 cannot take is 429 with Retry-After; a request that arrives while the server shuts down is 503.
@@ -31,6 +32,7 @@ from specdec.config import SamplingParams
 from specdec.constraints import ConstraintSpec, Grammars
 from specdec.errors import SpecdecError
 from specdec.model.tokenizer import encode_infill, encode_messages
+from specdec.server.anthropic_api import CountTokensRequest, MessagesAnswer, MessagesRequest
 from specdec.server.guard import Access, Guard, RequestLimits
 from specdec.server.metrics import CONTENT_TYPE_LATEST
 from specdec.server.llama_api import INFILL_BATCH, InfillRequest, LlamaAnswer, LlamaCompletionRequest, infill_ids
@@ -39,7 +41,7 @@ from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionRespon
                                      ChatMessageOut, CompletionChoice, CompletionRequest, CompletionResponse,
                                      DetokenizeRequest, DetokenizeResponse, ErrorBody, ErrorResponse,
                                      TokenizeRequest, TokenizeResponse, TokenizerInfo, Usage, new_id, now)
-from specdec.server.protocol import APIError, collected, error_body, error_response, sse
+from specdec.server.protocol import APIError, collected, error_body, error_json, error_response, sse
 from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
 from specdec.server.tools import ToolStream, ToolSyntax, syntax_of, template_messages
 
@@ -57,13 +59,13 @@ def _is_type_tag(part: str) -> bool:
     return part in TYPE_TAGS or "[" in part or part.startswith("function-")
 
 
-def _validation_error(exc: RequestValidationError) -> JSONResponse:
+def _validation_error(exc: RequestValidationError, path: str = "") -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     kind = first.get("type", "")
     if kind == "json_invalid":
-        return JSONResponse(error_body("the request body is not valid JSON", code="invalid_json"), status_code=400)
+        return error_json(path, 400, error_body("the request body is not valid JSON", code="invalid_json"))
     param = ".".join(x for x in loc if not _is_type_tag(x)) or None
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind == "missing":
@@ -73,7 +75,7 @@ def _validation_error(exc: RequestValidationError) -> JSONResponse:
         others = sorted({".".join(str(x) for x in e.get("loc", ()) if x != "body") for e in errors[1:]} - {param})
         if others:
             message += f" (also check: {', '.join(others[:4])})"
-    return JSONResponse(error_body(message, param=param, code="invalid_value"), status_code=400)
+    return error_json(path, 400, error_body(message, param=param, code="invalid_value"))
 
 
 class CountRequests:
@@ -124,6 +126,8 @@ def create_app(scheduler: Scheduler, model_name: str, access: Access = Access(),
     app.post("/completion")(ends.llama_completion)  # llama-server's own (server/llama_api.py)
     app.post("/completions")(ends.llama_completion)
     app.post("/infill")(ends.infill)
+    app.post("/v1/messages")(ends.messages)  # Anthropic's (server/anthropic_api.py)
+    app.post("/v1/messages/count_tokens")(ends.count_tokens)
     app.get("/props")(ends.props)
     app.get("/v1/models")(ends.models)
     app.post("/tokenize")(ends.tokenize)
@@ -136,16 +140,16 @@ def create_app(scheduler: Scheduler, model_name: str, access: Access = Access(),
 
 
 async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return _validation_error(exc)
+    return _validation_error(exc, request.url.path)
 
 
 async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+    return error_json(request.url.path, exc.status_code, error_body(str(exc.detail), kind))
 
 
 class Endpoints:
@@ -226,6 +230,20 @@ class Endpoints:
         self.check_limits(body.stop_list, len(body.messages))
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "Invalid value for 'top_logprobs': it needs 'logprobs': true", param="top_logprobs")
+        ids, syntax = await self.chat_prompt(body)
+        max_tokens = body.token_budget
+        if max_tokens is None:  # OpenAI: as many as the context leaves
+            max_tokens = self.scheduler.context - len(ids) - self.scheduler.engine.tree_nodes
+            if max_tokens < 1:
+                raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
+                                    f"{self.scheduler.context} tokens", param="messages",
+                               code="context_length_exceeded")
+        return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n, tools=syntax,
+                              constraints=[await self.chat_constraint(body, syntax) for _ in range(body.n)])
+
+    async def chat_prompt(self, body: ChatCompletionRequest, continue_final: bool = False):
+        """(the conversation's ids through the chat template, with the offered tools; the tool syntax the
+        answer's calls are read in, or None); continue_final: the last message is a prefill to go on from."""
         messages = template_messages([m.plain() for m in body.messages])
         tools, syntax = body.offered_tools(), None
         if tools:
@@ -234,23 +252,36 @@ class Endpoints:
                 raise APIError(400, "this model's chat template renders no tools (it has no tool-call syntax); "
                                     "send the request without tools", param="tools")
         try:
-            ids = await self.encode(encode_messages, self.tokenizer, messages, tools)
+            ids = await self.encode(encode_messages, self.tokenizer, messages, tools, continue_final)
         except SpecdecError as e:
             raise APIError(400, str(e).replace("drop --chat to use a plain prompt", "use /v1/completions"),
                            param="messages") from None
         except Exception as e:  # noqa: BLE001 - a template may refuse a conversation (e.g. role order)
             raise APIError(400, f"the chat template rejected the messages: {e}", param="messages") from None
-        max_tokens = body.token_budget
-        if max_tokens is None:  # OpenAI: as many as the context leaves
-            max_tokens = self.scheduler.context - len(ids) - self.scheduler.engine.tree_nodes
-            if max_tokens < 1:
-                raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
-                                    f"{self.scheduler.context} tokens", param="messages",
-                               code="context_length_exceeded")
+        return ids, syntax
+
+    async def chat_constraint(self, body: ChatCompletionRequest, syntax: ToolSyntax | None):
+        """A choice's grammar: a call of the forced tools (tool_choice required or named), else the
+        structured-output field's, else None."""
         forced = body.forced_tools()
-        structure = syntax.call_grammar(forced, body.parallel_tool_calls) if forced else None
-        return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n, tools=syntax,
-                              constraints=[await self.constraint_of(body, structure) for _ in range(body.n)])
+        return await self.constraint_of(body, syntax.call_grammar(forced, body.parallel_tool_calls) if forced else None)
+
+    async def messages(self, body: MessagesRequest, request: Request):
+        """Anthropic's /v1/messages, in its shapes (server/anthropic_api.py)."""
+        self.check_model(body.model)
+        chat = body.chat()
+        self.check_limits(chat.stop_list, len(chat.messages))
+        ids, syntax = await self.chat_prompt(chat, continue_final=body.prefilled)
+        return await self.run(request, chat, ids, chat.token_budget, chat=True, tools=syntax,
+                              constraints=[await self.chat_constraint(chat, syntax)],
+                              answer=MessagesAnswer(self.model_name, len(ids), syntax))
+
+    async def count_tokens(self, body: CountTokensRequest):
+        """Anthropic's /v1/messages/count_tokens: the prompt's tokens, as /v1/messages would send them."""
+        self.check_model(body.model)
+        chat = body.chat()
+        ids, _ = await self.chat_prompt(chat, continue_final=body.prefilled)
+        return {"input_tokens": len(ids)}
 
     async def constraint_of(self, body, spec: ConstraintSpec | None = None):
         """The grammar state (a fresh specdec.constraints.Constraint) of `spec`, else of the request's
@@ -371,10 +402,11 @@ class Endpoints:
 
     async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool,
                   logprobs: int | None = None, echo: str | None = None, constraints: list = (None,),
-                  tools: ToolSyntax | None = None, answer: LlamaAnswer | None = None):
+                  tools: ToolSyntax | None = None, answer: LlamaAnswer | MessagesAnswer | None = None):
         """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer;
         constraints: each choice's grammar (one choice a constraint; None: none); tools: the syntax its tool
-        calls are read in, or None; answer: llama-server's shapes for the one choice (else OpenAI's).
+        calls are read in, or None; answer: llama-server's or Anthropic's shapes for the one choice (else
+        OpenAI's).
         Choices after the first are submitted with it and wait for its prefill of the prompt, then copy it
         (specdec.engine.Engine.shares_a_prefill)."""
         slots, waiting = self.scheduler.engine.max_batch, self.scheduler.max_queue

@@ -2,8 +2,8 @@
 Access and RequestLimits, are settings: specdec.settings builds them from the serve flags).
 
 - Access: with an API key (`--api-key`, or $SPECDEC_API_KEY), every path but /health (every /v1/
-  route, /openapi.json, unknown paths) needs the header `Authorization: Bearer KEY`, else 401 in
-  OpenAI's error shape; /stats and /metrics need it only with `--api-key-protects-stats`. The key is
+  route, /openapi.json, unknown paths) needs the header `Authorization: Bearer KEY` (or Anthropic's
+  `x-api-key: KEY`), else 401 in OpenAI's error shape (Anthropic's on its /v1/messages paths); /stats and /metrics need it only with `--api-key-protects-stats`. The key is
   compared in constant time.
 - RequestLimits: a body longer than `--max-body-bytes` is 413 (at once by its Content-Length, else
   as it arrives); a stop string longer than `--max-stop-length` characters and more than
@@ -19,6 +19,7 @@ import ipaddress
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
+from specdec.server.protocol import error_body, error_json
 from specdec.settings import API_KEY_ENV, Access, RequestLimits  # noqa: F401 (RequestLimits re-exported for the app)
 
 
@@ -40,9 +41,8 @@ def exposure_warning(host: str, access: Access) -> str | None:
             f"set --api-key or ${API_KEY_ENV}")
 
 
-def error_json(status: int, message: str, code: str, headers: dict | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+def refusal(path: str, status: int, message: str, code: str, headers: dict | None = None) -> JSONResponse:
+    return error_json(path, status, error_body(message, code=code), headers)
 
 
 class Guard:
@@ -57,28 +57,30 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.access.needs_key(scope["path"]) and not self.access.allows(headers.get("authorization")):
-            return await self.unauthorized(headers)(scope, receive, send)
+        path = scope["path"]
+        if self.access.needs_key(path) and not self.access.allows(headers.get("authorization"),
+                                                                  headers.get("x-api-key")):
+            return await self.unauthorized(path, headers)(scope, receive, send)
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
-            return await self.too_large()(scope, receive, send)
+            return await self.too_large(path)(scope, receive, send)
         try:
             body = await read_body(receive, self.max_body_bytes)
         except ClientDisconnect:
             return  # no one to answer
         if body is None:
-            return await self.too_large()(scope, receive, send)
+            return await self.too_large(path)(scope, receive, send)
         await self.app(scope, replay(body, receive), send)
 
     @staticmethod
-    def unauthorized(headers: dict) -> JSONResponse:
-        message = ("incorrect API key provided" if headers.get("authorization") else
-                   "this server needs an API key: send the header 'Authorization: Bearer KEY'")
-        return error_json(401, message, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    def unauthorized(path: str, headers: dict) -> JSONResponse:
+        message = ("incorrect API key provided" if headers.get("authorization") or headers.get("x-api-key") else
+                   "this server needs an API key: send the header 'Authorization: Bearer KEY' (or 'x-api-key: KEY')")
+        return refusal(path, 401, message, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
-    def too_large(self) -> JSONResponse:
-        return error_json(413, f"the request body is larger than this server's limit of {self.max_body_bytes} "
-                               "bytes", "request_too_large")
+    def too_large(self, path: str) -> JSONResponse:
+        return refusal(path, 413, f"the request body is larger than this server's limit of {self.max_body_bytes} "
+                                  "bytes", "request_too_large")
 
 
 async def read_body(receive, limit: int) -> bytes | None:

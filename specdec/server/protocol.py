@@ -215,6 +215,10 @@ def _structure_of(name: str, value) -> tuple[str, Any]:
         if len(keys) != 1:
             raise ValueError(f"structured_outputs needs exactly one of {', '.join(_STRUCTURED_KEYS)}")
         return _STRUCTURED_KEYS[keys[0]], value[keys[0]]
+    if name.startswith("output_"):  # Anthropic's output_config.format (output_format): {"type": "json_schema", "schema"}
+        if value.get("type") != "json_schema" or not isinstance(value.get("schema"), dict):
+            raise ValueError("output_format must be {\"type\": \"json_schema\", \"schema\": {...}}")
+        return "json_schema", value["schema"]
     return {"guided_json": "json_schema", "guided_regex": "regex", "guided_grammar": "grammar",
             "guided_choice": "choice", "json_schema": "json_schema", "grammar": "grammar"}[name], value
 
@@ -541,8 +545,27 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
     return ErrorResponse(error=ErrorBody(message=message, type=type, param=param, code=code)).model_dump()
 
 
-def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status, headers=e.headers)
+def error_response(e: APIError, path: str = "") -> JSONResponse:
+    return error_json(path, e.status, error_body(e.message, e.type, e.param, e.code), e.headers)
+
+
+ANTHROPIC_PATHS = "/v1/messages"  # Anthropic's API (server/anthropic_api.py): its errors in its shape
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                         503: "overloaded_error"}
+
+
+def anthropic_error(status: int, message: str) -> dict:
+    """Anthropic's error body: {"type": "error", "error": {"type", "message"}}, its type by the status."""
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_json(path: str, status: int, body: dict, headers: dict | None = None) -> JSONResponse:
+    """An error answer (`body` OpenAI's error_body) in the shape of the API that `path` belongs to."""
+    if path.startswith(ANTHROPIC_PATHS):
+        body = anthropic_error(status, body["error"]["message"])
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def sse(obj) -> str:

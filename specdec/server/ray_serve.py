@@ -12,7 +12,8 @@
   prefix cache and suffix cache hold the conversation); otherwise to the replica with the fewest
   ongoing requests. A replica takes at most --max-batch requests (one per slot), so stickiness
   never queues a request behind a full replica. A conversation is the request's `user` field,
-  else a hash of its messages up to the first user message (chat) or of its prompt's start.
+  else a hash of its messages up to the first user message (chat; Anthropic's with its system) or of
+  its prompt's start.
 
 Faults: a request whose replica dies before it streamed a token is retried once on another
 replica; one that had streamed tokens ends with an error event. Ray restarts the replica. The
@@ -30,24 +31,26 @@ import signal
 import time
 
 from fastapi import FastAPI, Request  # at module level: the routes' annotations are resolved here
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from specdec.errors import SpecdecError
 from specdec.server import build_scheduler
 from specdec.server.app import create_app
 from specdec.server.guard import Access, Guard
+from specdec.server.protocol import ANTHROPIC_PATHS, anthropic_error, error_json
 from specdec.settings import DraftingSettings, ModelSettings, RaySettings, ServeSettings
 
 log = logging.getLogger("specdec.ray")
 
 def conversation_key(path: str, body: dict) -> str:
-    """The `user` field, else a hash of the messages up to the first user message (chat) or of the
-    prompt's first 256 characters (completions): what every turn of one conversation starts with."""
+    """The `user` field, else a hash of the messages up to the first user message (chat, and Anthropic's
+    messages with their system) or of the prompt's first 256 characters (completions): what every turn
+    of one conversation starts with."""
     user = body.get("user")
     if isinstance(user, str) and user:
         return "user:" + user
-    if path.endswith("chat/completions"):  # the messages up to the first user message: every turn starts so
-        head = []
+    if path.endswith(("chat/completions", "/messages")):  # the messages up to the first user message (and
+        head = [["system", body["system"]]] if body.get("system") else []  # Anthropic's system): every turn starts so
         for m in body.get("messages") or []:
             if isinstance(m, dict):
                 head.append([m.get("role"), m.get("content")])
@@ -273,7 +276,7 @@ class FrontForwarding:
                     self.counts.add("retried")
                     continue
                 self.counts.add("failed")
-                return JSONResponse(_error(f"the replica failed: {type(e).__name__}: {e}"), status_code=502)
+                return error_json(path, 502, _error(f"the replica failed: {type(e).__name__}: {e}"))
             self.counts.add("answered" if out["status"] < 500 else "failed", out["replica"])
             return Response(out["body"], status_code=out["status"],
                             headers={**out["headers"], "x-specdec-replica": out["replica"]})
@@ -296,7 +299,11 @@ class FrontForwarding:
                     self.counts.add("retried", replica)
                     continue
                 self.counts.add("failed", replica)
-                yield f"data: {json.dumps(_error(f'the replica failed mid-stream: {type(e).__name__}: {e}'))}\n\n"
+                message = f"the replica failed mid-stream: {type(e).__name__}: {e}"
+                if path.startswith(ANTHROPIC_PATHS):
+                    yield f"event: error\ndata: {json.dumps(anthropic_error(500, message))}\n\n"
+                    return
+                yield f"data: {json.dumps(_error(message))}\n\n"
                 yield "data: [DONE]\n\n"
                 return
 
@@ -322,6 +329,14 @@ def make_front(app: FastAPI):
         @app.post("/v1/chat/completions")
         async def chat(self, request: Request):
             return await self.forward(request, "/v1/chat/completions")
+
+        @app.post("/v1/messages")
+        async def messages(self, request: Request):
+            return await self.forward(request, "/v1/messages")
+
+        @app.post("/v1/messages/count_tokens")
+        async def count_tokens(self, request: Request):
+            return await self.forward(request, "/v1/messages/count_tokens")
 
         @app.post("/tokenize")
         async def tokenize(self, request: Request):
