@@ -133,3 +133,55 @@ def test_calls_are_read_out_of_the_text_whole_and_streamed():
     assert HERMES.parse("no calls <tool_call>not json</tool_call>") == ("no calls <tool_call>not json</tool_call>", [])
     content, calls = LLAMA3.parse('{"name": "get_time", "parameters": {"city": "Rome"}}')
     assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+
+
+# ---- Qwen2.5's own template: its call markers are added tokens ----
+
+@pytest.fixture(scope="module")
+def qwen_served():
+    from specdec.model.registry import pull
+    sched = build_scheduler(*serve_args("--model", str(pull("qwen2.5-coder-0.5b-instruct")), "--ngram", "--k", "4",
+                                       "--device", "cpu", "--max-context", "1024", "--max-batch", "1",
+                                       "--policy", "fixed"), progress=lambda m: None)
+    with running(sched, "qwen") as (base, _):
+        yield base, sched
+
+
+@pytest.mark.real
+def test_a_required_call_in_qwens_own_markers(qwen_served):
+    """Qwen2.5 writes calls between <tool_call> and </tool_call>, which its tokenizer holds as added tokens:
+    a forced call is generated in them and read back, whole and streamed."""
+    base, _ = qwen_served
+    c = client(base)
+    out = c.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                                    parallel_tool_calls=False, max_tokens=60, temperature=0)
+    assert out.choices[0].finish_reason == "tool_calls", out
+    check_call(out.choices[0].message.tool_calls[0])
+    kw = dict(model="qwen", messages=ASK, tools=[WEATHER, TIME], max_tokens=60, temperature=0,
+              tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False)
+    check_named_call_streamed_equals_whole(c, kw, "get_time")
+
+
+@pytest.mark.real
+def test_a_marker_that_is_a_special_token_is_written_by_its_id(qwen_served):
+    """llguidance lets such a token through its mask for a quoted literal of its text, then refuses it
+    when taken; written by its id, the grammar takes the model's own call tokens."""
+    from specdec.constraints import Grammars
+    from specdec.errors import SpecdecError
+    from specdec.model.tokenizer import text_ids
+    _, sched = qwen_served
+    tok = sched.tokenizer
+    grammars = Grammars.for_tokenizer(tok, sched.engine.target.config.vocab_size, sched.eos_ids)
+    vocab = grammars.vocab
+    open_id, close_id = text_ids(tok, "<tool_call>"), text_ids(tok, "</tool_call>")
+    assert [vocab.term("<tool_call>"), vocab.term("</tool_call>")] == [f"<[{open_id[0]}]>", f"<[{close_id[0]}]>"]
+    assert vocab.term("\n") == '"\\n"' and vocab.term("<tool") == '"<tool"'
+    call = text_ids(tok, "\n" + json.dumps({"name": "get_time", "arguments": {"city": "Oslo"}}) + "\n")
+    tokens = open_id + call + close_id
+    by_id = grammars.constraint(HERMES.call_grammar([TIME], False, vocab.term))
+    by_id.advance(tokens)
+    assert by_id.finished or by_id.matcher.is_accepting()
+    quoted = grammars.constraint(HERMES.call_grammar([TIME], False))
+    assert bool(quoted.allowed()[open_id[0]])  # the mask lets it through ...
+    with pytest.raises(SpecdecError, match="breaks the constraint"):
+        quoted.advance(open_id)  # ... and taking it is refused

@@ -5,6 +5,7 @@ ids no output may hold: llama.cpp's padding entries and rows past the tokenizer'
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import dataclass
 
@@ -46,6 +47,16 @@ class Vocabulary:
 
     def is_usable(self, token: int) -> bool:
         return 0 <= token < self.size and bool(self.usable[token])
+
+    def term(self, text: str) -> str:
+        """`text` as a term of a Lark grammar: the one token the engine reads it as, by its id, where that
+        token is special to the engine (an added token such as Qwen2.5's `<tool_call>`): a quoted literal
+        of such a token's text lets the token through the engine's mask and then refuses it when taken.
+        Else the text, quoted."""
+        ids = self.tokenizer.tokenize_str(text)
+        if len(ids) == 1 and self.tokenizer.is_special_token(ids[0]):
+            return f"<[{ids[0]}]>"
+        return json.dumps(text)
 
 
 def backend_of(tokenizer):

@@ -264,7 +264,10 @@ class Endpoints:
         """A choice's grammar: a call of the forced tools (tool_choice required or named), else the
         structured-output field's, else None."""
         forced = body.forced_tools()
-        return await self.constraint_of(body, syntax.call_grammar(forced, body.parallel_tool_calls) if forced else None)
+        if not forced:
+            return await self.constraint_of(body)
+        vocab = (await asyncio.to_thread(self.grammars)).vocab
+        return await self.constraint_of(body, syntax.call_grammar(forced, body.parallel_tool_calls, vocab.term))
 
     async def messages(self, body: MessagesRequest, request: Request):
         """Anthropic's /v1/messages, in its shapes (server/anthropic_api.py)."""
@@ -291,16 +294,22 @@ class Endpoints:
             return None
 
         def compile_it():
+            grammars = self.grammars()
             with self.scheduler.tokenizer_lock:
-                if self._grammars is None:
-                    self._grammars = Grammars.for_tokenizer(self.tokenizer, self.vocab_size, self.scheduler.eos_ids)
-                return self._grammars.constraint(ConstraintSpec(*structure))
+                return grammars.constraint(ConstraintSpec(*structure))
         try:
             return await asyncio.to_thread(compile_it)
         except SpecdecError as e:
             raise APIError(400, str(e), param=structure[0]) from None
         except Exception as e:  # noqa: BLE001 - whatever the grammar engine makes of a hostile constraint
             raise APIError(400, f"the {structure[0]} constraint could not be compiled: {e}", param=structure[0]) from None
+
+    def grammars(self) -> Grammars:
+        """The grammar compiler over this model's tokenizer, built at the first structured request."""
+        with self.scheduler.tokenizer_lock:
+            if self._grammars is None:
+                self._grammars = Grammars.for_tokenizer(self.tokenizer, self.vocab_size, self.scheduler.eos_ids)
+            return self._grammars
 
     async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         """The text's token ids (with the tokenizer's special tokens unless add_special is false)."""

@@ -15,6 +15,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
 from specdec.constraints import JSON_LAYOUT, ConstraintSpec
 
@@ -29,11 +30,13 @@ class ToolSyntax:
     open: str  # what starts a call ("" where the answer is the call)
     close: str
 
-    def call_grammar(self, tools: list[dict], parallel: bool) -> ConstraintSpec:
+    def call_grammar(self, tools: list[dict], parallel: bool, term: Callable[[str], str] = json.dumps) -> ConstraintSpec:
         """A Lark grammar (llguidance) whose answers are calls of these tools (one, or several where
-        parallel), their arguments under each tool's JSON Schema."""
+        parallel), their arguments under each tool's JSON Schema; `term` writes a marker as a grammar
+        term (constraints.Vocabulary.term: by its token where the tokenizer has one for it)."""
         schema = {"anyOf": [self.call_schema(t) for t in tools], "x-guidance": JSON_LAYOUT}
-        call = f"{json.dumps(self.open + NL)} call_json {json.dumps(NL + self.close)}" if self.open else "call_json"
+        nl = json.dumps(NL)
+        call = f"{term(self.open)} {nl} call_json {nl} {term(self.close)}" if self.open else "call_json"
         calls = f'call ("\\n" call)*' if parallel and self.open else "call"
         return ConstraintSpec("grammar", f"start: {calls}\ncall: {call}\ncall_json: %json {json.dumps(schema)}\n")
 
