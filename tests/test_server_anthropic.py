@@ -335,3 +335,19 @@ def test_held_text_and_calls_stream_as_they_stand_whole(pieces, text, calls):
     assert [(b["name"], i) for b, i in zip([b for b in starts if b["type"] == "tool_use"], inputs)] == calls
     assert [d["index"] for n, d in streamed if n == "content_block_start"] == list(range(len(starts)))
     assert streamed[-2][1]["delta"]["stop_reason"] == whole["stop_reason"]
+
+
+@pytest.mark.real
+def test_the_agent_bench_turns_run_against_this_server(served):
+    """scripts/agent_bench.py's requests (a forced write_file call after a read_file result) against this
+    server: plain and drafting, the same call."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("agent_bench", Path(__file__).parents[1] / "scripts/agent_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    task = bench.tasks(2)[1]
+    assert task["messages"][-1]["content"][0]["content"].lstrip().startswith("def ")
+    rows = [bench.turn(served, "smol", task, 24, plain) for plain in (True, False)]
+    assert all(r["output_tokens"] <= 24 and r["stop_reason"] in ("tool_use", "max_tokens") for r in rows)
+    assert rows[0]["content"][-1] | {"id": ""} == rows[1]["content"][-1] | {"id": ""}
