@@ -116,6 +116,8 @@ def test_concurrent_streaming_and_whole_answers(cluster, reference):
     assert names[0] == "message_start" and names[-1] == "message_stop"
     missing = httpx.post(cluster + "/v1/messages", headers={"x-api-key": KEY}, json={"model": MODEL, "messages": []})
     assert missing.status_code == 400 and missing.json()["type"] == "error"
+    answered = c.responses.create(model=MODEL, input="Say hi.", max_output_tokens=4)  # the Responses API
+    assert answered.output[0].type == "message" and answered.usage.output_tokens == 4
 
 
 def test_a_conversation_is_keyed_by_its_start():
@@ -127,6 +129,8 @@ def test_a_conversation_is_keyed_by_its_start():
     assert key("/v1/messages", {"system": "s", "messages": turn}) != key("/v1/messages", {"system": "t",
                                                                                           "messages": turn})
     assert key("/v1/messages", {"user": "u", "messages": turn}) == "user:u"
+    assert key("/v1/responses", {"input": "a", "instructions": "s"}) == key("/v1/responses", {
+        "input": later, "instructions": "s"}) == key("/v1/messages", {"system": "s", "messages": turn})
 
 
 def test_a_conversations_turns_land_on_one_replica(cluster):

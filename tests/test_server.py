@@ -1080,8 +1080,9 @@ def test_the_api_reports_cached_prompt_tokens(main):
 
 
 def test_the_api_under_fuzzing(main):
-    """schemathesis drives completions, chat, llama-server's /completion and /infill and Anthropic's
-    /v1/messages (and its count_tokens) from /openapi.json with generated bodies (bounded):
+    """schemathesis drives completions, chat, llama-server's /completion and /infill, Anthropic's
+    /v1/messages (and its count_tokens) and the Responses API from /openapi.json with generated bodies
+    (bounded):
     every answer is a 2xx or a clear 4xx with an error object; no 5xx, no hang."""
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, given, settings
@@ -1089,9 +1090,9 @@ def test_the_api_under_fuzzing(main):
     schema = schemathesis.openapi.from_url(base + "/openapi.json")
     ops = [r.ok() for r in schema.get_all_operations()]
     ops = [op for op in ops if op.method.upper() == "POST" and op.path.endswith(("completions", "completion", "infill",
-                                                                                  "messages", "count_tokens"))]
+                                                                                  "messages", "count_tokens", "responses"))]
     assert {op.path for op in ops} == {"/v1/completions", "/v1/chat/completions", "/completion", "/completions",
-                                       "/infill", "/v1/messages", "/v1/messages/count_tokens"}
+                                       "/infill", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"}
     seen, refused = [], []
     for op in ops:
         @settings(max_examples=30, deadline=None, database=None, derandomize=True,
@@ -1100,8 +1101,11 @@ def test_the_api_under_fuzzing(main):
         def fuzz(case):
             if isinstance(case.body, dict):
                 case.body["model"] = "tiny"  # past the model check, into the rest of the body
-                if isinstance(case.body.get("max_tokens"), int):
-                    case.body["max_tokens"] = min(case.body["max_tokens"], 16)  # bounded generation
+                for cap in ("max_tokens", "max_output_tokens"):
+                    if isinstance(case.body.get(cap), int):
+                        case.body[cap] = min(case.body[cap], 16)  # bounded generation
+                if case.path == "/v1/responses" and case.body.get("max_output_tokens") is None:
+                    case.body["max_output_tokens"] = 16
                 if not case.path.startswith("/v1/"):  # llama-server's: n_predict -1 (the default) runs to the context
                     n = case.body.get("n_predict")
                     case.body["n_predict"] = min(n, 16) if isinstance(n, int) and n >= 0 else 16

@@ -41,9 +41,10 @@ import uuid
 from typing import Literal
 
 from fastapi.responses import Response
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specdec.server.protocol import APIError, ChatCompletionRequest, _Sampling, _structure_of, collected
+from specdec.server.protocol import (APIError, ChatCompletionRequest, _Sampling, _structure_of, as_chat, collected,
+                                     each_valid)
 from specdec.server.tools import ToolSyntax, ToolStream
 
 BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
@@ -94,16 +95,7 @@ class Message(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _each_block(cls, v):
-        """A list's blocks validated one by one, so that an error names the block, not the union."""
-        if not isinstance(v, list):
-            return v
-        blocks = []
-        for i, b in enumerate(v):
-            try:
-                blocks.append(Block.model_validate(b))
-            except ValidationError as e:
-                raise ValueError(f"block {i}: {str(e.errors()[0]['msg']).removeprefix('Value error, ')}") from None
-        return blocks
+        return each_valid(Block, v, "block") if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _blocks_of_its_role(self):
@@ -239,9 +231,7 @@ class MessagesRequest(_Sampling):
         if last.role == "assistant" and any(b.type == "tool_use" for b in last.blocks):
             raise APIError(400, "the last message is the assistant's with tool_use blocks: send their "
                                 "tool_result blocks in a user message after it", param="messages")
-        body = self.model_dump(include=set(_Sampling.model_fields) - {"max_tokens", "stop", "n", "stream_options"}, by_alias=True,
-                               exclude_none=True)
-        body |= {"messages": self.openai_messages(), "max_tokens": self.max_tokens, "stop": self.stop}
+        body = {"messages": self.openai_messages(), "max_tokens": self.max_tokens, "stop": self.stop}
         if self.output_schema is not None:
             body["json_schema"] = self.output_schema
         if self.tools:
@@ -250,12 +240,7 @@ class MessagesRequest(_Sampling):
             body["tool_choice"] = ({"type": "function", "function": {"name": self.tool_choice["name"]}}
                                    if kind == "tool" else {"any": "required"}.get(kind, kind))
             body["parallel_tool_calls"] = not (self.tool_choice or {}).get("disable_parallel_tool_use", False)
-        try:
-            return ChatCompletionRequest.model_validate(body)
-        except ValidationError as e:
-            first = e.errors()[0]
-            raise APIError(400, str(first.get("msg", "invalid request")).removeprefix("Value error, "),
-                           param="messages" if "messages" in first.get("loc", ()) else None) from None
+        return as_chat(self, "messages", **body)
 
 
 class CountTokensRequest(MessagesRequest):

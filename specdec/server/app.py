@@ -1,5 +1,6 @@
 """The FastAPI app: OpenAI-compatible endpoints over a Scheduler; llama-server's own /completion,
 /infill and /props (llama_api.py); Anthropic's /v1/messages and its count_tokens (anthropic_api.py);
+OpenAI's /v1/responses (responses_api.py);
 /tokenize and /detokenize (as llama-server's and vLLM's); plus /health, /metrics and /stats.
 
 Every error body is OpenAI's: {"error": {"message", "type", "param", "code"}} (on Anthropic's paths its
@@ -42,6 +43,7 @@ from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionRespon
                                      DetokenizeRequest, DetokenizeResponse, ErrorBody, ErrorResponse,
                                      TokenizeRequest, TokenizeResponse, TokenizerInfo, Usage, new_id, now)
 from specdec.server.protocol import APIError, collected, error_body, error_json, error_response, sse
+from specdec.server.responses_api import ResponsesAnswer, ResponsesRequest
 from specdec.server.scheduler import Event, QueueFull, RequestParams, Scheduler, ShuttingDown
 from specdec.server.tools import ToolStream, ToolSyntax, syntax_of, template_messages
 
@@ -128,6 +130,7 @@ def create_app(scheduler: Scheduler, model_name: str, access: Access = Access(),
     app.post("/infill")(ends.infill)
     app.post("/v1/messages")(ends.messages)  # Anthropic's (server/anthropic_api.py)
     app.post("/v1/messages/count_tokens")(ends.count_tokens)
+    app.post("/v1/responses")(ends.responses)  # OpenAI's Responses API (server/responses_api.py)
     app.get("/props")(ends.props)
     app.get("/v1/models")(ends.models)
     app.post("/tokenize")(ends.tokenize)
@@ -215,12 +218,7 @@ class Endpoints:
         if body.model is not None:
             self.check_model(body.model)
         self.check_limits(body.stop_list)
-        max_tokens = body.max_tokens
-        if max_tokens < 0:  # -1: as many as the context leaves
-            max_tokens = self.scheduler.context - len(ids) - self.scheduler.engine.tree_nodes
-            if max_tokens < 1:
-                raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
-                                    f"{self.scheduler.context} tokens", param="prompt", code="context_length_exceeded")
+        max_tokens = body.max_tokens if body.max_tokens >= 0 else self.room_left(ids, "prompt")  # -1: the room left
         answer = LlamaAnswer(self.model_name, body, ids, await self.encode(self.tokenizer.decode, ids))
         return await self.run(request, body, ids, max_tokens, chat=False, logprobs=body.n_probs or None,
                               constraints=[await self.constraint_of(body)], answer=answer)
@@ -231,13 +229,7 @@ class Endpoints:
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "Invalid value for 'top_logprobs': it needs 'logprobs': true", param="top_logprobs")
         ids, syntax = await self.chat_prompt(body)
-        max_tokens = body.token_budget
-        if max_tokens is None:  # OpenAI: as many as the context leaves
-            max_tokens = self.scheduler.context - len(ids) - self.scheduler.engine.tree_nodes
-            if max_tokens < 1:
-                raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
-                                    f"{self.scheduler.context} tokens", param="messages",
-                               code="context_length_exceeded")
+        max_tokens = body.token_budget or self.room_left(ids, "messages")  # OpenAI: unset, the room left
         return await self.run(request, body, ids, max_tokens, chat=True, logprobs=body.top_n, tools=syntax,
                               constraints=[await self.chat_constraint(body, syntax) for _ in range(body.n)])
 
@@ -278,6 +270,17 @@ class Endpoints:
         return await self.run(request, chat, ids, chat.token_budget, chat=True, tools=syntax,
                               constraints=[await self.chat_constraint(chat, syntax)],
                               answer=MessagesAnswer(self.model_name, len(ids), syntax))
+
+    async def responses(self, body: ResponsesRequest, request: Request):
+        """OpenAI's /v1/responses, in its shapes (server/responses_api.py)."""
+        self.check_model(body.model)
+        chat = body.chat()
+        self.check_limits(chat.stop_list, len(chat.messages))
+        ids, syntax = await self.chat_prompt(chat)
+        return await self.run(request, chat, ids, chat.token_budget or self.room_left(ids, "input"), chat=True,
+                              tools=syntax,
+                              constraints=[await self.chat_constraint(chat, syntax)],
+                              answer=ResponsesAnswer(self.model_name, body, syntax))
 
     async def count_tokens(self, body: CountTokensRequest):
         """Anthropic's /v1/messages/count_tokens: the prompt's tokens, as /v1/messages would send them."""
@@ -369,6 +372,15 @@ class Endpoints:
     async def metrics(self):
         return Response(self.scheduler.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def room_left(self, ids: list[int], param: str) -> int:
+        """The tokens an answer to `ids` may have where the request sets no limit: as many as the context
+        leaves (a 400 naming `param` where that is none)."""
+        room = self.scheduler.context - len(ids) - self.scheduler.engine.tree_nodes
+        if room < 1:
+            raise APIError(400, f"the prompt ({len(ids)} tokens) leaves no room in the context of "
+                                f"{self.scheduler.context} tokens", param=param, code="context_length_exceeded")
+        return room
+
     def check_model(self, name: str) -> None:
         if name != self.model_name:
             raise APIError(404, f"The model '{name}' does not exist; this server serves '{self.model_name}'",
@@ -411,11 +423,12 @@ class Endpoints:
 
     async def run(self, request: Request, body, ids: list[int], max_tokens: int, chat: bool,
                   logprobs: int | None = None, echo: str | None = None, constraints: list = (None,),
-                  tools: ToolSyntax | None = None, answer: LlamaAnswer | MessagesAnswer | None = None):
+                  tools: ToolSyntax | None = None,
+                  answer: LlamaAnswer | MessagesAnswer | ResponsesAnswer | None = None):
         """logprobs: the top alternatives per token where asked; echo: the prompt's text, to start the answer;
         constraints: each choice's grammar (one choice a constraint; None: none); tools: the syntax its tool
-        calls are read in, or None; answer: llama-server's or Anthropic's shapes for the one choice (else
-        OpenAI's).
+        calls are read in, or None; answer: llama-server's, Anthropic's or the Responses API's shapes for the
+        one choice (else the chat and completions APIs').
         Choices after the first are submitted with it and wait for its prefill of the prompt, then copy it
         (specdec.engine.Engine.shares_a_prefill)."""
         slots, waiting = self.scheduler.engine.max_batch, self.scheduler.max_queue

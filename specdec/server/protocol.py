@@ -33,7 +33,8 @@ import uuid
 from typing import Any, Literal, Union
 
 from fastapi.responses import JSONResponse
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
@@ -223,6 +224,18 @@ def _structure_of(name: str, value) -> tuple[str, Any]:
             "guided_choice": "choice", "json_schema": "json_schema", "grammar": "grammar"}[name], value
 
 
+def each_valid(model: type[BaseModel], items: list, what: str) -> list:
+    """`items` validated as `model` one by one, so that an error names the item ("{what} i: ...") and not
+    the union of text and a list that the field is (pydantic reports the text branch first)."""
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(model.model_validate(item))
+        except ValidationError as e:
+            raise ValueError(f"{what} {i}: {str(e.errors()[0]['msg']).removeprefix('Value error, ')}") from None
+    return out
+
+
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
@@ -369,6 +382,21 @@ class ChatCompletionRequest(_Sampling):
     def top_n(self) -> int | None:
         """The top alternatives per token where logprobs are asked, else None."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def as_chat(source: _Sampling, conversation: str, **fields) -> ChatCompletionRequest:
+    """The chat request another API's request is (Anthropic's, the Responses API's): its sampling fields
+    (all but max_tokens, stop, n and stream_options) and `fields` (the messages, the tools, ...), validated;
+    an APIError (400) where they are not one, naming `conversation` for a problem in the messages."""
+    body = source.model_dump(include=set(_Sampling.model_fields) - {"max_tokens", "stop", "n", "stream_options"},
+                             by_alias=True, exclude_none=True) | fields
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(x) for x in first.get("loc", ())]
+        raise APIError(400, str(first.get("msg", "invalid request")).removeprefix("Value error, "),
+                       param=conversation if loc[:1] == ["messages"] else loc[0] if loc else None) from None
 
 
 class TokenizeRequest(BaseModel):

@@ -43,15 +43,17 @@ from specdec.settings import DraftingSettings, ModelSettings, RaySettings, Serve
 log = logging.getLogger("specdec.ray")
 
 def conversation_key(path: str, body: dict) -> str:
-    """The `user` field, else a hash of the messages up to the first user message (chat, and Anthropic's
-    messages with their system) or of the prompt's first 256 characters (completions): what every turn
-    of one conversation starts with."""
+    """The `user` field, else a hash of the messages up to the first user message (chat; Anthropic's
+    messages with their system; the Responses API's input with its instructions) or of the prompt's first
+    256 characters (completions): what every turn of one conversation starts with."""
     user = body.get("user")
     if isinstance(user, str) and user:
         return "user:" + user
-    if path.endswith(("chat/completions", "/messages")):  # the messages up to the first user message (and
-        head = [["system", body["system"]]] if body.get("system") else []  # Anthropic's system): every turn starts so
-        for m in body.get("messages") or []:
+    if path.endswith(("chat/completions", "/messages", "/responses")):  # the messages up to the first user message
+        system = body.get("system") or body.get("instructions")  # (and Anthropic's system, the Responses API's
+        head = [["system", system]] if system else []  # instructions): every turn starts so
+        items = body.get("input") if path.endswith("/responses") else body.get("messages")
+        for m in [{"role": "user", "content": items}] if isinstance(items, str) else items or []:
             if isinstance(m, dict):
                 head.append([m.get("role"), m.get("content")])
                 if m.get("role") == "user":
@@ -337,6 +339,10 @@ def make_front(app: FastAPI):
         @app.post("/v1/messages/count_tokens")
         async def count_tokens(self, request: Request):
             return await self.forward(request, "/v1/messages/count_tokens")
+
+        @app.post("/v1/responses")
+        async def responses(self, request: Request):
+            return await self.forward(request, "/v1/responses")
 
         @app.post("/tokenize")
         async def tokenize(self, request: Request):
