@@ -281,13 +281,10 @@ def test_the_key_may_come_as_x_api_key_and_refusals_are_anthropics(guarded):  # 
     assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
 
 
-def answered(events: list, stream: bool):
-    """MessagesAnswer over scheduler events given by hand (the Hermes syntax): the whole message, or
-    the streamed events as (name, data) pairs."""
+def drive(answer, events: list, stream: bool):
+    """An answer object (Anthropic's or the Responses API's) over scheduler events given by hand: the
+    whole answer, or the streamed events as (name, data) pairs."""
     import asyncio
-
-    from specdec.server.anthropic_api import MessagesAnswer
-    from specdec.server.tools import HERMES
 
     class Handle:
         def cancel(self):
@@ -298,12 +295,17 @@ def answered(events: list, stream: bool):
 
         async def next_event():
             return next(given)
-        answer = MessagesAnswer("m", 7, HERMES)
         if not stream:
             return await answer.whole(next_event, Handle())
         chunks = [c async for c in answer.stream(next_event, Handle())]
         return [(c.split("\n")[0][7:], json.loads(c.split("\n")[1][6:])) for c in chunks]
     return asyncio.run(go())
+
+
+def answered(events: list, stream: bool):
+    from specdec.server.anthropic_api import MessagesAnswer
+    from specdec.server.tools import HERMES
+    return drive(MessagesAnswer("m", 7, HERMES), events, stream)
 
 
 @pytest.mark.parametrize("pieces, text, calls", [

@@ -15,6 +15,7 @@ import pytest
 from specdec.server.responses_api import ResponsesRequest
 from tests.test_server_tools import TIME, WEATHER, served  # noqa: F401 (served: the fixture)
 from tests.test_server import client
+from tests.test_server_anthropic import OPENAI_CONVERSATION
 
 FUNCTIONS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
               "parameters": t["function"]["parameters"], "strict": True} for t in (WEATHER, TIME)]
@@ -112,16 +113,7 @@ ITEMS = [
     {"type": "function_call_output", "call_id": "t1", "output": "18 C"},
     {"type": "function_call_output", "call_id": "t2", "output": [{"type": "input_text", "text": "12:00"}]},
     {"role": "user", "content": "Thanks."}]
-CHAT = [
-    {"role": "system", "content": "Be kind."},
-    {"role": "user", "content": "Weather and time in Paris?"},
-    {"role": "assistant", "content": "Checking.", "tool_calls": [
-        {"id": "t1", "type": "function", "function": {"name": "get_weather",
-                                                       "arguments": '{"city": "Paris", "unit": "celsius"}'}},
-        {"id": "t2", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Paris"}'}}]},
-    {"role": "tool", "tool_call_id": "t1", "content": "18 C", "name": "get_weather"},
-    {"role": "tool", "tool_call_id": "t2", "content": "12:00", "name": "get_time"},
-    {"role": "user", "content": "Thanks."}]
+CHAT = [{"role": "system", "content": "Be kind."}, *OPENAI_CONVERSATION]  # the same conversation, in chat messages
 
 
 def test_items_become_chat_messages_in_their_order():
@@ -190,25 +182,12 @@ def test_bad_bodies_are_400s_naming_the_problem(served, body, param, part):
 def answered(events: list, stream: bool):
     """ResponsesAnswer over scheduler events given by hand (the Hermes syntax): the whole response, or
     the streamed events' data."""
-    import asyncio
-
     from specdec.server.responses_api import ResponsesAnswer
     from specdec.server.tools import HERMES
-
-    class Handle:
-        def cancel(self):
-            pass
-
-    async def go():
-        given = iter(events)
-
-        async def next_event():
-            return next(given)
-        answer = ResponsesAnswer("m", ResponsesRequest.model_validate({"model": "m", "input": "x"}), HERMES)
-        if not stream:
-            return await answer.whole(next_event, Handle())
-        return [json.loads(c.split("\n")[1][6:]) async for c in answer.stream(next_event, Handle())]
-    return asyncio.run(go())
+    from tests.test_server_anthropic import drive
+    answer = ResponsesAnswer("m", ResponsesRequest.model_validate({"model": "m", "input": "x"}), HERMES)
+    out = drive(answer, events, stream)
+    return [data for _, data in out] if stream else out
 
 
 @pytest.mark.parametrize("pieces, text, calls", [

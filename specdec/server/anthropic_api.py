@@ -43,9 +43,9 @@ from typing import Literal
 from fastapi.responses import Response
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specdec.server.protocol import (APIError, ChatCompletionRequest, _Sampling, _structure_of, as_chat, collected,
+from specdec.server.protocol import (APIError, ChatCompletionRequest, TextPart, _Sampling, _structure_of, as_chat,
                                      each_valid)
-from specdec.server.tools import ToolSyntax, ToolStream
+from specdec.server.tools import ToolStream, ToolSyntax, delivered, whole_answer
 
 BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 BILLING = re.compile(r"^(x-anthropic-billing-header:[^\n]*?\bcch=)[0-9a-zA-Z]+;")
@@ -110,12 +110,6 @@ class Message(BaseModel):
         return [Block(type="text", text=self.content)] if isinstance(self.content, str) else self.content
 
 
-class SystemText(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
-
-
 class CustomTool(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: str = Field(min_length=1)
@@ -144,7 +138,7 @@ class MessagesRequest(_Sampling):
 
     max_tokens: int = Field(ge=1)
     messages: list[Message] = Field(min_length=1)
-    system: str | list[SystemText] | None = None
+    system: str | list[TextPart] | None = None
     stop: list[str] | None = Field(None, validation_alias=AliasChoices("stop_sequences", "stop"))
     tools: list[CustomTool] | None = None
     tool_choice: dict | None = None
@@ -291,11 +285,10 @@ class MessagesAnswer:
                 "stop_reason": reason, "stop_sequence": word, "usage": usage}
 
     async def whole(self, next_event, handle):
-        events = await collected(next_event, handle)
-        if events is None:
+        read = await whole_answer(next_event, handle, self.tools)
+        if read is None:
             return Response(status_code=499)
-        ev, text = events[-1], "".join(e.text for e in events)
-        content, calls = self.tools.parse(text) if self.tools else (text, [])
+        ev, content, calls = read
         blocks = ([{"type": "text", "text": content}] if content else []) + [tool_use(c) for c in calls]
         reason = stop_reason(ev, bool(calls))
         return self.message(blocks or [{"type": "text", "text": ""}], reason,
@@ -315,11 +308,7 @@ class MessagesAnswer:
                 if ev.error:
                     yield event("error", {"type": "error", "error": {"type": "api_error", "message": ev.error}})
                     break
-                pieces = [calls.feed(ev.text) if calls else ev.text]
-                made = []
-                if ev.kind == "done" and calls:
-                    rest, made = calls.finish()
-                    pieces.append(rest)
+                pieces, made = delivered(calls, ev.text, ev.kind == "done")
                 for text in filter(None, pieces):
                     if not text_open:
                         yield self.block_start(index, {"type": "text", "text": ""})

@@ -38,8 +38,8 @@ from typing import Any, Literal
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specdec.server.protocol import APIError, ChatCompletionRequest, _Sampling, as_chat, collected, each_valid
-from specdec.server.tools import ToolStream, ToolSyntax
+from specdec.server.protocol import APIError, ChatCompletionRequest, _Sampling, as_chat, each_valid
+from specdec.server.tools import ToolStream, ToolSyntax, delivered, whole_answer
 
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 PART_TYPES = ("input_text", "output_text", "text")
@@ -251,11 +251,10 @@ class ResponsesAnswer:
                 "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
     async def whole(self, next_event, handle):
-        events = await collected(next_event, handle)
-        if events is None:
+        read = await whole_answer(next_event, handle, self.tools)
+        if read is None:
             return Response(status_code=499)
-        ev, text = events[-1], "".join(e.text for e in events)
-        content, calls = self.tools.parse(text) if self.tools else (text, [])
+        ev, content, calls = read
         status, incomplete = status_of(ev)
         output = ([self.message(content)] if content or not calls else []) + [call_item(c) for c in calls]
         return self.response(status, output, usage_of(ev.usage), incomplete)
@@ -278,11 +277,7 @@ class ResponsesAnswer:
                 if ev.error:
                     yield self.event("error", code="engine_error", message=ev.error, param=None)
                     break
-                pieces = [calls.feed(ev.text) if calls else ev.text]
-                made = []
-                if ev.kind == "done" and calls:
-                    rest, made = calls.finish()
-                    pieces.append(rest)
+                pieces, made = delivered(calls, ev.text, ev.kind == "done")
                 for piece in filter(None, pieces):
                     if not opened:
                         for chunk in self.open_message():

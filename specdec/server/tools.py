@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specdec.constraints import JSON_LAYOUT, ConstraintSpec
+from specdec.server.protocol import collected
 
 
 NL = "\n"  # a call's JSON sits on its own line between the markers, as the templates write it
@@ -148,3 +149,26 @@ class ToolStream:
         """(the rest of the content, the calls)."""
         content, calls = self.syntax.parse(self.text[self.sent:])
         return (content or "", calls) if calls else (self.text[self.sent:], [])
+
+
+def delivered(stream: ToolStream | None, text: str, last: bool) -> tuple[list[str], list[dict]]:
+    """One delivery of an answer's text, read for calls where `stream` is given: (the text to send now,
+    in pieces; the calls made, at the last delivery)."""
+    if stream is None:
+        return [text], []
+    pieces = [stream.feed(text)]
+    if not last:
+        return pieces, []
+    rest, made = stream.finish()
+    return pieces + [rest], made
+
+
+async def whole_answer(next_event, handle, syntax: ToolSyntax | None):
+    """An answer gathered whole (protocol.collected) and read for calls where `syntax` is given: (its
+    last event, its text outside the calls, the calls), or None where the client went away."""
+    events = await collected(next_event, handle)
+    if events is None:
+        return None
+    text = "".join(e.text for e in events)
+    content, calls = syntax.parse(text) if syntax else (text, [])
+    return events[-1], content, calls
