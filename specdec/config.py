@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from specdec.errors import SpecdecError
 
 
+SAMPLER_ORDER = ("temperature", "min_p", "top_k", "top_p")  # vLLM's order, and HF's
+LLAMA_ORDER = ("top_k", "top_p", "min_p", "temperature")  # llama.cpp's default chain (the samplers of both)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are chosen. temperature == 0 means greedy (argmax).
@@ -18,7 +22,10 @@ class SamplingParams:
     repetition_penalty (HF's and vLLM's: a seen token's positive logit divided by it, a negative one
     multiplied) counts the prompt and the answer; presence_penalty and frequency_penalty (OpenAI's:
     minus presence once a token has appeared, minus frequency per appearance) the answer alone. With
-    penalty_last_n n > 0 all three count as llama.cpp's do: the last n tokens of the prompt and answer."""
+    penalty_last_n n > 0 all three count as llama.cpp's do: the last n tokens of the prompt and answer.
+    `order` is the order the temperature and the three cuts apply in, after the bias and penalties:
+    vLLM's (SAMPLER_ORDER, the temperature first) unless told, llama.cpp's (LLAMA_ORDER, the temperature
+    last) for llama-server's own endpoints."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
@@ -30,6 +37,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     penalty_last_n: int = 0  # > 0: the penalties count the last n tokens of the text (llama.cpp's repeat_last_n)
+    order: tuple[str, ...] = SAMPLER_ORDER  # the order temperature, min_p, top_k and top_p apply in
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -50,6 +58,8 @@ class SamplingParams:
         if self.penalty_last_n < 0:
             raise SpecdecError(f"penalty_last_n must be >= 0 (0: the whole text, as HF and OpenAI count), "
                                f"got {self.penalty_last_n}")
+        if sorted(self.order) != sorted(SAMPLER_ORDER):
+            raise SpecdecError(f"order must name each of {', '.join(SAMPLER_ORDER)} once, got {self.order}")
         for token, bias in self.logit_bias:
             if not (isinstance(token, int) and token >= 0):
                 raise SpecdecError(f"logit_bias keys must be token ids >= 0, got {token!r}")

@@ -14,6 +14,7 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
+from specdec.config import LLAMA_ORDER, SAMPLER_ORDER
 from specdec.constraints import ConstraintSpec
 from specdec.drafters import registry
 from specdec.settings import (API_KEY_ENV, DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, DraftingSettings,
@@ -154,6 +155,15 @@ def logit_bias(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(pairs))
 
 
+def sampler_order(text: str) -> tuple[str, ...]:
+    """--samplers 'top_k,top_p,min_p,temperature' -> that order (those left out follow in the default one)."""
+    named = [part.strip() for part in text.replace(";", ",").split(",") if part.strip()]
+    bad = [n for n in named if n not in SAMPLER_ORDER]
+    if bad or len(set(named)) != len(named):
+        raise argparse.ArgumentTypeError(f"expected each of {','.join(SAMPLER_ORDER)} at most once, got {text!r}")
+    return tuple(named + [n for n in SAMPLER_ORDER if n not in named])
+
+
 def add_sampling_knobs(p: argparse.ArgumentParser) -> None:
     """top-k, top-p, min-p and the penalties (generate's and bench's: config.SamplingParams' fields)."""
     p.add_argument("--top-k", type=integer, default=0, help="0 = off")
@@ -170,6 +180,9 @@ def add_sampling_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-last-n", dest="penalty_last_n", type=integer, default=0, metavar="N",
                    help="count all three penalties over the last N tokens of the prompt and answer, as llama.cpp "
                         "does (0: the repetition penalty over the whole text, presence and frequency over the answer)")
+    p.add_argument("--samplers", dest="order", type=sampler_order, default=SAMPLER_ORDER, metavar="NAMES",
+                   help=f"the order the temperature and the cuts apply in (default: {','.join(SAMPLER_ORDER)}, "
+                        f"vLLM's; llama.cpp's: {','.join(LLAMA_ORDER)}), after the bias and penalties")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import specdec.model
-from specdec.config import SamplingParams, TreeConfig, parse_schedule, rank_paths
+from specdec.config import SAMPLER_ORDER, SamplingParams, TreeConfig, parse_schedule, rank_paths
 from specdec.drafters import registry
 from specdec.errors import SpecdecError
 
@@ -324,6 +324,7 @@ class BenchSettings(DrafterKnobs):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 0
+    order: tuple[str, ...] = SAMPLER_ORDER
     seed: int | None = None
     ignore_eos: bool = False
     repeats: int = 1
@@ -343,7 +344,7 @@ class BenchSettings(DrafterKnobs):
         """Every method's sampling (the seed the base one: per prompt, seed + index)."""
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed, self.min_p,
                               self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
-                              penalty_last_n=self.penalty_last_n)
+                              penalty_last_n=self.penalty_last_n, order=self.order)
 
 
 @dataclass(frozen=True)

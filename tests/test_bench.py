@@ -282,7 +282,7 @@ def test_a_prompt_with_a_suffix_fills_the_middle(tiny_fim_dir, tmp_path):
     """A dataset line with a suffix: every method (ours and a peer) gets the raw prefix and suffix around
     the fill-in-the-middle tokens, no chat template; a suffix beside several turns is a malformed line."""
     from specdec.bench.compare import Comparison
-    from specdec.config import GenerationConfig
+    from specdec.config import LLAMA_ORDER, GenerationConfig
     from specdec.drafters.base import NoDrafter
     from specdec.engine.engine import Engine
     from specdec.model import load_model
@@ -338,7 +338,7 @@ def test_sampling_settings_reach_every_method(tiny_llama_dir, tmp_path, capsys, 
     tokens, now penalised), the summary records them, llama-server gets them under its names, and HF
     peers, which have no presence or frequency penalty, are refused them."""
     from specdec.bench.llama_server import LlamaServerPeer
-    from specdec.config import SamplingParams
+    from specdec.config import LLAMA_ORDER, SamplingParams
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"id": "s", "category": "qa", "prompt": "w5 w6 w5 w6 w5 w6"}) + "\n")
     base = ["bench", "--model", str(tiny_llama_dir), "--methods", "plain,ngram", "--k", "3", "--dataset", str(data),
@@ -377,3 +377,8 @@ def test_sampling_settings_reach_every_method(tiny_llama_dir, tmp_path, capsys, 
         "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 7, "repeat_penalty": 1.1,
         "presence_penalty": 0.2, "frequency_penalty": 0.3, "repeat_last_n": 512}
     assert (sent[1]["temperature"], sent[1]["top_k"], sent[1]["repeat_penalty"]) == (0.0, 1, 1.2)
+    assert sent[0]["samplers"] == ["penalties", "temperature", "min_p", "top_k", "top_p"]  # our order on both sides
+    peer.generate([3, 4], 2, sampling=SamplingParams(0.8, 40, order=LLAMA_ORDER))
+    assert sent[3]["samplers"] == ["penalties", "top_k", "top_p", "min_p", "temperature"]
+    assert "own order" in cli_error(base + ["--temperature", "0.7", "--samplers", "top_k,temperature", "--methods",
+                                            "plain,hf", "--out", str(tmp_path / "hf3")], capsys)

@@ -158,6 +158,11 @@ def test_bad_flags_are_clear_errors(capsys):
         assert "ID=BIAS" in argparse_error(["generate", "--logit-bias", bad, "hi"], capsys)
     assert "logit_bias" in cli_error(["generate", "--logit-bias", "5=300", "hi"], capsys)
     assert "repetition_penalty" in cli_error(["generate", "--repetition-penalty", "0", "hi"], capsys)
+    for bad in ("top_k,top_k", "top_k,dry"):
+        assert "at most once" in argparse_error(["generate", "--samplers", bad, "hi"], capsys)
+    from specdec.cli import build_parser
+    assert build_parser().parse_args(["generate", "--samplers", "top_p;temperature", "hi"]).order == (
+        "top_p", "temperature", "min_p", "top_k")
 
 
 @pytest.mark.parametrize("last_n", [0, 4])

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from specdec.config import SamplingParams
+from specdec.config import LLAMA_ORDER, SAMPLER_ORDER, SamplingParams
 from specdec.sampling.logits import probs_from_logits, processed, sample
 from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept, residual_probs
 
@@ -157,25 +157,67 @@ def test_probs_from_logits_batch_matches_rows(params):
 
 
 def sorted_reference(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """probs_from_logits by the book, in float64: the whole vocabulary masked step by step, the nucleus
-    read off a full sort."""
-    x = logits.double() / params.temperature
-    if params.min_p > 0:
-        x = x.masked_fill(x < x.amax(-1, keepdim=True) + math.log(params.min_p), float("-inf"))
-    if params.top_k > 0:
-        x = x.masked_fill(x < x.topk(params.top_k, dim=-1).values[..., -1:], float("-inf"))
-    if params.top_p < 1:
-        p, order = torch.softmax(x, -1).sort(dim=-1, descending=True)
-        keep = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, order, p.cumsum(-1) - p < params.top_p)
-        x = x.masked_fill(~keep, float("-inf"))
+    """probs_from_logits by the book, in float64: the whole vocabulary masked step by step in params.order,
+    the nucleus read off a full sort of what is left."""
+    x = logits.double()
+    for step in params.order:
+        if step == "temperature":
+            x = x / params.temperature
+        elif step == "min_p" and params.min_p > 0:
+            x = x.masked_fill(x < x.amax(-1, keepdim=True) + math.log(params.min_p), float("-inf"))
+        elif step == "top_k" and params.top_k > 0:
+            x = x.masked_fill(x < x.topk(params.top_k, dim=-1).values[..., -1:], float("-inf"))
+        elif step == "top_p" and params.top_p < 1:
+            p, order = torch.softmax(x, -1).sort(dim=-1, descending=True)
+            keep = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, order, p.cumsum(-1) - p < params.top_p)
+            x = x.masked_fill(~keep, float("-inf"))
     return torch.softmax(x, -1).float()
+
+
+def llama_cpp_reference(row: list[float], k: int, top_p: float, min_p: float, temperature: float) -> dict[int, float]:
+    """llama.cpp's default chain on one row, as its samplers do it on a candidate list: top-k (sorted,
+    the first k), top-p (softmax over the candidates, kept up to the first whose running sum reaches
+    top_p), min-p (logits at least the top one's plus log min_p), then the temperature; {token: p}."""
+    cands = sorted(enumerate(row), key=lambda t: -t[1])[:k]
+    total = sum(math.exp(v - cands[0][1]) for _, v in cands)
+    kept, run = [], 0.0
+    for token, v in cands:
+        kept.append((token, v))
+        run += math.exp(v - cands[0][1]) / total
+        if run >= top_p:
+            break
+    if min_p > 0:
+        kept = [(t, v) for t, v in kept if v >= kept[0][1] + math.log(min_p)]
+    z = sum(math.exp((v - kept[0][1]) / temperature) for _, v in kept)
+    return {t: math.exp((v - kept[0][1]) / temperature) / z for t, v in kept}
+
+
+def test_llama_cpp_order_samples_llama_cpp_s_distribution():
+    """In LLAMA_ORDER (llama-server's endpoints) the probabilities are llama.cpp's chain's, row by row;
+    in the default order (the temperature first) they differ wherever the temperature moves the nucleus."""
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(6, 3000, generator=g) * torch.tensor([[6.0], [3.0], [2.0], [1.0], [0.5], [0.2]])
+    for settings in ((40, 0.95, 0.05, 0.8), (100, 0.9, 0.0, 1.5), (3000, 0.5, 0.1, 0.6)):
+        k, top_p, min_p, temperature = settings
+        params = SamplingParams(temperature, k, top_p, min_p=min_p, order=LLAMA_ORDER)
+        for probs in (probs_from_logits(logits, params), processed(logits, params, on_host=False)):
+            for r in range(len(logits)):
+                want = llama_cpp_reference(logits[r].tolist(), k, top_p, min_p, temperature)
+                assert set(probs[r].nonzero().flatten().tolist()) == set(want), settings
+                got = {t: probs[r, t].item() for t in want}
+                assert all(abs(got[t] - want[t]) <= 1e-5 + 1e-4 * want[t] for t in want), settings
+        other = probs_from_logits(logits, SamplingParams(temperature, k, top_p, min_p=min_p))
+        assert not torch.allclose(other, probs_from_logits(logits, params)), settings
 
 
 @pytest.mark.parametrize("params", [
     SamplingParams(1.0, top_p=0.9), SamplingParams(0.7, top_p=0.95), SamplingParams(1.3, top_p=0.5),
     SamplingParams(0.8, top_k=40, top_p=0.95, min_p=0.05), SamplingParams(1.0, top_k=7),
     SamplingParams(1.0, top_k=300, top_p=0.99), SamplingParams(1.0, min_p=0.01, top_p=0.9),
-], ids=lambda s: f"t{s.temperature}-k{s.top_k}-p{s.top_p}-m{s.min_p}")
+    SamplingParams(0.8, top_k=40, top_p=0.95, min_p=0.05, order=LLAMA_ORDER),
+    SamplingParams(1.4, top_k=300, top_p=0.9, min_p=0.02, order=("top_p", "temperature", "top_k", "min_p")),
+    SamplingParams(0.6, top_p=0.8, min_p=0.05, order=("min_p", "top_p", "temperature", "top_k")),
+], ids=lambda s: f"t{s.temperature}-k{s.top_k}-p{s.top_p}-m{s.min_p}-{''.join(x[-1] for x in s.order)}")
 def test_the_nucleus_and_top_k_without_sorting_the_vocabulary_are_the_book_s(params):
     """The top-p nucleus from topk (grown while a row's nucleus is wider, here up to thousands of tokens)
     and the top-k path worked out on the k best logits keep exactly the book's tokens, at its
@@ -298,8 +340,9 @@ def test_rejection_q_equal_p_accepts_everything_and_emits_p():
     assert_emits_p(emitted, P_TABLE)
 
 
-def test_rejection_with_temperature_top_k_top_p_emits_processed_p():
-    params = SamplingParams(temperature=0.7, top_k=4, top_p=0.9)
+@pytest.mark.parametrize("order", [SAMPLER_ORDER, LLAMA_ORDER])
+def test_rejection_with_temperature_top_k_top_p_emits_processed_p(order):
+    params = SamplingParams(temperature=0.7, top_k=4, top_p=0.9, order=order)
     p = probs_from_logits(P_TABLE.log() * 1.3, params)  # [k + 1, vocab], some entries zeroed
     q = probs_from_logits((0.5 * P_TABLE[:K] + 0.5 * Q_TABLE).log(), params)  # [k, vocab], overlaps p
     assert bool((p == 0).any()) and bool((q == 0).any())

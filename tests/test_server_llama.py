@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from specdec.config import GenerationConfig, SamplingParams
+from specdec.config import LLAMA_ORDER, GenerationConfig, SamplingParams
 from specdec.engine.engine import Engine
 from specdec.model.tokenizer import text_ids
 from specdec.server import build_scheduler
@@ -119,14 +119,23 @@ def test_infill_is_the_engines_answer_on_llama_servers_layout(fim_server):
     assert events[-1]["tokens_predicted"] == len(ref.tokens) and len(events) > 2
 
 
+SAMPLERS_OF = {"['top_k', 'top_p', 'infill']": {"top_k", "top_p"}, "kt": {"top_k", "temperature"},
+               "['temperature', 'top_p', 'min_p']": {"temperature", "top_p", "min_p"}}
+
+
 def test_completion_takes_llama_servers_defaults_and_samplers(fim_server):
-    """/completion samples at llama-server's defaults (T 0.8, top-k 40, top-p 0.95, min-p 0.05) from
-    the seed; `samplers` turns off what it leaves out (no temperature: the logits as they are)."""
+    """/completion samples at llama-server's defaults (T 0.8, top-k 40, top-p 0.95, min-p 0.05, in
+    llama.cpp's order: the temperature last) from the seed; `samplers` turns off what it leaves out (no
+    temperature: the logits as they are) and orders what it names."""
     base, sched = fim_server
     ids = [5, 17, 3, 9]
-    for extra, sampling in (({}, SamplingParams(0.8, 40, 0.95, 7, 0.05)),
-                            ({"samplers": ["top_k", "top_p", "infill"]}, SamplingParams(1.0, 40, 0.95, 7)),
-                            ({"samplers": "kt", "temperature": 0.5}, SamplingParams(0.5, 40, 1.0, 7))):
+    for extra, sampling in (({}, SamplingParams(0.8, 40, 0.95, 7, 0.05, order=LLAMA_ORDER)),
+                            ({"samplers": ["top_k", "top_p", "infill"]}, SamplingParams(1.0, 40, 0.95, 7,
+                                                                                       order=LLAMA_ORDER)),
+                            ({"samplers": "kt", "temperature": 0.5}, SamplingParams(
+                                0.5, 40, 1.0, 7, order=("top_k", "temperature", "top_p", "min_p"))),
+                            ({"samplers": ["temperature", "top_p", "min_p"], "temperature": 1.5}, SamplingParams(
+                                1.5, 0, 0.95, 7, 0.05, order=("temperature", "top_p", "min_p", "top_k")))):
         ref = engine_answer(sched, ids, 24, sampling)
         r = httpx.post(base + "/completion", json={"prompt": "w5 w17 w3 w9", "n_predict": 24, "seed": 7} | extra,
                        timeout=60)
@@ -136,6 +145,8 @@ def test_completion_takes_llama_servers_defaults_and_samplers(fim_server):
         settings = out["generation_settings"]
         assert (settings["temperature"], settings["top_k"], settings["top_p"], settings["min_p"]) == (
             sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+        named = [s for s in sampling.order if "samplers" not in extra or s in SAMPLERS_OF[str(extra["samplers"])]]
+        assert settings["samplers"] == ["penalties"] * ("samplers" not in extra) + named
 
 
 def test_completion_stops_at_words_and_counts_and_bans_by_bias(fim_server):

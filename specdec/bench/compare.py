@@ -21,7 +21,7 @@ from specdec.bench.baselines import HFBaseline
 from specdec.bench.datasets import Prompt, load_prompts
 from specdec.bench.llama_server import LlamaServerPeer, find_binary, parse_spec_pin
 from specdec.bench.records import HF_KINDS, LLAMA_KINDS, Record, all_kinds, is_ours  # noqa: F401 (re-exported)
-from specdec.config import GenerationConfig, SamplingParams, TreeConfig
+from specdec.config import SAMPLER_ORDER, GenerationConfig, SamplingParams, TreeConfig
 from specdec.drafters.registry import DraftOptions, Parts, method
 from specdec.engine.build import Builder, EnginePlan, draft_options, load_parts, log
 from specdec.errors import SpecdecError
@@ -343,6 +343,9 @@ def run_comparison(model: ModelSettings, bench: BenchSettings) -> dict:
     if hf and (bench.presence_penalty or bench.frequency_penalty):
         raise SpecdecError(f"HF transformers' generate() has no presence or frequency penalty; drop them or the "
                            f"peers {hf}")
+    if hf and bench.order != SAMPLER_ORDER and bench.temperature > 0:
+        raise SpecdecError(f"HF transformers' generate() applies its samplers in its own order; drop --samplers or "
+                           f"the peers {hf}")
     if hf and bench.penalty_last_n and bench.repetition_penalty != 1.0:
         raise SpecdecError(f"HF transformers' repetition penalty counts the whole text; drop --repeat-last-n or the "
                            f"peers {hf}")

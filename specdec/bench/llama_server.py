@@ -233,7 +233,7 @@ class LlamaServerPeer:
                  json_schema: dict | None = None) -> tuple[list[int], float]:
         """mode: plain, spec (k = 0: the server's own draft settings) or lookup; sampling: ours, passed under
         llama-server's names (its penalties over our penalty_last_n window where set, else the whole context;
-        it orders its samplers its own way);
+        its samplers in our order);
         json_schema: the answer under llama-server's own JSON Schema grammar."""
         body = {"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": False, "return_tokens": True,
                 "stream": False, "seed": -1 if sampling.seed is None else sampling.seed,
@@ -243,6 +243,7 @@ class LlamaServerPeer:
         if json_schema is not None:
             body["json_schema"] = json_schema
         if not sampling.greedy:
+            body["samplers"] = ["penalties", *sampling.order]
             body.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                         min_p=sampling.min_p, typical_p=1.0)
         else:

@@ -20,9 +20,11 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     """Processed probabilities, fp32, same shape as `logits`.
 
     logits: # [..., vocab], any float dtype, any device
-    temperature == 0 gives a one-hot at the argmax. Otherwise (vLLM's order): divide by temperature,
-    drop the tokens below min_p x the top token's probability, keep the top_k largest (ties at the
-    k-th value are all kept), keep the nucleus of mass top_p (the top token always stays), renormalise.
+    temperature == 0 gives a one-hot at the argmax. Otherwise, in params.order (vLLM's unless told:
+    temperature, min_p, top_k, top_p; llama.cpp's: top_k, top_p, min_p, temperature): divide by the
+    temperature, drop the tokens below min_p x the top token's probability, keep the top_k largest (ties
+    at the k-th value are all kept), keep the nucleus of mass top_p of what is left (the top token always
+    stays); then renormalise.
     """
     return processed(logits, params, on_host=logits.device.type == "cpu")
 
@@ -35,18 +37,32 @@ def processed(logits: torch.Tensor, params: SamplingParams, on_host: bool) -> to
     logits = logits.float()
     if params.greedy:
         return _one_hot_argmax(logits)
-    logits = logits / params.temperature
-    if on_host and 0 < params.top_k < logits.shape[-1]:
+    if on_host and 0 < params.top_k < logits.shape[-1] and _top_k_may_lead(params):
         probs = _top_k_probs(logits, params)
         if probs is not None:
             return probs
-    if params.min_p > 0.0:
-        logits = _min_p_mask(logits, params.min_p)
-    if params.top_k > 0:
-        logits = _top_k_mask(logits, params.top_k)
-    if params.top_p < 1.0:
-        logits = _top_p_mask(logits, params.top_p) if on_host else _top_p_sorted(logits, params.top_p)
+    for step in params.order:
+        logits = _apply(step, logits, params, on_host)
     return torch.softmax(logits, dim=-1)
+
+
+def _apply(step: str, logits: torch.Tensor, params: SamplingParams, on_host: bool) -> torch.Tensor:
+    """One step of params.order on logits # [..., vocab] (a cut that is off leaves them as they are)."""
+    if step == "temperature":
+        return logits / params.temperature
+    if step == "min_p" and params.min_p > 0.0:
+        return _min_p_mask(logits, params.min_p)
+    if step == "top_k" and params.top_k > 0:
+        return _top_k_mask(logits, params.top_k)
+    if step == "top_p" and params.top_p < 1.0:
+        return _top_p_mask(logits, params.top_p) if on_host else _top_p_sorted(logits, params.top_p)
+    return logits
+
+
+def _top_k_may_lead(params: SamplingParams) -> bool:
+    """Whether top-k may be taken first whatever the order: the temperature keeps the ranking and min-p's
+    floor hangs on the top token alone, so only a top-p before it changes what it keeps."""
+    return params.top_p >= 1.0 or params.order.index("top_k") < params.order.index("top_p")
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -100,17 +116,16 @@ def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _top_k_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor | None:
-    """probs_from_logits' result where top_k cuts the vocabulary (after the temperature): min-p, top-k and
-    top-p worked out on the k best logits alone, then scattered into the vocabulary (a few O(vocab)
-    passes fewer than masking it whole). None where a row ties at its k-th value: all the ties are kept,
-    the caller's whole-vocabulary path."""
+    """probs_from_logits' result where top_k cuts the vocabulary and may go first (_top_k_may_lead): the
+    other steps worked out on the k best logits alone, in params.order, then scattered into the
+    vocabulary (a few O(vocab) passes fewer than masking it whole). None where a row ties at its k-th
+    value: all the ties are kept, the caller's whole-vocabulary path."""
     values, order = logits.topk(params.top_k, dim=-1)  # [..., k], best first
     if ((logits >= values[..., -1:]).sum(dim=-1) > params.top_k).any():
         return None
-    if params.min_p > 0.0:
-        values = _min_p_mask(values, params.min_p)
-    if params.top_p < 1.0:
-        values = _top_p_mask(values, params.top_p)
+    for step in params.order:
+        if step != "top_k":
+            values = _apply(step, values, params, on_host=True)
     return torch.zeros_like(logits).scatter_(-1, order, torch.softmax(values, dim=-1))
 
 

@@ -404,7 +404,7 @@ class Endpoints:
         try:
             sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, seed, body.min_p,
                                       body.repetition_penalty, body.presence_penalty, body.frequency_penalty,
-                                      body.bias_pairs, body.penalty_last_n(self.scheduler.context))
+                                      body.bias_pairs, body.penalty_last_n(self.scheduler.context), body.sampler_order)
         except SpecdecError as e:
             raise APIError(400, str(e)) from None
         try:

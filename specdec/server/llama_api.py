@@ -7,9 +7,9 @@ nothing generated), temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_pe
 frequency_penalty (as llama.cpp counts them: over the last repeat_last_n tokens of the prompt and answer,
 default 64; -1: all of them; 0: off), logit_bias (pairs
 [[id, bias]], false banning the token, or a dict), seed (-1: random), stop, stream, n_probs (0..20),
-json_schema, grammar, samplers (which of temperature, top_k, top_p, min_p and penalties apply; their
-order is this server's: temperature first, as vLLM's; `infill` and other names are accepted and have
-no effect), n_indent and t_max_predict_ms (server/scheduler.py's TextTracker: the text ends before a
+json_schema, grammar, samplers (which of temperature, top_k, top_p, min_p and penalties apply, and the
+order the first four apply in; unset: llama.cpp's, top_k, top_p, min_p, temperature; the penalties
+always first; `infill` and other names are accepted and have no effect), n_indent and t_max_predict_ms (server/scheduler.py's TextTracker: the text ends before a
 line indented less, or at a line end once that long has passed since the first token),
 cache_prompt (the prefix cache is always on), speculative.n_max. /infill adds input_prefix,
 input_suffix and input_extra ([{filename, text}]), laid out as llama-server lays them (`infill_ids`).
@@ -30,6 +30,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from specdec.model.tokenizer import REPO_SPELLINGS, encode_infill, fim_ids, lead_ids, spelled_ids, text_ids
 from specdec.server.logprobs import Scored, chat_content
 from specdec.server.protocol import _Sampling, collected, error_body, sse
+from specdec.config import LLAMA_ORDER, SAMPLER_ORDER
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
 INFILL_BATCH = 2048  # as llama-server's default batch: the prefix keeps its last 3/4 of it, the suffix 1/4
@@ -119,11 +120,25 @@ class LlamaCompletionRequest(_Sampling):
     def line_rules(self) -> tuple[int, float]:
         return self.n_indent, self.t_max_predict_ms
 
-    def sampler_names(self) -> set[str]:
-        """The samplers named (letters or names), as this server's: temperature, top_k, top_p, min_p, penalties."""
+    @property
+    def sampler_order(self) -> tuple[str, ...]:
+        """The order of the temperature and the cuts: as `samplers` names them (those it leaves out, which
+        are off, after), else llama.cpp's default chain's."""
+        if self.samplers is None:
+            return LLAMA_ORDER
+        named = [s for s in self.sampler_list() if s in SAMPLER_ORDER]
+        named = list(dict.fromkeys(named))  # a sampler named twice applies where it is first named
+        return tuple(named + [s for s in LLAMA_ORDER if s not in named])
+
+    def sampler_list(self) -> list[str]:
+        """The samplers named (letters or names), in order, as this server's names: temperature, top_k,
+        top_p, min_p, penalties (names it does not know left out)."""
         if isinstance(self.samplers, str):
-            return {SAMPLER_LETTERS[c] for c in self.samplers if c in SAMPLER_LETTERS}
-        return {SAMPLERS[s.lower()] for s in self.samplers or () if s.lower() in SAMPLERS}
+            return [SAMPLER_LETTERS[c] for c in self.samplers if c in SAMPLER_LETTERS]
+        return [SAMPLERS[s.lower()] for s in self.samplers or () if s.lower() in SAMPLERS]
+
+    def sampler_names(self) -> set[str]:
+        return set(self.sampler_list())
 
     def settings(self) -> dict:
         """The answer's generation_settings: the request's sampling as this server applies it."""
@@ -132,7 +147,9 @@ class LlamaCompletionRequest(_Sampling):
                 "repeat_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                 "frequency_penalty": self.frequency_penalty, "repeat_last_n": self.repeat_last_n,
                 "stop": list(self.stop_list), "n_indent": self.n_indent, "t_max_predict_ms": self.t_max_predict_ms,
-                "n_probs": self.n_probs, "stream": self.stream, "speculative.n_max": self.speculative_n_max}
+                "n_probs": self.n_probs, "stream": self.stream, "speculative.n_max": self.speculative_n_max,
+                "samplers": [s for s in ("penalties", *self.sampler_order)
+                             if self.samplers is None or s in self.sampler_names()]}
 
 
 class InfillRequest(LlamaCompletionRequest):

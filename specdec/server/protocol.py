@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse
 from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from specdec.config import SAMPLER_ORDER
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 8
@@ -186,6 +187,11 @@ class _Sampling(BaseModel):
     @property
     def stop_list(self) -> tuple[str, ...]:
         return tuple(self.stop or ())
+
+    @property
+    def sampler_order(self) -> tuple[str, ...]:
+        """config.SamplingParams.order: vLLM's (the temperature first) on these endpoints."""
+        return SAMPLER_ORDER
 
     @property
     def line_rules(self) -> tuple[int, float]:
