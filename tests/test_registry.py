@@ -25,6 +25,8 @@ WIRING_MODULES = ["specdec/runner.py", "specdec/settings.py", "specdec/cli.py", 
 NOT_WIRING = {  # modules in those packages whose strings only look like drafter names
     "specdec/bench/llama_server.py": "llama-server's own modes (plain, spec, lookup)",
     "specdec/server/protocol.py": "OpenAI's tool_choice 'none'",
+    "specdec/server/anthropic_api.py": "Anthropic's tool_choice type 'none'",
+    "specdec/server/responses_api.py": "the Responses API's tool_choice 'none'",
 }
 WIRING = sorted({p.relative_to(ROOT).as_posix() for d in WIRING_PACKAGES for p in (ROOT / d).rglob("*.py")}
                 - set(NOT_WIRING)) + [m for m in WIRING_MODULES if (ROOT / m).is_file()]

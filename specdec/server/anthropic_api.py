@@ -260,13 +260,13 @@ def usage_of(usage: dict) -> dict:
 def tool_use(call: dict) -> dict:
     """A call read from the answer (ToolSyntax's OpenAI shape) as a tool_use block; arguments that are
     not a JSON object stand as {"arguments": their text}."""
-    args = call["function"]["arguments"]
+    text = call["function"]["arguments"]
     try:
-        given = json.loads(args)
+        given = json.loads(text)
     except json.JSONDecodeError:
         given = None
     return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call["function"]["name"],
-            "input": given if isinstance(given, dict) else {"arguments": args}}
+            "input": given if isinstance(given, dict) else {"arguments": text}}
 
 
 def event(name: str, data: dict) -> str:
