@@ -1,6 +1,8 @@
 """/completion's sampling against llama-server's on the same file: for each prompt and setting, the next
 token's distribution after the sampler chain (llama-server's `post_sampling_probs`) beside ours from the
-same token ids, in llama.cpp's order (what /completion applies) and in vLLM's (the OpenAI endpoints').
+same token ids, in llama.cpp's order (what /completion applies) and in vLLM's (the OpenAI endpoints'), and
+ours in llama.cpp's order applied to llama-server's own logits (its top 200, read from its probabilities
+before sampling): that one isolates the sampler chain from the two engines' slightly different logits.
 Per pair: whether the kept tokens are the same, and the total variation distance.
 
   SPECDEC_HOME=... python docs/results/raw/sampler-order-llama-zen4/compare.py \
@@ -66,14 +68,22 @@ def main() -> int:
         for text in PROMPTS:
             ids = httpx.post(base + "/tokenize", json={"content": text}).json()["tokens"]
             logits = next_logits(model, ids)
+            # llama-server's own logits at its top 200 tokens (its probabilities before any sampler: a softmax of
+            # them), the rest -inf: enough for llama.cpp's order, whose top-k (at most 100 here) comes first
+            pre = httpx.post(base + "/completion", timeout=120, json={
+                "prompt": ids, "n_predict": 1, "n_probs": 200, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                "min_p": 0.0, "cache_prompt": False}).json()["completion_probabilities"][0]["top_logprobs"]
+            theirs_logits = torch.full_like(logits, float("-inf"))
+            theirs_logits[[c["id"] for c in pre]] = torch.tensor([c["logprob"] for c in pre])
             for t, k, top_p, min_p in SETTINGS:
                 theirs = httpx.post(base + "/completion", timeout=120, json={
                     "prompt": ids, "n_predict": 1, "n_probs": 200, "post_sampling_probs": True, "temperature": t,
                     "top_k": k, "top_p": top_p, "min_p": min_p, "cache_prompt": False}).json()
                 probs = {c["id"]: c["prob"] for c in theirs["completion_probabilities"][0]["top_probs"] if c["prob"] > 0}
                 row = {"prompt": text, "settings": [t, k, top_p, min_p], "llama_kept": len(probs)}
-                for name, order in (("llama_order", LLAMA_ORDER), ("vllm_order", SAMPLER_ORDER)):
-                    ours = probs_from_logits(logits, SamplingParams(t, k, top_p, min_p=min_p, order=order))
+                for name, order, source in (("llama_order", LLAMA_ORDER, logits), ("vllm_order", SAMPLER_ORDER, logits),
+                                            ("llama_order_on_its_logits", LLAMA_ORDER, theirs_logits)):
+                    ours = probs_from_logits(source, SamplingParams(t, k, top_p, min_p=min_p, order=order))
                     mine = {i: ours[i].item() for i in ours.nonzero().flatten().tolist()}
                     row[name] = {"kept": len(mine), "same_tokens": set(mine) == set(probs), "tv": round(tv(mine, probs), 5)}
                 rows.append(row)
@@ -83,7 +93,7 @@ def main() -> int:
         server.wait()
     summary = {name: {"same_tokens": sum(r[name]["same_tokens"] for r in rows), "of": len(rows),
                       "tv_median": statistics.median(r[name]["tv"] for r in rows),
-                      "tv_max": max(r[name]["tv"] for r in rows)} for name in ("llama_order", "vllm_order")}
+                      "tv_max": max(r[name]["tv"] for r in rows)} for name in ("llama_order", "vllm_order", "llama_order_on_its_logits")}
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "model": args.model, "summary": summary,
                                     "rows": rows}, indent=1))
     print(json.dumps(summary, indent=1))
