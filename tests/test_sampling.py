@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specdec.config import LLAMA_ORDER, SAMPLER_ORDER, SamplingParams
+from specdec.sampling.infill import InfillVocab
 from specdec.sampling.logits import probs_from_logits, processed, sample
 from specdec.sampling.rejection import Acceptance, greedy_accept, rejection_accept, residual_probs
 
@@ -430,3 +431,99 @@ def test_verifiers_report_the_target_s_top_probability_per_row_without_changing_
         scored = rejection_accept(draft, P_TABLE, Q_TABLE, torch.Generator().manual_seed(seed), confidence=True)
         assert scored == plain
         assert scored.confidence == pytest.approx(P_TABLE.amax(-1).tolist())
+
+
+# ---- llama.cpp's infill sampler (sampling/infill.py) ----
+
+def toy_infill(texts: dict[int, bytes], eog=(9,), end: int = 9) -> InfillVocab:
+    return InfillVocab(frozenset(eog), end, lambda i: texts.get(i, b""))
+
+
+def infill_probs(probs: dict[int, float], vocab: InfillVocab, size: int = 10) -> dict[int, float]:
+    """The infill sampler alone on a row of these probabilities (the rest of the row left out)."""
+    logits = torch.full((size,), float("-inf"))
+    for token, p in probs.items():
+        logits[token] = math.log(p)
+    params = SamplingParams(1.0, order=(*SAMPLER_ORDER, "infill"), infill=vocab)
+    out = probs_from_logits(logits, params)
+    return {i: round(out[i].item(), 4) for i in out.nonzero().flatten().tolist()}
+
+
+def test_infill_keeps_only_the_end_tokens_where_they_hold_enough_mass():
+    texts = {1: b"a", 2: b"b"}
+    assert infill_probs({1: 0.6, 2: 0.25, 9: 0.15}, toy_infill(texts)) == {9: 1.0}  # 3 x 0.15 x 3 > 0.85
+    # 3 x 0.09 x 3 = 0.81 is under 0.91: the text stays, but 'b' (0.3 of the 1.0 left) is under 1/3
+    assert infill_probs({1: 0.61, 2: 0.3, 9: 0.09}, toy_infill(texts)) == {1: round(0.61 / 0.7, 4),
+                                                                             9: round(0.09 / 0.7, 4)}
+
+
+def test_infill_merges_a_prefix_into_the_likelier_token_and_cuts_by_the_merged_mass():
+    """'de' begins 'def': its 0.25 moves to 'def' (0.55), 'de' leaves; 'y' (0.19) is under 0.2; of 'def',
+    'x' and the end token, renormalised, 'x' (0.31) is under 1/3. What stays keeps its own logit."""
+    texts = {1: b"def", 2: b"de", 3: b"x", 4: b"y"}
+    got = infill_probs({1: 0.3, 2: 0.25, 3: 0.25, 4: 0.19, 9: 0.01}, toy_infill(texts))
+    assert got == {1: round(0.3 / 0.31, 4), 9: round(0.01 / 0.31, 4)}
+    kept_both = infill_probs({1: 0.45, 2: 0.05, 3: 0.45, 9: 0.05}, toy_infill(texts))
+    assert kept_both == {1: round(0.45 / 0.95, 4), 3: round(0.45 / 0.95, 4), 9: round(0.05 / 0.95, 4)}
+
+
+def test_infill_falls_back_to_the_end_token_where_no_text_is_likely_enough():
+    texts = {i: bytes([96 + i]) for i in range(1, 7)}  # 'a'..'f': no prefixes
+    got = infill_probs({**{i: 0.165 for i in range(1, 7)}, 9: 0.01}, toy_infill(texts, eog=(9, 8), end=8))
+    assert got == {8: 1.0}  # the end token, though it was no candidate
+
+
+def test_infill_kept_tokens_match_a_reference_on_random_rows():
+    """The merge loop against a direct reading of llama.cpp's: random rows of 12 candidates over 3-letter
+    pieces with shared prefixes."""
+    g = torch.Generator().manual_seed(5)
+    letters = [b"a", b"ab", b"abc", b"b", b"ba", b"c", b"ca", b"cab", b"d", b"da", b"e", b""]
+    vocab = toy_infill({i: letters[i] for i in range(11)}, eog=(11,), end=11)
+    for _ in range(200):
+        logits = torch.randn(12, generator=g) * 1.5
+        got = {i for i in (probs_from_logits(logits, SamplingParams(1.0, order=(*SAMPLER_ORDER, "infill"),
+                                                                      infill=vocab)) > 0).nonzero().flatten().tolist()}
+        assert got == set(infill_reference(logits.tolist(), letters, {11}, 11))
+
+
+def infill_reference(row: list[float], pieces: list[bytes], eog: set[int], end: int) -> list[int]:
+    """llama.cpp's llama_sampler_infill_apply, read line by line, on one row (every entry a candidate)."""
+    cand = sorted(range(len(row)), key=lambda i: -row[i])
+    m = max(row)
+    z = sum(math.exp(v - m) for v in row)
+    p = {i: math.exp(row[i] - m) / z for i in cand}
+    p_eog = sum(p[i] for i in cand if i in eog)
+    p_txt = sum(p[i] for i in cand if i not in eog)
+    if 3 * p_eog * len(cand) > p_txt:
+        return [i for i in cand if i in eog]
+    dead = set()
+    for a in cand:
+        for b in cand:
+            if a in dead:
+                break
+            if a == b or b in dead:
+                continue
+            pa, pb = (b"" if a in eog else pieces[a]), (b"" if b in eog else pieces[b])
+            if len(pa) > 0 and len(pa) <= len(pb) and pb[:len(pa)] == pa:
+                dst, src = (b, a) if p[b] > p[a] else (a, b)
+                p[dst] += p[src]
+                p[src] = 0.0
+                dead.add(src)
+    stay = [i for i in cand if i not in dead and (i in eog or p[i] >= 0.2)]
+    n_txt = sum(i not in eog for i in stay)
+    if n_txt == 0:
+        return [end]
+    total = sum(p[i] for i in stay)
+    return [i for i in stay if i in eog or p[i] / total >= 1.0 / (n_txt + 1)]
+
+
+def test_rejection_under_the_infill_sampler_emits_its_p():
+    """The infill sampler shapes the target's p and the drafter's q alike (a mask of each row's logits):
+    rejection sampling still emits p."""
+    vocab = toy_infill({0: b"a", 1: b"ab", 2: b"b", 3: b"c", 4: b"cd"}, eog=(5,), end=5)
+    params = SamplingParams(1.0, order=(*SAMPLER_ORDER, "infill"), infill=vocab)
+    p = probs_from_logits(P_TABLE.log(), params)  # [k + 1, vocab]
+    q = probs_from_logits((0.5 * P_TABLE[:K] + 0.5 * Q_TABLE).log(), params)  # [k, vocab]
+    assert bool((p == 0).any()) and not torch.equal(p > 0, torch.ones_like(p, dtype=torch.bool))
+    num, emitted = run_trials(rejection_accept, p, q, sampled_drafts(q))
+    assert_emits_p(emitted, p)

@@ -119,7 +119,7 @@ def test_infill_is_the_engines_answer_on_llama_servers_layout(fim_server):
     assert events[-1]["tokens_predicted"] == len(ref.tokens) and len(events) > 2
 
 
-SAMPLERS_OF = {"['top_k', 'top_p', 'infill']": {"top_k", "top_p"}, "kt": {"top_k", "temperature"},
+SAMPLERS_OF = {"['top_k', 'top_p']": {"top_k", "top_p"}, "kt": {"top_k", "temperature"},
                "['temperature', 'top_p', 'min_p']": {"temperature", "top_p", "min_p"}}
 
 
@@ -130,8 +130,7 @@ def test_completion_takes_llama_servers_defaults_and_samplers(fim_server):
     base, sched = fim_server
     ids = [5, 17, 3, 9]
     for extra, sampling in (({}, SamplingParams(0.8, 40, 0.95, 7, 0.05, order=LLAMA_ORDER)),
-                            ({"samplers": ["top_k", "top_p", "infill"]}, SamplingParams(1.0, 40, 0.95, 7,
-                                                                                       order=LLAMA_ORDER)),
+                            ({"samplers": ["top_k", "top_p"]}, SamplingParams(1.0, 40, 0.95, 7, order=LLAMA_ORDER)),
                             ({"samplers": "kt", "temperature": 0.5}, SamplingParams(
                                 0.5, 40, 1.0, 7, order=("top_k", "temperature", "top_p", "min_p"))),
                             ({"samplers": ["temperature", "top_p", "min_p"], "temperature": 1.5}, SamplingParams(
@@ -308,3 +307,42 @@ def test_props_gives_the_llama_endpoints_defaults(fim_server):
     assert settings["params"]["repeat_last_n"] == 64 and props["model_alias"] == "tiny"
     answer = httpx.post(base + "/completion", json={"prompt": "w5", "n_predict": 2}, timeout=30).json()
     assert answer["generation_settings"] == settings["params"] | {"n_predict": 2}
+
+
+def test_llama_vscodes_sampling_with_the_infill_sampler_is_the_engines(coder_server):
+    """llama.vscode's request (samplers top_k, top_p, infill; top-k 40, top-p 0.99; no temperature: the
+    logits as they are): decoded plain (speculative.n_max 0), the answer is the engine's from the seed
+    under llama.cpp's infill sampler, in the samplers' order; drafting (this server's policy times its
+    steps, so a sampled answer is not repeatable token for token) it answers too."""
+    from specdec.constraints.vocab import Vocabulary
+    from specdec.server.llama_api import infill_vocabulary
+    base, sched = coder_server
+    tok = sched.tokenizer
+    vocab = infill_vocabulary(Vocabulary.build(tok, sched.engine.target.config.vocab_size,
+                                               sorted(sched.eos_ids)).tokenizer, sched.eos_ids, tok.eos_token_id)
+    prefix, suffix = "def mean(xs):\n    total = 0\n    for x in xs:\n", "\n    return total / len(xs)\n"
+    body = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 24, "top_k": 40, "top_p": 0.99,
+            "samplers": ["top_k", "top_p", "infill"], "seed": 3}
+    ids = infill_ids(tok, InfillRequest(**body), 4096)
+    order = ("top_k", "top_p", "infill", "min_p", "temperature")
+    from specdec.drafters.base import NoDrafter
+    ref = Engine.single(sched.engine.target, NoDrafter(), 4096).generate(
+        ids, GenerationConfig(24, 1, SamplingParams(1.0, 40, 0.99, 3, order=order, infill=vocab)), sched.eos_ids)
+    without = Engine.single(sched.engine.target, NoDrafter(), 4096).generate(
+        ids, GenerationConfig(24, 1, SamplingParams(1.0, 40, 0.99, 3, order=order[:2] + order[3:])), sched.eos_ids)
+    assert ref.tokens != without.tokens  # the infill sampler changes this answer
+    r = httpx.post(base + "/infill", json=body | {"speculative.n_max": 0}, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["generation_settings"]["samplers"] == ["top_k", "top_p", "infill"]
+    assert out["content"] == text_of(sched, ref.tokens) and out["content"].strip()
+    drafted = httpx.post(base + "/infill", json=body, timeout=120)
+    assert drafted.status_code == 200 and drafted.json()["content"].strip()
+
+
+def test_the_infill_sampler_on_a_tokenizer_the_grammar_engine_cannot_read_is_a_400(fim_server):
+    base, _ = fim_server  # its word-level test tokenizer has no decoder the grammar engine knows
+    r = httpx.post(base + "/completion", json={"prompt": "w5 w17", "n_predict": 4, "samplers": ["top_k", "infill"]},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "samplers", r.text
+    assert "infill sampler" in r.json()["error"]["message"]

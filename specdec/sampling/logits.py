@@ -12,6 +12,7 @@ import threading
 import torch
 
 from specdec.config import SamplingParams
+from specdec.sampling.infill import infill_mask
 
 TOP_P_FIRST = 64  # the top tokens top-p ranks first (more, fourfold, while a nucleus is wider)
 
@@ -56,12 +57,17 @@ def _apply(step: str, logits: torch.Tensor, params: SamplingParams, on_host: boo
         return _top_k_mask(logits, params.top_k)
     if step == "top_p" and params.top_p < 1.0:
         return _top_p_mask(logits, params.top_p) if on_host else _top_p_sorted(logits, params.top_p)
+    if step == "infill":
+        return infill_mask(logits, params.infill)
     return logits
 
 
 def _top_k_may_lead(params: SamplingParams) -> bool:
     """Whether top-k may be taken first whatever the order: the temperature keeps the ranking and min-p's
-    floor hangs on the top token alone, so only a top-p before it changes what it keeps."""
+    floor hangs on the top token alone, so only a top-p before it changes what it keeps (and the infill
+    sampler reads token ids, so it takes the whole vocabulary's path)."""
+    if "infill" in params.order:  # it reads token ids, which the k best values alone do not carry
+        return False
     return params.top_p >= 1.0 or params.order.index("top_k") < params.order.index("top_p")
 
 

@@ -32,11 +32,13 @@ from specdec import __version__
 from specdec.config import SamplingParams
 from specdec.constraints import ConstraintSpec, Grammars
 from specdec.errors import SpecdecError
+from specdec.sampling.infill import InfillVocab
 from specdec.model.tokenizer import encode_infill, encode_messages
 from specdec.server.anthropic_api import CountTokensRequest, MessagesAnswer, MessagesRequest
 from specdec.server.guard import Access, Guard, RequestLimits
 from specdec.server.metrics import CONTENT_TYPE_LATEST
-from specdec.server.llama_api import INFILL_BATCH, InfillRequest, LlamaAnswer, LlamaCompletionRequest, infill_ids
+from specdec.server.llama_api import (INFILL_BATCH, InfillRequest, LlamaAnswer, LlamaCompletionRequest, infill_ids,
+                                      infill_vocabulary)
 from specdec.server.logprobs import CompletionLogprobs, Scored, chat_content
 from specdec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, ChatChoice, ChatLogprobs,
                                      ChatMessageOut, CompletionChoice, CompletionRequest, CompletionResponse,
@@ -164,6 +166,7 @@ class Endpoints:
         self.tokenizer = scheduler.tokenizer
         self.vocab_size = scheduler.engine.target.config.vocab_size
         self._grammars: Grammars | None = None  # built at the first structured request (about a second)
+        self._infill: InfillVocab | None = None  # built at the first request naming the infill sampler
 
     async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
@@ -219,6 +222,8 @@ class Endpoints:
             self.check_model(body.model)
         self.check_limits(body.stop_list)
         max_tokens = body.max_tokens if body.max_tokens >= 0 else self.room_left(ids, "prompt")  # -1: the room left
+        if "infill" in body.sampler_order:
+            await self.infill_sampler()
         answer = LlamaAnswer(self.model_name, body, ids, await self.encode(self.tokenizer.decode, ids))
         return await self.run(request, body, ids, max_tokens, chat=False, logprobs=body.n_probs or None,
                               constraints=[await self.constraint_of(body)], answer=answer)
@@ -314,6 +319,22 @@ class Endpoints:
                 self._grammars = Grammars.for_tokenizer(self.tokenizer, self.vocab_size, self.scheduler.eos_ids)
             return self._grammars
 
+    def infill_vocab(self) -> InfillVocab:
+        """llama.cpp's infill sampler's view of this model's vocabulary (the end tokens; each token's text
+        as bytes, read through the grammar engine's tokenizer), built at the first request that names it."""
+        if self._infill is None:
+            self._infill = infill_vocabulary(self.grammars().vocab.tokenizer, self.scheduler.eos_ids,
+                                             getattr(self.tokenizer, "eos_token_id", None))
+        return self._infill
+
+    async def infill_sampler(self) -> None:
+        """The infill sampler's vocabulary built (a 400 where the grammar engine cannot read the tokenizer)."""
+        try:
+            await asyncio.to_thread(self.infill_vocab)
+        except SpecdecError as e:
+            raise APIError(400, f"the infill sampler cannot read this model's tokenizer ({e}); leave it out of "
+                                "samplers", param="samplers") from None
+
     async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         """The text's token ids (with the tokenizer's special tokens unless add_special is false)."""
         if body.model is not None:
@@ -402,9 +423,11 @@ class Endpoints:
         """One choice of the request (choice i of n draws from seed + i where a seed is given)."""
         seed = None if body.seed is None else (body.seed + choice) % 2**63
         try:
+            order = body.sampler_order
             sampling = SamplingParams(body.temperature, max(0, body.top_k), body.top_p, seed, body.min_p,
                                       body.repetition_penalty, body.presence_penalty, body.frequency_penalty,
-                                      body.bias_pairs, body.penalty_last_n(self.scheduler.context), body.sampler_order)
+                                      body.bias_pairs, body.penalty_last_n(self.scheduler.context), order,
+                                      self._infill if "infill" in order else None)
         except SpecdecError as e:
             raise APIError(400, str(e)) from None
         try:

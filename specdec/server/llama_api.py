@@ -7,9 +7,10 @@ nothing generated), temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_pe
 frequency_penalty (as llama.cpp counts them: over the last repeat_last_n tokens of the prompt and answer,
 default 64; -1: all of them; 0: off), logit_bias (pairs
 [[id, bias]], false banning the token, or a dict), seed (-1: random), stop, stream, n_probs (0..20),
-json_schema, grammar, samplers (which of temperature, top_k, top_p, min_p and penalties apply, and the
-order the first four apply in; unset: llama.cpp's, top_k, top_p, min_p, temperature; the penalties
-always first; `infill` and other names are accepted and have no effect), n_indent and t_max_predict_ms (server/scheduler.py's TextTracker: the text ends before a
+json_schema, grammar, samplers (which of temperature, top_k, top_p, min_p, infill (llama.cpp's infill
+sampler, sampling/infill.py) and penalties apply, and the order all but the penalties apply in; unset:
+llama.cpp's, top_k, top_p, min_p, temperature; the penalties always first; other names are accepted and
+have no effect), n_indent and t_max_predict_ms (server/scheduler.py's TextTracker: the text ends before a
 line indented less, or at a line end once that long has passed since the first token),
 cache_prompt (the prefix cache is always on), speculative.n_max. /infill adds input_prefix,
 input_suffix and input_extra ([{filename, text}]), laid out as llama-server lays them (`infill_ids`).
@@ -31,14 +32,16 @@ from specdec.model.tokenizer import REPO_SPELLINGS, encode_infill, fim_ids, lead
 from specdec.server.logprobs import Scored, chat_content
 from specdec.server.protocol import _Sampling, collected, error_body, sse
 from specdec.config import LLAMA_ORDER, SAMPLER_ORDER
+from specdec.sampling.infill import InfillVocab
 from specdec.sampling.logprobs import MAX_TOP_LOGPROBS
 
 INFILL_BATCH = 2048  # as llama-server's default batch: the prefix keeps its last 3/4 of it, the suffix 1/4
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's separator of extra chunks where the model has no file token
 SAMPLERS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top-k": "top_k", "topk": "top_k",
             "top_p": "top_p", "top-p": "top_p", "topp": "top_p", "nucleus": "top_p", "min_p": "min_p",
-            "min-p": "min_p", "minp": "min_p", "penalties": "penalties"}
-SAMPLER_LETTERS = {"t": "temperature", "k": "top_k", "p": "top_p", "m": "min_p", "e": "penalties"}
+            "min-p": "min_p", "minp": "min_p", "penalties": "penalties", "infill": "infill"}
+SAMPLER_LETTERS = {"t": "temperature", "k": "top_k", "p": "top_p", "m": "min_p", "e": "penalties", "i": "infill"}
+ORDERED = (*SAMPLER_ORDER, "infill")  # the samplers whose order counts (the penalties always come first)
 # fields that would change sampling in ways this server does not: (name, the value that leaves it off)
 INERT = (("mirostat", 0), ("typical_p", 1.0), ("dry_multiplier", 0.0), ("xtc_probability", 0.0),
          ("top_n_sigma", -1.0), ("dynatemp_range", 0.0), ("ignore_eos", False))
@@ -126,13 +129,13 @@ class LlamaCompletionRequest(_Sampling):
         are off, after), else llama.cpp's default chain's."""
         if self.samplers is None:
             return LLAMA_ORDER
-        named = [s for s in self.sampler_list() if s in SAMPLER_ORDER]
+        named = [s for s in self.sampler_list() if s in ORDERED]
         named = list(dict.fromkeys(named))  # a sampler named twice applies where it is first named
         return tuple(named + [s for s in LLAMA_ORDER if s not in named])
 
     def sampler_list(self) -> list[str]:
         """The samplers named (letters or names), in order, as this server's names: temperature, top_k,
-        top_p, min_p, penalties (names it does not know left out)."""
+        top_p, min_p, infill, penalties (names it does not know left out)."""
         if isinstance(self.samplers, str):
             return [SAMPLER_LETTERS[c] for c in self.samplers if c in SAMPLER_LETTERS]
         return [SAMPLERS[s.lower()] for s in self.samplers or () if s.lower() in SAMPLERS]
@@ -184,6 +187,16 @@ def infill_ids(tokenizer, body: InfillRequest, room: int) -> list[int]:
     suffix = text_ids(tokenizer, body.input_suffix)[:max(0, INFILL_BATCH // 4 - (2 + len(prompt)))]
     keep = min(max(0, room), len(extra))
     return extra[len(extra) - keep:] + lead_ids(tokenizer) + [pre] + prefix + prompt + [suf] + suffix + [mid]
+
+
+def infill_vocabulary(engine, eos_ids, eos_id: int | None) -> InfillVocab:
+    """llama.cpp's infill sampler's view of a vocabulary: the end tokens (eos_ids: llama.cpp's
+    end-of-generation set), the one it falls back to (eos_id where it is one of them), and each token's
+    text as bytes, read through the grammar engine's tokenizer (`engine`: constraints' Vocabulary.tokenizer;
+    special tokens have none, as llama.cpp reads them)."""
+    ends = frozenset(eos_ids)
+    return InfillVocab(ends, eos_id if eos_id in ends else min(ends),
+                       lambda i: b"" if engine.is_special_token(i) else engine.decode_bytes([i]))
 
 
 STOP_TYPES = {"length": "limit"}  # finish reason -> llama-server's stop_type; 'stop' is eos or word

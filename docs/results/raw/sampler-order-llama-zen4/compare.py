@@ -44,6 +44,43 @@ def tv(a: dict[int, float], b: dict[int, float]) -> float:
     return 0.5 * sum(abs(a.get(t, 0.0) - b.get(t, 0.0)) for t in set(a) | set(b))
 
 
+def infill_rows(base: str, model, path: str) -> list[dict]:
+    """llama.vscode's sampling (samplers top_k, top_p, infill; top-k 40, top-p 0.99, no temperature) on the
+    next token of FIM prompts (the first gaps of docs/results/prompts/fim20.jsonl, and the same prompts a
+    few tokens into their answers), ours on llama-server's own logits (its top 200)."""
+    from specdec.constraints.vocab import Vocabulary
+    from specdec.model.tokenizer import encode_infill
+    from specdec.server.llama_api import infill_vocabulary
+    tok, size = model.tokenizer, model.module.config.vocab_size
+    vocab = infill_vocabulary(Vocabulary.build(tok, size, sorted(model.eos_ids)).tokenizer, model.eos_ids,
+                              getattr(tok, "eos_token_id", None))
+    params = SamplingParams(1.0, 40, 0.99, order=("top_k", "top_p", "infill", "min_p", "temperature"), infill=vocab)
+    fim = [json.loads(line) for line in open(Path(__file__).resolve().parents[2] / "prompts" / "fim20.jsonl")][:10]
+    rows = []
+    for case in fim:
+        ids = encode_infill(tok, case["prompt"], case["suffix"])
+        answer = httpx.post(base + "/completion", timeout=120, json={"prompt": ids, "n_predict": 6, "temperature": 0,
+                                                                      "cache_prompt": False, "return_tokens": True}).json()
+        for at in (ids, ids + answer["tokens"][:3], ids + answer["tokens"]):
+            pre = httpx.post(base + "/completion", timeout=120, json={
+                "prompt": at, "n_predict": 1, "n_probs": 200, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                "min_p": 0.0, "cache_prompt": False}).json()["completion_probabilities"][0]["top_logprobs"]
+            theirs_logits = torch.full((size,), float("-inf"))
+            theirs_logits[[c["id"] for c in pre]] = torch.tensor([c["logprob"] for c in pre])
+            post = httpx.post(base + "/completion", timeout=120, json={
+                "prompt": at, "n_predict": 1, "n_probs": 200, "post_sampling_probs": True, "top_k": 40, "top_p": 0.99,
+                "samplers": ["top_k", "top_p", "infill"], "cache_prompt": False}).json()
+            probs = {c["id"]: c["prob"] for c in post["completion_probabilities"][0]["top_probs"] if c["prob"] > 0}
+            ours = probs_from_logits(theirs_logits, params)
+            mine = {i: ours[i].item() for i in ours.nonzero().flatten().tolist()}
+            row = {"prompt": case["id"], "settings": "llama.vscode: top_k 40, top_p 0.99, infill",
+                   "llama_kept": len(probs), "infill_on_its_logits": {
+                       "kept": len(mine), "same_tokens": set(mine) == set(probs), "tv": round(tv(mine, probs), 5)}}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -53,8 +90,8 @@ def main() -> int:
     args = p.parse_args()
     path = str(pull(args.model))
     server = subprocess.Popen([str(Path(args.llama_bin) / "llama-server"), "-m", path, "--port", str(args.port),
-                               "-c", "2048", "-t", "2", "--no-webui"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+                               "-c", "4096", "-t", "2", "--no-webui"], stdout=open(args.out.with_suffix(".server.log"), "w"),
+                              stderr=subprocess.STDOUT)
     base, rows = f"http://127.0.0.1:{args.port}", []
     try:
         for _ in range(600):
@@ -88,12 +125,15 @@ def main() -> int:
                     row[name] = {"kept": len(mine), "same_tokens": set(mine) == set(probs), "tv": round(tv(mine, probs), 5)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        rows += infill_rows(base, model, path)
     finally:
         server.terminate()
         server.wait()
-    summary = {name: {"same_tokens": sum(r[name]["same_tokens"] for r in rows), "of": len(rows),
-                      "tv_median": statistics.median(r[name]["tv"] for r in rows),
-                      "tv_max": max(r[name]["tv"] for r in rows)} for name in ("llama_order", "vllm_order", "llama_order_on_its_logits")}
+    summary = {name: {"same_tokens": sum(r[name]["same_tokens"] for r in mine), "of": len(mine),
+                      "tv_median": statistics.median(r[name]["tv"] for r in mine),
+                      "tv_max": max(r[name]["tv"] for r in mine)}
+               for name in ("llama_order", "vllm_order", "llama_order_on_its_logits", "infill_on_its_logits")
+               if (mine := [r for r in rows if name in r])}
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "model": args.model, "summary": summary,
                                     "rows": rows}, indent=1))
     print(json.dumps(summary, indent=1))
