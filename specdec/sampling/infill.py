@@ -36,54 +36,69 @@ class InfillVocab:
 
 def infill_mask(logits: torch.Tensor, vocab: InfillVocab) -> torch.Tensor:
     """logits # [..., vocab] -> same, -inf at the candidates the sampler drops (each row on its own; a row
-    of one end token where it falls back). Reads values back to the host."""
+    of one end token where it falls back). Reads values back."""
     rows = logits.reshape(-1, logits.shape[-1])
     out = rows.clone()
     for r in range(rows.shape[0]):
-        keep = kept(rows[r], vocab)
-        if keep is None:
+        cand = torch.isfinite(rows[r]).nonzero().flatten()
+        if len(cand) == 0:
             continue
-        row = torch.full_like(rows[r], float("-inf"))
-        if keep:
-            row[keep] = rows[r, keep]
+        keep = kept(cand.tolist(), rows[r, cand], vocab)
+        out[r] = float("-inf")
+        if keep is None:
+            out[r, vocab.end] = 0.0
         else:
-            row[vocab.end] = 0.0
-        out[r] = row
+            out[r, cand[keep]] = rows[r, cand[keep]]
     return out.reshape(logits.shape)
 
 
-def kept(row: torch.Tensor, vocab: InfillVocab) -> list[int] | None:
-    """The ids of row # [vocab] that stay ([] for the fallback to the end token); None where the row has
-    no candidates."""
-    cand = torch.isfinite(row).nonzero().flatten()
-    if len(cand) == 0:
-        return None
-    values = row[cand].double()
-    order = values.argsort(descending=True, stable=True)
-    ids = cand[order].tolist()
-    p = torch.softmax(values[order], dim=0).tolist()
+def infill_values(values: torch.Tensor, ids: torch.Tensor, vocab: InfillVocab) -> torch.Tensor | None:
+    """The same on part of the vocabulary: values # [..., n] the logits of the tokens ids # [..., n] (the
+    k best), the rest of each row out already. None where a row falls back to the end token, which may
+    lie outside them: the caller takes the whole vocabulary's path."""
+    rows, at = values.reshape(-1, values.shape[-1]), ids.reshape(-1, ids.shape[-1])
+    out = rows.clone()
+    for r in range(rows.shape[0]):
+        cand = torch.isfinite(rows[r]).nonzero().flatten()
+        if len(cand) == 0:
+            continue
+        keep = kept(at[r, cand].tolist(), rows[r, cand], vocab)
+        if keep is None:
+            return None
+        out[r] = float("-inf")
+        out[r, cand[keep]] = rows[r, cand[keep]]
+    return out.reshape(values.shape)
+
+
+def kept(tokens: list[int], values: torch.Tensor, vocab: InfillVocab) -> list[int] | None:
+    """Which of the candidates (token ids and their logits # [n]) stay, as positions in `tokens`; None
+    for the fallback to the end token."""
+    order = values.double().argsort(descending=True, stable=True)
+    ids = [tokens[j] for j in order.tolist()]
+    p = torch.softmax(values.double()[order], dim=0).tolist()
     eog = [i in vocab.eog for i in ids]
     p_eog = sum(q for q, e in zip(p, eog) if e)
     p_txt = sum(q for q, e in zip(p, eog) if not e)
     if 3 * p_eog * len(ids) > p_txt:
-        return [i for i, e in zip(ids, eog) if e]
+        return [j for j, e in zip(order.tolist(), eog) if e]
     pieces = [b"" if e else vocab.piece(i) for i, e in zip(ids, eog)]
     alive = [True] * len(ids)
-    for i0 in range(len(ids)):
-        for i1 in range(len(ids)):
+    for i0, a in enumerate(pieces):
+        if not a:
+            continue
+        for i1 in [j for j, b in enumerate(pieces) if j != i0 and b.startswith(a)]:  # i0's text begins i1's
             if not alive[i0]:
                 break
-            if i0 == i1 or not alive[i1]:
+            if not alive[i1]:
                 continue
-            a, b = pieces[i0], pieces[i1]
-            if a and len(a) <= len(b) and b.startswith(a):  # i0's text begins i1's
-                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
-                p[dst] += p[src]
-                p[src], alive[src] = 0.0, False
+            dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+            p[dst] += p[src]
+            p[src], alive[src] = 0.0, False
     stay = [j for j in range(len(ids)) if alive[j] and (eog[j] or p[j] >= TEXT_FLOOR)]
     texts = sum(not eog[j] for j in stay)
     if texts == 0:
-        return []
+        return None
     total = sum(p[j] for j in stay)
     floor = 1.0 / (texts + 1)
-    return [ids[j] for j in stay if eog[j] or p[j] / total >= floor]
+    positions = order.tolist()
+    return [positions[j] for j in stay if eog[j] or p[j] / total >= floor]

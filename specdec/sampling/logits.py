@@ -12,7 +12,7 @@ import threading
 import torch
 
 from specdec.config import SamplingParams
-from specdec.sampling.infill import infill_mask
+from specdec.sampling.infill import infill_mask, infill_values
 
 TOP_P_FIRST = 64  # the top tokens top-p ranks first (more, fourfold, while a nucleus is wider)
 
@@ -64,11 +64,11 @@ def _apply(step: str, logits: torch.Tensor, params: SamplingParams, on_host: boo
 
 def _top_k_may_lead(params: SamplingParams) -> bool:
     """Whether top-k may be taken first whatever the order: the temperature keeps the ranking and min-p's
-    floor hangs on the top token alone, so only a top-p before it changes what it keeps (and the infill
-    sampler reads token ids, so it takes the whole vocabulary's path)."""
-    if "infill" in params.order:  # it reads token ids, which the k best values alone do not carry
-        return False
-    return params.top_p >= 1.0 or params.order.index("top_k") < params.order.index("top_p")
+    floor hangs on the top token alone, so only a top-p or the infill sampler before it changes what it
+    keeps."""
+    steps = [s for s in params.order if s in ("top_k", "top_p", "infill")]
+    cuts = [s for s in steps if s != "top_k" and (s == "infill" or params.top_p < 1.0)]
+    return not cuts or steps.index("top_k") < min(steps.index(s) for s in cuts)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -130,7 +130,11 @@ def _top_k_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor |
     if ((logits >= values[..., -1:]).sum(dim=-1) > params.top_k).any():
         return None
     for step in params.order:
-        if step != "top_k":
+        if step == "infill":
+            values = infill_values(values, order, params.infill)
+            if values is None:  # a row falls back to its end token, which may lie outside the k best
+                return None
+        elif step != "top_k":
             values = _apply(step, values, params, on_host=True)
     return torch.zeros_like(logits).scatter_(-1, order, torch.softmax(values, dim=-1))
 
