@@ -1,5 +1,6 @@
 """Editor code completion through /infill, as llama.vscode asks for it, on `specdec serve` and on
-llama-server: the same fill-in-the-middle gaps (input_prefix, input_suffix, n_predict; greedy). Ours
+llama-server: the same fill-in-the-middle gaps (input_prefix, input_suffix, n_predict; greedy, or with
+--vscode-sampling llama.vscode's own sampling: samplers top_k, top_p and infill). Ours
 answers every gap twice, drafting and plain (`"speculative.n_max": 0` on the same server), a pass over
 the gaps each, in an order that alternates by round (by the next pass a gap's prompt has left the
 one-slot prefix cache, so no request finds its prompt cached); llama-server takes no per-request
@@ -14,7 +15,7 @@ A/B of two versions run one after the other.
 
 Per server and mode: median latency of a request, generation rate (its `timings`' predicted tokens over
 predicted ms, summed over gaps), median prompt ms, and how many answers equal the same server's plain
-ones (greedy: all should, for ours). Writes the records and the summary as one JSON.
+ones (greedy: all should, for ours; sampled, drafting draws other samples from the same seed). Writes the records and the summary as one JSON.
 
 Usage: SPECDEC_HOME=... python scripts/infill_bench.py --model qwen2.5-coder-1.5b-instruct \
     --draft qwen2.5-coder-0.5b-instruct --dataset docs/results/prompts/fim20.jsonl --out infill.json
@@ -45,9 +46,15 @@ def typed(gaps: list[dict], times: int, chars: int) -> list[dict]:
             for gap in gaps for j in range(times)]
 
 
-def ask(base: str, gap: dict, n_predict: int, mode: str) -> dict:
+# llama.vscode's sampling: its samplers (no temperature: the logits as they are) and cuts, a seed per gap here
+VSCODE = {"samplers": ["top_k", "top_p", "infill"], "top_k": 40, "top_p": 0.99}
+
+
+def ask(base: str, gap: dict, n_predict: int, mode: str, vscode: bool = False) -> dict:
     body = {"input_prefix": gap["prompt"], "input_suffix": gap["suffix"], "input_extra": [], "prompt": "",
             "n_predict": n_predict, "temperature": 0, "cache_prompt": True, "stream": False}
+    if vscode:
+        body |= VSCODE | {"seed": sum(map(ord, gap["id"]))}
     if mode == "plain":
         body["speculative.n_max"] = 0
     t0 = time.perf_counter()
@@ -62,11 +69,11 @@ def ask(base: str, gap: dict, n_predict: int, mode: str) -> dict:
             "draft_n_accepted": t.get("draft_n_accepted", 0)}
 
 
-def run_gaps(base: str, gaps: list[dict], n_predict: int, modes: tuple[str, ...]) -> list[dict]:
+def run_gaps(base: str, gaps: list[dict], n_predict: int, modes: tuple[str, ...], vscode: bool = False) -> list[dict]:
     """Every gap in each mode, a pass per mode: by the next pass a gap's prompt has left the prefix cache
     (one slot, the other gaps since), so no request finds its prompt cached (with --typing, a gap's later
     requests find its earlier ones' text, as an editor's do)."""
-    return [ask(base, gap, n_predict, mode) for mode in modes for gap in gaps]
+    return [ask(base, gap, n_predict, mode, vscode) for mode in modes for gap in gaps]
 
 
 def summarize(records: list[dict]) -> dict:
@@ -108,6 +115,9 @@ def main() -> None:
     p.add_argument("--typing", type=int, default=1, metavar="N",
                    help="ask each gap N times, its middle typed --typing-chars further each time")
     p.add_argument("--typing-chars", type=int, default=8)
+    p.add_argument("--vscode-sampling", action="store_true",
+                   help="sample as llama.vscode asks (samplers top_k, top_p, infill; top-k 40, top-p 0.99), a seed "
+                        "per gap, instead of greedy")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     gaps = typed([json.loads(line) for line in Path(a.dataset).read_text().splitlines() if line.strip()][:a.limit],
@@ -126,7 +136,7 @@ def main() -> None:
                                     logs / f"specdec-{round_no}.log", cwd=a.checkout)
                 try:
                     rows = run_gaps(f"http://127.0.0.1:{port}", gaps, a.n_predict,
-                                    ("spec", "plain") if round_no % 2 == 0 else ("plain", "spec"))
+                                    ("spec", "plain") if round_no % 2 == 0 else ("plain", "spec"), a.vscode_sampling)
                 finally:
                     stop_server(proc)
             else:
@@ -135,7 +145,7 @@ def main() -> None:
                                     logs / f"{server}-{round_no}.log", LlamaServerPeer.server_flags("spec") if spec else [])
                 try:
                     mode = "spec" if server == "llama-spec" else "plain"
-                    rows = run_gaps(llama.url, gaps, a.n_predict, (mode,))
+                    rows = run_gaps(llama.url, gaps, a.n_predict, (mode,), a.vscode_sampling)
                 finally:
                     llama.close()
             records += [r | {"server": server.removesuffix("-spec"), "round": round_no} for r in rows]
