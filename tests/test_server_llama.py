@@ -346,3 +346,20 @@ def test_the_infill_sampler_on_a_tokenizer_the_grammar_engine_cannot_read_is_a_4
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "samplers", r.text
     assert "infill sampler" in r.json()["error"]["message"]
+
+
+def test_infill_bench_samples_as_llama_vscode_against_this_server(coder_server):
+    """scripts/infill_bench.py --vscode-sampling: llama.vscode's samplers, the infill sampler among them,
+    applied (generation_settings) and answered in both modes."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("infill_bench", Path(__file__).parents[1] / "scripts/infill_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    base, _ = coder_server
+    gap = {"id": "g", "prompt": "def mean(xs):\n    total = 0\n", "suffix": "\n    return total / len(xs)\n"}
+    rows = bench.run_gaps(base, [gap], 16, ("spec", "plain"), vscode=True)
+    assert [r["mode"] for r in rows] == ["spec", "plain"] and all(r["predicted_n"] > 0 for r in rows)
+    body = {"input_prefix": gap["prompt"], "input_suffix": gap["suffix"], "n_predict": 4} | bench.VSCODE
+    settings = httpx.post(base + "/infill", json=body, timeout=60).json()["generation_settings"]
+    assert settings["samplers"] == ["top_k", "top_p", "infill"] and (settings["top_k"], settings["top_p"]) == (40, 0.99)
