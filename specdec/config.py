@@ -27,7 +27,7 @@ class SamplingParams:
     `order` is the order the temperature and the three cuts apply in, after the bias and penalties:
     vLLM's (SAMPLER_ORDER, the temperature first) unless told, llama.cpp's (LLAMA_ORDER, the temperature
     last) for llama-server's own endpoints, which may also place llama.cpp's infill sampler in it
-    ("infill", reading `infill`'s vocabulary: sampling/infill.py)."""
+    ("infill", reading `infill_vocab`: sampling/infill.py)."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
@@ -40,7 +40,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     penalty_last_n: int = 0  # > 0: the penalties count the last n tokens of the text (llama.cpp's repeat_last_n)
     order: tuple[str, ...] = SAMPLER_ORDER  # the order temperature, min_p, top_k and top_p apply in
-    infill: Any = None  # with "infill" in order: llama.cpp's infill sampler's vocabulary (sampling.infill.InfillVocab)
+    infill_vocab: Any = None  # with "infill" in order: the infill sampler's view of the vocabulary (sampling.infill)
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -64,8 +64,8 @@ class SamplingParams:
         if sorted(s for s in self.order if s != "infill") != sorted(SAMPLER_ORDER) or self.order.count("infill") > 1:
             raise SpecdecError(f"order must name each of {', '.join(SAMPLER_ORDER)} once (and infill at most once), "
                                f"got {self.order}")
-        if ("infill" in self.order) != (self.infill is not None):
-            raise SpecdecError("the infill sampler needs its vocabulary (infill), and only it does")
+        if ("infill" in self.order) != (self.infill_vocab is not None):
+            raise SpecdecError("the infill sampler needs its vocabulary (infill_vocab), and only it does")
         for token, bias in self.logit_bias:
             if not (isinstance(token, int) and token >= 0):
                 raise SpecdecError(f"logit_bias keys must be token ids >= 0, got {token!r}")

@@ -50,7 +50,8 @@ def settings(cls, args: argparse.Namespace):
     The drafters' own flags become `drafters` (name -> its settings) and their switches `switches`."""
     values = vars(args)
     special = {"drafters": lambda: registry.settings_from_flags(values),
-               "switches": lambda: registry.switches_from_flags(values)}
+               "switches": lambda: registry.switches_from_flags(values),
+               "infill_vocab": lambda: None}  # SamplingParams': the server's, for llama-server's infill sampler
     return cls(**{f.name: special[f.name]() if f.name in special else values[f.name] for f in fields(cls)})
 
 

@@ -444,7 +444,7 @@ def infill_probs(probs: dict[int, float], vocab: InfillVocab, size: int = 10) ->
     logits = torch.full((size,), float("-inf"))
     for token, p in probs.items():
         logits[token] = math.log(p)
-    params = SamplingParams(1.0, order=(*SAMPLER_ORDER, "infill"), infill=vocab)
+    params = SamplingParams(1.0, order=(*SAMPLER_ORDER, "infill"), infill_vocab=vocab)
     out = probs_from_logits(logits, params)
     return {i: round(out[i].item(), 4) for i in out.nonzero().flatten().tolist()}
 
@@ -482,7 +482,7 @@ def test_infill_kept_tokens_match_a_reference_on_random_rows():
     for _ in range(200):
         logits = torch.randn(12, generator=g) * 1.5
         got = {i for i in (probs_from_logits(logits, SamplingParams(1.0, order=(*SAMPLER_ORDER, "infill"),
-                                                                      infill=vocab)) > 0).nonzero().flatten().tolist()}
+                                                                      infill_vocab=vocab)) > 0).nonzero().flatten().tolist()}
         assert got == set(infill_reference(logits.tolist(), letters, {11}, 11))
 
 
@@ -521,7 +521,7 @@ def test_rejection_under_the_infill_sampler_emits_its_p():
     """The infill sampler shapes the target's p and the drafter's q alike (a mask of each row's logits):
     rejection sampling still emits p."""
     vocab = toy_infill({0: b"a", 1: b"ab", 2: b"b", 3: b"c", 4: b"cd"}, eog=(5,), end=5)
-    params = SamplingParams(1.0, order=(*SAMPLER_ORDER, "infill"), infill=vocab)
+    params = SamplingParams(1.0, order=(*SAMPLER_ORDER, "infill"), infill_vocab=vocab)
     p = probs_from_logits(P_TABLE.log(), params)  # [k + 1, vocab]
     q = probs_from_logits((0.5 * P_TABLE[:K] + 0.5 * Q_TABLE).log(), params)  # [k, vocab]
     assert bool((p == 0).any()) and not torch.equal(p > 0, torch.ones_like(p, dtype=torch.bool))

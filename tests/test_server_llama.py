@@ -327,7 +327,7 @@ def test_llama_vscodes_sampling_with_the_infill_sampler_is_the_engines(coder_ser
     order = ("top_k", "top_p", "infill", "min_p", "temperature")
     from specdec.drafters.base import NoDrafter
     ref = Engine.single(sched.engine.target, NoDrafter(), 4096).generate(
-        ids, GenerationConfig(24, 1, SamplingParams(1.0, 40, 0.99, 3, order=order, infill=vocab)), sched.eos_ids)
+        ids, GenerationConfig(24, 1, SamplingParams(1.0, 40, 0.99, 3, order=order, infill_vocab=vocab)), sched.eos_ids)
     without = Engine.single(sched.engine.target, NoDrafter(), 4096).generate(
         ids, GenerationConfig(24, 1, SamplingParams(1.0, 40, 0.99, 3, order=order[:2] + order[3:])), sched.eos_ids)
     assert ref.tokens != without.tokens  # the infill sampler changes this answer

@@ -58,7 +58,7 @@ def _apply(step: str, logits: torch.Tensor, params: SamplingParams, on_host: boo
     if step == "top_p" and params.top_p < 1.0:
         return _top_p_mask(logits, params.top_p) if on_host else _top_p_sorted(logits, params.top_p)
     if step == "infill":
-        return infill_mask(logits, params.infill)
+        return infill_mask(logits, params.infill_vocab)
     return logits
 
 
@@ -131,7 +131,7 @@ def _top_k_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor |
         return None
     for step in params.order:
         if step == "infill":
-            values = infill_values(values, order, params.infill)
+            values = infill_values(values, order, params.infill_vocab)
             if values is None:  # a row falls back to its end token, which may lie outside the k best
                 return None
         elif step != "top_k":

@@ -54,7 +54,7 @@ def infill_rows(base: str, model, path: str) -> list[dict]:
     tok, size = model.tokenizer, model.module.config.vocab_size
     vocab = infill_vocabulary(Vocabulary.build(tok, size, sorted(model.eos_ids)).tokenizer, model.eos_ids,
                               getattr(tok, "eos_token_id", None))
-    params = SamplingParams(1.0, 40, 0.99, order=("top_k", "top_p", "infill", "min_p", "temperature"), infill=vocab)
+    params = SamplingParams(1.0, 40, 0.99, order=("top_k", "top_p", "infill", "min_p", "temperature"), infill_vocab=vocab)
     fim = [json.loads(line) for line in open(Path(__file__).resolve().parents[2] / "prompts" / "fim20.jsonl")][:10]
     rows = []
     for case in fim:
