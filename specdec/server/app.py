@@ -32,8 +32,8 @@ from specdec import __version__
 from specdec.config import SamplingParams
 from specdec.constraints import ConstraintSpec, Grammars
 from specdec.errors import SpecdecError
-from specdec.sampling.infill import InfillVocab
 from specdec.model.tokenizer import encode_infill, encode_messages
+from specdec.sampling.infill import InfillVocab
 from specdec.server.anthropic_api import CountTokensRequest, MessagesAnswer, MessagesRequest
 from specdec.server.guard import Access, Guard, RequestLimits
 from specdec.server.metrics import CONTENT_TYPE_LATEST
