@@ -353,3 +353,12 @@ def test_the_agent_bench_turns_run_against_this_server(served):
     rows = [bench.turn(served, "smol", task, 24, plain) for plain in (True, False)]
     assert all(r["output_tokens"] <= 24 and r["stop_reason"] in ("tool_use", "max_tokens") for r in rows)
     assert rows[0]["content"][-1] | {"id": ""} == rows[1]["content"][-1] | {"id": ""}
+
+
+@pytest.mark.real
+def test_a_prompt_past_the_context_is_an_anthropic_400(served):
+    long = {"model": "smol", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * 2000}]}
+    r = httpx.post(served + "/v1/messages", json=long, timeout=60)
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert "context" in r.json()["error"]["message"]
+    assert anth(served).messages.count_tokens(model="smol", messages=long["messages"]).input_tokens > 1024

@@ -216,3 +216,11 @@ def test_held_text_and_calls_stream_as_they_stand_whole(pieces, text, calls):
     final = streamed[-1]["response"]
     assert [o["type"] for o in final["output"]] == [o["type"] for o in whole["output"]]
     assert [(o["name"], json.loads(o["arguments"])) for o in final["output"] if o["type"] == "function_call"] == calls
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("limit", [None, 8])
+def test_an_input_past_the_context_is_a_400(served, limit):
+    body = {"model": "smol", "input": "word " * 2000} | ({"max_output_tokens": limit} if limit else {})
+    r = httpx.post(served + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
