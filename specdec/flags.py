@@ -256,8 +256,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, seconds in-flight requests may still run before they end with 'abort'")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="every path but /health needs the header 'Authorization: Bearer KEY' or 'x-api-key: KEY' (else 401); "
-                        "$SPECDEC_API_KEY gives it too, out of the process list (default: no key, all open)")
+                   help="every path but /health needs the header 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
+                        "(else 401); $SPECDEC_API_KEY gives it too, out of the process list (default: no key, all open)")
     p.add_argument("--api-key-protects-stats", action="store_true",
                    help="/stats and /metrics need the API key too (default: they stay open, for monitoring)")
     p.add_argument("--max-body-bytes", type=integer, default=4 * 1024 * 1024,

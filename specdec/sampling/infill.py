@@ -37,18 +37,10 @@ class InfillVocab:
 def infill_mask(logits: torch.Tensor, vocab: InfillVocab) -> torch.Tensor:
     """logits # [..., vocab] -> same, -inf at the candidates the sampler drops (each row on its own; a row
     of one end token where it falls back). Reads values back."""
-    rows = logits.reshape(-1, logits.shape[-1])
-    out = rows.clone()
-    for r in range(rows.shape[0]):
-        cand = torch.isfinite(rows[r]).nonzero().flatten()
-        if len(cand) == 0:
-            continue
-        keep = kept(cand.tolist(), rows[r, cand], vocab)
+    out, fallen = _kept_rows(logits.reshape(-1, logits.shape[-1]), None, vocab)
+    for r in fallen:
         out[r] = float("-inf")
-        if keep is None:
-            out[r, vocab.end] = 0.0
-        else:
-            out[r, cand[keep]] = rows[r, cand[keep]]
+        out[r, vocab.end] = 0.0
     return out.reshape(logits.shape)
 
 
@@ -56,31 +48,39 @@ def infill_values(values: torch.Tensor, ids: torch.Tensor, vocab: InfillVocab) -
     """The same on part of the vocabulary: values # [..., n] the logits of the tokens ids # [..., n] (the
     k best), the rest of each row out already. None where a row falls back to the end token, which may
     lie outside them: the caller takes the whole vocabulary's path."""
-    rows, at = values.reshape(-1, values.shape[-1]), ids.reshape(-1, ids.shape[-1])
-    out = rows.clone()
+    out, fallen = _kept_rows(values.reshape(-1, values.shape[-1]), ids.reshape(-1, ids.shape[-1]), vocab)
+    return None if fallen else out.reshape(values.shape)
+
+
+def _kept_rows(rows: torch.Tensor, ids: torch.Tensor | None, vocab: InfillVocab) -> tuple[torch.Tensor, list[int]]:
+    """rows # [R, n] with -inf at the candidates each drops (ids # [R, n]: the entries' token ids; None: the
+    entries are the vocabulary), and the rows that fall back to the end token (left as they were)."""
+    out, fallen = rows.clone(), []
     for r in range(rows.shape[0]):
         cand = torch.isfinite(rows[r]).nonzero().flatten()
         if len(cand) == 0:
             continue
-        keep = kept(at[r, cand].tolist(), rows[r, cand], vocab)
+        keep = kept((cand if ids is None else ids[r, cand]).tolist(), rows[r, cand], vocab)
         if keep is None:
-            return None
+            fallen.append(r)
+            continue
         out[r] = float("-inf")
         out[r, cand[keep]] = rows[r, cand[keep]]
-    return out.reshape(values.shape)
+    return out, fallen
 
 
 def kept(tokens: list[int], values: torch.Tensor, vocab: InfillVocab) -> list[int] | None:
     """Which of the candidates (token ids and their logits # [n]) stay, as positions in `tokens`; None
     for the fallback to the end token."""
     order = values.double().argsort(descending=True, stable=True)
-    ids = [tokens[j] for j in order.tolist()]
+    positions = order.tolist()
+    ids = [tokens[j] for j in positions]
     p = torch.softmax(values.double()[order], dim=0).tolist()
     eog = [i in vocab.eog for i in ids]
     p_eog = sum(q for q, e in zip(p, eog) if e)
     p_txt = sum(q for q, e in zip(p, eog) if not e)
     if 3 * p_eog * len(ids) > p_txt:
-        return [j for j, e in zip(order.tolist(), eog) if e]
+        return [j for j, e in zip(positions, eog) if e]
     pieces = [b"" if e else vocab.piece(i) for i, e in zip(ids, eog)]
     alive = [True] * len(ids)
     for i0, a in enumerate(pieces):
@@ -100,5 +100,4 @@ def kept(tokens: list[int], values: torch.Tensor, vocab: InfillVocab) -> list[in
         return None
     total = sum(p[j] for j in stay)
     floor = 1.0 / (texts + 1)
-    positions = order.tolist()
     return [positions[j] for j in stay if eog[j] or p[j] / total >= floor]
