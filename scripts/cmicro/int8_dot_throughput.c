@@ -16,12 +16,14 @@ static double now(void) {
 #define N 200000000L
 #define RUN(NAME, MACS, OP)                                                                             \
     {                                                                                                  \
-        __m256i a0 = _mm256_set1_epi8(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0; \
-        const __m256i x = _mm256_set1_epi8(3), y = _mm256_set1_epi8(5);                                \
+        __m256i a0 = _mm256_set1_epi8(1), a1 = _mm256_set1_epi8(2), a2 = _mm256_set1_epi8(3), a3 = _mm256_set1_epi8(4), \
+                a4 = _mm256_set1_epi8(5), a5 = _mm256_set1_epi8(6), a6 = _mm256_set1_epi8(7), a7 = _mm256_set1_epi8(8); \
+        __m256i x = _mm256_set1_epi8(3), y = _mm256_set1_epi8(5);                                      \
+        __asm__ volatile("" : "+x"(x), "+x"(y)); /* opaque: no product folded at compile time */   \
         const double t0 = now();                                                                       \
         for (long i = 0; i < N / 8; i++) {                                                             \
             OP(a0); OP(a1); OP(a2); OP(a3); OP(a4); OP(a5); OP(a6); OP(a7);                            \
-            __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3));                             \
+            __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7)); \
         }                                                                                              \
         const double ns = (now() - t0) / N * 1e9;                                                      \
         __m256i s = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));              \
@@ -41,13 +43,15 @@ static double now(void) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* the pair kernels' register width: where the vector unit is 512 bits wide, twice the ymm rate */
 static void run_zmm(void) {
-    __m512i a0 = _mm512_set1_epi8(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(5);
+    __m512i a0 = _mm512_set1_epi8(1), a1 = _mm512_set1_epi8(2), a2 = _mm512_set1_epi8(3), a3 = _mm512_set1_epi8(4),
+            a4 = _mm512_set1_epi8(5), a5 = _mm512_set1_epi8(6), a6 = _mm512_set1_epi8(7), a7 = _mm512_set1_epi8(8);
+    __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(5);
+    __asm__ volatile("" : "+v"(x), "+v"(y)); /* opaque: no product folded at compile time */
     const double t0 = now();
     for (long i = 0; i < N / 8; i++) {
 #define ZOP(a) a = _mm512_dpbusd_epi32(a, x, y)
         ZOP(a0); ZOP(a1); ZOP(a2); ZOP(a3); ZOP(a4); ZOP(a5); ZOP(a6); ZOP(a7);
-        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7));
     }
     const double ns = (now() - t0) / N * 1e9;
     const __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
