@@ -30,7 +30,8 @@ LLAMA_CPP = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specde
 CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
-FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope"]
+FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe"]
+DENSE = [f for f in FAMILIES if f != "qwen3moe"]  # the families whose layers run in the C layer loop
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)
@@ -61,6 +62,11 @@ def family_model(name: str, vocab: int):
         cfg = tf.Phi3Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=False, sliding_window=None,
                             original_max_position_embeddings=256, **TINY)
         cls = tf.Phi3ForCausalLM
+    elif name == "qwen3moe":  # 8 experts, 2 a token, Qwen3-30B-A3B's renormalised weights
+        cfg = tf.Qwen3MoeConfig(vocab_size=vocab, num_hidden_layers=2, head_dim=32, tie_word_embeddings=True,
+                                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                                **TINY)
+        cls = tf.Qwen3MoeForCausalLM
     elif name == "phi3-longrope":
         cfg = tf.Phi3Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, sliding_window=None,
                             original_max_position_embeddings=PHI_ORIGINAL, rope_parameters=dict(LONGROPE), **TINY)
@@ -176,7 +182,8 @@ def test_quantized_path_matches_transformers(checkpoints, name):
     ids = prompt_ids(model.config.vocab_size)
     expected = hf_logits(model, ids)
     loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
-    assert loaded.weight_format == "gguf-q8" and loaded.layer_loop is not None  # the kernels and the C loop
+    assert loaded.weight_format == "gguf-q8"  # the kernels, and the C loop where the layers are dense
+    assert (loaded.layer_loop is not None) == (name in DENSE)
     rel = ((our_logits(loaded, ids) - expected).abs().max() / expected.abs().max()).item()
     assert rel < QUANT_REL, f"{name}: max |logit error| / max |logit| = {rel:.3f}"
 
@@ -193,27 +200,30 @@ def both_loops(module, fn):
     return a, b
 
 
+def steps_and_passes(m, prompt, steps):
+    """Logits of 8 decode steps after a 20-token prompt, verify passes of 2, 5 and 16 rows from the same
+    point, and a tree with its own mask; and the keys cached."""
+    with torch.inference_mode():
+        c = m.new_cache(64)
+        m(prompt, c, 0)
+        out = [m(steps[:, i:i + 1], c, 20 + i) for i in range(8)]
+        out += [m(steps[:, :n], c, 20) for n in (2, 5, 16)]
+        mask = torch.zeros(4, 24, dtype=torch.bool)
+        mask[:, :20] = True
+        for i, anc in enumerate([[0], [1], [0, 2], [1, 3]]):
+            mask[i, [20 + a for a in anc]] = True
+        out.append(m(steps[:, :4], c, 20, positions=torch.tensor([[20, 20, 21, 21]]), mask=mask))
+        return out, c.k.clone()
+
+
 @kernel
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", DENSE)
 def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
     """Decode steps and verify passes past the sliding window, a tree with its own mask, and a ragged batch."""
     model, paths = checkpoints[name]
     loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
     prompt, steps = prompt_ids(model.config.vocab_size, 20), prompt_ids(model.config.vocab_size, 16)
-
-    def run(m):
-        with torch.inference_mode():
-            c = m.new_cache(64)
-            m(prompt, c, 0)
-            out = [m(steps[:, i:i + 1], c, 20 + i) for i in range(8)]
-            out += [m(steps[:, :n], c, 20) for n in (2, 5, 16)]
-            mask = torch.zeros(4, 24, dtype=torch.bool)
-            mask[:, :20] = True
-            for i, anc in enumerate([[0], [1], [0, 2], [1, 3]]):
-                mask[i, [20 + a for a in anc]] = True
-            out.append(m(steps[:, :4], c, 20, positions=torch.tensor([[20, 20, 21, 21]]), mask=mask))
-            return out, c.k.clone()
-    (a, ka), (b, kb) = both_loops(loaded, run)
+    (a, ka), (b, kb) = both_loops(loaded, lambda m: steps_and_passes(m, prompt, steps))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert torch.equal(ka, kb)
     assert torch.equal(a[8], torch.cat(a[:2], 1))  # a verify row is a one-token step
@@ -222,6 +232,30 @@ def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
     (a, ka, takes, alone), (b, kb, _, _) = both_loops(loaded, lambda m: ragged_step(m, prompt, [20, 9], feeds, [2, 0]))
     assert takes and torch.equal(a, b) and torch.equal(ka, kb)
     assert all(torch.equal(a[row, :len(f)], own[0]) for row, (f, own) in enumerate(zip(feeds, alone)))
+
+
+@kernel
+def test_moe_rows_take_the_experts_of_one_token_steps(checkpoints):
+    """Mixture-of-experts layers (the Python loop): a verify pass gives each row a one-token step's bits,
+    experts and all, and so does a ragged batch; the experts a token is routed to change its output."""
+    model, paths = checkpoints["qwen3moe"]
+    loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
+    prompt, steps = prompt_ids(model.config.vocab_size, 20), prompt_ids(model.config.vocab_size, 16)
+    out, _ = steps_and_passes(loaded, prompt, steps)
+    assert torch.equal(out[8], torch.cat(out[:2], 1)) and torch.equal(out[9], torch.cat(out[:5], 1))
+    assert torch.equal(out[10][:, :8], torch.cat(out[:8], 1))
+    feeds = [steps[0, :5].tolist(), steps[0, 5:7].tolist()]
+    a, _, _, alone = ragged_step(loaded, prompt, [20, 9], feeds, [2, 0])
+    assert all(torch.equal(a[row, :len(f)], own[0]) for row, (f, own) in enumerate(zip(feeds, alone)))
+    moe = loaded.model.layers[0].mlp
+    x = torch.randn(3, model.config.hidden_size)
+    weights, ids = moe.route(x)
+    assert ids.shape == (3, 2) and torch.allclose(weights.sum(-1), torch.ones(3))
+    others = (ids + 1) % 8  # the same weights on the next experts along
+    with torch.inference_mode():
+        picked = sum(moe.experts.run(int(e), x[:1]) * w for e, w in zip(ids[0], weights[0]))
+        moved = sum(moe.experts.run(int(e), x[:1]) * w for e, w in zip(others[0], weights[0]))
+        assert torch.allclose(moe(x[None])[0, :1], picked, atol=1e-5) and not torch.allclose(picked, moved, atol=1e-3)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -274,10 +308,11 @@ def test_phi3_reads_longrope_and_partial_rope(checkpoints):
     assert (our_logits(ours, short_ids) - short).abs().max().item() > 1e-3  # the long factors differ
 
 
-@pytest.mark.parametrize("name", ["phi3", "phi3-longrope"])
-def test_phi3_through_transformers_and_its_own_directory(checkpoints, name):
+@pytest.mark.parametrize("name", ["phi3", "phi3-longrope", "qwen3moe"])
+def test_through_transformers_and_the_hf_directory(checkpoints, name):
     """Our weights handed back to transformers' class (bench's HF peer: q/k/v and gate/up fused again, the
-    partial RoPE's rows in HF's order) and the HF directory itself through our loader give transformers' logits."""
+    partial RoPE's rows in HF's order, the experts' gate and up in one parameter) and the HF directory itself
+    through our loader give transformers' logits."""
     from specdec.bench.baselines import hf_model
     model, paths = checkpoints[name]
     ids = prompt_ids(model.config.vocab_size)
@@ -380,6 +415,29 @@ def test_a_missing_tensor_is_named(tmp_path):
     from specdec.errors import SpecdecError
     with pytest.raises(SpecdecError, match=r"lacks the tensor blk\.0\.attn_q_norm\.weight, which a qwen3 model needs"):
         load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "qwen3")))
+
+
+def test_a_dense_file_under_the_moe_architecture_is_named(tmp_path):
+    from specdec.errors import SpecdecError
+    with pytest.raises(SpecdecError, match=r"lacks the tensor blk\.0\.ffn_gate_inp\.weight, which a qwen3moe model needs"):
+        load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "qwen3moe")))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_experts_per_tok": 9}, "num_experts_per_tok 9 must be between 1 and num_experts 8"),
+    ({"num_experts_per_tok": 0}, "num_experts_per_tok 0 must be between 1 and num_experts 8"),
+    ({"mlp_only_layers": [1]}, "dense MLP layers among the mixture-of-experts ones"),
+    ({"decoder_sparse_step": 2}, "dense MLP layers among the mixture-of-experts ones")])
+def test_an_moe_config_we_do_not_run_is_refused(checkpoints, tmp_path, change, message):
+    """An HF directory whose experts we cannot route as it says: a clear error naming the key, no crash."""
+    import shutil
+
+    from specdec.errors import SpecdecError
+    d = shutil.copytree(checkpoints["qwen3moe"][1]["hf"], tmp_path / "moe")
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(config | change))
+    with pytest.raises(SpecdecError, match=message):
+        load_model(str(d), device="cpu", progress=lambda *a: None)
 
 
 def test_a_phi3_file_of_another_layout_is_named(tmp_path):

@@ -152,7 +152,7 @@ def enable(model: nn.Module) -> bool:
     """Give a CPU fp32 model whose every decoder layer qualifies a CpuForward (model.layer_loop);
     returns whether it did."""
     model.layer_loop = None
-    if not cpu_kernels.available():
+    if not cpu_kernels.available() or model.config.num_experts:  # mixture-of-experts MLPs stay in Python (moe.py)
         return False
     layers = []
     for layer in model.model.layers:

@@ -92,6 +92,8 @@ def unsupported(model: nn.Module) -> str | None:
     cfg = model.config
     if cfg.sandwich_norms or cfg.sliding_layers or cfg.activation != "silu":
         return "its layers have sandwich norms, sliding windows or a gate other than SiLU"
+    if cfg.num_experts:
+        return "its MLPs are mixtures of experts"
     if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
         return f"its head_dim {cfg.head_dim} is not a power of two of at least 16 (the attention's tl.dot)"
     return gpu_kernels.available()

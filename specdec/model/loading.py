@@ -9,8 +9,10 @@ tensors into memory at load, on the target device. HF directories load with safe
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +23,11 @@ from specdec.errors import SpecdecError
 from specdec.model import cpu_forward, cpu_kernels
 from specdec.model.gguf_file import GGUFFile
 from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
-from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfig, Transformer, rope_row_order
+from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, MLP, ModelConfig, Transformer, rope_row_order
 
-SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "mistral", "gemma3", "phi3"}  # GGUF general.architecture
-HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text", "phi3"}  # an HF directory's config model_type
+SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma3", "phi3"}  # GGUF general.architecture
+HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma3_text", "phi3"}  # an HF config's model_type
+GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # GGUF architectures named otherwise in HF
 PERMUTED_QK = {"llama", "mistral"}  # llama.cpp's converter interleaves these families' q/k rows for its RoPE
 PARTIAL_ROPE_ARCHS = {"phi3"}  # RoPE on part of each head (rope.dimension_count < head_dim): Phi-4-mini
 
@@ -45,10 +48,16 @@ GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm
 # the per-layer tensors each family needs (besides .weight), and those of the whole model
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
                  "ffn_down"]
-FAMILY_TENSORS = {"qwen3": ["attn_q_norm", "attn_k_norm"],
+FAMILY_TENSORS = {"qwen3": ["attn_q_norm", "attn_k_norm"], "qwen3moe": ["attn_q_norm", "attn_k_norm"],
                   "gemma3": ["attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"]}
 # an architecture's per-layer tensors where they are not LAYER_TENSORS (Phi-3: q/k/v in one, gate and up in one)
-ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]}
+ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"],
+                      "qwen3moe": LAYER_TENSORS[:6] + ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]}
+# a mixture of experts' tensors: the router (HF's mlp.gate) and each of the experts' three matrices, stacked
+# [experts, rows, K] in one tensor (HF: gate and up in one parameter, gate_up_proj, with no ".weight")
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # gate, up, down
+# an HF checkpoint's experts saved one by one (the 3-D parameters' layout on disk)
+EXPERT_KEY = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 # tensors of an architecture holding several of our weights stacked along their rows, in this order (llama.cpp
 # also reads a phi3 file with separate attn_q, attn_k and attn_v; its ffn_up always holds the gate, then up)
 FUSED_TENSORS = {"phi3": {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")}}
@@ -67,6 +76,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     names = GEMMA_LAYER_NAMES if arch == "gemma3" else GGUF_LAYER_NAMES
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{kind}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] == "ffn_gate_inp":
+        return f"model.layers.{parts[1]}.mlp.gate.{kind}"
     return None
 
 
@@ -101,7 +112,7 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
                            f"is not supported for {arch}" + (" (an even count below the head's is)"
                                                              if arch in PARTIAL_ROPE_ARCHS else ""))
     cfg = {
-        "model_type": "gemma3_text" if arch == "gemma3" else arch, "vocab_size": gguf.tensors["token_embd.weight"].rows,
+        "model_type": GGUF_MODEL_TYPES.get(arch, arch), "vocab_size": gguf.tensors["token_embd.weight"].rows,
         "hidden_size": hidden, "intermediate_size": int(f("feed_forward_length")),
         "num_hidden_layers": int(f("block_count")),
         "num_attention_heads": heads, "num_key_value_heads": int(f("attention.head_count_kv", heads)),
@@ -119,6 +130,9 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
         cfg.update(_gguf_gemma3(gguf, cfg))
     if arch == "phi3":  # llama.cpp runs Phi-3's sliding_window key as full attention: so do we
         cfg["sliding_window"] = None
+    if arch == "qwen3moe":  # llama.cpp renormalises the picked experts' weights for qwen3moe, whatever the config said
+        cfg.update(num_experts=int(f("expert_count", 0)), num_experts_per_tok=int(f("expert_used_count", 0)),
+                   moe_intermediate_size=int(f("expert_feed_forward_length", 0)), norm_topk_prob=True)
     try:
         model = ModelConfig.from_hf(cfg)
     except ValueError as e:  # a RoPE variant or size we do not run
@@ -288,6 +302,11 @@ def gguf_state_dict(gguf: GGUFFile, cfg: dict, dtype: torch.dtype = torch.float3
     fused, model = FUSED_TENSORS.get(arch, {}), ModelConfig.from_hf(cfg)
     for name in gguf.tensors:
         parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in EXPERT_TENSORS:
+            if parts[2] != "ffn_up_exps":  # up goes with gate
+                key, value = _experts_state(gguf, int(parts[1]), parts[2], cfg, model)
+                out[key] = value.to(device=device, dtype=dtype)
+            continue
         if len(parts) == 4 and parts[0] == "blk" and parts[2] in fused:  # one of ours per part, row slices
             pieces = dequantize(gguf, name, cfg).split(_fused_rows(arch, parts[2], model))
             for part, piece in zip(fused[parts[2]], pieces):
@@ -297,6 +316,17 @@ def gguf_state_dict(gguf: GGUFFile, cfg: dict, dtype: torch.dtype = torch.float3
         if hf is not None:
             out[hf] = dequantize(gguf, name, cfg).to(device=device, dtype=dtype)
     return out
+
+
+def _experts_state(gguf: GGUFFile, layer: int, kind: str, cfg: dict, model: ModelConfig) -> tuple[str, torch.Tensor]:
+    """HF's name and value of layer `layer`'s experts' weights that GGUF tensor `kind` holds: gate_up_proj
+    # [E, 2 I, hidden] from ffn_gate_exps and ffn_up_exps, or down_proj # [E, hidden, I]."""
+    E, I, H = model.num_experts, model.expert_intermediate_size, model.hidden_size
+    deq = lambda k: dequantize(gguf, f"blk.{layer}.{k}.weight", cfg)  # noqa: E731  [E * rows, K]
+    prefix = f"model.layers.{layer}.mlp.experts"
+    if kind == "ffn_down_exps":
+        return f"{prefix}.down_proj", deq(kind).view(E, H, I)
+    return f"{prefix}.gate_up_proj", torch.cat([deq("ffn_gate_exps").view(E, I, H), deq("ffn_up_exps").view(E, I, H)], 1)
 
 
 def _shift_norms(state: dict[str, torch.Tensor], offset: float) -> dict[str, torch.Tensor]:
@@ -321,9 +351,25 @@ def hf_state_dict(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.
     return state
 
 
+def _stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Experts saved one by one (mlp.experts.E.gate_proj.weight, ..., the layout HF checkpoints are written
+    in) as the 3-D parameters transformers' class and ours hold: gate_up_proj # [E, 2 I, hidden], down_proj."""
+    groups: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    for key in list(state):
+        found = EXPERT_KEY.match(key)
+        if found:
+            groups.setdefault(found[1], {}).setdefault(found[3], {})[int(found[2])] = state.pop(key)
+    for prefix, kinds in groups.items():
+        stack = lambda kind: torch.stack([kinds[kind][e] for e in sorted(kinds[kind])])  # noqa: E731
+        state[f"{prefix}.gate_up_proj"] = torch.cat([stack("gate_proj"), stack("up_proj")], dim=1)
+        state[f"{prefix}.down_proj"] = stack("down_proj")
+    return state
+
+
 def _from_hf_state_dict(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """An HF checkpoint's weights as our model takes them (hf_state_dict's inverse, less the norms)."""
     model = ModelConfig.from_hf(cfg)
+    state = _stack_experts(state)
     for fused, parts in HF_FUSED.get(family(cfg), {}).items():
         for key in [k for k in state if k.rpartition(".")[0].endswith(f".{fused}")]:
             prefix, kind = key.rpartition(".")[0][:-len(fused)], key.rpartition(".")[2]
@@ -477,6 +523,43 @@ def _linear(gguf: GGUFFile, bases: list[str], cfg: dict, reencode: bool = False,
     return layer
 
 
+def _experts(gguf: GGUFFile, p: str, model: ModelConfig, cfg: dict, repack: bool, bits: int, rest: int) -> nn.ModuleList:
+    """Layer p's experts, one MLP each on its rows of the stacked expert tensors (gate and up as one GEMM);
+    on the file's blocks where our kernels read them (repacked where the format has tiles), else fp32."""
+    names = [f"{p}{k}.weight" for k in EXPERT_TENSORS]  # gate, up, down: [E * rows, K] each
+    infos = [gguf.tensors[n] for n in names]
+    E = model.num_experts
+    blocks = all(supported(i.ggml_type, i.dims[0]) for i in infos)
+    if not blocks:
+        for n, i in zip(names, infos):
+            _refuse_blocks(gguf, n, supported(i.ggml_type, i.dims[0]))
+    data = [_tensor(gguf.tensor(n)) if blocks else dequantize(gguf, n, cfg) for n in names]
+
+    def linear(at: list[int], e: int, width: int) -> nn.Module:
+        """Expert e's rows of the tensors `at` (indices into names), stacked along the outputs."""
+        K = infos[at[0]].dims[0]
+        rows = [data[i][e * (infos[i].rows // E):(e + 1) * (infos[i].rows // E)] for i in at]
+        if blocks:
+            parts = [(infos[i].ggml_type, r) for i, r in zip(at, rows)]
+            return QuantLinear(_repacked(gguf, [], parts, K, width) if repack else parts, K)
+        layer = nn.Linear(K, sum(r.shape[0] for r in rows), bias=False, device="meta")
+        layer.weight = nn.Parameter(torch.cat(rows), requires_grad=False)
+        return layer
+    shape = replace(model, intermediate_size=model.expert_intermediate_size)
+    experts = nn.ModuleList()
+    for e in range(E):
+        with torch.device("meta"):
+            mlp = MLP(shape)
+        mlp.gate_up_proj, mlp.down_proj = linear([0, 1], e, bits), linear([2], e, rest)
+        mlp.gate_proj = mlp.up_proj = None
+        mlp.cpu_ops = True
+        experts.append(mlp)
+    if blocks and repack:
+        for n in names:  # every expert's blocks were copied into tiles
+            gguf.release(n)
+    return experts
+
+
 FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}  # ggml type ids of plain float tensors
 
 
@@ -561,10 +644,16 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
         attn.qkv_proj = _linear(gguf, stacked(p, ("attn_q", "attn_k", "attn_v")), cfg, reencode, repack, rest)
         attn.q_proj = attn.k_proj = attn.v_proj = None
         attn.o_proj = _linear(gguf, [p + "attn_output"], cfg, reencode, repack, rest)
-        mlp.gate_up_proj = _linear(gguf, stacked(p, ("ffn_gate", "ffn_up")), cfg, reencode, repack, bits)
-        mlp.gate_proj = mlp.up_proj = None
-        mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, rest)
-        attn.cpu_ops, attn.cpu_rows, mlp.cpu_ops = True, sys.maxsize, True
+        if model.config.num_experts:
+            mlp.gate = _linear(gguf, [p + "ffn_gate_inp"], cfg, reencode, repack, rest)
+            mlp.experts.blocks = _experts(gguf, p, model.config, cfg, repack, bits, rest)
+            mlp.experts.gate_up_proj = mlp.experts.down_proj = None
+        else:
+            mlp.gate_up_proj = _linear(gguf, stacked(p, ("ffn_gate", "ffn_up")), cfg, reencode, repack, bits)
+            mlp.gate_proj = mlp.up_proj = None
+            mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, rest)
+            mlp.cpu_ops = True
+        attn.cpu_ops, attn.cpu_rows = True, sys.maxsize
     backbone.norm.cpu_ops = True
     model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode, repack,
                             rest, head_rows)

@@ -1,9 +1,10 @@
 """One compact decoder for the Llama family and its relatives: Llama (Llama 3's RoPE scaling too),
-SmolLM2, Qwen2/2.5, Qwen3, Mistral, Gemma 3 and Phi-3/Phi-4-mini.
+SmolLM2, Qwen2/2.5, Qwen3, Qwen3-MoE, Mistral, Gemma 3 and Phi-3/Phi-4-mini.
 
 A family's differences are data in ModelConfig (q/k bias, per-head q/k norms, norms on the attention's
 and the MLP's outputs, the gate's activation, scaled embeddings, the attention scale, sliding-window
-layers with their own RoPE base, RoPE scaling: linear, Llama 3's, LongRoPE; RoPE on part of each head),
+layers with their own RoPE base, RoPE scaling: linear, Llama 3's, LongRoPE; RoPE on part of each head;
+mixture-of-experts MLPs, moe.py),
 filled from the GGUF metadata or the HF config.
 Parameter names follow HF transformers (model.layers.N.self_attn.q_proj.weight, ...), so HF
 checkpoints and a GGUF file's dequantized tensors (the torch reference) load with a plain load_state_dict;
@@ -24,10 +25,12 @@ from torch import nn
 
 from specdec.model import cpu_kernels
 from specdec.model.kv_cache import KVCache
+from specdec.model.moe import MoE
 
 # HF model_type -> the switches its family sets in ModelConfig (the rest are Llama's)
 FAMILIES = {
     "llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True},
+    "qwen3_moe": {"qk_norm": True},  # Qwen3's layer with a mixture-of-experts MLP (the experts are config data)
     "gemma3": {"qk_norm": True, "sandwich_norms": True, "activation": "gelu_tanh", "norm_offset": 1.0,
                "scaled_embeddings": True},
     "phi3": {},  # Llama's layer; its fused tensors are the loader's, LongRoPE and partial RoPE are RoPE data
@@ -68,6 +71,10 @@ class ModelConfig:
     rope_attn_factor: float = 1.0  # LongRoPE: cos and sin of the rotated dimensions scaled by it
     rope_dim: int = 0  # RoPE on the first rope_dim dimensions of each head, the rest pass (Phi-4-mini); 0: all.
     # q's and k's rows then lie in rope_row_order's layout (the loaders reorder them; hf_state_dict undoes it)
+    num_experts: int = 0  # > 0: every layer's MLP is a mixture of this many experts (moe.py)
+    experts_per_token: int = 0  # the experts each token is routed to
+    expert_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = True  # the picked experts' weights renormalised to sum to 1
 
     @property
     def rotary_dim(self) -> int:
@@ -105,7 +112,23 @@ class ModelConfig:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=cfg.get("tie_word_embeddings", family == "gemma3"),
-            **switches, **_hf_windows(cfg, family), **_hf_rope(cfg, head_dim))
+            **switches, **_hf_windows(cfg, family), **_hf_rope(cfg, head_dim), **_hf_experts(cfg))
+
+
+def _hf_experts(cfg: dict) -> dict:
+    """The mixture-of-experts fields of an HF config (Qwen3-MoE's keys), or none for a dense model."""
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0  # transformers 5 writes the second
+    if not experts:
+        return {}
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        raise ValueError("dense MLP layers among the mixture-of-experts ones (mlp_only_layers, decoder_sparse_step) "
+                         "are not supported")
+    top_k = int(cfg.get("num_experts_per_tok") or 0)
+    if not 0 < top_k <= experts:
+        raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and num_experts {experts}")
+    return {"num_experts": int(experts), "experts_per_token": top_k,
+            "expert_intermediate_size": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+            "norm_topk_prob": bool(cfg.get("norm_topk_prob", True))}
 
 
 def _hf_windows(cfg: dict, family: str) -> dict:
@@ -369,7 +392,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg.num_experts, cfg.experts_per_token, cfg.hidden_size, cfg.expert_intermediate_size,
+                       cfg.norm_topk_prob) if cfg.num_experts else MLP(cfg)
         self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
         if cfg.sandwich_norms:
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
