@@ -258,6 +258,37 @@ def test_moe_rows_take_the_experts_of_one_token_steps(checkpoints):
         assert torch.allclose(moe(x[None])[0, :1], picked, atol=1e-5) and not torch.allclose(picked, moved, atol=1e-3)
 
 
+def _llama_server():
+    from specdec.bench.llama_server import find_binary
+    from specdec.errors import SpecdecError
+    try:
+        return find_binary()
+    except SpecdecError:
+        return None
+
+
+@kernel
+@pytest.mark.skipif(_llama_server() is None, reason="no llama-server build (scripts/llama_cpp.sh build)")
+def test_moe_next_token_logprobs_match_llama_server(checkpoints, tmp_path):
+    """The same Q8_0 file through llama.cpp's own server: its log-probabilities of its top tokens after each
+    of 6 prompts equal ours within the two engines' rounding (llama.cpp renormalises qwen3moe's picked
+    experts' weights, as we do for the architecture)."""
+    from specdec.bench.llama_server import LlamaServer
+    model, paths = checkpoints["qwen3moe"]
+    ours = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
+    server = LlamaServer(_llama_server(), paths["q8_0"], None, 256, 2, tmp_path / "llama.log")
+    try:
+        for seed in range(6):
+            ids = prompt_ids(model.config.vocab_size, 12 + seed).tolist()[0]
+            with torch.inference_mode():
+                mine = torch.log_softmax(ours(torch.tensor([ids]), ours.new_cache(64), 0)[0, -1], -1)
+            top = server.complete({"prompt": ids, "n_predict": 1, "temperature": 0, "n_probs": 8,
+                                   "cache_prompt": False})["completion_probabilities"][0]["top_logprobs"]
+            assert max(abs(t["logprob"] - float(mine[t["id"]])) for t in top) < 0.1
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("weights", ["default", "float32"])
 def test_speculative_greedy_equals_plain(checkpoints, name, weights):
