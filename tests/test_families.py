@@ -31,7 +31,6 @@ CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
 FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe"]
-DENSE = [f for f in FAMILIES if f != "qwen3moe"]  # the families whose layers run in the C layer loop
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)
@@ -182,8 +181,7 @@ def test_quantized_path_matches_transformers(checkpoints, name):
     ids = prompt_ids(model.config.vocab_size)
     expected = hf_logits(model, ids)
     loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
-    assert loaded.weight_format == "gguf-q8"  # the kernels, and the C loop where the layers are dense
-    assert (loaded.layer_loop is not None) == (name in DENSE)
+    assert loaded.weight_format == "gguf-q8" and loaded.layer_loop is not None  # the kernels and the C loop
     rel = ((our_logits(loaded, ids) - expected).abs().max() / expected.abs().max()).item()
     assert rel < QUANT_REL, f"{name}: max |logit error| / max |logit| = {rel:.3f}"
 
@@ -217,7 +215,7 @@ def steps_and_passes(m, prompt, steps):
 
 
 @kernel
-@pytest.mark.parametrize("name", DENSE)
+@pytest.mark.parametrize("name", FAMILIES)
 def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
     """Decode steps and verify passes past the sliding window, a tree with its own mask, and a ragged batch."""
     model, paths = checkpoints[name]
@@ -235,11 +233,18 @@ def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
 
 
 @kernel
-def test_moe_rows_take_the_experts_of_one_token_steps(checkpoints):
-    """Mixture-of-experts layers (the Python loop): a verify pass gives each row a one-token step's bits,
-    experts and all, and so does a ragged batch; the experts a token is routed to change its output."""
+@pytest.mark.parametrize("path", ["C", "Python"])
+def test_moe_rows_take_the_experts_of_one_token_steps(checkpoints, path):
+    """Mixture-of-experts layers, routed in C (moe_rows: the C layer loop and the Python loop's MoE.fast) or
+    in Python (a model whose experts moe_rows does not take): a verify pass gives each row a one-token
+    step's bits, experts and all, and so does a ragged batch; the experts a token is routed to change its
+    output."""
     model, paths = checkpoints["qwen3moe"]
     loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
+    if path == "Python":
+        loaded.layer_loop = None
+        for layer in loaded.model.layers:
+            layer.mlp.fast = None
     prompt, steps = prompt_ids(model.config.vocab_size, 20), prompt_ids(model.config.vocab_size, 16)
     out, _ = steps_and_passes(loaded, prompt, steps)
     assert torch.equal(out[8], torch.cat(out[:2], 1)) and torch.equal(out[9], torch.cat(out[:5], 1))

@@ -8,13 +8,17 @@
  * (each row its own cache row, slots and mask), T <= 16 positions a row, every linear layer on GGUF
  * blocks, a Llama-shaped layer (RMSNorm, rotate-half RoPE, grouped-query attention, gated MLP) with
  * the switches of its family: per-head q/k norms, norms on the attention's and the MLP's outputs, SiLU
- * or GELU-tanh gate, sliding-window layers with their own RoPE rows and mask, the attention's scale.
+ * or GELU-tanh gate, sliding-window layers with their own RoPE rows and mask, the attention's scale, a
+ * mixture of experts for the MLP (moe_rows, which moe.py also calls for forwards of any length).
  * The caller falls back to the Python loop for anything else.
  */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
+#include "simd.h"
 
 /* Y[T, N] = X[T, K] . W^T + b, as cpu_kernels.quant_linear does it (part by part, the bias per part) */
 static int linear(const fw_linear *l, const float *X, float *Y, int64_t T, int nthreads) {
@@ -27,6 +31,70 @@ static int linear(const fw_linear *l, const float *X, float *Y, int64_t T, int n
         off += q->rows;
     }
     return 0;
+}
+
+/* a . b over D floats: FMAs in steps of VL, vsum's tree, then the tail; one order for every call */
+static float dot_f32(const float *a, const float *b, int64_t D) {
+    vec acc = VZERO();
+    int64_t d = 0;
+    for (; d + VL <= D; d += VL) acc = VFMA(VLOAD(a + d), VLOAD(b + d), acc);
+    float s = vsum(acc);
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* One token's routing: the router's scores of x [D], their softmax, the k most probable experts into id [k]
+ * (the larger probability first, the lower id on a tie) and their probabilities into w [k], renormalised to
+ * sum to 1 where m->norm. p: E floats of scratch. Nothing here depends on the other tokens of the call. */
+static void route(const fw_moe *m, const float *x, int64_t D, float *p, int64_t *id, float *w) {
+    float top = -INFINITY, sum = 0.0f, picked = 0.0f;
+    for (int64_t e = 0; e < m->E; e++) {
+        p[e] = dot_f32(m->router + e * D, x, D);
+        if (p[e] > top) top = p[e];
+    }
+    for (int64_t e = 0; e < m->E; e++) sum += p[e] = expf(p[e] - top);
+    for (int64_t j = 0; j < m->k; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < m->E; e++)
+            if (p[e] >= 0.0f && (best < 0 || p[e] > p[best])) best = e;
+        id[j] = best, w[j] = p[best] / sum, picked += w[j];
+        p[best] = -1.0f; /* taken */
+    }
+    if (m->norm)
+        for (int64_t j = 0; j < m->k; j++) w[j] /= picked;
+}
+
+/* out [n, D] = a mixture of experts' output for rows h [n, D] (moe.py's math): each row routed by itself
+ * (route), then expert by expert in ascending id, the rows routed to it through its gate/up GEMM, the gate
+ * and its down GEMM, each added to its row's sum times the row's weight for it. The GEMMs read an expert's
+ * weights once for all its rows and give a row the same bits in any company, so a row's output does not
+ * depend on n. Returns 0, or -1 (no memory, or a GEMM refused). */
+int moe_rows(const fw_moe *m, const float *h, float *out, int64_t n, int64_t D, int act, int nthreads) {
+    const int64_t E = m->E, k = m->k, I = m->gate_up[0].N / 2;
+    float *p = malloc(sizeof(float) * E), *w = malloc(sizeof(float) * n * k), *wr = malloc(sizeof(float) * n);
+    float *xs = malloc(sizeof(float) * n * D), *gu = malloc(sizeof(float) * n * 2 * I);
+    float *a = malloc(sizeof(float) * n * I), *ys = malloc(sizeof(float) * n * D);
+    int64_t *id = malloc(sizeof(int64_t) * n * k), *rows = malloc(sizeof(int64_t) * n);
+    int rc = !(p && w && wr && xs && gu && a && ys && id && rows) ? -1 : 0;
+    for (int64_t i = 0; !rc && i < n; i++) route(m, h + i * D, D, p, id + i * k, w + i * k);
+    if (!rc) memset(out, 0, sizeof(float) * n * D);
+    for (int64_t e = 0; !rc && e < E; e++) {
+        int64_t c = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < k; j++)
+                if (id[i * k + j] == e) {
+                    rows[c] = i, wr[c] = w[i * k + j];
+                    memcpy(xs + c++ * D, h + i * D, sizeof(float) * D);
+                }
+        if (c == 0) continue;
+        rc = linear(&m->gate_up[e], xs, gu, c, nthreads);
+        for (int64_t j = 0; !rc && j < c; j++) gate_mul(gu + j * 2 * I, gu + j * 2 * I + I, a + j * I, I, act);
+        if (!rc) rc = linear(&m->down[e], a, ys, c, nthreads);
+        for (int64_t j = 0; !rc && j < c; j++)
+            for (int64_t d = 0; d < D; d++) out[rows[j] * D + d] += wr[j] * ys[j * D + d];
+    }
+    free(p), free(w), free(wr), free(xs), free(gu), free(a), free(ys), free(id), free(rows);
+    return rc ? -1 : 0;
 }
 
 /* Floats of scratch forward_layers needs for n rows (all the batch's positions): h [n, D], y [n, (H + 2 KV) hd],
@@ -87,9 +155,13 @@ int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t
         if (ly->attn_post) rms_norm(t, ly->attn_post, t, n, D, D, eps);
         for (int64_t i = 0; i < n * D; i++) x[i] += t[i];
         rms_norm(x, ly->ln2, h, n, D, D, eps);
-        if (linear(&ly->gate_up, h, gu, n, nthreads)) return -1;
-        for (int64_t i = 0; i < n; i++) gate_mul(gu + i * 2 * I, gu + i * 2 * I + I, a + i * I, I, ly->act);
-        if (linear(&ly->down, a, t, n, nthreads)) return -1;
+        if (ly->moe) {
+            if (moe_rows(ly->moe, h, t, n, D, ly->act, nthreads)) return -1;
+        } else {
+            if (linear(&ly->gate_up, h, gu, n, nthreads)) return -1;
+            for (int64_t i = 0; i < n; i++) gate_mul(gu + i * 2 * I, gu + i * 2 * I + I, a + i * I, I, ly->act);
+            if (linear(&ly->down, a, t, n, nthreads)) return -1;
+        }
         if (ly->mlp_post) rms_norm(t, ly->mlp_post, t, n, D, D, eps);
         for (int64_t i = 0; i < n * D; i++) x[i] += t[i];
     }

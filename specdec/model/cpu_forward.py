@@ -39,11 +39,48 @@ class _Linear(ctypes.Structure):
                 ("parts", _Part * MAX_PARTS)]
 
 
+class _Moe(ctypes.Structure):
+    _fields_ = [("router", ctypes.c_void_p), ("E", ctypes.c_int64), ("k", ctypes.c_int64), ("norm", ctypes.c_int32),
+                ("gate_up", ctypes.POINTER(_Linear)), ("down", ctypes.POINTER(_Linear))]
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("attn_post", ctypes.c_void_p),
                 ("mlp_post", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("local", ctypes.c_int32), ("act", ctypes.c_int32), ("qkv", _Linear), ("o", _Linear),
-                ("gate_up", _Linear), ("down", _Linear)]
+                ("gate_up", _Linear), ("down", _Linear), ("moe", ctypes.POINTER(_Moe))]
+
+
+class MoeRows:
+    """A mixture-of-experts MLP (moe.MoE on GGUF blocks) in one C call, cpu_forward.c's moe_rows: each token
+    routed by itself in C, each expert's GEMMs over all its tokens. `of` builds one where the module qualifies:
+    an fp32 router, every expert's gate/up and down a QuantLinear."""
+
+    def __init__(self, table: _Moe, keep: list):
+        self.table, self._keep = table, keep  # the pointers' owners
+
+    @staticmethod
+    def of(moe: nn.Module, activation: str) -> "MoeRows | None":
+        router, blocks = moe.gate.weight if isinstance(moe.gate, nn.Linear) else None, moe.experts.blocks
+        if router is None or router.dtype is not torch.float32 or not router.is_contiguous() or blocks is None \
+                or activation != "silu":
+            return None
+        gate_up, down = [_linear(b.gate_up_proj) for b in blocks], [_linear(b.down_proj) for b in blocks]
+        if any(x is None for x in gate_up + down):
+            return None
+        arrays = [(_Linear * len(blocks))(*gate_up), (_Linear * len(blocks))(*down)]
+        table = _Moe(router=router.data_ptr(), E=len(blocks), k=moe.top_k, norm=int(moe.norm_topk_prob),
+                     gate_up=arrays[0], down=arrays[1])
+        return MoeRows(table, [router, *arrays, *(t for b in blocks for t in b.buffers())])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [..., D] fp32 -> [..., D]
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        D = x.shape[-1]
+        if cpu_kernels._lib.moe_rows(ctypes.byref(self.table), x.data_ptr(), out.data_ptr(), x.numel() // D, D,
+                                     cpu_kernels.ACTIVATIONS["silu"], torch.get_num_threads()):
+            raise RuntimeError("moe_rows refused its rows (out of memory, or a GEMM that does not take its weights)")
+        return out
 
 
 def _linear(layer) -> _Linear | None:
@@ -152,23 +189,28 @@ def enable(model: nn.Module) -> bool:
     """Give a CPU fp32 model whose every decoder layer qualifies a CpuForward (model.layer_loop);
     returns whether it did."""
     model.layer_loop = None
-    if not cpu_kernels.available() or model.config.num_experts:  # mixture-of-experts MLPs stay in Python (moe.py)
+    if not cpu_kernels.available():
         return False
+    moe = model.config.num_experts > 0  # every layer's MLP a mixture of experts, in C where each has its MoeRows
     layers = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         attn_in, attn_out, mlp_in, mlp_out = layer.norms()
         norms = [n for n in (attn_in, attn_out, mlp_in, mlp_out, attn.q_norm, attn.k_norm) if n is not None]
-        if not (attn.cpu_ops and attn.cpu_rows >= MAX_T and attn.qkv_proj is not None and mlp.gate_up_proj is not None
+        if not (attn.cpu_ops and attn.cpu_rows >= MAX_T and attn.qkv_proj is not None
+                and (mlp.fast is not None if moe else mlp.gate_up_proj is not None)
                 and all(isinstance(n, RMSNorm) and n.cpu_ops and n.weight.is_contiguous()
                         and n.weight.dtype is torch.float32 and n.eps == attn_in.eps for n in norms)
-                and mlp.activation in cpu_kernels.ACTIVATIONS):
+                and (moe or mlp.activation in cpu_kernels.ACTIVATIONS)):
             return False
-        parts = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        parts = [_linear(m) for m in (attn.qkv_proj, attn.o_proj)]
+        parts += [_Linear(), _Linear()] if moe else [_linear(m) for m in (mlp.gate_up_proj, mlp.down_proj)]
         if any(p is None for p in parts):
             return False
         ptr = lambda n: n.weight.data_ptr() if n is not None else None  # noqa: E731
+        act = cpu_kernels.ACTIVATIONS["silu" if moe else mlp.activation]
         layers.append(_Layer(ptr(attn_in), ptr(mlp_in), ptr(attn_out), ptr(mlp_out), ptr(attn.q_norm),
-                             ptr(attn.k_norm), int(layer.local), cpu_kernels.ACTIVATIONS[mlp.activation], *parts))
+                             ptr(attn.k_norm), int(layer.local), act, *parts,
+                             ctypes.pointer(mlp.fast.table) if moe else None))
     model.layer_loop = CpuForward(model, layers)
     return True

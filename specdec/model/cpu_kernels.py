@@ -200,6 +200,8 @@ def load(extra_flags: list[str] | None = None, target: str | None = None):
     lib.forward_rows.argtypes = [p, i64, p] + [i64] * 7 + [f32, f32, p, p, p, p, p, p] + [i64] * 4 + [p, p] \
         + [i64] * 2 + [p, i64, i64, p, i64, i64, p, ctypes.c_int]
     lib.forward_rows.restype = ctypes.c_int
+    lib.moe_rows.argtypes = [p, p, p, i64, i64, ctypes.c_int, ctypes.c_int]
+    lib.moe_rows.restype = ctypes.c_int
     return lib
 
 

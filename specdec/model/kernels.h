@@ -75,14 +75,26 @@ typedef struct {
     fw_part parts[FW_MAX_PARTS]; /* stacked along the N outputs */
 } fw_linear;
 
+/* a mixture-of-experts MLP (moe.py): the router's fp32 weights [E, D]; each token's k best experts by softmax
+ * probability, their weights renormalised to sum to 1 where norm; expert e's gate/up and down GEMMs */
+typedef struct {
+    const float *router;
+    int64_t E, k;
+    int32_t norm;
+    const fw_linear *gate_up, *down; /* [E] each */
+} fw_moe;
+
 typedef struct {
     const float *ln1, *ln2; /* the attention's and the MLP's input norm weights [D] */
     const float *attn_post, *mlp_post; /* norms of the attention's and the MLP's outputs [D], or NULL */
     const float *q_norm, *k_norm; /* per-head norms of q and k [hd], or NULL */
     int32_t local; /* a sliding-window layer: the local RoPE rows and mask */
     int32_t act; /* the gate's activation: 0 SiLU, 1 GELU-tanh */
-    fw_linear qkv, o, gate_up, down;
+    fw_linear qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
+    const fw_moe *moe; /* the MLP a mixture of experts, or NULL */
 } fw_layer;
+
+int moe_rows(const fw_moe *m, const float *h, float *out, int64_t n, int64_t D, int act, int nthreads);
 
 int64_t forward_scratch_floats(int64_t n, int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I);
 int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t T, int64_t D, int64_t H, int64_t KV,

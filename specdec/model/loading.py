@@ -648,6 +648,7 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
             mlp.gate = _linear(gguf, [p + "ffn_gate_inp"], cfg, reencode, repack, rest)
             mlp.experts.blocks = _experts(gguf, p, model.config, cfg, repack, bits, rest)
             mlp.experts.gate_up_proj = mlp.experts.down_proj = None
+            mlp.fast = cpu_forward.MoeRows.of(mlp, model.config.activation)
         else:
             mlp.gate_up_proj = _linear(gguf, stacked(p, ("ffn_gate", "ffn_up")), cfg, reencode, repack, bits)
             mlp.gate_proj = mlp.up_proj = None

@@ -5,12 +5,13 @@ and a token's output is its experts' outputs, weighted, summed in expert order.
 
 Parameter names follow HF transformers: mlp.gate.weight # [E, hidden], mlp.experts.gate_up_proj # [E, 2 I,
 hidden] (gate rows, then up rows), mlp.experts.down_proj # [E, hidden, I]. The CPU backend gives each expert
-layers of its own on the GGUF file's blocks (Experts.blocks).
+layers of its own on the GGUF file's blocks (Experts.blocks) and runs the whole MLP as one C call
+(`fast`: cpu_forward.MoeRows, which routes each token by itself in C; the C layer loop calls the same code).
 
-A token's routing does not depend on how many tokens share the call, up to ROW_BY_ROW of them (a decode
-step, a verify pass): the router scores them one at a time there, and the experts' layers on GGUF blocks
-give a row the same bits in any company. So a verify pass picks the experts a one-token step would, and
-speculative output equals plain decoding's."""
+A token's routing does not depend on how many tokens share the call: in C for any count, and in the Python
+path up to ROW_BY_ROW tokens (a decode step, a verify pass), where the router scores them one at a time;
+the experts' layers on GGUF blocks give a row the same bits in any company. So a verify pass picks the
+experts a one-token step would, and speculative output equals plain decoding's."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class MoE(nn.Module):
         self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
         self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router; the CPU backend's is the file's own
         self.experts = Experts(num_experts, hidden, intermediate)
+        self.fast = None  # the CPU backend: x [..., hidden] -> the MLP's output in one C call (cpu_forward.MoeRows)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The picked experts' weights # [N, top_k] fp32 and ids # [N, top_k] int64 of tokens x # [N, hidden]."""
@@ -57,6 +59,8 @@ class MoE(nn.Module):
         return top, ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [batch, T, hidden]
+        if self.fast is not None:
+            return self.fast(x)
         flat = x.reshape(-1, x.shape[-1])
         weights, ids = self.route(flat)
         out = torch.zeros_like(flat)
