@@ -46,6 +46,13 @@ def test_cuda_graphs_refuse_a_cpu_model():
         CudaGraphs(tiny_model(0))
 
 
+def test_cuda_graphs_refuse_a_mixture_of_experts():
+    """Its routing reads the experts' ids on the host, which a graph cannot replay: refused by name."""
+    moe = tiny_model(0, num_experts=4, experts_per_token=2, expert_intermediate_size=16)
+    with pytest.raises(SpecdecError, match="mixture of experts"):
+        CudaGraphs(moe)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_graphs_keep_greedy_output_exact(dtype):

@@ -205,6 +205,8 @@ def test_models_the_loop_does_not_serve_are_a_clear_error():
         gpu_forward.enable(tiny_model(0, sandwich_norms=True))
     with pytest.raises(SpecdecError, match="power of two"):
         gpu_forward.enable(tiny_model(0, head_dim=24, hidden_size=96))
+    with pytest.raises(SpecdecError, match="mixtures of experts"):
+        gpu_forward.enable(tiny_model(0, num_experts=4, experts_per_token=2, expert_intermediate_size=16))
 
 
 def test_a_ragged_forward_under_a_capacity_wide_mask_is_the_same_forward():

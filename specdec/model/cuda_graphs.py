@@ -91,6 +91,8 @@ class CudaGraphs:
 
     def __init__(self, model, max_tokens: int = 64, max_graphs: int = 32):
         device = model.device
+        if model.config.num_experts:  # its routing picks experts on the host (moe.py), which a graph cannot replay
+            raise SpecdecError("CUDA graphs cannot capture a mixture of experts' routing; drop --cuda-graphs")
         if device.type != "cuda":
             raise SpecdecError(f"CUDA graphs need the model on a CUDA device, not {device}; "
                                "use --device cuda or drop --cuda-graphs")
