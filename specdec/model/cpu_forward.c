@@ -70,6 +70,7 @@ static void route(const fw_moe *m, const float *x, int64_t D, float *p, int64_t 
  * weights once for all its rows and give a row the same bits in any company, so a row's output does not
  * depend on n. Returns 0, or -1 (no memory, or a GEMM refused). */
 int moe_rows(const fw_moe *m, const float *h, float *out, int64_t n, int64_t D, int act, int nthreads) {
+    if (n < 1) return 0;
     const int64_t E = m->E, k = m->k, I = m->gate_up[0].N / 2;
     float *p = malloc(sizeof(float) * E), *w = malloc(sizeof(float) * n * k), *wr = malloc(sizeof(float) * n);
     float *xs = malloc(sizeof(float) * n * D), *gu = malloc(sizeof(float) * n * 2 * I);

@@ -9,7 +9,8 @@ loop's, bit for bit (tests/test_cpu_forward.py).
 
 It serves one sequence (batch 1, or one row of a batched cache) writing at an int start, and a ragged
 batch (the server's rows, each at its own slots under its own mask), up to 16 positions a row, for a
-model whose every linear layer is a QuantLinear (loading.load_gguf_blocks) on our fused ops. A ragged
+model whose every linear layer is a QuantLinear (loading.load_gguf_blocks) on our fused ops, its MLPs
+dense or mixtures of experts (MoeRows: moe_rows, which moe.MoE calls for forwards of any length). A ragged
 batch's GEMMs read each weight once for all its rows. `CpuForward.takes` says whether a call
 qualifies, and the caller keeps the Python loop otherwise.
 """
