@@ -37,3 +37,12 @@ def test_speculative_greedy_equals_plain_on_a_mixture_of_experts():
     for drafter in (DraftModelDrafter(target, TINY_VOCAB, 128), NgramDrafter(3, 1),
                     DraftModelDrafter(tiny_model(1), TINY_VOCAB, 128)):  # itself, lookup, a dense stranger
         assert Engine.single(target, drafter, 128).generate(prompt, cfg, set()).tokens == plain
+
+
+def test_a_step_reads_k_of_the_e_experts():
+    """The profile's roofline counts what a one-token step reads: each layer's k picked experts, not all E."""
+    from specdec.bench.profile import weight_bytes
+    dense, moe = tiny_model(0), tiny_model(0, **EXPERTS)
+    experts = sum(p.numel() * 4 for n, p in moe.named_parameters() if ".mlp.experts." in n)
+    others = sum(p.numel() * 4 for n, p in moe.named_parameters() if ".mlp.experts." not in n and "embed" not in n)
+    assert weight_bytes(moe) == round(others + experts * 2 / 6) and weight_bytes(dense) > 0

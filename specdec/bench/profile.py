@@ -39,18 +39,20 @@ def best_seconds(fn, device: torch.device, repeats: int) -> float:
 def weight_bytes(model: Transformer) -> int:
     """Bytes of weights read per decode step: every weight once (a layer on GGUF blocks counts its
     blocks), except the input embedding, of which a step gathers one row; a tied embedding is read
-    once, as the head."""
+    once, as the head; a mixture's experts at k / E of their bytes (a step reads k experts a layer)."""
     def storage(module: torch.nn.Module) -> set:
         return {t.data_ptr() for t in (*module.parameters(), *module.buffers())}
+    cfg = model.config
+    share = cfg.experts_per_token / cfg.num_experts if cfg.num_experts else 1.0
     embed = model.model.embed_tokens
     skip = storage(embed) - storage(model.lm_head)
-    seen, total = set(), 0
+    seen, total = set(), 0.0
     for name, t in (*model.named_parameters(), *model.named_buffers()):
         if name.startswith("rope_") or t.data_ptr() in skip or t.data_ptr() in seen:
             continue
         seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total
+        total += t.numel() * t.element_size() * (share if ".mlp.experts." in name else 1.0)
+    return round(total)
 
 
 def roofline_rounds(model: Transformer, context: int, rounds: int, bandwidth_mb: int) -> dict:
