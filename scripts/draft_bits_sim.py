@@ -31,7 +31,7 @@ from specdec.bench.datasets import load_prompts  # noqa: E402
 from specdec.config import GenerationConfig  # noqa: E402
 from specdec.drafters.base import NoDrafter  # noqa: E402
 from specdec.engine.engine import Engine  # noqa: E402
-from specdec.model import load_model, loading  # noqa: E402
+from specdec.model import gguf_config, load_model, loading  # noqa: E402
 from specdec.model.registry import resolve_model, specdec_home  # noqa: E402
 from specdec.model.tokenizer import encode_messages  # noqa: E402
 
@@ -154,7 +154,7 @@ def main() -> None:
         ap.error(f"unknown encodings {bad}; choose from {', '.join(KINDS)} (a 3-bit one may end in -rmse)")
     pairs = answers(args.dataset, args.limit)
     gguf = loading.open_gguf(resolve_model(DRAFT))
-    cfg = loading.gguf_hf_config(gguf)
+    cfg = gguf_config.gguf_hf_config(gguf)
     plain = loading.dequantize
     for kind in kinds:
         loading.dequantize = lambda g, name, c, kind=kind: encode(kind, name, g.tensors[name].ggml_type,

@@ -439,7 +439,7 @@ def tiny_gguf(tmp_path, arch: str, fmt: str = "Q8_0", **overrides) -> Path:
 
 def test_an_architecture_we_do_not_run_names_itself_and_the_supported_ones(tmp_path):
     from specdec.errors import SpecdecError
-    from specdec.model.loading import SUPPORTED_ARCHS, gguf_hf_config
+    from specdec.model.gguf_config import SUPPORTED_ARCHS, gguf_hf_config
     gguf = open_gguf(tiny_gguf(tmp_path, "phi2"))
     with pytest.raises(SpecdecError, match="unsupported GGUF architecture 'phi2'") as e:
         gguf_hf_config(gguf)
@@ -485,7 +485,7 @@ def test_a_phi3_file_of_another_layout_is_named(tmp_path):
     with pytest.raises(SpecdecError, match=r"tensor blk\.0\.ffn_up\.weight has .* a phi3 model of these sizes "
                                            r"stacks ffn_gate, ffn_up in 512"):
         load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "phi3")))
-    from specdec.model.loading import _gguf_rope
+    from specdec.model.gguf_config import _gguf_rope
     half = SimpleNamespace(path="half.gguf", tensors={"rope_factors_long.weight": None}, get=lambda key, default=None: default)
     with pytest.raises(SpecdecError, match=r"half\.gguf lacks the tensor rope_factors_short\.weight, which LongRoPE needs"):
         _gguf_rope(half, "phi3", {"max_position_embeddings": 256})

@@ -227,7 +227,7 @@ def test_re_encoding_a_few_rows_at_a_time_keeps_every_weight(tmp_path, monkeypat
 
 def test_a_gguf_without_a_tokenizer_or_of_another_architecture_is_a_clear_error(tmp_path):
     from specdec.model import load_model
-    from specdec.model.loading import gguf_hf_config
+    from specdec.model.gguf_config import gguf_hf_config
     path = write_tiny_gguf(tmp_path / "no-tok.gguf", tiny_model(4), "llama", "Q8_0")  # the fixture writes no tokenizer
     with pytest.raises(SpecdecError, match="carries no tokenizer"):
         load_model(str(path), device="cpu", progress=lambda *a: None)

@@ -9,7 +9,8 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.model import load_model
-from specdec.model.loading import hf_name, resolve_device, resolve_dtype, unpermute_qk
+from specdec.model.gguf_config import hf_name
+from specdec.model.loading import resolve_device, resolve_dtype, unpermute_qk
 from tests.conftest import llama_cpp_permute
 
 PROMPT = ("Speculative decoding lets a small draft model propose several tokens, and the large target "

@@ -11,7 +11,8 @@ import torch
 
 from specdec.config import SamplingParams
 from specdec.errors import SpecdecError
-from specdec.model.loading import gguf_hf_config, gguf_state_dict, hf_state_dict, open_gguf
+from specdec.model.gguf_config import gguf_hf_config
+from specdec.model.loading import gguf_state_dict, hf_state_dict, open_gguf
 
 
 def hf_model(source, share=None):

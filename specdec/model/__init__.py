@@ -9,7 +9,8 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.model import cpu_kernels, gpu_forward
 from specdec.model.cuda_graphs import enable_cuda_graphs
-from specdec.model.loading import (blocks_all_readable, gguf_model_config, load_gguf_blocks, load_gguf_reference,
+from specdec.model.gguf_config import gguf_model_config
+from specdec.model.loading import (blocks_all_readable, load_gguf_blocks, load_gguf_reference,
                                    load_hf_dir, open_gguf, resolve_device, resolve_dtype, use_gguf_blocks)
 from specdec.model.registry import resolve_model
 from specdec.model.tokenizer import eos_ids, load_tokenizer

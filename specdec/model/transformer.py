@@ -164,7 +164,7 @@ def _hf_rope(cfg: dict, head_dim: int) -> dict:
             raise ValueError(f"RoPE on {rotary} of each head's {head_dim} dimensions is not supported "
                              "(both counts must be even)")
         out["rope_dim"] = rotary
-    if cfg.get("rope_freq_factors"):  # a GGUF file's rope_freqs tensor (loading.gguf_hf_config)
+    if cfg.get("rope_freq_factors"):  # a GGUF file's rope_freqs tensor (gguf_config.gguf_hf_config)
         out["rope_freq_factors"] = tuple(float(f) for f in cfg["rope_freq_factors"])
     if kind == "linear":
         out["rope_linear_factor"] = float(scaling["factor"])
