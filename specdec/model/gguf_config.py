@@ -13,7 +13,7 @@ from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfi
 
 SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma3", "phi3"}  # GGUF general.architecture
 GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # GGUF architectures named otherwise in HF
-PERMUTED_QK = {"llama", "mistral"}  # llama.cpp's converter interleaves these families' q/k rows for its RoPE
+PERMUTED_QK = {"llama", "mistral", "mixtral"}  # families whose q/k rows llama.cpp's converter interleaves for its RoPE
 PARTIAL_ROPE_ARCHS = {"phi3"}  # RoPE on part of each head (rope.dimension_count < head_dim): Phi-4-mini
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -31,11 +31,13 @@ LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_
 FAMILY_TENSORS = {"qwen3": ["attn_q_norm", "attn_k_norm"], "qwen3moe": ["attn_q_norm", "attn_k_norm"],
                   "gemma3": ["attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"]}
 # an architecture's per-layer tensors where they are not LAYER_TENSORS (Phi-3: q/k/v in one, gate and up in one)
-ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"],
-                      "qwen3moe": LAYER_TENSORS[:6] + ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]}
+ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]}
 # a mixture of experts' tensors: the router (HF's mlp.gate) and each of the experts' three matrices, stacked
-# [experts, rows, K] in one tensor (HF: gate and up in one parameter, gate_up_proj, with no ".weight")
+# [experts, rows, K] in one tensor (HF: gate and up in one parameter, gate_up_proj, with no ".weight"); a
+# layer of a model with experts (qwen3moe, or llama with an expert count: Mixtral) holds these for its MLP
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # gate, up, down
+MOE_LAYER_TENSORS = LAYER_TENSORS[:6] + ["ffn_gate_inp", *EXPERT_TENSORS]
+EXPERT_ARCHS = {"qwen3moe"}  # architectures whose layers hold experts whatever the file's expert count says
 # tensors of an architecture holding several of our weights stacked along their rows, in this order (llama.cpp
 # also reads a phi3 file with separate attn_q, attn_k and attn_v; its ffn_up always holds the gate, then up)
 FUSED_TENSORS = {"phi3": {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")}}
@@ -71,7 +73,10 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
     f = lambda key, default=None: gguf.get(f"{arch}.{key}", default)  # noqa: E731
     if "token_embd.weight" not in gguf.tensors or f("block_count") is None:
         raise SpecdecError(f"{gguf.path} lacks the token embedding or the layer count; it is not a complete model")
-    _require_tensors(gguf, arch, int(f("block_count")))
+    experts = int(f("expert_count", 0) or 0)
+    _require_tensors(gguf, arch, int(f("block_count")), experts > 0 or arch in EXPERT_ARCHS)
+    if arch in EXPERT_ARCHS and not experts:
+        raise SpecdecError(f"{gguf.path} lacks {arch}.expert_count, which a {arch} model needs")
     heads, hidden = int(f("attention.head_count")), int(f("embedding_length"))
     head_dim = int(f("attention.key_length", hidden // heads))
     rotary = int(f("rope.dimension_count", head_dim))
@@ -99,9 +104,11 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
         cfg.update(_gguf_gemma3(gguf, cfg))
     if arch == "phi3":  # llama.cpp runs Phi-3's sliding_window key as full attention: so do we
         cfg["sliding_window"] = None
-    if arch == "qwen3moe":  # llama.cpp renormalises the picked experts' weights for qwen3moe, whatever the config said
-        cfg.update(num_experts=int(f("expert_count", 0)), num_experts_per_tok=int(f("expert_used_count", 0)),
-                   moe_intermediate_size=int(f("expert_feed_forward_length", 0)), norm_topk_prob=True)
+    if experts:  # llama.cpp renormalises the picked experts' weights for qwen3moe and llama (Mixtral) alike
+        cfg.update(num_experts=experts, num_experts_per_tok=int(f("expert_used_count", 0)), norm_topk_prob=True,
+                   moe_intermediate_size=int(f("expert_feed_forward_length", 0) or cfg["intermediate_size"]))
+        if arch == "llama":
+            cfg["model_type"] = "mixtral"
     try:
         model = ModelConfig.from_hf(cfg)
     except ValueError as e:  # a RoPE variant or size we do not run
@@ -110,10 +117,12 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
     return cfg
 
 
-def _require_tensors(gguf: GGUFFile, arch: str, layers: int) -> None:
-    """SpecdecError naming the first tensor a model of `arch` with `layers` layers needs and the file lacks
-    (a fused tensor may be there as its separate parts, where the parts have names of their own)."""
-    per_layer = ARCH_LAYER_TENSORS.get(arch, LAYER_TENSORS) + FAMILY_TENSORS.get(arch, [])
+def _require_tensors(gguf: GGUFFile, arch: str, layers: int, experts: bool = False) -> None:
+    """SpecdecError naming the first tensor a model of `arch` with `layers` layers (their MLPs mixtures of
+    experts where `experts`) needs and the file lacks (a fused tensor may be there as its separate parts,
+    where the parts have names of their own)."""
+    dense = ARCH_LAYER_TENSORS.get(arch, LAYER_TENSORS)
+    per_layer = (MOE_LAYER_TENSORS if experts else dense) + FAMILY_TENSORS.get(arch, [])
     needed = ["output_norm"] + [f"blk.{i}.{n}" for i in range(layers) for n in per_layer]
     for name in needed:
         if f"{name}.weight" in gguf.tensors:

@@ -27,13 +27,16 @@ from specdec.model.gguf_file import GGUFFile
 from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
 from specdec.model.transformer import MLP, ModelConfig, Transformer, rope_row_order
 
-HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma3_text", "phi3"}  # an HF config's model_type
+HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma3_text", "phi3"}  # HF model_type
 
 # a draft model's block formats re-encoded at load into ones our kernels run faster, holding the same weights
 # (ggml type -> (new type, converter)); measured in docs/performance.md
 FASTER_FORMATS = {Q5_0: (Q8_0, reencode_q5_0_as_q8_0)}
-# an HF checkpoint's experts saved one by one (the 3-D parameters' layout on disk)
-EXPERT_KEY = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+# an HF checkpoint's experts saved one by one (the 3-D parameters' layout on disk; Mixtral's under
+# block_sparse_moe, w1 the gate, w3 up and w2 down), and its router
+EXPERT_KEY = re.compile(r"(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+EXPERT_PARTS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+ROUTER_KEY = re.compile(r"(.*)\.block_sparse_moe\.gate\.weight$")
 # the weights gguf_config.FUSED_TENSORS stacks, as an HF checkpoint of the family holds them (HF module names)
 HF_FUSED = {"phi3": {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                      "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}}
@@ -162,17 +165,21 @@ def hf_state_dict(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.
 
 
 def _stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Experts saved one by one (mlp.experts.E.gate_proj.weight, ..., the layout HF checkpoints are written
-    in) as the 3-D parameters transformers' class and ours hold: gate_up_proj # [E, 2 I, hidden], down_proj."""
+    """Experts saved one by one (mlp.experts.E.gate_proj.weight, or Mixtral's block_sparse_moe.experts.E.w1.weight,
+    ..., the layouts HF checkpoints are written in) as the 3-D parameters transformers' class and ours hold:
+    gate_up_proj # [E, 2 I, hidden], down_proj; Mixtral's router as mlp.gate."""
     groups: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
     for key in list(state):
-        found = EXPERT_KEY.match(key)
+        found, router = EXPERT_KEY.match(key), ROUTER_KEY.match(key)
         if found:
-            groups.setdefault(found[1], {}).setdefault(found[3], {})[int(found[2])] = state.pop(key)
-    for prefix, kinds in groups.items():
+            kind = EXPERT_PARTS.get(found[3], found[3])
+            groups.setdefault(found[1], {}).setdefault(kind, {})[int(found[2])] = state.pop(key)
+        elif router:
+            state[f"{router[1]}.mlp.gate.weight"] = state.pop(key)
+    for layer, kinds in groups.items():
         stack = lambda kind: torch.stack([kinds[kind][e] for e in sorted(kinds[kind])])  # noqa: E731
-        state[f"{prefix}.gate_up_proj"] = torch.cat([stack("gate_proj"), stack("up_proj")], dim=1)
-        state[f"{prefix}.down_proj"] = stack("down_proj")
+        state[f"{layer}.mlp.experts.gate_up_proj"] = torch.cat([stack("gate_proj"), stack("up_proj")], dim=1)
+        state[f"{layer}.mlp.experts.down_proj"] = stack("down_proj")
     return state
 
 

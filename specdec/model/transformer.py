@@ -1,5 +1,5 @@
 """One compact decoder for the Llama family and its relatives: Llama (Llama 3's RoPE scaling too),
-SmolLM2, Qwen2/2.5, Qwen3, Qwen3-MoE, Mistral, Gemma 3 and Phi-3/Phi-4-mini.
+SmolLM2, Qwen2/2.5, Qwen3, Qwen3-MoE, Mistral, Mixtral, Gemma 3 and Phi-3/Phi-4-mini.
 
 A family's differences are data in ModelConfig (q/k bias, per-head q/k norms, norms on the attention's
 and the MLP's outputs, the gate's activation, scaled embeddings, the attention scale, sliding-window
@@ -31,6 +31,7 @@ from specdec.model.moe import MoE
 FAMILIES = {
     "llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},  # Qwen3's layer with a mixture-of-experts MLP (the experts are config data)
+    "mixtral": {},  # Llama's layer with a mixture-of-experts MLP
     "gemma3": {"qk_norm": True, "sandwich_norms": True, "activation": "gelu_tanh", "norm_offset": 1.0,
                "scaled_embeddings": True},
     "phi3": {},  # Llama's layer; its fused tensors are the loader's, LongRoPE and partial RoPE are RoPE data
@@ -128,7 +129,8 @@ def _hf_experts(cfg: dict) -> dict:
         raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and num_experts {experts}")
     return {"num_experts": int(experts), "experts_per_token": top_k,
             "expert_intermediate_size": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
-            "norm_topk_prob": bool(cfg.get("norm_topk_prob", True))}
+            # transformers' default: Mixtral's class always renormalises, Qwen3-MoE's only where the config says
+            "norm_topk_prob": bool(cfg.get("norm_topk_prob", cfg.get("model_type") == "mixtral"))}
 
 
 def _hf_windows(cfg: dict, family: str) -> dict:
