@@ -129,6 +129,18 @@ def test_llama_methods_without_a_llama_cpp_build_are_a_clear_error(monkeypatch, 
     assert "--llama-bin: no executable llama-server" in capsys.readouterr().err
 
 
+def test_a_llama_server_killed_by_sigill_names_the_build_to_make(tmp_path):
+    """A native llama.cpp build whose instructions the CPU refuses (ggml's AMX on some KVM guests) dies at
+    start: the error says so and names a build without them."""
+    from specdec.bench.llama_server import LlamaServer
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\necho starting\nkill -ILL $$\n")
+    fake.chmod(0o755)
+    with pytest.raises(SpecdecError, match=r"exited with -4 \(SIGILL: .*llama_cpp\.sh build avx512.*its log") as e:
+        LlamaServer(fake, tmp_path / "model.gguf", None, 64, 1, tmp_path / "llama.log")
+    assert "starting" in str(e.value)
+
+
 @pytest.mark.parametrize("methods, error", [("llama-spec:0", "K >= 1"), ("llama-spec:4@2", "0 <= P <= 1"),
                                             ("llama-spec:x", "llama-spec takes :K or :K@P")])
 def test_llama_spec_pins_are_checked(methods, error):

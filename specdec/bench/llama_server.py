@@ -36,6 +36,15 @@ BINARY = "llama-server"
 BUILD_HINT = "build one offline with `scripts/llama_cpp.sh build` (llama.cpp from the llama-cpp-python sdist)"
 
 
+def _signal_hint(returncode: int) -> str:
+    """What a llama-server killed by a signal most likely met: a native build whose instructions this CPU
+    (or its hypervisor) refuses, as ggml's AMX kernels are on some KVM guests that advertise AMX."""
+    if returncode not in (-signal.SIGILL, -signal.SIGSEGV):
+        return ""
+    return (f" ({signal.Signals(-returncode).name}: a build for instructions this machine refuses; "
+            "`scripts/llama_cpp.sh build avx512` or `build x86-64-v3` builds without AMX, then pass --llama-bin)")
+
+
 def find_binary(where: str | None = None) -> Path:
     """llama-server from --llama-bin (a directory or the binary), $SPECDEC_LLAMA_BIN, PATH, or the build
     `scripts/llama_cpp.sh build` makes; a clear error naming where it looked."""
@@ -132,8 +141,8 @@ class LlamaServer:
         t0 = time.time()
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:
-                raise SpecdecError(f"llama-server exited with {self.proc.returncode}; its log: {self.log_path}\n"
-                                   + self.log_tail())
+                raise SpecdecError(f"llama-server exited with {self.proc.returncode}{_signal_hint(self.proc.returncode)}; "
+                                   f"its log: {self.log_path}\n" + self.log_tail())
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
