@@ -11,10 +11,11 @@ from specdec.errors import SpecdecError
 from specdec.model.gguf_file import GGUFFile
 from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfig
 
-SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma3", "phi3"}  # GGUF general.architecture
+SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma3", "phi3", "smollm3"}  # GGUF general.architecture
 GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # GGUF architectures named otherwise in HF
-PERMUTED_QK = {"llama", "mistral", "mixtral"}  # families whose q/k rows llama.cpp's converter interleaves for its RoPE
-PARTIAL_ROPE_ARCHS = {"phi3"}  # RoPE on part of each head (rope.dimension_count < head_dim): Phi-4-mini
+PERMUTED_QK = {"llama", "mistral", "mixtral", "smollm3"}  # families whose q/k rows llama.cpp's converter interleaves for its RoPE
+PARTIAL_ROPE_ARCHS = {"phi3"}
+SMOLLM3_NOPE_EVERY = 4  # llama.cpp's smollm3: layer i takes no RoPE where (i + 1) % 4 == 0  # RoPE on part of each head (rope.dimension_count < head_dim): Phi-4-mini
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -96,12 +97,18 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
         "attention_bias": "blk.0.attn_q.bias" in gguf.tensors,
         "torch_dtype": "float32",
+        # the special tokens as the file names them (None where it does not: a class's default may lie
+        # outside the vocabulary, which transformers refuses)
+        **{f"{kind}_token_id": gguf.get(f"tokenizer.ggml.{key}_token_id")
+           for kind, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))},
     }
     if rotary != head_dim:
         cfg["partial_rotary_factor"] = rotary / head_dim
     cfg.update(_gguf_rope(gguf, arch, cfg))
     if arch == "gemma3":
         cfg.update(_gguf_gemma3(gguf, cfg))
+    if arch == "smollm3":  # llama.cpp leaves RoPE out of every fourth layer, whatever the HF config said
+        cfg["no_rope_layers"] = [int((i + 1) % SMOLLM3_NOPE_EVERY != 0) for i in range(cfg["num_hidden_layers"])]
     if arch == "phi3":  # llama.cpp runs Phi-3's sliding_window key as full attention: so do we
         cfg["sliding_window"] = None
     if experts:  # llama.cpp renormalises the picked experts' weights for qwen3moe and llama (Mixtral) alike

@@ -27,7 +27,7 @@ from specdec.model.gguf_file import GGUFFile
 from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
 from specdec.model.transformer import MLP, ModelConfig, Transformer, rope_row_order
 
-HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma3_text", "phi3"}  # HF model_type
+HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma3_text", "phi3", "smollm3"}
 
 # a draft model's block formats re-encoded at load into ones our kernels run faster, holding the same weights
 # (ggml type -> (new type, converter)); measured in docs/performance.md

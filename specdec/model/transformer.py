@@ -1,5 +1,5 @@
 """One compact decoder for the Llama family and its relatives: Llama (Llama 3's RoPE scaling too),
-SmolLM2, Qwen2/2.5, Qwen3, Qwen3-MoE, Mistral, Mixtral, Gemma 3 and Phi-3/Phi-4-mini.
+SmolLM2, SmolLM3, Qwen2/2.5, Qwen3, Qwen3-MoE, Mistral, Mixtral, Gemma 3 and Phi-3/Phi-4-mini.
 
 A family's differences are data in ModelConfig (q/k bias, per-head q/k norms, norms on the attention's
 and the MLP's outputs, the gate's activation, scaled embeddings, the attention scale, sliding-window
@@ -32,6 +32,7 @@ FAMILIES = {
     "llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},  # Qwen3's layer with a mixture-of-experts MLP (the experts are config data)
     "mixtral": {},  # Llama's layer with a mixture-of-experts MLP
+    "smollm3": {},  # Llama's layer; every fourth without RoPE (nope_layers)
     "gemma3": {"qk_norm": True, "sandwich_norms": True, "activation": "gelu_tanh", "norm_offset": 1.0,
                "scaled_embeddings": True},
     "phi3": {},  # Llama's layer; its fused tensors are the loader's, LongRoPE and partial RoPE are RoPE data
@@ -62,6 +63,9 @@ class ModelConfig:
     norm_offset: float = 0.0  # Gemma: HF's norm multiplies by (1 + w); ours hold 1 + w (as GGUF files do)
     sliding_window: int = 0  # > 0: the layers `sliding_layers` see only keys fewer than this many positions back
     sliding_layers: tuple[int, ...] = ()
+    # layers whose attention takes no RoPE (SmolLM3's every fourth): they run as the sliding layers do, on the
+    # local tables, here cos 1 and sin 0, and the full mask (a model has one kind of local layer or the other)
+    nope_layers: tuple[int, ...] = ()
     rope_local_theta: float | None = None  # the sliding layers' RoPE base (None: rope_theta)
     rope_linear_factor: float = 1.0  # linear RoPE scaling of the global layers: positions divided by it
     rope_freq_factors: tuple[float, ...] | None = None  # Llama 3, LongRoPE's short factors: each inverse
@@ -113,7 +117,12 @@ class ModelConfig:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=cfg.get("tie_word_embeddings", family == "gemma3"),
-            **switches, **_hf_windows(cfg, family), **_hf_rope(cfg, head_dim), **_hf_experts(cfg))
+            **switches, **_hf_windows(cfg, family), **_hf_rope(cfg, head_dim), **_hf_experts(cfg), **_hf_nope(cfg))
+
+    @property
+    def local_layers(self) -> tuple[int, ...]:
+        """The layers that take LayerInputs' local tables and mask: the sliding-window ones, or those without RoPE."""
+        return self.sliding_layers or self.nope_layers
 
 
 def _hf_experts(cfg: dict) -> dict:
@@ -131,6 +140,19 @@ def _hf_experts(cfg: dict) -> dict:
             "expert_intermediate_size": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
             # transformers' default: Mixtral's class always renormalises, Qwen3-MoE's only where the config says
             "norm_topk_prob": bool(cfg.get("norm_topk_prob", cfg.get("model_type") == "mixtral"))}
+
+
+def _hf_nope(cfg: dict) -> dict:
+    """nope_layers of an HF config: SmolLM3's no_rope_layers (0: the layer takes no RoPE), else every
+    no_rope_layer_interval-th layer; refused beside sliding-window layers."""
+    flags = cfg.get("no_rope_layers")
+    every = cfg.get("no_rope_layer_interval") if cfg.get("model_type") == "smollm3" else None
+    if flags is None and every:
+        flags = [int((i + 1) % int(every) != 0) for i in range(cfg["num_hidden_layers"])]
+    nope = tuple(i for i, f in enumerate(flags or ()) if not f)
+    if nope and (cfg.get("use_sliding_window") or _hf_windows(cfg, "")):
+        raise ValueError("layers without RoPE beside sliding-window layers are not supported")
+    return {"nope_layers": nope} if nope else {}
 
 
 def _hf_windows(cfg: dict, family: str) -> dict:
@@ -390,7 +412,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, index: int = 0):
         super().__init__()
-        self.local = index in cfg.sliding_layers  # a sliding-window layer (its own RoPE table and mask)
+        self.local = index in cfg.local_layers  # a sliding-window or a NoPE layer (its own RoPE table and mask)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -530,6 +552,9 @@ class Transformer(nn.Module):
 
     def _local_tables(self, length: int):
         cfg = self.config
+        if cfg.nope_layers:  # RoPE as the identity
+            return torch.ones(length, cfg.head_dim, device=self.rope_cos.device), \
+                torch.zeros(length, cfg.head_dim, device=self.rope_cos.device)
         if not cfg.sliding_layers or (cfg.rope_local_theta in (None, cfg.rope_theta) and cfg.rope_linear_factor == 1.0
                                       and cfg.rope_freq_factors is None and cfg.rope_attn_factor == 1.0):
             return None
@@ -548,11 +573,13 @@ class Transformer(nn.Module):
         dtype = self.dtype
         cos = self.rope_cos[positions].unsqueeze(1).to(dtype)  # [batch, 1, T, head_dim]
         sin = self.rope_sin[positions].unsqueeze(1).to(dtype)
-        if not self.config.sliding_layers:
+        if not self.config.local_layers:
             return LayerInputs(cos, sin, mask, cos, sin, mask)
         lcos, lsin = cos, sin
         if self.rope_local is not None:
             lcos, lsin = (t[positions].unsqueeze(1).to(dtype) for t in self.rope_local)
+        if not self.config.sliding_layers:  # NoPE layers: the full mask
+            return LayerInputs(cos, sin, mask, lcos, lsin, mask)
         return LayerInputs(cos, sin, mask, lcos, lsin, window_mask(mask, start, positions, self.config.sliding_window))
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
