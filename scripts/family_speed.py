@@ -1,11 +1,11 @@
 """Plain decoding speed of each model family against llama.cpp's, on the same GGUF file.
 
-No Llama 3, Qwen3 or Phi-3 GGUF is at hand here, so each is made: transformers' own class in the
-real model's shape (Llama-3.2-1B, Qwen3-0.6B, Phi-3-mini) with random weights and SmolLM2's byte-level
-vocabulary, converted to Q8_0 by llama.cpp's own convert_hf_to_gguf.py. A decode step's arithmetic
-does not depend on the weights' values, so tokens per second compare the engines on the family's code
-path; what the random model says means nothing (the tokens are still compared: both engines should
-mostly agree). Then `specdec bench --methods plain,llama` on each file, interleaved prompt by prompt.
+No Llama 3, Qwen3, Phi-3 or SmolLM3 GGUF is at hand here, so each is made: transformers' own class in
+the real model's shape (Llama-3.2-1B, Qwen3-0.6B, Phi-3-mini, SmolLM3-3B) with random weights and
+SmolLM2's byte-level vocabulary, converted to Q8_0 by llama.cpp's own convert_hf_to_gguf.py. A decode
+step's arithmetic does not depend on the weights' values, so tokens per second compare the engines on
+the family's code path; what the random model says means nothing (the tokens are still compared: both
+engines should mostly agree). Then `specdec bench --methods plain,llama` on each file, interleaved prompt by prompt.
 
 Usage: python scripts/family_speed.py --families llama3,qwen3,phi3 --limit 3 --max-new-tokens 48 \
            --out runs/family-speed
@@ -41,6 +41,10 @@ SHAPES = {  # transformers config class, model class, the real model's shape
              dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
                   num_key_value_heads=32, tie_word_embeddings=False, max_position_embeddings=4096,
                   original_max_position_embeddings=4096, sliding_window=None)),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", "SmolLM3-3B",  # every fourth layer without RoPE
+                dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                     num_key_value_heads=4, head_dim=128, tie_word_embeddings=True, max_position_embeddings=65536,
+                     rope_theta=5000000.0, pad_token_id=None, bos_token_id=None, eos_token_id=None)),
 }
 
 
