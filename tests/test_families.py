@@ -30,8 +30,12 @@ LLAMA_CPP = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specde
 CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
-FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3"]
+FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2"]
 MIXTURES = {"qwen3moe", "mixtral"}
+TORCH_ATTENTION = {"gemma2"}  # soft-capped attention: our fused attention and the C layer loop do not take it
+GEMMA2_BPE = ("import sys; sys.argv[0] = 'convert_hf_to_gguf.py'; import convert_hf_to_gguf as c; "
+              "from conversion.gemma import Gemma2Model; Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2(); "
+              "c.main()")
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)
@@ -75,6 +79,11 @@ def family_model(name: str, vocab: int):
         cfg = tf.SmolLM3Config(vocab_size=vocab, num_hidden_layers=4, tie_word_embeddings=True, pad_token_id=None,
                                bos_token_id=None, eos_token_id=None, **TINY)
         cls = tf.SmolLM3ForCausalLM
+    elif name == "gemma2":  # 4 layers, 0 and 2 sliding; both soft-caps low enough to bite on these logits
+        cfg = tf.Gemma2Config(vocab_size=vocab, num_hidden_layers=4, head_dim=32, query_pre_attn_scalar=32,
+                              sliding_window=WINDOW, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                              pad_token_id=None, bos_token_id=None, eos_token_id=None, **TINY)
+        cls = tf.Gemma2ForCausalLM
     elif name == "phi3-longrope":
         cfg = tf.Phi3Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, sliding_window=None,
                             original_max_position_embeddings=PHI_ORIGINAL, rope_parameters=dict(LONGROPE), **TINY)
@@ -89,7 +98,7 @@ def family_model(name: str, vocab: int):
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):  # Gemma's norms multiply by (1 + w), the others' by w
-                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if name == "gemma3" else 1.0))
+                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if name.startswith("gemma") else 1.0))
             elif pname.endswith("mlp.gate.weight"):  # a router's picks weighted apart, not near-uniform
                 p.normal_(0.0, 0.5)
             else:
@@ -128,8 +137,11 @@ def checkpoints(tmp_path_factory, request):
         out[name] = (model, {t: d / f"{name}-{t}.gguf" for t in ("f32", "q8_0")} | {"hf": d})
         for t in ("f32", "q8_0"):
             path = out[name][1][t]
-            procs.append(subprocess.Popen([sys.executable, str(CONVERTER), str(d), "--outtype", t, "--outfile",
-                                           str(path)], env={**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")},
+            # the converter reads a Gemma 2 vocabulary as SentencePiece only; this byte-level BPE goes as GPT-2's
+            run = ["-c", GEMMA2_BPE] if name == "gemma2" else [str(CONVERTER)]
+            paths = os.pathsep.join([str(LLAMA_CPP / "gguf-py"), str(LLAMA_CPP)])
+            procs.append(subprocess.Popen([sys.executable, *run, str(d), "--outtype", t, "--outfile",
+                                           str(path)], env={**os.environ, "PYTHONPATH": paths},
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate(timeout=300)
@@ -192,7 +204,8 @@ def test_quantized_path_matches_transformers(checkpoints, name):
     ids = prompt_ids(model.config.vocab_size)
     expected = hf_logits(model, ids)
     loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
-    assert loaded.weight_format == "gguf-q8" and loaded.layer_loop is not None  # the kernels and the C loop
+    assert loaded.weight_format == "gguf-q8"  # the kernels, and the C loop where the family's attention is ours
+    assert (loaded.layer_loop is not None) == (name not in TORCH_ATTENTION)
     rel = (our_logits(loaded, ids) - expected).abs().max(-1).values / expected.abs().max()  # [T]
     # a mixture's rounding may swap a near tie's pick at a few positions (measured: 1 of 23 at 0.11-0.15);
     # a wrong expert, weight or matrix would move every position
@@ -230,7 +243,7 @@ def steps_and_passes(m, prompt, steps):
 
 
 @kernel
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", [f for f in FAMILIES if f not in TORCH_ATTENTION])
 def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
     """Decode steps and verify passes past the sliding window, a tree with its own mask, and a ragged batch."""
     model, paths = checkpoints[name]
@@ -289,7 +302,7 @@ def _llama_server():
 
 @kernel
 @pytest.mark.skipif(_llama_server() is None, reason="no llama-server build (scripts/llama_cpp.sh build)")
-@pytest.mark.parametrize("name", sorted(MIXTURES) + ["smollm3"])
+@pytest.mark.parametrize("name", sorted(MIXTURES) + ["smollm3", "gemma2"])
 def test_next_token_logprobs_match_llama_server(checkpoints, tmp_path, name):
     """The same Q8_0 file through llama.cpp's own server: its log-probabilities of its top tokens after each
     of 6 prompts equal ours within the two engines' rounding, a mixture's swapped pick at a prompt included
@@ -342,6 +355,23 @@ def test_gemma3_window_matters(checkpoints):
     assert (our_logits(ours, ids) - windowed)[WINDOW:].abs().max() > 1e-2
 
 
+def test_gemma2_soft_caps_matter(checkpoints):
+    """Both soft-caps reach the model from the file and change its logits: the tests above would see a
+    loader that dropped either."""
+    model, paths = checkpoints["gemma2"]
+    ours = load_model(str(paths["f32"]), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
+    assert (ours.config.attn_softcap, ours.config.final_softcap) == (2.0, 3.0)
+    assert ours.config.sliding_window == WINDOW and ours.config.sliding_layers == (0, 2)
+    ids = prompt_ids(model.config.vocab_size)
+    capped = our_logits(ours, ids)
+    assert capped.abs().max() < 3.0
+    for layer in ours.model.layers:
+        layer.self_attn.softcap = 0.0
+    assert (our_logits(ours, ids) - capped).abs().max() > 1e-2
+    ours.config = dataclasses.replace(ours.config, final_softcap=0.0)
+    assert our_logits(ours, ids).abs().max() > 3.0
+
+
 def test_smollm3_leaves_rope_out_of_every_fourth_layer(checkpoints):
     """The fourth layer takes no RoPE (the file says nothing of it: llama.cpp's rule for the architecture),
     which changes the logits: the tests above would see a loader that rotated every layer."""
@@ -387,7 +417,7 @@ def test_phi3_reads_longrope_and_partial_rope(checkpoints):
     assert (our_logits(ours, short_ids) - short).abs().max().item() > 1e-3  # the long factors differ
 
 
-@pytest.mark.parametrize("name", ["phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3"])
+@pytest.mark.parametrize("name", ["phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2"])
 def test_through_transformers_and_the_hf_directory(checkpoints, name):
     """Our weights handed back to transformers' class (bench's HF peer: q/k/v and gate/up fused again, the
     partial RoPE's rows in HF's order, the experts' gate and up in one parameter) and the HF directory itself

@@ -11,7 +11,8 @@ from specdec.errors import SpecdecError
 from specdec.model.gguf_file import GGUFFile
 from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfig
 
-SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma3", "phi3", "smollm3"}  # GGUF general.architecture
+# GGUF general.architecture
+SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma2", "gemma3", "phi3", "smollm3"}
 GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # GGUF architectures named otherwise in HF
 PERMUTED_QK = {"llama", "mistral", "mixtral", "smollm3"}  # families whose q/k rows llama.cpp's converter interleaves for its RoPE
 PARTIAL_ROPE_ARCHS = {"phi3"}
@@ -25,11 +26,13 @@ GGUF_LAYER_NAMES = {
 # Gemma 3's norms around the attention and the MLP (HF's post_attention_layernorm is its attention output's)
 GEMMA_LAYER_NAMES = {**GGUF_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
                      "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+GEMMA_ARCHS = {"gemma2", "gemma3"}  # the architectures whose layers hold GEMMA_LAYER_NAMES' norms
 GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # the per-layer tensors each family needs (besides .weight), and those of the whole model
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
                  "ffn_down"]
 FAMILY_TENSORS = {"qwen3": ["attn_q_norm", "attn_k_norm"], "qwen3moe": ["attn_q_norm", "attn_k_norm"],
+                  "gemma2": ["post_attention_norm", "post_ffw_norm"],
                   "gemma3": ["attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"]}
 # an architecture's per-layer tensors where they are not LAYER_TENSORS (Phi-3: q/k/v in one, gate and up in one)
 ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]}
@@ -51,7 +54,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if base in GGUF_TOP_NAMES:
         return f"{GGUF_TOP_NAMES[base]}.{kind}"
     parts = base.split(".")
-    names = GEMMA_LAYER_NAMES if arch == "gemma3" else GGUF_LAYER_NAMES
+    names = GEMMA_LAYER_NAMES if arch in GEMMA_ARCHS else GGUF_LAYER_NAMES
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{kind}"
     if len(parts) == 3 and parts[0] == "blk" and parts[2] == "ffn_gate_inp":
@@ -107,6 +110,8 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
     cfg.update(_gguf_rope(gguf, arch, cfg))
     if arch == "gemma3":
         cfg.update(_gguf_gemma3(gguf, cfg))
+    if arch == "gemma2":
+        cfg.update(_gguf_gemma2(gguf, cfg))
     if arch == "smollm3":  # llama.cpp leaves RoPE out of every fourth layer, whatever the HF config said
         cfg["no_rope_layers"] = [int((i + 1) % SMOLLM3_NOPE_EVERY != 0) for i in range(cfg["num_hidden_layers"])]
     if arch == "phi3":  # llama.cpp runs Phi-3's sliding_window key as full attention: so do we
@@ -193,6 +198,20 @@ def _gguf_rope(gguf: GGUFFile, arch: str, cfg: dict) -> dict:
             scaling["attention_factor"] = float(attn)
         out["rope_scaling"], out["original_max_position_embeddings"] = scaling, original
     return out
+
+
+def _gguf_gemma2(gguf: GGUFFile, cfg: dict) -> dict:
+    """Gemma 2's keys as llama.cpp reads them: the two soft-caps, the window (4096 unless the file says)
+    on every other layer from the first, the attention scale 1/sqrt(head_dim) but 1/sqrt(hidden/heads) for
+    the 27B model (46 layers)."""
+    f = lambda key, default=None: gguf.get(f"gemma2.{key}", default)  # noqa: E731
+    layers = cfg["num_hidden_layers"]
+    return {"hidden_activation": "gelu_pytorch_tanh",
+            "attn_logit_softcapping": float(f("attn_logit_softcapping", 50.0)),
+            "final_logit_softcapping": float(f("final_logit_softcapping", 30.0)),
+            "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if layers == 46 else cfg["head_dim"],
+            "sliding_window": int(f("attention.sliding_window", 4096) or 4096),
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
 
 
 def _gguf_gemma3(gguf: GGUFFile, cfg: dict) -> dict:

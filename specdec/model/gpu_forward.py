@@ -90,7 +90,7 @@ def where(start, b: int, t: int, device, mask):
 def unsupported(model: nn.Module) -> str | None:
     """Why the model's layers cannot run the fused loop, or None."""
     cfg = model.config
-    if cfg.sandwich_norms or cfg.local_layers or cfg.activation != "silu":
+    if cfg.sandwich_norms or cfg.local_layers or cfg.activation != "silu" or cfg.attn_softcap:
         return "its layers have sandwich norms, sliding windows, layers without RoPE or a gate other than SiLU"
     if cfg.num_experts:
         return "its MLPs are mixtures of experts"

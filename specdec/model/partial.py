@@ -41,7 +41,7 @@ def forward_layers(target: Transformer, hidden: torch.Tensor, cache: KVCache, st
 @torch.inference_mode()
 def head(target: Transformer, hidden: torch.Tensor) -> torch.Tensor:
     """The target's final norm + LM head: hidden # [batch, T, dim] -> fp32 logits # [batch, T, vocab]."""
-    return target.lm_head(target.model.norm(hidden)).float()
+    return target.logits(target.model.norm(hidden))
 
 
 @torch.inference_mode()

@@ -1,5 +1,5 @@
 """One compact decoder for the Llama family and its relatives: Llama (Llama 3's RoPE scaling too),
-SmolLM2, SmolLM3, Qwen2/2.5, Qwen3, Qwen3-MoE, Mistral, Mixtral, Gemma 3 and Phi-3/Phi-4-mini.
+SmolLM2, SmolLM3, Qwen2/2.5, Qwen3, Qwen3-MoE, Mistral, Mixtral, Gemma 2, Gemma 3 and Phi-3/Phi-4-mini.
 
 A family's differences are data in ModelConfig (q/k bias, per-head q/k norms, norms on the attention's
 and the MLP's outputs, the gate's activation, scaled embeddings, the attention scale, sliding-window
@@ -33,6 +33,7 @@ FAMILIES = {
     "qwen3_moe": {"qk_norm": True},  # Qwen3's layer with a mixture-of-experts MLP (the experts are config data)
     "mixtral": {},  # Llama's layer with a mixture-of-experts MLP
     "smollm3": {},  # Llama's layer; every fourth without RoPE (nope_layers)
+    "gemma2": {"sandwich_norms": True, "activation": "gelu_tanh", "norm_offset": 1.0, "scaled_embeddings": True},
     "gemma3": {"qk_norm": True, "sandwich_norms": True, "activation": "gelu_tanh", "norm_offset": 1.0,
                "scaled_embeddings": True},
     "phi3": {},  # Llama's layer; its fused tensors are the loader's, LongRoPE and partial RoPE are RoPE data
@@ -66,6 +67,8 @@ class ModelConfig:
     # layers whose attention takes no RoPE (SmolLM3's every fourth): they run as the sliding layers do, on the
     # local tables, here cos 1 and sin 0, and the full mask (a model has one kind of local layer or the other)
     nope_layers: tuple[int, ...] = ()
+    attn_softcap: float = 0.0  # > 0 (Gemma 2): each scaled score s of q.k becomes cap tanh(s / cap) before the mask
+    final_softcap: float = 0.0  # > 0 (Gemma 2): each logit z becomes cap tanh(z / cap)
     rope_local_theta: float | None = None  # the sliding layers' RoPE base (None: rope_theta)
     rope_linear_factor: float = 1.0  # linear RoPE scaling of the global layers: positions divided by it
     rope_freq_factors: tuple[float, ...] | None = None  # Llama 3, LongRoPE's short factors: each inverse
@@ -108,7 +111,7 @@ class ModelConfig:
         switches = dict(FAMILIES.get(family, {}))
         if "attention_bias" in cfg:
             switches["attention_bias"] = bool(cfg["attention_bias"])
-        if family == "gemma3":
+        if family in ("gemma2", "gemma3"):
             switches["attn_scale"] = float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5
         return ModelConfig(
             vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
@@ -116,7 +119,9 @@ class ModelConfig:
             num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", family == "gemma3"),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", family in ("gemma2", "gemma3")),
+            attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+            final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
             **switches, **_hf_windows(cfg, family), **_hf_rope(cfg, head_dim), **_hf_experts(cfg), **_hf_nope(cfg))
 
     @property
@@ -159,6 +164,8 @@ def _hf_windows(cfg: dict, family: str) -> dict:
     """sliding_window and sliding_layers of an HF config (its layer_types, or Gemma 3's pattern)."""
     window = cfg.get("sliding_window") or 0
     types = cfg.get("layer_types")
+    if types is None and family == "gemma2":  # every other layer slides, the first among them
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(cfg["num_hidden_layers"])]
     if types is None and family == "gemma3":
         every = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or GEMMA3_GLOBAL_EVERY
         types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
@@ -305,6 +312,7 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.softmax_scale
+        self.softcap = cfg.attn_softcap
         # per-head RMSNorms of q and k before RoPE (Qwen3, Gemma 3), or None
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -345,8 +353,11 @@ class Attention(nn.Module):
             keys, values = k_cache, v_cache
         else:  # Ragged: a gather of the live rows
             keys, values = k_cache[start.rows, :, :mask.shape[-1]], v_cache[start.rows, :, :mask.shape[-1]]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads,
-                                             scale=self.scale)
+        if self.softcap:
+            out = softcapped_attention(q, keys, values, mask, self.scale, self.softcap)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads,
+                                                 scale=self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
     def _cpu_forward(self, y, cos, sin, k_cache, v_cache, start, mask):
@@ -366,6 +377,18 @@ class Attention(nn.Module):
         if mask is not None and mask.stride(-1) != 1:
             mask = mask.contiguous()
         return self.o_proj(cpu_kernels.attend(y, k_cache, v_cache, slots, self.n_heads, rows, mask, self.scale))
+
+
+def softcapped_attention(q, keys, values, mask, scale: float, cap: float):
+    """SDPA's output with each scaled score s capped to cap tanh(s / cap) before the mask (Gemma 2; HF's eager
+    order): q [batch, heads, T, hd], keys and values [batch, kv_heads, S, hd], mask bool (broadcast to
+    [batch, heads, T, S]) or None."""
+    group = q.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    scores = torch.tanh(q @ keys.transpose(-1, -2) * scale / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
 
 
 def store(k, v, k_cache, v_cache, start) -> None:
@@ -644,5 +667,11 @@ class Transformer(nn.Module):
         if last_only and not hidden:
             x = x[:, -1:]
         h = self.model.norm(x)  # [batch, T or 1, hidden_size]
-        logits = self.lm_head(h[:, -1:] if last_only else h).float()
+        logits = self.logits(h[:, -1:] if last_only else h)
         return (logits, h) if hidden else logits
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [..., vocab] of final-norm outputs h [..., hidden] (Gemma 2's soft-capped)."""
+        logits = self.lm_head(h).float()
+        cap = self.config.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
