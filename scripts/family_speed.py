@@ -1,11 +1,12 @@
 """Plain decoding speed of each model family against llama.cpp's, on the same GGUF file.
 
-No Llama 3, Qwen3, Phi-3 or SmolLM3 GGUF is at hand here, so each is made: transformers' own class in
-the real model's shape (Llama-3.2-1B, Qwen3-0.6B, Phi-3-mini, SmolLM3-3B) with random weights and
-SmolLM2's byte-level vocabulary, converted to Q8_0 by llama.cpp's own convert_hf_to_gguf.py. A decode
-step's arithmetic does not depend on the weights' values, so tokens per second compare the engines on
-the family's code path; what the random model says means nothing (the tokens are still compared: both
-engines should mostly agree). Then `specdec bench --methods plain,llama` on each file, interleaved prompt by prompt.
+No Llama 3, Qwen3, Phi-3, SmolLM3 or Gemma 2 GGUF is at hand here, so each is made: transformers' own
+class in the real model's shape (Llama-3.2-1B, Qwen3-0.6B, Phi-3-mini, SmolLM3-3B, Gemma-2-2B) with
+random weights and SmolLM2's byte-level vocabulary, converted to Q8_0 by llama.cpp's own
+convert_hf_to_gguf.py. A decode step's arithmetic does not depend on the weights' values, so tokens per
+second compare the engines on the family's code path; what the random model says means nothing (the
+tokens are still compared: both engines should mostly agree). Then `specdec bench --methods plain,llama`
+on each file, interleaved prompt by prompt.
 
 Usage: python scripts/family_speed.py --families llama3,qwen3,phi3 --limit 3 --max-new-tokens 48 \
            --out runs/family-speed
@@ -45,7 +46,16 @@ SHAPES = {  # transformers config class, model class, the real model's shape
                 dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                      num_key_value_heads=4, head_dim=128, tie_word_embeddings=True, max_position_embeddings=65536,
                      rope_theta=5000000.0, pad_token_id=None, bos_token_id=None, eos_token_id=None)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "Gemma-2-2B",  # soft-capped attention: torch, not the C loop
+               dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+                    num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, sliding_window=4096,
+                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True,
+                    max_position_embeddings=8192, pad_token_id=None, bos_token_id=None, eos_token_id=None)),
 }
+# the converter reads a Gemma 2 vocabulary as SentencePiece only; SmolLM2's byte-level BPE goes as GPT-2's
+GEMMA2_BPE = ("import sys; sys.argv[0] = 'convert_hf_to_gguf.py'; import convert_hf_to_gguf as c; "
+              "from conversion.gemma import Gemma2Model; Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2(); "
+              "c.main()")
 
 
 def make_gguf(family: str, work: Path) -> Path:
@@ -76,8 +86,9 @@ def make_gguf(family: str, work: Path) -> Path:
         model = getattr(tf, model_cls)(cfg).to(torch.bfloat16)  # its own init: normal(0, 0.02), norms 1
     model.save_pretrained(d)
     del model
-    env = {**os.environ, "PYTHONPATH": str(LLAMA_CPP / "gguf-py")}
-    subprocess.run([sys.executable, str(LLAMA_CPP / "convert_hf_to_gguf.py"), str(d), "--outtype", "q8_0",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(LLAMA_CPP / "gguf-py"), str(LLAMA_CPP)])}
+    converter = ["-c", GEMMA2_BPE] if family == "gemma2" else [str(LLAMA_CPP / "convert_hf_to_gguf.py")]
+    subprocess.run([sys.executable, *converter, str(d), "--outtype", "q8_0",
                     "--outfile", str(out),
                     "--model-name", "random-weights"], env=env, check=True, stdout=subprocess.DEVNULL)
     for f in d.glob("*.safetensors"):
