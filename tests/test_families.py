@@ -24,6 +24,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.engine import Engine
 from specdec.model import cpu_kernels, load_model
 from specdec.model.loading import load_gguf_blocks, load_gguf_reference, open_gguf
+from scripts.family_speed import GEMMA2_BPE
 from tests.conftest import ragged_step
 
 LLAMA_CPP = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "llama.cpp" / "src"
@@ -33,9 +34,6 @@ kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavail
 FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2"]
 MIXTURES = {"qwen3moe", "mixtral"}
 TORCH_ATTENTION = {"gemma2"}  # soft-capped attention: our fused attention and the C layer loop do not take it
-GEMMA2_BPE = ("import sys; sys.argv[0] = 'convert_hf_to_gguf.py'; import convert_hf_to_gguf as c; "
-              "from conversion.gemma import Gemma2Model; Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2(); "
-              "c.main()")
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)

@@ -14,9 +14,10 @@ from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfi
 # GGUF general.architecture
 SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma2", "gemma3", "phi3", "smollm3"}
 GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # GGUF architectures named otherwise in HF
-PERMUTED_QK = {"llama", "mistral", "mixtral", "smollm3"}  # families whose q/k rows llama.cpp's converter interleaves for its RoPE
-PARTIAL_ROPE_ARCHS = {"phi3"}
-SMOLLM3_NOPE_EVERY = 4  # llama.cpp's smollm3: layer i takes no RoPE where (i + 1) % 4 == 0  # RoPE on part of each head (rope.dimension_count < head_dim): Phi-4-mini
+# families whose q/k rows llama.cpp's converter interleaves for its RoPE
+PERMUTED_QK = {"llama", "mistral", "mixtral", "smollm3"}
+PARTIAL_ROPE_ARCHS = {"phi3"}  # RoPE on part of each head (rope.dimension_count < head_dim): Phi-4-mini
+SMOLLM3_NOPE_EVERY = 4  # llama.cpp's smollm3: layer i takes no RoPE where (i + 1) % 4 == 0
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",

@@ -38,6 +38,7 @@ FAMILIES = {
                "scaled_embeddings": True},
     "phi3": {},  # Llama's layer; its fused tensors are the loader's, LongRoPE and partial RoPE are RoPE data
 }
+GEMMA_FAMILIES = ("gemma2", "gemma3")  # their attention scale from query_pre_attn_scalar, embeddings tied by default
 HF_FAMILY = {"gemma3_text": "gemma3"}  # HF model types that are another's family
 GEMMA3_GLOBAL_EVERY = 6  # Gemma 3: every 6th layer attends globally, the others in a sliding window
 
@@ -109,9 +110,12 @@ class ModelConfig:
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
         family = HF_FAMILY.get(cfg.get("model_type"), cfg.get("model_type"))
         switches = dict(FAMILIES.get(family, {}))
+        windows, nope = _hf_windows(cfg, family), _hf_nope(cfg)
+        if nope and (windows or cfg.get("use_sliding_window")):
+            raise ValueError("layers without RoPE beside sliding-window layers are not supported")
         if "attention_bias" in cfg:
             switches["attention_bias"] = bool(cfg["attention_bias"])
-        if family in ("gemma2", "gemma3"):
+        if family in GEMMA_FAMILIES:
             switches["attn_scale"] = float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5
         return ModelConfig(
             vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
@@ -119,10 +123,10 @@ class ModelConfig:
             num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", family in ("gemma2", "gemma3")),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", family in GEMMA_FAMILIES),
             attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
             final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
-            **switches, **_hf_windows(cfg, family), **_hf_rope(cfg, head_dim), **_hf_experts(cfg), **_hf_nope(cfg))
+            **switches, **windows, **_hf_rope(cfg, head_dim), **_hf_experts(cfg), **nope)
 
     @property
     def local_layers(self) -> tuple[int, ...]:
@@ -149,14 +153,12 @@ def _hf_experts(cfg: dict) -> dict:
 
 def _hf_nope(cfg: dict) -> dict:
     """nope_layers of an HF config: SmolLM3's no_rope_layers (0: the layer takes no RoPE), else every
-    no_rope_layer_interval-th layer; refused beside sliding-window layers."""
+    no_rope_layer_interval-th layer."""
     flags = cfg.get("no_rope_layers")
     every = cfg.get("no_rope_layer_interval") if cfg.get("model_type") == "smollm3" else None
     if flags is None and every:
         flags = [int((i + 1) % int(every) != 0) for i in range(cfg["num_hidden_layers"])]
     nope = tuple(i for i, f in enumerate(flags or ()) if not f)
-    if nope and (cfg.get("use_sliding_window") or _hf_windows(cfg, "")):
-        raise ValueError("layers without RoPE beside sliding-window layers are not supported")
     return {"nope_layers": nope} if nope else {}
 
 
