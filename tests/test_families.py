@@ -29,6 +29,7 @@ from tests.conftest import ragged_step
 
 LLAMA_CPP = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "llama.cpp" / "src"
 CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
+GEMMA = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "models" / "gemma3-270m.gguf"
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
 FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2"]
@@ -370,6 +371,16 @@ def test_gemma2_soft_caps_matter(checkpoints):
     assert our_logits(ours, ids).abs().max() > 3.0
 
 
+@pytest.mark.skipif(not GEMMA.is_file(), reason=f"gemma3-270m is not installed ({GEMMA})")
+def test_a_gemma3_file_naming_a_final_soft_cap_takes_it():
+    """The final soft-cap is the model's, whatever Gemma's generation: a gemma3 file that names one gets it."""
+    from specdec.model.gguf_config import gguf_model_config
+    gguf = open_gguf(GEMMA)
+    assert gguf_model_config(gguf).final_softcap == 0.0
+    gguf.metadata["gemma3.final_logit_softcapping"] = 30.0
+    assert gguf_model_config(gguf).final_softcap == 30.0
+
+
 def test_smollm3_leaves_rope_out_of_every_fourth_layer(checkpoints):
     """The fourth layer takes no RoPE (the file says nothing of it: llama.cpp's rule for the architecture),
     which changes the logits: the tests above would see a loader that rotated every layer."""
@@ -459,7 +470,6 @@ def test_phi3_generates_with_its_chat_template(checkpoints, capsys, weights):
     assert json.loads(captured.out.strip().splitlines()[-1])["stats"]["new_tokens"] >= 1
 
 
-GEMMA = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "models" / "gemma3-270m.gguf"
 TIE = 0.25  # logits this close count as a tie the quantized arithmetic (max error ~1.4 on logits ~20) may break
 
 

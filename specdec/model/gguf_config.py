@@ -219,9 +219,9 @@ def _gguf_gemma3(gguf: GGUFFile, cfg: dict) -> dict:
     """Gemma 3's keys: its sliding window and which layers use it (llama.cpp's rule: every 6th layer is
     global unless the file says otherwise), the local RoPE base, the attention scale (llama.cpp's)."""
     f = lambda key, default=None: gguf.get(f"gemma3.{key}", default)  # noqa: E731
-    if f("final_logit_softcapping"):
-        raise SpecdecError(f"{gguf.path}: Gemma's final logit soft-capping is not supported")
     layers, out = cfg["num_hidden_layers"], {"hidden_activation": "gelu_pytorch_tanh"}
+    if f("final_logit_softcapping"):  # Gemma 2's final soft-cap, where a Gemma 3 file names one
+        out["final_logit_softcapping"] = float(f("final_logit_softcapping"))
     # llama.cpp: 1/sqrt(head_dim), but hidden/heads for the 27B model (62 layers), as google's reference
     out["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if layers == 62 else cfg["head_dim"]
     local_theta = float(f("rope.freq_base_swa", 10000.0))

@@ -91,7 +91,8 @@ def unsupported(model: nn.Module) -> str | None:
     """Why the model's layers cannot run the fused loop, or None."""
     cfg = model.config
     if cfg.sandwich_norms or cfg.local_layers or cfg.activation != "silu" or cfg.attn_softcap:
-        return "its layers have sandwich norms, sliding windows, layers without RoPE or a gate other than SiLU"
+        return ("its layers have sandwich norms, sliding windows, layers without RoPE, soft-capped attention or a "
+                "gate other than SiLU")
     if cfg.num_experts:
         return "its MLPs are mixtures of experts"
     if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
