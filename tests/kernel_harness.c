@@ -237,13 +237,18 @@ static void fused(void) {
         float *att = alloc(sizeof(float) * B * T * H * D);
         for (int m = 0; m < 2; m++) {
             attend(q, k, v, 0, m ? mask : 0, att, B, T, H, KV, D, S, T * (H + 2 * KV) * D, (H + 2 * KV) * D,
-                   KV * cap * D, cap * D, 0, cap, T * H * D, H * D, 0.125f, 2);
+                   KV * cap * D, cap * D, 0, cap, T * H * D, H * D, 0.125f, 0.f, 2);
             snprintf(name, sizeof name, "attend_%d_%s", D, m ? "mask" : "all");
             put(name, att, sizeof(float) * B * T * H * D);
         }
+        attend(q, k, v, 0, mask, att, B, T, H, KV, D, S, T * (H + 2 * KV) * D, (H + 2 * KV) * D, KV * cap * D,
+               cap * D, 0, cap, T * H * D, H * D, 0.125f, 0.75f, 2); /* soft-capped scores (Gemma 2) */
+        snprintf(name, sizeof name, "attend_%d_cap", D);
+        put(name, att, sizeof(float) * B * T * H * D);
         for (int64_t t = 0; t < T; t++) /* each position alone: a query's bits whatever the blocking */
             attend(q + t * (H + 2 * KV) * D, k, v, 0, mask + t * cap, att + t * H * D, B, 1, H, KV, D, S,
-                   T * (H + 2 * KV) * D, (H + 2 * KV) * D, KV * cap * D, cap * D, 0, cap, T * H * D, H * D, 0.125f, 2);
+                   T * (H + 2 * KV) * D, (H + 2 * KV) * D, KV * cap * D, cap * D, 0, cap, T * H * D, H * D, 0.125f, 0.f,
+                   2);
         snprintf(name, sizeof name, "attend_%d_alone", D);
         put(name, att, sizeof(float) * B * T * H * D);
         free(att);

@@ -34,7 +34,6 @@ kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavail
 
 FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2"]
 MIXTURES = {"qwen3moe", "mixtral"}
-TORCH_ATTENTION = {"gemma2"}  # soft-capped attention: our fused attention and the C layer loop do not take it
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)
@@ -203,8 +202,7 @@ def test_quantized_path_matches_transformers(checkpoints, name):
     ids = prompt_ids(model.config.vocab_size)
     expected = hf_logits(model, ids)
     loaded = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
-    assert loaded.weight_format == "gguf-q8"  # the kernels, and the C loop where the family's attention is ours
-    assert (loaded.layer_loop is not None) == (name not in TORCH_ATTENTION)
+    assert loaded.weight_format == "gguf-q8" and loaded.layer_loop is not None  # the kernels and the C loop
     rel = (our_logits(loaded, ids) - expected).abs().max(-1).values / expected.abs().max()  # [T]
     # a mixture's rounding may swap a near tie's pick at a few positions (measured: 1 of 23 at 0.11-0.15);
     # a wrong expert, weight or matrix would move every position
@@ -242,7 +240,7 @@ def steps_and_passes(m, prompt, steps):
 
 
 @kernel
-@pytest.mark.parametrize("name", [f for f in FAMILIES if f not in TORCH_ATTENTION])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_c_loop_gives_the_python_loops_bits(checkpoints, name):
     """Decode steps and verify passes past the sliding window, a tree with its own mask, and a ragged batch."""
     model, paths = checkpoints[name]

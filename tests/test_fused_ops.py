@@ -48,9 +48,10 @@ def tolerance(head_dim: int) -> dict:
     return {"atol": 2e-3, "rtol": 1e-3} if BF16 and head_dim % 64 == 0 else FP32_TOL
 
 
-def sdpa_reference(q, k_cache, v_cache, slots, heads, rows=None, mask=None):
+def sdpa_reference(q, k_cache, v_cache, slots, heads, rows=None, mask=None, softcap=0.0):
     """Attention in fp64 on the kernel's operands: in a bf16 build (attend_bf16.h, for head sizes in 64s)
-    q, k, the softmax numerators and v rounded to bf16, the sum taken over the unrounded numerators."""
+    q, k, the softmax numerators and v rounded to bf16, the sum taken over the unrounded numerators.
+    softcap > 0: each scaled score s as softcap tanh(s / softcap), before the mask (Gemma 2)."""
     B, T = q.shape[:2]
     D = k_cache.shape[-1]
     rows = torch.arange(B) if rows is None else rows
@@ -58,17 +59,20 @@ def sdpa_reference(q, k_cache, v_cache, slots, heads, rows=None, mask=None):
     keys, values = k_cache[rows, :, :slots], v_cache[rows, :, :slots]
     if mask is not None:
         mask = mask[..., :slots]
-    if not (BF16 and D % 64 == 0):
+    if not (BF16 and D % 64 == 0) and not softcap:
         out = F.scaled_dot_product_attention(qh.double(), keys.double(), values.double(), attn_mask=mask,
                                              enable_gqa=True)
         return out.transpose(1, 2).reshape(B, T, heads * D).float()
-    rounded = [x.bfloat16().double() for x in (qh, keys, values)]
+    bf16 = BF16 and D % 64 == 0
+    rounded = [x.bfloat16().double() if bf16 else x.double() for x in (qh, keys, values)]
     qh, keys, values = rounded[0], *(x.repeat_interleave(heads // keys.shape[1], 1) for x in rounded[1:])
     scores = (qh @ keys.transpose(-1, -2)).float() * np.float32(1 / np.sqrt(np.float32(D)))
+    if softcap:
+        scores = (scores.double() / softcap).tanh().float() * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     e = (scores - scores.amax(-1, keepdim=True)).double().exp().nan_to_num(0.0)
-    out = (e.float().bfloat16().double() @ values) / e.sum(-1, keepdim=True).clamp_min(1e-300)
+    out = ((e.float().bfloat16().double() if bf16 else e) @ values) / e.sum(-1, keepdim=True).clamp_min(1e-300)
     return out.transpose(1, 2).reshape(B, T, heads * D).float()
 
 
@@ -93,6 +97,24 @@ def test_attend_matches_sdpa(head_dim, heads, kv):
         got = cpu_kernels.attend(q, k_cache, v_cache, slots, heads, rows=rows, mask=mask)
         torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads, rows, mask),
                                    **tolerance(head_dim))
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 256])  # the plain path, the blocked one and Gemma 2's head
+def test_attend_soft_caps_the_scores(head_dim):
+    """Gemma 2: each scaled score s becomes cap tanh(s / cap) before the softmax, in every path of the kernel;
+    scores far above the cap (q scaled up) make the capped and uncapped outputs differ widely."""
+    torch.manual_seed(1)
+    heads, kv, slots, cap = 8, 4, 45, 1.5
+    k_cache, v_cache = torch.randn(2, kv, 48, head_dim), torch.randn(2, kv, 48, head_dim)
+    for T in (1, 5, 11):
+        q = torch.randn(2, T, (heads + 2 * kv) * head_dim) * 2
+        mask = causal_mask(slots - T, T, "cpu")
+        got = cpu_kernels.attend(q, k_cache, v_cache, slots, heads, mask=mask, softcap=cap)
+        torch.testing.assert_close(got, sdpa_reference(q, k_cache, v_cache, slots, heads, mask=mask, softcap=cap),
+                                   **tolerance(head_dim))
+        assert (got - cpu_kernels.attend(q, k_cache, v_cache, slots, heads, mask=mask)).abs().max() > 0.1
+        one = cpu_kernels.attend(q[:, -1:].contiguous(), k_cache, v_cache, slots, heads, softcap=cap)
+        assert torch.equal(one[:, 0], got[:, -1])  # a query's bits alone
 
 
 @pytest.mark.parametrize("start,T", [(50, 8), (0, 37), (230, 21)])

@@ -292,7 +292,8 @@ static void values_bf16(const uint32_t *const *pbs, int64_t nq, int64_t m0, int6
  * vp [ATT_BF16_SC / 2, D] dwords; pbs[q] -> >= n + 32 uint16 a query (its p in bf16, pairs as dwords) */
 static void attend_block_bf16(const float *const *qs, float *const *os, float *const *ps, int64_t P, int64_t G,
                               int64_t *const *idx, const int64_t *n, int64_t shared, const float *kg,
-                              const float *vg, int64_t D, float scale, float *inv, uint32_t *qb, uint32_t *kt,
+                              const float *vg, int64_t D, float scale, float cap, float *inv, uint32_t *qb,
+                              uint32_t *kt,
                               uint32_t *vp, uint32_t *const *pbs) {
     const int64_t nq = P * G;
     const float *rows[ATT_BF16_SC];
@@ -311,7 +312,7 @@ static void attend_block_bf16(const float *const *qs, float *const *os, float *c
             scores_bf16(qb + u * G * D / 2, G, kt, ns, D, scale, ps + u * G, j0);
         }
     for (int64_t q = 0; q < nq; q++) { /* softmax numerators in place (attend_block's), then their bf16 pairs */
-        inv[q] = numerators(ps[q], n[q / G]);
+        inv[q] = numerators(ps[q], n[q / G], cap);
         p_pairs(ps[q], n[q / G], (uint16_t *)pbs[q]);
     }
     const int64_t even = shared & ~(int64_t)1; /* pairs of the shared run; the rest per position */

@@ -8,8 +8,8 @@
  * (each row its own cache row, slots and mask), T <= 16 positions a row, every linear layer on GGUF
  * blocks, a Llama-shaped layer (RMSNorm, rotate-half RoPE, grouped-query attention, gated MLP) with
  * the switches of its family: per-head q/k norms, norms on the attention's and the MLP's outputs, SiLU
- * or GELU-tanh gate, sliding-window layers with their own RoPE rows and mask, the attention's scale, a
- * mixture of experts for the MLP (moe_rows, which moe.py also calls for forwards of any length).
+ * or GELU-tanh gate, sliding-window layers with their own RoPE rows and mask, the attention's scale and
+ * soft-cap, a mixture of experts for the MLP (moe_rows, which moe.py also calls for forwards of any length).
  * The caller falls back to the Python loop for anything else.
  */
 #include <math.h>
@@ -112,7 +112,7 @@ int64_t forward_scratch_floats(int64_t n, int64_t D, int64_t H, int64_t KV, int6
  * (rows NULL: row b). Position t of row b writes its key and value at slot slots[b T + t] (slots NULL:
  * start + t) and attends to the first S slots, those with mask[b smb + t smt + s] set (bool; NULL: all S).
  * A sliding-window layer takes lcos, lsin and lmask (strides lsmb, lsmt) instead. q.k is scaled by
- * `scale`. Returns 0, or -1 (bad sizes, a slot outside the cache, or a GEMM that refused: nothing was
+ * `scale` (then soft-capped where the layer's softcap > 0). Returns 0, or -1 (bad sizes, a slot outside the cache, or a GEMM that refused: nothing was
  * written past the failing layer). */
 int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t T, int64_t D, int64_t H, int64_t KV,
                  int64_t hd, int64_t I, float eps, float scale, const float *cos, const float *sin,
@@ -151,7 +151,7 @@ int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t
             }
         }
         attend(y, kl, vl, rows, m, att, B, T, H, KV, hd, S, T * nq, nq, row_stride, cap * hd, mb, mt, T * H * hd,
-               H * hd, scale, nthreads);
+               H * hd, scale, ly->softcap, nthreads);
         if (linear(&ly->o, att, t, n, nthreads)) return -1;
         if (ly->attn_post) rms_norm(t, ly->attn_post, t, n, D, D, eps);
         for (int64_t i = 0; i < n * D; i++) x[i] += t[i];

@@ -178,7 +178,7 @@ def load(extra_flags: list[str] | None = None, target: str | None = None):
     f32 = ctypes.c_float
     lib.rms_norm.argtypes = [p, p, p, i64, i64, i64, f32]
     lib.rope.argtypes = [p, p, p] + [i64] * 8
-    lib.attend.argtypes = [p] * 6 + [i64] * 14 + [f32, ctypes.c_int]
+    lib.attend.argtypes = [p] * 6 + [i64] * 14 + [f32, f32, ctypes.c_int]
     lib.attention_precision.argtypes = []
     lib.attention_precision.restype = ctypes.c_char_p
     lib.head_norm.argtypes = [p, p, i64, i64, i64, i64, f32]
@@ -471,11 +471,12 @@ def attention_precision(lib=None) -> str:
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: int, heads: int,
            rows: torch.Tensor | None = None, mask: torch.Tensor | None = None, scale: float | None = None,
-           lib=None) -> torch.Tensor:
+           softcap: float = 0.0, lib=None) -> torch.Tensor:
     """Attention of q [B, T, >= heads * head_dim] (contiguous) over the first `slots` slots of one
     layer's cache k_cache, v_cache [batch, kv_heads, capacity, head_dim] (contiguous; batch row b
     reads cache row rows[b], default b). mask: bool [T, >= slots] or [B, 1, T, >= slots], True where
-    a query sees a slot; None: all slots. scale: of q.k (None: 1 / sqrt(head_dim) in fp32).
+    a query sees a slot; None: all slots. scale: of q.k (None: 1 / sqrt(head_dim) in fp32). softcap > 0
+    (Gemma 2): each scaled score s becomes softcap tanh(s / softcap) before the softmax.
     Returns [B, T, heads * head_dim]; a query that sees no slot gets zeros."""
     lib = _lib_or_raise(lib)
     B, T = q.shape[0], q.shape[1]
@@ -506,5 +507,6 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
     lib.attend(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.data_ptr() if rows is not None else None,
                mask.data_ptr() if mask is not None else None, out.data_ptr(), B, T, heads, kv, D, slots,
                q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), smb, smt, heads * D * T, heads * D,
-               float(np.float32(1) / np.sqrt(np.float32(D))) if scale is None else scale, torch.get_num_threads())
+               float(np.float32(1) / np.sqrt(np.float32(D))) if scale is None else scale, float(softcap),
+               torch.get_num_threads())
     return out

@@ -254,8 +254,20 @@ static inline float max_of(const float *p, int64_t n) {
     return x;
 }
 
-/* p[0 .. m) -> the softmax's numerators exp(p - max), in place; returns 1 / their sum (0 for m = 0) */
-static inline float numerators(float *p, int64_t m) {
+/* p[0 .. m) -> cap tanh(p / cap), in place (Gemma 2's soft-capped scores): tanh |x| = (1 - e) / (1 + e) with
+ * e = exp_nonpos(-2 |x|), the sign put back; absolute error a few ulp of cap, and an element's bits whatever m */
+static inline void soft_cap(float *p, int64_t m, float cap) {
+#pragma omp simd
+    for (int64_t j = 0; j < m; j++) {
+        const float x = p[j] / cap, e = exp_nonpos(-2.f * fabsf(x)), t = cap * ((1.f - e) / (1.f + e));
+        p[j] = x < 0.f ? -t : t;
+    }
+}
+
+/* p[0 .. m) -> the softmax's numerators exp(p - max), in place, after soft_cap where cap > 0; returns 1 / their
+ * sum (0 for m = 0) */
+static inline float numerators(float *p, int64_t m, float cap) {
+    if (cap > 0.f) soft_cap(p, m, cap);
     const float x = max_of(p, m);
 #pragma omp simd
     for (int64_t j = 0; j < m; j++) p[j] = exp_nonpos(p[j] - x);
@@ -268,7 +280,7 @@ static inline float numerators(float *p, int64_t m) {
  * slots 0 .. shared - 1 for every position. Scratch: inv [P G]. */
 static void attend_block(const float *const *qs, float *const *os, float *const *ps, int64_t P, int64_t G,
                          int64_t *const *idx, const int64_t *n, int64_t shared, const float *kg, const float *vg,
-                         int64_t D, float scale, float *inv) {
+                         int64_t D, float scale, float cap, float *inv) {
     const int64_t nq = P * G;
     for (int64_t s0 = 0; s0 < shared; s0 += ATT_SC) /* the shared slots: every query, a chunk at a time */
         scores_span(qs, ps, nq, s0, s0 + ATT_SC < shared ? s0 + ATT_SC : shared, kg, D, scale);
@@ -277,7 +289,7 @@ static void attend_block(const float *const *qs, float *const *os, float *const 
             const int64_t s = idx[u] ? idx[u][j] : j;
             scores_span(qs + u * G, ps + u * G, G, j, j + 1, kg + (s - j) * D, D, scale);
         }
-    for (int64_t q = 0; q < nq; q++) inv[q] = numerators(ps[q], n[q / G]); /* softmax numerators in place */
+    for (int64_t q = 0; q < nq; q++) inv[q] = numerators(ps[q], n[q / G], cap); /* softmax numerators in place */
     for (int64_t s0 = 0; s0 < shared; s0 += ATT_SC)
         values_span(ps, os, nq, s0, s0 + ATT_SC < shared ? s0 + ATT_SC : shared, vg, NULL, D, s0 == 0);
     for (int64_t u = 0; u < P; u++)
@@ -291,7 +303,7 @@ static void attend_block(const float *const *qs, float *const *os, float *const 
 
 /* The same for any D, one query at a time, plainly. */
 static void attend_task_any(const float *q, const float *kg, const float *vg, const int64_t *idx, int64_t n,
-                            float *o, int64_t G, int64_t D, float scale, float *p) {
+                            float *o, int64_t G, int64_t D, float scale, float cap, float *p) {
     for (int64_t i = 0; i < G; i++) {
         const float *qi = q + i * D;
         float *oi = o + i * D, x = -INFINITY, total = 0.f;
@@ -302,8 +314,9 @@ static void attend_task_any(const float *q, const float *kg, const float *vg, co
             float dot = 0.f;
             for (int64_t c = 0; c < D; c++) dot += qi[c] * ks[c];
             p[j] = dot * scale;
-            x = p[j] > x ? p[j] : x;
         }
+        if (cap > 0.f) soft_cap(p, n, cap);
+        for (int64_t j = 0; j < n; j++) x = p[j] > x ? p[j] : x;
         for (int64_t j = 0; j < n; j++) {
             const float *vs = vg + (idx ? idx[j] : j) * D;
             float e = exp_nonpos(p[j] - x);
@@ -331,12 +344,13 @@ const char *attention_precision(void) { return ATT_BF16 ? "bf16" : "fp32"; }
  *   rows: cache row of batch row b (NULL: row b)
  *   mask: bool, query (b, t) sees slot s iff mask[b * smb + t * smt + s] (NULL: all S slots)
  *   out:  head h of query (b, t) at out + b * sob + t * sot + h * D
- * A query that sees no slot gets zeros. Softmax in fp32 of q.k times `scale`. Each query's result
+ * A query that sees no slot gets zeros. Softmax in fp32 of q.k times `scale`, each such score s taken to
+ * softcap tanh(s / softcap) first where softcap > 0 (Gemma 2). Each query's result
  * is computed by the same code whatever B and T are (attend_block). */
 void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
             int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, float scale,
-            int nthreads) {
+            float softcap, int nthreads) {
     /* blocks of at most ATT_QB positions, even in size, and enough of them for every thread to get a task */
     const int64_t G = H / KV, want = (nthreads + B * KV - 1) / (B * KV), S1 = S > 0 ? S : 1;
     int64_t blocks = (T + ATT_QB - 1) / ATT_QB;
@@ -392,13 +406,13 @@ void attend(const float *q, const float *k, const float *v, const int64_t *rows,
             }
 #if ATT_BF16
             if (D % 64 == 0)
-                attend_block_bf16(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, inv, qb, kt, vp, pbs);
+                attend_block_bf16(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, softcap, inv, qb, kt, vp, pbs);
             else
 #endif
-            if (D % (4 * VL) == 0) attend_block(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, inv);
+            if (D % (4 * VL) == 0) attend_block(qs, os, ps, P, G, idx, n, shared, kg, vg, D, scale, softcap, inv);
             else
                 for (int64_t u = 0; u < P; u++)
-                    attend_task_any(qs[u * G], kg, vg, idx[u], n[u], os[u * G], G, D, scale, ps[u * G]);
+                    attend_task_any(qs[u * G], kg, vg, idx[u], n[u], os[u * G], G, D, scale, softcap, ps[u * G]);
         }
         free(pbuf), free(ibuf), free(qs), free(os), free(idx);
 #if ATT_BF16

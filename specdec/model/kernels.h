@@ -51,7 +51,7 @@ const char *attention_precision(void);
 void attend(const float *q, const float *k, const float *v, const int64_t *rows, const uint8_t *mask, float *out,
             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t S, int64_t sqb, int64_t sqt,
             int64_t skr, int64_t skh, int64_t smb, int64_t smt, int64_t sob, int64_t sot, float scale,
-            int nthreads);
+            float softcap, int nthreads);
 void silu_mul(const float *g, const float *u, float *out, int64_t n);
 void silu_mul_scalar(const float *g, const float *u, float *out, int64_t n);
 void gelu_mul(const float *g, const float *u, float *out, int64_t n);
@@ -90,6 +90,7 @@ typedef struct {
     const float *q_norm, *k_norm; /* per-head norms of q and k [hd], or NULL */
     int32_t local; /* a sliding-window layer: the local RoPE rows and mask */
     int32_t act; /* the gate's activation: 0 SiLU, 1 GELU-tanh */
+    float softcap; /* > 0 (Gemma 2): the attention's scaled scores soft-capped (attend's softcap) */
     fw_linear qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
     const fw_moe *moe; /* the MLP a mixture of experts, or NULL */
 } fw_layer;

@@ -468,8 +468,7 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
             mlp.gate_proj = mlp.up_proj = None
             mlp.down_proj = _linear(gguf, [p + "ffn_down"], cfg, reencode, repack, rest)
             mlp.cpu_ops = True
-        # our fused attention has no soft-capping (Gemma 2): SDPA's arithmetic, capped, in torch there
-        attn.cpu_ops, attn.cpu_rows = not model.config.attn_softcap, sys.maxsize
+        attn.cpu_ops, attn.cpu_rows = True, sys.maxsize
     backbone.norm.cpu_ops = True
     model.lm_head = _linear(gguf, ["output" if "output.weight" in gguf.tensors else "token_embd"], cfg, reencode, repack,
                             rest, head_rows)

@@ -378,7 +378,8 @@ class Attention(nn.Module):
             rows = start.rows
         if mask is not None and mask.stride(-1) != 1:
             mask = mask.contiguous()
-        return self.o_proj(cpu_kernels.attend(y, k_cache, v_cache, slots, self.n_heads, rows, mask, self.scale))
+        return self.o_proj(cpu_kernels.attend(y, k_cache, v_cache, slots, self.n_heads, rows, mask, self.scale,
+                                              self.softcap))
 
 
 def softcapped_attention(q, keys, values, mask, scale: float, cap: float):
