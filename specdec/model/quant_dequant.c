@@ -1,4 +1,4 @@
-/* GGUF block formats (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) dequantized to fp32: the embedding rows a
+/* GGUF block formats (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) dequantized to fp32: the embedding rows a
  * step looks up, a layer whose format the 8-bit GEMM does not take, the fp32 reference at load, and
  * the tests' oracle for quant_q8.c.
  *
@@ -54,6 +54,15 @@ static inline void prep_q4_k(const uint8_t *b, float *pre) { /* d x the scales, 
 static inline void g32_q4_k(const uint8_t *b, int s, const float *pre, vec *w) {
     vec f[NV];
     pieces(u_q4_k(b, s), 0, f);
+    for (int v = 0; v < NV; v++) w[v] = VFMA(VSET1(pre[s]), f[v], VSET1(pre[8 + s]));
+}
+#define Q5_K_QK 256
+#define Q5_K_BYTES 176
+#define Q5_K_PRE 16
+#define prep_q5_k prep_q4_k /* the same d, dmin and scale bytes */
+static inline void g32_q5_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    vec f[NV];
+    pieces(u_q5_k(b, s), 0, f);
     for (int v = 0; v < NV; v++) w[v] = VFMA(VSET1(pre[s]), f[v], VSET1(pre[8 + s]));
 }
 #define Q6_K_QK 256
@@ -170,6 +179,17 @@ static inline void g32_q4_k(const uint8_t *b, int s, const float *pre, vec *w) {
     for (int v = 0; v < NV; v++) w[v] = VFMA(d, piece_f(q, v, 0), m);
 }
 
+/* Q5_K: Q4_K's scales, mins and nibbles (from byte 48), each weight with a fifth bit from qh (byte 16) */
+#define Q5_K_QK 256
+#define Q5_K_BYTES 176
+#define Q5_K_PRE 16
+#define prep_q5_k prep_q4_k
+static inline void g32_q5_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    const __m256i q = q5_k_group(b, s);
+    const vec d = VBCAST(pre + s), m = VBCAST(pre + 8 + s);
+    for (int v = 0; v < NV; v++) w[v] = VFMA(d, piece_f(q, v, 0), m);
+}
+
 /* Q6_K: 256 weights, scale d * sc[i] per 16; 6-bit q = low nibble (ql) | 2 high bits (qh), minus 32.
  * Group s (32 weights): half h = s / 4 (128 weights), quarter t = s % 4 within it. pre: 16 scales. */
 #define Q6_K_QK 256
@@ -276,6 +296,7 @@ typedef struct {
     DEFINE_DEQ(F, f)                                                                                 \
     static const qkernels K_##F = {F##_QK, F##_BYTES, f##_deq};
 Q_FORMAT(Q4_K, q4_k)
+Q_FORMAT(Q5_K, q5_k)
 Q_FORMAT(Q6_K, q6_k)
 Q_FORMAT(Q8_0, q8_0)
 Q_FORMAT(Q5_0, q5_0)
@@ -285,6 +306,7 @@ Q_FORMAT(Q4_1, q4_1)
 static const qkernels *kernels_of(int type) {
     switch (type) {
     case T_Q4_K: return &K_Q4_K;
+    case T_Q5_K: return &K_Q5_K;
     case T_Q6_K: return &K_Q6_K;
     case T_Q8_0: return &K_Q8_0;
     case T_Q5_0: return &K_Q5_0;

@@ -1,13 +1,14 @@
-/* The K-quant kernels of quant_q8.c (Q4_K, Q6_K: 256-weight blocks of 8 sub-blocks of 32, against
- * 8-bit activations in 256-value blocks): the templates DEFINE_Q4_K(C) and DEFINE_Q6_K(C) of q4_k_cC and
- * q6_k_cC, which quant_q8.c instantiates for C = 1..16 input rows. Included by quant_q8.c only, after its
+/* The K-quant kernels of quant_q8.c (Q4_K, Q5_K, Q6_K: 256-weight blocks of 8 sub-blocks of 32, against
+ * 8-bit activations in 256-value blocks): the templates DEFINE_Q4_K(C), DEFINE_Q5_K(C) and DEFINE_Q6_K(C)
+ * of q4_k_cC, q5_k_cC and q6_k_cC, which quant_q8.c instantiates for C = 1..16 input rows. Included by quant_q8.c only, after its
  * act type, DPBUSD, hsum8, Q8_PAIRS and the prefetch settings; x86 only (the NEON build's are in
  * quant_neon.h, with the same float steps). */
 #ifndef SPECDEC_QUANT_KQ_H
 #define SPECDEC_QUANT_KQ_H
 
-/* Q4_K (256 weights: 8 sub-blocks of 32, weight = d * sc[j] * q - dmin * m[j], q in 0..15):
- * per activation block, sum_j sc[j] * (q . a)_j and sum_j m[j] * (sum a)_j are integers. */
+/* Q4_K (256 weights: 8 sub-blocks of 32, weight = d * sc[j] * q - dmin * m[j], q in 0..15), and Q5_K (the
+ * same with q in 0..31): per activation block, sum_j sc[j] * (q . a)_j and sum_j m[j] * (sum a)_j are
+ * integers (maddubs' pairs fit int16: 2 x 31 x 127). */
 static inline void scales_q4_k(const uint8_t *b, __m256i *sv, __m256i *mn) {
     /* sv[s]: scale s in all 16 int16 lanes; mn: each min twice (against the two 16-sums of its 32). From
      * registers: shuffles, not stores and reloads (one 8-byte load of four-byte stores does not forward) */
@@ -31,6 +32,7 @@ static inline __m256i dot4_k(const __m256i *q, const __m256i *sv, const int8_t *
 }
 
 #define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
 
 /* sv[s]: Q6_K's scale 2s in int16 lanes 0-7 and scale 2s + 1 in lanes 8-15, shuffled from sc16 (the 16 scales) */
@@ -76,6 +78,14 @@ static inline void q4_k_pass2(const uint8_t *blk, int h, __m512i sc2, __m512i *q
     }
     for (int g = 0; g < 4; g++) {
         const int s = 4 * h + g;
+        sv2[g] = _mm512_shuffle_epi8(sc2, _mm512_set1_epi16((short)((2 * s + 1) << 8 | 2 * s)));
+    }
+}
+/* Q5_K's groups 4h .. 4h + 3 in both halves (q5_k_group), with Q4_K's scales */
+static inline void q5_k_pass2(const uint8_t *blk, int h, __m512i sc2, __m512i *q2, __m512i *sv2) {
+    for (int g = 0; g < 4; g++) {
+        const int s = 4 * h + g;
+        q2[g] = both(q5_k_group(blk, s));
         sv2[g] = _mm512_shuffle_epi8(sc2, _mm512_set1_epi16((short)((2 * s + 1) << 8 | 2 * s)));
     }
 }
@@ -165,6 +175,8 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
     f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5))),     \
                            _mm256_mul_ps(_mm512_castps512_ps256(dv), da), f[c]);
 #define DEFINE_Q4_K(C) DEFINE_KQ_PAIRS(q4_k, Q4_K_BYTES, Q4_K_PREP, Q4_K_PASS, Q4_K_PAIR_STEP, Q4_K_ROW_STEP, C)
+#define Q5_K_PASS(h) q5_k_pass2(blk, h, sc2, q2, sv2)
+#define DEFINE_Q5_K(C) DEFINE_KQ_PAIRS(q5_k, Q5_K_BYTES, Q4_K_PREP, Q5_K_PASS, Q4_K_PAIR_STEP, Q4_K_ROW_STEP, C)
 #define DEFINE_Q6_K(C) DEFINE_KQ_PAIRS(q6_k, Q6_K_BYTES, Q6_K_PREP, Q6_K_PASS, Q6_K_PAIR_STEP, Q6_K_ROW_STEP, C)
 #else
 /* A weight block meets the C inputs in two passes, groups 0-3 then 4-7: each pass holds only its
@@ -172,21 +184,19 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
  * reloading them for every input row made the loads, not the multiplies, the bound). The first
  * pass leaves each row's integer half-sum in part[]. The float steps per row and block are those
  * of one pass (d * da and -dmin * da as vector products: the same roundings as the scalar ones). */
-#define DEFINE_Q4_K(C)                                                                               \
-    static void q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
+#define DEFINE_KQ4(f4, BYTES, C)                                                                     \
+    static void f4##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         __m256 f[C];                                                                                 \
         __m256i part[C];                                                                             \
         for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();                                      \
         const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
-            const uint8_t *blk = w + ib * Q4_K_BYTES;                                                \
-            _mm_prefetch((const char *)blk + QPF_BYTES, QPF_HINT);                                \
-            _mm_prefetch((const char *)blk + QPF_BYTES + 64, QPF_HINT);                           \
-            _mm_prefetch((const char *)blk + QPF_BYTES + 128, QPF_HINT);                          \
+            const uint8_t *blk = w + ib * BYTES;                                                     \
+            for (int p = 0; p < BYTES; p += 64) _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT); \
             const __m256 dv = _mm256_set1_ps(f16_to_f32(blk)), ndminv = _mm256_set1_ps(-f16_to_f32(blk + 2)); \
             __m256i mn, q[8], sv[8];                                                                 \
             scales_q4_k(blk, sv, &mn);                                                               \
-            for (int s = 0; s < 8; s++) q[s] = q4_k_group(blk, s);                                   \
+            for (int s = 0; s < 8; s++) q[s] = f4##_group(blk, s);                                   \
             const int8_t *xq = a->q + ib * 256;                                                      \
             const int16_t *xs = a->s + ib * 16;                                                      \
             for (int c = 0; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                         \
@@ -200,6 +210,9 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
     }
+
+#define DEFINE_Q4_K(C) DEFINE_KQ4(q4_k, Q4_K_BYTES, C)
+#define DEFINE_Q5_K(C) DEFINE_KQ4(q5_k, Q5_K_BYTES, C)
 
 /* Q6_K (256 weights, weight = d * sc[i] * (q - 32) per 16, q in 0..63): sum_i sc[i] * ((q . a)_i -
  * 32 (sum a)_i), all integer per activation block; in two passes over the inputs as Q4_K. */

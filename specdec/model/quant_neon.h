@@ -1,5 +1,5 @@
 /* The NEON (aarch64) build of quant_q8.c's x86 pieces: quantize_row and the raw-block kernels, the
- * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1) and DEFINE_Q4_K, DEFINE_Q6_K. Included by quant_q8.c
+ * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1) and DEFINE_Q4_K, DEFINE_Q5_K, DEFINE_Q6_K. Included by quant_q8.c
  * only, after its act type, the format constants and QPF_BYTES.
  *
  * Bits: the integer sums are exact (sdot, or its floor without dotprod), and every float operation is
@@ -12,6 +12,7 @@
 #include <arm_neon.h>
 
 #define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
 
 /* acc + per 32-bit lane i the sum of the 4 products of bytes 4i..4i+3 of a and b (int8 x int8):
@@ -129,16 +130,16 @@ static inline int32x4_t lane_sums4(const int32x4_t *p) {
  * 16-byte halves are lanes 0-3 and 4-7. Then the AVX2 build's float steps on the two halves. */
 static inline int16x8_t load_s16(const int16_t *p) { return vld1q_s16(p); }
 
-/* Q4_K: lane l = sum_s sc[s] (q . a over bytes 4l..4l+3 of group s); the mins meet the 32-sums:
+/* Q4_K and Q5_K: lane l = sum_s sc[s] (q . a over bytes 4l..4l+3 of group s); the mins meet the 32-sums:
  * mt lane l = m[l] x (sum a over sub-block l) */
-#define DEFINE_Q4_K(C)                                                                               \
-    static void q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
+#define DEFINE_KQ4(f4, BYTES, C)                                                                     \
+    static void f4##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         float32x4_t f[C][2];                                                                         \
         for (int c = 0; c < C; c++) f[c][0] = f[c][1] = vdupq_n_f32(0.0f);                           \
         const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
-            const uint8_t *blk = w + ib * Q4_K_BYTES;                                                \
-            for (int p = 0; p < Q4_K_BYTES; p += 64) SD_PREFETCH(blk + QPF_BYTES + p);               \
+            const uint8_t *blk = w + ib * BYTES;                                                     \
+            for (int p = 0; p < BYTES; p += 64) SD_PREFETCH(blk + QPF_BYTES + p);                    \
             const float d = f16_to_f32(blk), ndmin = -f16_to_f32(blk + 2);                           \
             uint32_t su[4];                                                                          \
             q4_k_scale_bytes(blk, su); /* bytes 0..7: the scales, 8..15: the mins */                 \
@@ -147,7 +148,7 @@ static inline int16x8_t load_s16(const int16_t *p) { return vld1q_s16(p); }
             const int32x4_t mn[2] = {vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(mn16))),           \
                                      vreinterpretq_s32_u32(vmovl_high_u16(mn16))};                   \
             u8x32 q[8];                                                                              \
-            for (int s = 0; s < 8; s++) q[s] = u_q4_k(blk, s);                                       \
+            for (int s = 0; s < 8; s++) q[s] = u_##f4(blk, s);                                       \
             for (int c = 0; c < C; c++) {                                                            \
                 const int8_t *x = a->q + c * K + 256 * ib;                                           \
                 const int16_t *xs = a->s + c * K16 + 16 * ib;                                        \
@@ -167,6 +168,9 @@ static inline int16x8_t load_s16(const int16_t *p) { return vld1q_s16(p); }
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = vsum4(f[c][0], f[c][1]);                            \
     }
+
+#define DEFINE_Q4_K(C) DEFINE_KQ4(q4_k, Q4_K_BYTES, C)
+#define DEFINE_Q5_K(C) DEFINE_KQ4(q5_k, Q5_K_BYTES, C) /* Q4_K's scales and steps; q in 0..31 */
 
 /* Q6_K: lanes 0-3 take the first 16 of each group s (scale 2s), lanes 4-7 the second (scale 2s + 1);
  * the -32 meets the 16-sums: off lane l = sc[2l] s[2l] + sc[2l + 1] s[2l + 1], subtracted x 32 */

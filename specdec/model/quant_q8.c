@@ -327,10 +327,12 @@ typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
     X(a, b, c, 7) X(a, b, c, 8) X(a, b, c, 9) X(a, b, c, 10) X(a, b, c, 11) X(a, b, c, 12) X(a, b, c, 13)          \
     X(a, b, c, 14) X(a, b, c, 15) X(a, b, c, 16)
 #define DK_Q4_K(a, b, c, C) DEFINE_Q4_K(C)
+#define DK_Q5_K(a, b, c, C) DEFINE_Q5_K(C)
 #define DK_Q6_K(a, b, c, C) DEFINE_Q6_K(C)
 #define DK_B32(F, f, S, C) DEFINE_B32(F, f, C)
 #define FN_OF(a, f, c, C) f##_c##C,
 Q_ALL_C(DK_Q4_K, 0, 0, 0)
+Q_ALL_C(DK_Q5_K, 0, 0, 0)
 Q_ALL_C(DK_Q6_K, 0, 0, 0)
 Q_ALL_C(DK_B32, Q8_0, q8_0, 1)
 Q_ALL_C(DK_B32, Q4_0, q4_0, 0)
@@ -342,6 +344,7 @@ typedef struct {
     int64_t qk, bytes, act_block;
 } q8_kernels;
 static const q8_kernels K8_Q4_K = {{0, Q_ALL_C(FN_OF, 0, q4_k, 0)}, 256, Q4_K_BYTES, 256};
+static const q8_kernels K8_Q5_K = {{0, Q_ALL_C(FN_OF, 0, q5_k, 0)}, 256, Q5_K_BYTES, 256};
 static const q8_kernels K8_Q6_K = {{0, Q_ALL_C(FN_OF, 0, q6_k, 0)}, 256, Q6_K_BYTES, 256};
 static const q8_kernels K8_Q8_0 = {{0, Q_ALL_C(FN_OF, 0, q8_0, 0)}, 32, Q8_0_BYTES, 32};
 static const q8_kernels K8_Q4_0 = {{0, Q_ALL_C(FN_OF, 0, q4_0, 0)}, 32, Q4_0_BYTES, 32};
@@ -351,6 +354,7 @@ static const q8_kernels K8_Q4_1 = {{0, Q_ALL_C(FN_OF, 0, q4_1, 0)}, 32, Q4_1_BYT
 static const q8_kernels *q8_kernels_of(int type) {
     switch (type) {
     case T_Q4_K: return &K8_Q4_K;
+    case T_Q5_K: return &K8_Q5_K;
     case T_Q6_K: return &K8_Q6_K;
     case T_Q8_0: return &K8_Q8_0;
     case T_Q4_0: return &K8_Q4_0;

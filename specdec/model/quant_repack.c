@@ -1,4 +1,4 @@
-/* Repacking at load, once: a GGUF matrix in Q4_K, Q6_K or Q8_0 rewritten into tiles of RP_ROWS output
+/* Repacking at load, once: a GGUF matrix in Q4_K, Q5_K, Q6_K or Q8_0 rewritten into tiles of RP_ROWS output
  * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit (3-bit) draft any
  * 32-weight or K-quant format re-encoded as Q4_0 (Q3_0) and tiled the same way. Scalar code (but the draft encodings'
  * extremes, in vectors): it runs once per matrix, on the block formats' integers as simd.h decodes
@@ -18,6 +18,7 @@ static rp_block rp_block_of(int rtype) {
     rp_block b = {0, 0};
     switch (rtype) {
     case T_Q4_K_R16: b.qk = 256, b.tile = RP_Q4_K_TILE; break;
+    case T_Q5_K_R16: b.qk = 256, b.tile = RP_Q5_K_TILE; break;
     case T_Q6_K_R16: b.qk = 256, b.tile = RP_Q6_K_TILE; break;
     case T_Q8_0_R16: b.qk = 32, b.tile = RP_Q8_0_TILE; break;
     case T_Q4_0_R16: b.qk = 32, b.tile = RP_Q4_0_TILE; break;
@@ -27,23 +28,34 @@ static rp_block rp_block_of(int rtype) {
     return b;
 }
 
-/* Q4_K block -> q[256] (0..15), sc[8], mn[8] */
-static void unpack_q4_k(const uint8_t *b, uint8_t *q, uint8_t *sc, uint8_t *mn) {
+/* Q4_K (Q5_K) block -> q[256] (0..15; Q5_K 0..31), sc[8], mn[8]: the two formats' d, dmin and scale bytes
+ * lie alike */
+static void unpack_k4(const uint8_t *b, int five, uint8_t *q, uint8_t *sc, uint8_t *mn) {
     uint32_t u[4];
     q4_k_scale_bytes(b, u);
     memcpy(sc, u, 8);
     memcpy(mn, u + 2, 8);
-    q4_k_values(b, q);
+    if (five) q5_k_values(b, q);
+    else q4_k_values(b, q);
 }
 
-static void repack_q4_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) { /* one block of 16 rows */
+/* one block of 16 rows of Q4_K (Q5_K) -> a Q4_K_R16 (Q5_K_R16) tile: the fifth bits (Q5_K) after Q4_K_R16's
+ * bytes, a chunk per sub-block s laid as the nibbles' chunks: row i's byte e holds at bit r the fifth bit
+ * of chunk 4s + r's low-nibble weight e and at bit 4 + r that of its high-nibble one */
+static void repack_k4_tile(const uint8_t *src, int64_t rb, uint8_t *dst, int five) {
     uint8_t q[16][256], sc[16][8], mn[16][8];
-    for (int i = 0; i < 16; i++) unpack_q4_k(src + i * rb, q[i], sc[i], mn[i]);
+    for (int i = 0; i < 16; i++) unpack_k4(src + i * rb, five, q[i], sc[i], mn[i]);
     for (int s = 0; s < 8; s++)
         for (int r = 0; r < 4; r++)
             for (int i = 0; i < 16; i++)
-                for (int e = 0; e < 4; e++)
-                    dst[(4 * s + r) * 64 + 4 * i + e] = (uint8_t)(q[i][32 * s + 4 * r + e] | q[i][32 * s + 16 + 4 * r + e] << 4);
+                for (int e = 0; e < 4; e++) {
+                    const uint8_t lo = q[i][32 * s + 4 * r + e], hi = q[i][32 * s + 16 + 4 * r + e];
+                    dst[(4 * s + r) * 64 + 4 * i + e] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+                    if (!five) continue;
+                    uint8_t *hb = dst + RP_Q4_K_TILE + 64 * s + 4 * i + e;
+                    if (r == 0) *hb = 0;
+                    *hb |= (uint8_t)((lo >> 4) << r | (hi >> 4) << (4 + r));
+                }
     for (int s = 0; s < 8; s++)
         for (int i = 0; i < 16; i++) dst[2048 + 16 * s + i] = sc[i][s];
     for (int p = 0; p < 4; p++)
@@ -80,6 +92,7 @@ static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
 int quant_repacked_type(int type) {
     switch (type) {
     case T_Q4_K: return T_Q4_K_R16;
+    case T_Q5_K: return T_Q5_K_R16;
     case T_Q6_K: return T_Q6_K_R16;
     case T_Q8_0: return T_Q8_0_R16;
     default: return 0;
@@ -104,7 +117,7 @@ int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64
         for (int64_t ib = 0; ib < nb; ib++) {
             const uint8_t *s = src + t * RP_ROWS * rb + ib * (rb / nb);
             uint8_t *d = dst + (t * nb + ib) * rk.tile;
-            if (type == T_Q4_K) repack_q4_k_tile(s, rb, d);
+            if (type == T_Q4_K || type == T_Q5_K) repack_k4_tile(s, rb, d, type == T_Q5_K);
             else if (type == T_Q6_K) repack_q6_k_tile(s, rb, d);
             else repack_q8_0_tile(s, rb, d);
         }

@@ -1,7 +1,7 @@
 /* The kernels on repacked weights (included by quant_q8.c only, after its act type, DPBUSD and
  * DPWSSD); quant_repack.c writes the tiles at load.
  *
- * At load, a GGUF matrix in Q4_K, Q6_K or Q8_0 (and the 4-bit draft's Q4_0) is rewritten in memory
+ * At load, a GGUF matrix in Q4_K, Q5_K, Q6_K or Q8_0 (and the 4-bit draft's Q4_0) is rewritten in memory
  * into tiles of 16 output rows: for each block of K (256 or 32 weights) a tile holds the 16 rows'
  * integers interleaved four weights at a time (one 32-bit lane a row), so one 512-bit load carries
  * four consecutive weights of all 16 rows and one vpdpbusd against four broadcast activation bytes
@@ -21,6 +21,9 @@
  *     q[32s + 4r + b] in its low nibble and q[32s + 16 + 4r + b] in its high one; @2048 the scales
  *     u8 [8][16]; @2176 the mins u8 [4][16][2] (row i: m[2p], m[2p + 1]); @2304 d f16 [16];
  *     @2336 dmin f16 [16].
+ *   Q5_K_R16 (2880 = 16 x 180): Q4_K_R16's bytes (q's low four bits), then @2368 a chunk per sub-block s:
+ *     row i's byte b holds bit 4 of chunk 4s + r's low-nibble weight at bit r and of its high-nibble one
+ *     at bit 4 + r.
  *   Q6_K_R16 (3360 = 16 x 210): per 16 weights u (0..15) 192 bytes at 192u: a chunk with groups
  *     (16u + b, 16u + 4 + b) in its low / high nibbles, a chunk with (16u + 8 + b, 16u + 12 + b),
  *     and a chunk with the four groups' two high bits (bits 2g, 2g + 1 for group g); @3072 the
@@ -190,28 +193,46 @@ static inline int32_t ld32(const void *p) {
  * vector registers (RP_UNPACK_FIRST) the sub-block's eight integer vectors are unpacked once and met
  * row by row; with 32, a quarter of them at a time meets every row's sums (which then stay in
  * registers). Up to two activation rows keep two product chains (the low and high nibbles) so the
- * latency does not bind. */
+ * latency does not bind. Q5_K (HB 1) is the same kernel with each weight's fifth bit put in from its
+ * sub-block's chunk of them: a low-nibble weight of chunk r takes bit r, a high one bit 4 + r, both to bit
+ * 4 by shifts that keep each bit in its byte. Its q up to 31 would overflow the int16 build's sum of
+ * eight pairs (8 x 2 x 31 x 127), so there the two chains always run apart and meet the scale apart:
+ * the same integers. */
 #define RP_UNPACK_FIRST (RP_W == 8)
-#define DEFINE_RP_Q4_K(C)                                                                            \
-    static void rp_q4_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {               \
-        enum { TWO = C <= 2 };                                                                       \
+/* the fifth bits of the sub-block's chunk r: tl for its low nibbles, th for its high ones; each step
+ * takes bit 4 and moves the next chunk's bit there (hb's low half shifted up by 4, or as it is) */
+#define RP_K5_BITS(lo, hi, tl, th, b4)                                                               \
+    do {                                                                                             \
+        lo = R_OR(lo, R_AND(tl, b4)), hi = R_OR(hi, R_AND(th, b4));                                  \
+        tl = R_SRLI16(tl, 1), th = R_SRLI16(th, 1);                                                  \
+    } while (0)
+#define DEFINE_RP_K4(NAME, TILE, HB, C)                                                              \
+    static void NAME##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                \
+        enum { TWO = C <= 2 || (HB && R_SUB16), APART = HB && R_SUB16 };                             \
         const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
-        const rvi nib = R_SET1B(0x0F);                                                               \
+        const rvi nib = R_SET1B(0x0F), b4 = R_SET1B(0x10);                                           \
+        (void)b4;                                                                                    \
         rvf f[RP_H][C];                                                                              \
         for (int h = 0; h < RP_H; h++)                                                               \
             for (int c = 0; c < C; c++) f[h][c] = R_FZERO();                                         \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             for (int h = 0; h < RP_H; h++) {                                                         \
-                const uint8_t *blk = w + ib * RP_Q4_K_TILE;                                          \
+                const uint8_t *blk = w + ib * TILE;                                                  \
                 rvi is[C];                                                                           \
                 for (int c = 0; c < C; c++) is[c] = R_ZERO();                                        \
                 for (int s = 0; s < 8; s++) {                                                        \
-                    RP_PREFETCH(blk, 5 * s, 5, h);                                                   \
+                    RP_PREFETCH(blk, (TILE / 64 + 7) / 8 * s, (TILE / 64 + 7) / 8, h);               \
+                    rvi tl = R_ZERO(), th = R_ZERO();                                                \
+                    if (HB) {                                                                        \
+                        th = R_LOAD(blk + RP_Q4_K_TILE + 64 * s + 4 * RP_W * h);                     \
+                        tl = R_SLLI16(th, 4);                                                        \
+                    }                                                                                \
                     if (RP_UNPACK_FIRST) { /* the sub-block's integers once, then row by row */      \
                         rvi q[8];                                                                    \
                         for (int r = 0; r < 4; r++) {                                                \
                             const rvi raw = R_LOAD(blk + (4 * s + r) * 64 + 4 * RP_W * h);           \
                             q[2 * r] = R_AND(raw, nib), q[2 * r + 1] = R_AND(R_SRLI16(raw, 4), nib); \
+                            if (HB) RP_K5_BITS(q[2 * r], q[2 * r + 1], tl, th, b4);                  \
                         }                                                                            \
                         const rvi sc = R_SC_U8(blk + 2048 + 16 * s + RP_W * h);                      \
                         for (int c = 0; c < C; c++) {                                                \
@@ -223,14 +244,16 @@ static inline int32_t ld32(const void *p) {
                                 if (TWO) acc2 = R_SUB_XDOT(acc2, q[2 * r + 1], xh, r);               \
                                 else acc = R_SUB_XDOT(acc, q[2 * r + 1], xh, r);                     \
                             }                                                                        \
-                            is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc, acc2) : acc, sc);        \
+                            if (APART) is[c] = R_SUB_SCALE(R_SUB_SCALE(is[c], acc, sc), acc2, sc);   \
+                            else is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc, acc2) : acc, sc);   \
                         }                                                                            \
                     } else { /* a quarter of the integers at a time against every row */            \
                         rsub acc[C], acc2[C];                                                        \
                         for (int c = 0; c < C; c++) acc[c] = R_SUB_ZERO(), acc2[c] = R_SUB_ZERO();   \
                         for (int r = 0; r < 4; r++) {                                                \
                             const rvi raw = R_LOAD(blk + (4 * s + r) * 64 + 4 * RP_W * h);           \
-                            const rvi lo = R_AND(raw, nib), hi = R_AND(R_SRLI16(raw, 4), nib);       \
+                            rvi lo = R_AND(raw, nib), hi = R_AND(R_SRLI16(raw, 4), nib);             \
+                            if (HB) RP_K5_BITS(lo, hi, tl, th, b4);                                  \
                             for (int c = 0; c < C; c++) {                                            \
                                 const int8_t *x = a->q + c * K + 256 * ib + 32 * s + 4 * r;          \
                                 acc[c] = R_SUB_XDOT_AT(acc[c], lo, x, r);                            \
@@ -239,8 +262,10 @@ static inline int32_t ld32(const void *p) {
                             }                                                                        \
                         }                                                                            \
                         const rvi sc = R_SC_U8(blk + 2048 + 16 * s + RP_W * h);                      \
-                        for (int c = 0; c < C; c++)                                                  \
-                            is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc[c], acc2[c]) : acc[c], sc); \
+                        for (int c = 0; c < C; c++) {                                                \
+                            if (APART) is[c] = R_SUB_SCALE(R_SUB_SCALE(is[c], acc[c], sc), acc2[c], sc); \
+                            else is[c] = R_SUB_SCALE(is[c], TWO ? R_SUB_ADD(acc[c], acc2[c]) : acc[c], sc); \
+                        }                                                                            \
                     }                                                                                \
                 }                                                                                    \
                 rvi mn[4];                                                                           \
@@ -419,10 +444,12 @@ DEFINE_RP_B32(rp_q3_0_any, RP_Q3_0_TILE, 3, RP_Q3_0_BODY)
     static void f##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) { f##_any(w, a, y, ldy, C); }
 
 #define RP_ALL_C(X, f) X(f, 1) X(f, 2) X(f, 3) X(f, 4) X(f, 5) X(f, 6) X(f, 7) X(f, 8)
-#define RP_DEF_Q4_K(f, C) DEFINE_RP_Q4_K(C)
+#define RP_DEF_Q4_K(f, C) DEFINE_RP_K4(rp_q4_k, RP_Q4_K_TILE, 0, C)
+#define RP_DEF_Q5_K(f, C) DEFINE_RP_K4(rp_q5_k, RP_Q5_K_TILE, 1, C)
 #define RP_DEF_Q6_K(f, C) DEFINE_RP_Q6_K(C)
 #define RP_FN_OF(f, C) f##_c##C,
 RP_ALL_C(RP_DEF_Q4_K, 0)
+RP_ALL_C(RP_DEF_Q5_K, 0)
 RP_ALL_C(RP_DEF_Q6_K, 0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q8_0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q4_0)
@@ -436,6 +463,7 @@ typedef struct {
     int o_kind;
 } rp_kernels;
 static const rp_kernels RP_Q4_K = {{0, RP_ALL_C(RP_FN_OF, rp_q4_k)}, 256, RP_Q4_K_TILE, 256, O_PAIRS32};
+static const rp_kernels RP_Q5_K = {{0, RP_ALL_C(RP_FN_OF, rp_q5_k)}, 256, RP_Q5_K_TILE, 256, O_PAIRS32};
 static const rp_kernels RP_Q6_K = {{0, RP_ALL_C(RP_FN_OF, rp_q6_k)}, 256, RP_Q6_K_TILE, 256,
                                    R_SUB16 ? O_PAIRS16 : O_NEG32_16};
 static const rp_kernels RP_Q8_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q8_0)}, 32, RP_Q8_0_TILE, 32, O_NEG128_32};
@@ -445,6 +473,7 @@ static const rp_kernels RP_Q3_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q3_0)}, 32, RP_Q3_0
 static const rp_kernels *rp_kernels_of(int type) {
     switch (type) {
     case T_Q4_K_R16: return &RP_Q4_K;
+    case T_Q5_K_R16: return &RP_Q5_K;
     case T_Q6_K_R16: return &RP_Q6_K;
     case T_Q8_0_R16: return &RP_Q8_0;
     case T_Q4_0_R16: return &RP_Q4_0;

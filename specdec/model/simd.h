@@ -239,6 +239,16 @@ static inline void q6_k_values(const uint8_t *b, uint8_t q[256]) {
     }
 }
 
+/* Q5_K (176 bytes: d, dmin, 12 bytes of scales and mins as Q4_K's, qh [32], qs [128]): weight 32s + k is the
+ * low (s even) or high (s odd) nibble of qs[32 (s / 2) + k] (byte 48 + ...), with bit s of qh[k] (byte 16 + k)
+ * above it as bit 4 */
+static inline void q5_k_values(const uint8_t *b, uint8_t q[256]) {
+    for (int s = 0; s < 8; s++)
+        for (int k = 0; k < 32; k++) {
+            const uint8_t l = b[48 + 32 * (s >> 1) + k];
+            q[32 * s + k] = (uint8_t)(((s & 1) ? l >> 4 : l & 15) | ((b[16 + k] >> s) & 1) << 4);
+        }
+}
 #if SIMD_NEON
 typedef struct {
     uint8x16_t lo, hi; /* weights 0..15, 16..31 of a group of 32 */
@@ -274,6 +284,17 @@ static inline u8x32 u_q4_k(const uint8_t *b, int s) {
     const uint8x16_t lo = vld1q_u8(p), hi = vld1q_u8(p + 16), m = vdupq_n_u8(15);
     return (s & 1) ? u8x32_of(vshrq_n_u8(lo, 4), vshrq_n_u8(hi, 4)) : u8x32_of(vandq_u8(lo, m), vandq_u8(hi, m));
 }
+/* Q5_K sub-block s, as q5_k_values: qh's bit s moved to bit 4 (mask first: a left shift by 4 - s, or right
+ * by s - 4, of a lone bit s stays in its byte) */
+static inline u8x32 u_q5_k(const uint8_t *b, int s) {
+    const uint8_t *p = b + 48 + 32 * (s >> 1);
+    const uint8x16_t lo = vld1q_u8(p), hi = vld1q_u8(p + 16), m = vdupq_n_u8(15);
+    const uint8x16_t bit = vdupq_n_u8((uint8_t)(1 << s));
+    const int8x16_t sh = vdupq_n_s8((int8_t)(4 - s));
+    const uint8x16_t h0 = vshlq_u8(vandq_u8(vld1q_u8(b + 16), bit), sh), h1 = vshlq_u8(vandq_u8(vld1q_u8(b + 32), bit), sh);
+    return (s & 1) ? u8x32_of(vorrq_u8(vshrq_n_u8(lo, 4), h0), vorrq_u8(vshrq_n_u8(hi, 4), h1))
+                   : u8x32_of(vorrq_u8(vandq_u8(lo, m), h0), vorrq_u8(vandq_u8(hi, m), h1));
+}
 /* Q6_K group s (0..63), as q6_k_values */
 static inline uint8x16_t q6_k_half16(uint8x16_t l, uint8x16_t qh, int t) {
     const uint8x16_t lo = (t >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
@@ -292,6 +313,18 @@ static inline u8x32 u_q6_k(const uint8_t *b, int s) {
 static inline __m256i q4_k_group(const uint8_t *b, int s) {
     const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
     return _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+}
+/* Q5_K sub-block s (0..7) as 32 bytes, as q5_k_values: Q4_K's nibbles (at byte 48) with qh's bit s as bit 4,
+ * masked before the 16-bit shifts so no bit crosses a byte */
+static inline __m256i q5_k_group(const uint8_t *b, int s) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (s >> 1)));
+    const __m256i lo = _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+    const __m256i hm = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(b + 16)), _mm256_set1_epi8((char)(1 << s)));
+    const __m256i hi = s == 0 ? _mm256_slli_epi16(hm, 4) : s == 1 ? _mm256_slli_epi16(hm, 3)
+                     : s == 2 ? _mm256_slli_epi16(hm, 2) : s == 3 ? _mm256_slli_epi16(hm, 1)
+                     : s == 4 ? hm : s == 5 ? _mm256_srli_epi16(hm, 1)
+                     : s == 6 ? _mm256_srli_epi16(hm, 2) : _mm256_srli_epi16(hm, 3);
+    return _mm256_or_si256(lo, hi);
 }
 /* Q6_K (210-byte blocks of 256): the 6-bit values q (0..63, before the -32) of group s (weights
  * 32 s .. 32 s + 31) as 32 bytes: half h = s / 4, quarter t = s % 4 within it; low nibbles from ql,
