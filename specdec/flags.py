@@ -63,7 +63,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
     p.add_argument("--weight-dtype", default=None, choices=("auto", "gguf-q8", "gguf-q8-mapped", "float32"),
                    help="how the weights are read. gguf-q8: on the CPU, the GGUF file's own quantized blocks "
-                        "(Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) against activations quantized to 8 bits per block "
+                        "(Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) against activations quantized to 8 bits per block "
                         "(llama.cpp's arithmetic), the Q4_K, Q5_K, Q6_K and Q8_0 ones repacked at load into tiles of 16 "
                         "output rows for the kernels (private memory, about the file's size; no fp32 copy); the "
                         "output is close to float32's, not equal (speculative output still equals plain "
@@ -72,7 +72,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "torch reference, the weights dequantized to fp32 in memory at load (on CUDA: to "
                         "--dtype). auto (default): gguf-q8 for a .gguf model on the CPU, else the torch reference")
     p.add_argument("--draft-bits", type=draft_bits, default=None, metavar="{3,4,8,auto}",
-                   help="a draft model's 32-weight and Q6_K blocks (Q8_0, Q5_0, Q4_0, Q4_1, Q6_K) on the CPU backend: "
+                   help="a draft model's 32-weight and Q6_K blocks (Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, Q6_K) on the CPU backend: "
                         "4 re-encodes them at load as Q4_0 (half the bytes a draft step reads), 3 the same but the "
                         "MLP's gate and up as 3-bit Q3_0 (an eighth fewer bytes again), 8 keeps 8 bits (Q5_0 as "
                         "Q8_0); the output is exactly the target's at every width. auto (default): 3 with the x86 "

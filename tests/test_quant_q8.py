@@ -369,7 +369,7 @@ def test_the_largest_integers_give_every_build_the_arithmetic(fmt, other_build):
 
 @kernel
 @pytest.mark.parametrize("bits", [4, 3])
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0", "Q6_K"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0", "Q5_1", "Q6_K"])
 def test_a_draft_re_encoding_is_the_symmetric_rounding_of_its_weights(fmt, bits):
     """requant: the weights re-encoded with llama.cpp's Q4_0 rounding (at 3 bits the same rule), in
     Q4_0_R16 / Q3_0_R16 tiles; the GEMM is the quantized arithmetic on those weights and row-count free

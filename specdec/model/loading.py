@@ -289,7 +289,8 @@ def _reencoded_parts(gguf: GGUFFile, names: list[str], cfg: dict):
     return parts
 
 
-LOW_BIT_SOURCES = {2, 3, 6, 8, 14}  # Q4_0, Q4_1, Q5_0, Q8_0, Q6_K: what a 4-bit (3-bit) draft re-encodes (Q4_K stays)
+LOW_BIT_SOURCES = {2, 3, 6, 7, 8, 14}  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q6_K: what a 4-bit (3-bit) draft re-encodes
+# (Q4_K and Q5_K stay)
 
 
 def _repacked(gguf: GGUFFile, names: list[str], parts, K: int, bits: int = 8):
@@ -421,7 +422,7 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     layers' Q4_K, Q5_K, Q6_K and Q8_0 blocks rewritten at load into the kernels' tiles of 16 output rows
     (quant_rp.h: prefill and verification run several times faster; private memory instead of the
     file's shared pages), else read through the map as they lie in the file. bits 4 (with repack, for a
-    draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1) and Q6_K re-encoded as Q4_0, lossy; bits 3:
+    draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) and Q6_K re-encoded as Q4_0, lossy; bits 3:
     the MLP's gate and up projections as Q3_0, the rest as at 4.
     head_rows > 0 (a draft under --draft-vocab): the LM head holds only its first head_rows outputs
     (logits for ids below it; the drafter scores no others), so the rest is never converted or held."""

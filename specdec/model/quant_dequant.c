@@ -1,4 +1,4 @@
-/* GGUF block formats (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1) dequantized to fp32: the embedding rows a
+/* GGUF block formats (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) dequantized to fp32: the embedding rows a
  * step looks up, a layer whose format the 8-bit GEMM does not take, the fp32 reference at load, and
  * the tests' oracle for quant_q8.c.
  *
@@ -115,6 +115,16 @@ static inline void g32_q4_1(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
     vec f[NV];
     pieces(u_q4_1(b), 0, f);
+    for (int v = 0; v < NV; v++) w[v] = VFMA(VSET1(pre[0]), f[v], VSET1(pre[1]));
+}
+#define Q5_1_QK 32
+#define Q5_1_BYTES 24
+#define Q5_1_PRE 2
+#define prep_q5_1 prep_q4_1 /* d, m */
+static inline void g32_q5_1(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    vec f[NV];
+    pieces(u_q5_1(b), 0, f);
     for (int v = 0; v < NV; v++) w[v] = VFMA(VSET1(pre[0]), f[v], VSET1(pre[1]));
 }
 #else
@@ -273,6 +283,32 @@ static inline void g32_q4_1(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
     for (int v = 0; v < NV; v++) w[v] = VFMA(VBCAST(pre), I2F(nib16(b + 4, VL * v)), VBCAST(pre + 1));
 }
+
+/* Q5_1: 32 weights, d * (nibble | bit l of qh << 4) + m (d, m, qh, qs). */
+#define Q5_1_QK 32
+#define Q5_1_BYTES 24
+#define Q5_1_PRE 3
+static inline void prep_q5_1(const uint8_t *b, float *pre) {
+    uint32_t qh;
+    pre[0] = f16_to_f32(b), pre[1] = f16_to_f32(b + 2);
+    memcpy(&qh, b + 4, 4);
+    memcpy(pre + 2, &qh, 4); /* the high bits, carried as raw bits */
+}
+static inline void g32_q5_1(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    uint32_t qh;
+    memcpy(&qh, pre + 2, 4);
+    for (int v = 0; v < NV; v++) {
+        const int k0 = VL * v;
+#if VL == 16
+        const veci bits = _mm512_srlv_epi32(_mm512_set1_epi32((int)(qh >> k0)),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+#else
+        const veci bits = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> k0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#endif
+        w[v] = VFMA(VBCAST(pre), I2F(IOR(nib16(b + 8, k0), ISLL(IAND(bits, 1), 4))), VBCAST(pre + 1));
+    }
+}
 #endif
 
 typedef struct {
@@ -302,6 +338,7 @@ Q_FORMAT(Q8_0, q8_0)
 Q_FORMAT(Q5_0, q5_0)
 Q_FORMAT(Q4_0, q4_0)
 Q_FORMAT(Q4_1, q4_1)
+Q_FORMAT(Q5_1, q5_1)
 
 static const qkernels *kernels_of(int type) {
     switch (type) {
@@ -312,6 +349,7 @@ static const qkernels *kernels_of(int type) {
     case T_Q5_0: return &K_Q5_0;
     case T_Q4_0: return &K_Q4_0;
     case T_Q4_1: return &K_Q4_1;
+    case T_Q5_1: return &K_Q5_1;
     default: return 0;
     }
 }

@@ -1,5 +1,5 @@
 /* The NEON (aarch64) build of quant_q8.c's x86 pieces: quantize_row and the raw-block kernels, the
- * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1) and DEFINE_Q4_K, DEFINE_Q5_K, DEFINE_Q6_K. Included by quant_q8.c
+ * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) and DEFINE_Q4_K, DEFINE_Q5_K, DEFINE_Q6_K. Included by quant_q8.c
  * only, after its act type, the format constants and QPF_BYTES.
  *
  * Bits: the integer sums are exact (sdot, or its floor without dotprod), and every float operation is

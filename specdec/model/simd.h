@@ -265,19 +265,21 @@ static inline u8x32 nib32_n(const uint8_t *qs) {
 static inline u8x32 u_q8_0(const uint8_t *b) { return u8x32_of(vld1q_u8(b + 2), vld1q_u8(b + 18)); } /* int8 bits */
 static inline u8x32 u_q4_0(const uint8_t *b) { return nib32_n(b + 2); }
 static inline u8x32 u_q4_1(const uint8_t *b) { return nib32_n(b + 4); }
-/* Q5_0: bit i of the 32 at b + 2 is bit 4 of weight i. The 4 bytes in every lane, byte i / 8 of them taken
- * to lane i (tbl), bit i % 8 tested, and 0x10 of the test's 0xFF / 0 put in (bsl) */
-static inline u8x32 u_q5_0(const uint8_t *b) {
+/* Q5_0 and Q5_1: bit i of the 32 at qh is bit 4 of weight i. The 4 bytes in every lane, byte i / 8 of them
+ * taken to lane i (tbl), bit i % 8 tested, and 0x10 of the test's 0xFF / 0 put in (bsl) */
+static inline u8x32 u_q5(const uint8_t *qh, const uint8_t *qs) {
     static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
     static const uint8_t at[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
     uint32_t h;
-    memcpy(&h, b + 2, 4);
+    memcpy(&h, qh, 4);
     const uint8x16_t hv = vreinterpretq_u8_u32(vdupq_n_u32(h)), sel = vld1q_u8(bit), b4 = vdupq_n_u8(0x10);
-    const u8x32 u = nib32_n(b + 6);
+    const u8x32 u = nib32_n(qs);
     return u8x32_of(vbslq_u8(b4, vtstq_u8(vqtbl1q_u8(hv, vld1q_u8(at)), sel), u.lo),
                     vbslq_u8(b4, vtstq_u8(vqtbl1q_u8(hv, vld1q_u8(at + 16)), sel), u.hi));
 }
+static inline u8x32 u_q5_0(const uint8_t *b) { return u_q5(b + 2, b + 6); }
+static inline u8x32 u_q5_1(const uint8_t *b) { return u_q5(b + 4, b + 8); } /* d, m, qh, qs */
 /* Q4_K sub-block s, as q4_k_values */
 static inline u8x32 u_q4_k(const uint8_t *b, int s) {
     const uint8_t *p = b + 16 + 32 * (s >> 1);
