@@ -199,7 +199,7 @@ BLOCK_FORMATS = {"Q4_K": (144, 256, [0, 2]), "Q6_K": (210, 256, [208]), "Q8_0": 
                  "Q5_0": (22, 32, [0]), "Q4_0": (18, 32, [0]), "Q4_1": (20, 32, [0, 2]), "Q5_1": (24, 32, [0, 2]),
                  "Q5_K": (176, 256, [0, 2]), "Q3_K": (110, 256, [108]), "Q2_K": (84, 256, [80, 82]),
                  "IQ4_XS": (136, 256, [0])}
-KERNEL_FORMATS = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q5_1")  # what our kernels read; the rest are refused
+KERNEL_FORMATS = ("Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q5_1")  # what our kernels read; the rest are refused
 
 
 def random_blocks(fmt: str, rows: int, K: int, seed: int = 0, scale: float = 0.02) -> np.ndarray:

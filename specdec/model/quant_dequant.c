@@ -1,4 +1,4 @@
-/* GGUF block formats (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) dequantized to fp32: the embedding rows a
+/* GGUF block formats (Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) dequantized to fp32: the embedding rows a
  * step looks up, a layer whose format the 8-bit GEMM does not take, the fp32 reference at load, and
  * the tests' oracle for quant_q8.c.
  *
@@ -76,6 +76,20 @@ static inline void g32_q6_k(const uint8_t *b, int s, const float *pre, vec *w) {
     vec f[NV];
     pieces(u_q6_k(b, s), 32, f);
     for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[8 * (s >> 2) + 2 * (s & 3) + v / 2]), f[v]);
+}
+#define Q3_K_QK 256
+#define Q3_K_BYTES 110
+#define Q3_K_PRE 16
+static inline void prep_q3_k(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b + 108);
+    int8_t sc[16];
+    q3_k_scales(b, sc);
+    for (int i = 0; i < 16; i++) pre[i] = d * (float)sc[i];
+}
+static inline void g32_q3_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    vec f[NV];
+    pieces(u_q3_k(b, s), 4, f);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[2 * s + v / 2]), f[v]);
 }
 #define Q8_0_QK 32
 #define Q8_0_BYTES 34
@@ -219,6 +233,22 @@ static inline void g32_q6_k(const uint8_t *b, int s, const float *pre, vec *w) {
     for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 8 * h + 2 * t + (VL * v) / 16), piece_f(q, v, 1));
 }
 
+/* Q3_K: 256 weights, scale d * (sc[i] - 32) per 16 (12 bytes of 6-bit scales), 3-bit q = two bits (qs)
+ * | one bit (hmask) above them, minus 4. pre: 16 scales. */
+#define Q3_K_QK 256
+#define Q3_K_BYTES 110
+#define Q3_K_PRE 16
+static inline void prep_q3_k(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b + 108);
+    int8_t sc[16];
+    q3_k_scales(b, sc);
+    for (int i = 0; i < 16; i++) pre[i] = d * (float)sc[i];
+}
+static inline void g32_q3_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    const __m256i q = _mm256_sub_epi8(q3_k_group(b, s), _mm256_set1_epi8(4));
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 2 * s + (VL * v) / 16), piece_f(q, v, 1));
+}
+
 /* The 32-weight formats keep weights 0..15 in the low nibbles of 16 bytes, 16..31 in the high ones:
  * weights k0 .. k0 + VL as int32 lanes. */
 static inline veci nib16(const uint8_t *qs, int k0) {
@@ -331,6 +361,7 @@ typedef struct {
 #define Q_FORMAT(F, f)                                                                               \
     DEFINE_DEQ(F, f)                                                                                 \
     static const qkernels K_##F = {F##_QK, F##_BYTES, f##_deq};
+Q_FORMAT(Q3_K, q3_k)
 Q_FORMAT(Q4_K, q4_k)
 Q_FORMAT(Q5_K, q5_k)
 Q_FORMAT(Q6_K, q6_k)
@@ -342,6 +373,7 @@ Q_FORMAT(Q5_1, q5_1)
 
 static const qkernels *kernels_of(int type) {
     switch (type) {
+    case T_Q3_K: return &K_Q3_K;
     case T_Q4_K: return &K_Q4_K;
     case T_Q5_K: return &K_Q5_K;
     case T_Q6_K: return &K_Q6_K;

@@ -1,6 +1,6 @@
-/* The K-quant kernels of quant_q8.c (Q4_K, Q5_K, Q6_K: 256-weight blocks of 8 sub-blocks of 32, against
- * 8-bit activations in 256-value blocks): the templates DEFINE_Q4_K(C), DEFINE_Q5_K(C) and DEFINE_Q6_K(C)
- * of q4_k_cC, q5_k_cC and q6_k_cC, which quant_q8.c instantiates for C = 1..16 input rows. Included by quant_q8.c only, after its
+/* The K-quant kernels of quant_q8.c (Q3_K, Q4_K, Q5_K, Q6_K: 256-weight blocks of 8 sub-blocks of 32,
+ * against 8-bit activations in 256-value blocks): the templates DEFINE_Q3_K(C), DEFINE_Q4_K(C),
+ * DEFINE_Q5_K(C) and DEFINE_Q6_K(C) of q3_k_cC, q4_k_cC, q5_k_cC and q6_k_cC, which quant_q8.c instantiates for C = 1..16 input rows. Included by quant_q8.c only, after its
  * act type, DPBUSD, hsum8, Q8_PAIRS and the prefetch settings; x86 only (the NEON build's are in
  * quant_neon.h, with the same float steps). */
 #ifndef SPECDEC_QUANT_KQ_H
@@ -34,6 +34,14 @@ static inline __m256i dot4_k(const __m256i *q, const __m256i *sv, const int8_t *
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
+#define Q3_K_BYTES 110
+/* the 16 scales of 16 weights as int16: Q6_K's int8 bytes, Q3_K's 6-bit ones less 32 */
+static inline __m256i sc16_q6_k(const uint8_t *b) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))); }
+static inline __m256i sc16_q3_k(const uint8_t *b) {
+    int8_t sc[16];
+    q3_k_scales(b, sc);
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+}
 
 /* sv[s]: Q6_K's scale 2s in int16 lanes 0-7 and scale 2s + 1 in lanes 8-15, shuffled from sc16 (the 16 scales) */
 static inline void scales_q6_k(__m256i sc16, __m256i *sv) {
@@ -97,11 +105,16 @@ static inline void scales_q4_k2(const uint8_t *b, __m512i *sc2, __m512i *mn2) {
     const __m128i m8 = _mm_unpackhi_epi64(s8, s8);
     *mn2 = both(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
 }
-/* Q6_K's groups 4h .. 4h + 3 in both halves, as q6_k_group and scales_q6_k make them */
+/* Q6_K's (Q3_K's) groups 4h .. 4h + 3 in both halves, as q6_k_group (q3_k_group) and scales_q6_k make them */
 static inline void q6_k_pass2(const uint8_t *blk, int h, __m256i sc16, __m512i *q2, __m512i *sv2) {
     __m256i sv[8];
     scales_q6_k(sc16, sv);
     for (int g = 0; g < 4; g++) q2[g] = both(q6_k_group(blk, 4 * h + g)), sv2[g] = both(sv[4 * h + g]);
+}
+static inline void q3_k_pass2(const uint8_t *blk, int h, __m256i sc16, __m512i *q2, __m512i *sv2) {
+    __m256i sv[8];
+    scales_q6_k(sc16, sv);
+    for (int g = 0; g < 4; g++) q2[g] = both(q3_k_group(blk, 4 * h + g)), sv2[g] = both(sv[4 * h + g]);
 }
 static inline float hsum_lo(__m512 v) { return hsum8(_mm512_castps512_ps256(v)); }
 static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1)); }
@@ -161,23 +174,32 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
     const __m256i mt = _mm256_madd_epi16(_mm512_castsi512_si256(mn2), _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
     f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(_mm512_castps512_ps256(dv), da), f[c]); \
     f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_mul_ps(_mm512_castps512_ps256(ndminv), da), f[c]);
-/* Q6_K: weight = d * sc[i] * (q - 32) per 16; the -32 meets the 16-sums (off) */
-#define Q6_K_PREP                                                                                    \
-    const __m512 dv = _mm512_set1_ps(f16_to_f32(blk + 208));                                         \
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+/* Q6_K: weight = d * sc[i] * (q - 32) per 16; the -32 meets the 16-sums (off). Q3_K: the same with
+ * q - 4 (its d at byte 108, its scales unpacked) */
+#define KQ6_PREP(f, D_AT)                                                                            \
+    const __m512 dv = _mm512_set1_ps(f16_to_f32(blk + D_AT));                                        \
+    const __m256i sc16 = sc16_##f(blk);
+#define Q6_K_PREP KQ6_PREP(q6_k, 208)
+#define Q3_K_PREP KQ6_PREP(q3_k, 108)
 #define Q6_K_PASS(h) q6_k_pass2(blk, h, sc16, q2, sv2)
-#define Q6_K_PAIR_STEP                                                                               \
+#define Q3_K_PASS(h) q3_k_pass2(blk, h, sc16, q2, sv2)
+#define KQ6_PAIR_STEP(SHIFT)                                                                         \
     const __m512i off = _mm512_madd_epi16(both(sc16), _mm512_loadu_si512(xsp + 2 * p * K16));        \
-    f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_slli_epi32(off, 5))),    \
+    f2[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_slli_epi32(off, SHIFT))), \
                             _mm512_mul_ps(dv, da), f2[p]);
-#define Q6_K_ROW_STEP                                                                                \
+#define KQ6_ROW_STEP(SHIFT)                                                                          \
     const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
-    f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5))),     \
+    f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_slli_epi32(off, SHIFT))),  \
                            _mm256_mul_ps(_mm512_castps512_ps256(dv), da), f[c]);
+#define Q6_K_PAIR_STEP KQ6_PAIR_STEP(5)
+#define Q6_K_ROW_STEP KQ6_ROW_STEP(5)
+#define Q3_K_PAIR_STEP KQ6_PAIR_STEP(2)
+#define Q3_K_ROW_STEP KQ6_ROW_STEP(2)
 #define DEFINE_Q4_K(C) DEFINE_KQ_PAIRS(q4_k, Q4_K_BYTES, Q4_K_PREP, Q4_K_PASS, Q4_K_PAIR_STEP, Q4_K_ROW_STEP, C)
 #define Q5_K_PASS(h) q5_k_pass2(blk, h, sc2, q2, sv2)
 #define DEFINE_Q5_K(C) DEFINE_KQ_PAIRS(q5_k, Q5_K_BYTES, Q4_K_PREP, Q5_K_PASS, Q4_K_PAIR_STEP, Q4_K_ROW_STEP, C)
 #define DEFINE_Q6_K(C) DEFINE_KQ_PAIRS(q6_k, Q6_K_BYTES, Q6_K_PREP, Q6_K_PASS, Q6_K_PAIR_STEP, Q6_K_ROW_STEP, C)
+#define DEFINE_Q3_K(C) DEFINE_KQ_PAIRS(q3_k, Q3_K_BYTES, Q3_K_PREP, Q3_K_PASS, Q3_K_PAIR_STEP, Q3_K_ROW_STEP, C)
 #else
 /* A weight block meets the C inputs in two passes, groups 0-3 then 4-7: each pass holds only its
  * half of the block's integers and scales in registers (all of them do not fit in AVX2's 16, and
@@ -215,35 +237,37 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
 #define DEFINE_Q5_K(C) DEFINE_KQ4(q5_k, Q5_K_BYTES, C)
 
 /* Q6_K (256 weights, weight = d * sc[i] * (q - 32) per 16, q in 0..63): sum_i sc[i] * ((q . a)_i -
- * 32 (sum a)_i), all integer per activation block; in two passes over the inputs as Q4_K. */
-#define DEFINE_Q6_K(C)                                                                               \
-    static void q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
+ * 32 (sum a)_i), all integer per activation block; in two passes over the inputs as Q4_K. Q3_K: the
+ * same with q in 0..7 and q - 4 (SHIFT 2: the offsets times 4, not 32). */
+#define DEFINE_KQ6(f6, BYTES, D_AT, SHIFT, C)                                                        \
+    static void f6##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         __m256 f[C];                                                                                 \
         __m256i part[C];                                                                             \
         for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();                                      \
         const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
-            const uint8_t *blk = w + ib * Q6_K_BYTES;                                                \
-            for (int p = 0; p < Q6_K_BYTES; p += 64)                                                 \
+            const uint8_t *blk = w + ib * BYTES;                                                     \
+            for (int p = 0; p < BYTES; p += 64)                                                      \
                 _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT);                        \
-            const __m256 dv = _mm256_set1_ps(f16_to_f32(blk + 208));                                 \
-            const int8_t *scb = (const int8_t *)(blk + 192);                                         \
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scb));       \
+            const __m256 dv = _mm256_set1_ps(f16_to_f32(blk + D_AT));                                \
+            const __m256i sc16 = sc16_##f6(blk);                                                     \
             __m256i q[8], sv[8];                                                                     \
             scales_q6_k(sc16, sv);                                                                   \
-            for (int s = 0; s < 8; s++) q[s] = q6_k_group(blk, s);                                   \
+            for (int s = 0; s < 8; s++) q[s] = f6##_group(blk, s);                                   \
             const int8_t *xq = a->q + ib * 256;                                                      \
             const int16_t *xs = a->s + ib * 16;                                                      \
             for (int c = 0; c < C; c++) part[c] = dot4_k(q, sv, xq + c * K);                         \
             for (int c = 0; c < C; c++) {                                                            \
                 __m256i acc = _mm256_add_epi32(part[c], dot4_k(q + 4, sv + 4, xq + c * K + 128));    \
                 const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xs + c * K16))); \
-                acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));                              \
+                acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, SHIFT));                          \
                 f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, _mm256_broadcast_ss(a->d + c * nb + ib)), f[c]); \
             }                                                                                        \
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
     }
+#define DEFINE_Q6_K(C) DEFINE_KQ6(q6_k, Q6_K_BYTES, 208, 5, C)
+#define DEFINE_Q3_K(C) DEFINE_KQ6(q3_k, Q3_K_BYTES, 108, 2, C)
 #endif
 
 #endif

@@ -1,5 +1,5 @@
 /* The NEON (aarch64) build of quant_q8.c's x86 pieces: quantize_row and the raw-block kernels, the
- * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) and DEFINE_Q4_K, DEFINE_Q5_K, DEFINE_Q6_K. Included by quant_q8.c
+ * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) and DEFINE_Q3_K, DEFINE_Q4_K, DEFINE_Q5_K, DEFINE_Q6_K. Included by quant_q8.c
  * only, after its act type, the format constants and QPF_BYTES.
  *
  * Bits: the integer sums are exact (sdot, or its floor without dotprod), and every float operation is
@@ -14,6 +14,7 @@
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
+#define Q3_K_BYTES 110
 
 /* acc + per 32-bit lane i the sum of the 4 products of bytes 4i..4i+3 of a and b (int8 x int8):
  * sdot where the CPU has it, else widening products whose pairs fit int16 here (|a| <= 128, |b| <= 127) */
@@ -173,20 +174,24 @@ static inline int16x8_t load_s16(const int16_t *p) { return vld1q_s16(p); }
 #define DEFINE_Q5_K(C) DEFINE_KQ4(q5_k, Q5_K_BYTES, C) /* Q4_K's scales and steps; q in 0..31 */
 
 /* Q6_K: lanes 0-3 take the first 16 of each group s (scale 2s), lanes 4-7 the second (scale 2s + 1);
- * the -32 meets the 16-sums: off lane l = sc[2l] s[2l] + sc[2l + 1] s[2l + 1], subtracted x 32 */
-#define DEFINE_Q6_K(C)                                                                               \
-    static void q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
+ * the -32 meets the 16-sums: off lane l = sc[2l] s[2l] + sc[2l + 1] s[2l + 1], subtracted x 32. Q3_K: the
+ * same with q - 4 (SHIFT 2), its d at byte 108 and its scales unpacked */
+static inline void sc_q6_k(const uint8_t *b, int8_t sc[16]) { memcpy(sc, b + 192, 16); }
+#define sc_q3_k q3_k_scales
+#define DEFINE_KQ6(f6, BYTES, D_AT, SHIFT, C)                                                        \
+    static void f6##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         float32x4_t f[C][2];                                                                         \
         for (int c = 0; c < C; c++) f[c][0] = f[c][1] = vdupq_n_f32(0.0f);                           \
         const int64_t K = a->K, K16 = K / 16, nb = K / 256;                                          \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
-            const uint8_t *blk = w + ib * Q6_K_BYTES;                                                \
-            for (int p = 0; p < Q6_K_BYTES; p += 64) SD_PREFETCH(blk + QPF_BYTES + p);               \
-            const float d = f16_to_f32(blk + 208);                                                   \
-            const int8_t *sc = (const int8_t *)(blk + 192);                                          \
+            const uint8_t *blk = w + ib * BYTES;                                                     \
+            for (int p = 0; p < BYTES; p += 64) SD_PREFETCH(blk + QPF_BYTES + p);                    \
+            const float d = f16_to_f32(blk + D_AT);                                                  \
+            int8_t sc[16];                                                                           \
+            sc_##f6(blk, sc);                                                                        \
             const int16x8_t sc16[2] = {vmovl_s8(vld1_s8(sc)), vmovl_s8(vld1_s8(sc + 8))};            \
             u8x32 q[8];                                                                              \
-            for (int s = 0; s < 8; s++) q[s] = u_q6_k(blk, s);                                       \
+            for (int s = 0; s < 8; s++) q[s] = u_##f6(blk, s);                                       \
             for (int c = 0; c < C; c++) {                                                            \
                 const int8_t *x = a->q + c * K + 256 * ib;                                           \
                 const int16_t *xs = a->s + c * K16 + 16 * ib;                                        \
@@ -200,11 +205,13 @@ static inline int16x8_t load_s16(const int16_t *p) { return vld1q_s16(p); }
                     const int16x8_t xv = load_s16(xs + 8 * h);                                       \
                     const int32x4_t off = vpaddq_s32(vmull_s16(vget_low_s16(sc16[h]), vget_low_s16(xv)), \
                                                      vmull_high_s16(sc16[h], xv));                   \
-                    f[c][h] = vfmaq_f32(f[c][h], vcvtq_f32_s32(vsubq_s32(acc[h], vshlq_n_s32(off, 5))), dd); \
+                    f[c][h] = vfmaq_f32(f[c][h], vcvtq_f32_s32(vsubq_s32(acc[h], vshlq_n_s32(off, SHIFT))), dd); \
                 }                                                                                    \
             }                                                                                        \
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = vsum4(f[c][0], f[c][1]);                            \
     }
+#define DEFINE_Q6_K(C) DEFINE_KQ6(q6_k, Q6_K_BYTES, 208, 5, C)
+#define DEFINE_Q3_K(C) DEFINE_KQ6(q3_k, Q3_K_BYTES, 108, 2, C)
 
 #endif

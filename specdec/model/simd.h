@@ -239,6 +239,26 @@ static inline void q6_k_values(const uint8_t *b, uint8_t q[256]) {
     }
 }
 
+/* Q3_K (110 bytes: hmask [32], qs [64], 12 bytes of 6-bit scales, d): the 16 scales (each 16 weights'),
+ * less 32, as int8 */
+static inline void q3_k_scales(const uint8_t *b, int8_t sc[16]) {
+    uint32_t a[4];
+    memcpy(a, b + 96, 12);
+    const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f, t = a[2];
+    a[2] = ((a[0] >> 4) & k2) | (((t >> 4) & k1) << 4);
+    a[3] = ((a[1] >> 4) & k2) | (((t >> 6) & k1) << 4);
+    a[0] = (a[0] & k2) | ((t & k1) << 4);
+    a[1] = (a[1] & k2) | (((t >> 2) & k1) << 4);
+    const uint8_t *u = (const uint8_t *)a;
+    for (int i = 0; i < 16; i++) sc[i] = (int8_t)(u[i] - 32);
+}
+/* Q3_K: weight 32s + k (before the -4) is bits 2 (s % 4), 2 (s % 4) + 1 of qs[32 (s / 4) + k] (byte 32 + ...),
+ * with bit s of hmask[k] above them as bit 2; the weight is d sc[2s + k / 16] (q - 4) */
+static inline void q3_k_values(const uint8_t *b, uint8_t q[256]) {
+    for (int s = 0; s < 8; s++)
+        for (int k = 0; k < 32; k++)
+            q[32 * s + k] = (uint8_t)(((b[32 + 32 * (s >> 2) + k] >> (2 * (s & 3))) & 3) | ((b[k] >> s) & 1) << 2);
+}
 /* Q5_K (176 bytes: d, dmin, 12 bytes of scales and mins as Q4_K's, qh [32], qs [128]): weight 32s + k is the
  * low (s even) or high (s odd) nibble of qs[32 (s / 2) + k] (byte 48 + ...), with bit s of qh[k] (byte 16 + k)
  * above it as bit 4 */
@@ -297,6 +317,17 @@ static inline u8x32 u_q5_k(const uint8_t *b, int s) {
     return (s & 1) ? u8x32_of(vorrq_u8(vshrq_n_u8(lo, 4), h0), vorrq_u8(vshrq_n_u8(hi, 4), h1))
                    : u8x32_of(vorrq_u8(vandq_u8(lo, m), h0), vorrq_u8(vandq_u8(hi, m), h1));
 }
+/* Q3_K sub-block s, as q3_k_values: the two bits shifted down, hmask's bit s masked and moved to bit 2 */
+static inline u8x32 u_q3_k(const uint8_t *b, int s) {
+    const uint8_t *p = b + 32 + 32 * (s >> 2);
+    const int8_t down = (int8_t)(-2 * (s & 3));
+    const uint8x16_t m3 = vdupq_n_u8(3), bit = vdupq_n_u8((uint8_t)(1 << s));
+    const int8x16_t sh = vdupq_n_s8((int8_t)(2 - s));
+    const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(p), vdupq_n_s8(down)), m3);
+    const uint8x16_t hi = vandq_u8(vshlq_u8(vld1q_u8(p + 16), vdupq_n_s8(down)), m3);
+    return u8x32_of(vorrq_u8(lo, vshlq_u8(vandq_u8(vld1q_u8(b), bit), sh)),
+                    vorrq_u8(hi, vshlq_u8(vandq_u8(vld1q_u8(b + 16), bit), sh)));
+}
 /* Q6_K group s (0..63), as q6_k_values */
 static inline uint8x16_t q6_k_half16(uint8x16_t l, uint8x16_t qh, int t) {
     const uint8x16_t lo = (t >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
@@ -315,6 +346,19 @@ static inline u8x32 u_q6_k(const uint8_t *b, int s) {
 static inline __m256i q4_k_group(const uint8_t *b, int s) {
     const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
     return _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+}
+/* Q3_K sub-block s (0..7) as 32 bytes, as q3_k_values: the pair of bits shifted down and masked (a 16-bit
+ * shift by at most 6 keeps bits 0-1 of each byte its own), hmask's bit s masked first, then moved to bit 2 */
+static inline __m256i q3_k_group(const uint8_t *b, int s) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * (s >> 2)));
+    const int t = s & 3;
+    const __m256i lo = _mm256_and_si256(t == 0 ? raw : t == 1 ? _mm256_srli_epi16(raw, 2) : t == 2 ? _mm256_srli_epi16(raw, 4)
+                                        : _mm256_srli_epi16(raw, 6), _mm256_set1_epi8(3));
+    const __m256i hm = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)b), _mm256_set1_epi8((char)(1 << s)));
+    const __m256i hi = s == 0 ? _mm256_slli_epi16(hm, 2) : s == 1 ? _mm256_slli_epi16(hm, 1) : s == 2 ? hm
+                     : s == 3 ? _mm256_srli_epi16(hm, 1) : s == 4 ? _mm256_srli_epi16(hm, 2)
+                     : s == 5 ? _mm256_srli_epi16(hm, 3) : s == 6 ? _mm256_srli_epi16(hm, 4) : _mm256_srli_epi16(hm, 5);
+    return _mm256_or_si256(lo, hi);
 }
 /* Q5_K sub-block s (0..7) as 32 bytes, as q5_k_values: Q4_K's nibbles (at byte 48) with qh's bit s as bit 4,
  * masked before the 16-bit shifts so no bit crosses a byte */
