@@ -114,7 +114,7 @@ def test_layers_read_the_map_without_fp32_copies(tiny_gguf):
 
 @kernel
 def test_repacked_layers_are_the_mapped_ones_in_tiles(tiny_gguf):
-    """By default the Q4_K, Q5_K, Q6_K and Q8_0 matrices are repacked at load (new memory, not the map); each
+    """By default the Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 matrices are repacked at load (new memory, not the map); each
     layer gives, on the same inputs, the mapped blocks' output within fp32 rounding (the same integers,
     other float order), and a verify row is still a one-token step, bit for bit. (Whole forwards are not
     compared: a difference of one fp32 rounding can move an activation across an 8-bit rounding
@@ -123,7 +123,7 @@ def test_repacked_layers_are_the_mapped_ones_in_tiles(tiny_gguf):
     mapped, packed = load_gguf_blocks(GGUFFile(tiny_gguf), repack=False), load_gguf_blocks(f)
     base, size = f.map.ctypes.data, f.map.size
     layers = [m for m in packed.modules() if isinstance(m, QuantLinear)]
-    repackable = {cpu_kernels.QUANT_TYPES[n] for n in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")}
+    repackable = {cpu_kernels.QUANT_TYPES[n] for n in ("Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0")}
     for m, o in zip(layers, [m for m in mapped.modules() if isinstance(m, QuantLinear)]):
         for (t, d), (ot, _) in zip(m.parts, o.parts):
             assert (t == cpu_kernels.repacked_type(ot)) == (ot in repackable)

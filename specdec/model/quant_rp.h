@@ -1,7 +1,7 @@
 /* The kernels on repacked weights (included by quant_q8.c only, after its act type, DPBUSD and
  * DPWSSD); quant_repack.c writes the tiles at load.
  *
- * At load, a GGUF matrix in Q4_K, Q5_K, Q6_K or Q8_0 (and the 4-bit draft's Q4_0) is rewritten in memory
+ * At load, a GGUF matrix in Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 (and the 4-bit draft's Q4_0) is rewritten in memory
  * into tiles of 16 output rows: for each block of K (256 or 32 weights) a tile holds the 16 rows'
  * integers interleaved four weights at a time (one 32-bit lane a row), so one 512-bit load carries
  * four consecutive weights of all 16 rows and one vpdpbusd against four broadcast activation bytes
@@ -24,6 +24,9 @@
  *   Q5_K_R16 (2880 = 16 x 180): Q4_K_R16's bytes (q's low four bits), then @2368 a chunk per sub-block s:
  *     row i's byte b holds bit 4 of chunk 4s + r's low-nibble weight at bit r and of its high-nibble one
  *     at bit 4 + r.
+ *   Q3_K_R16 (1824 = 16 x 114; q = w / (d sc) + 4 in 0..7): per 16 weights u (0..15) a chunk at 64u with
+ *     group g's (16u + 4g + b) two low bits at bits 2g, 2g + 1; @1024 a chunk per pair of u, bit 4 (u % 2)
+ *     + g their third bit; @1536 the scales i8 [16][16] (less 32); @1792 d f16 [16].
  *   Q6_K_R16 (3360 = 16 x 210): per 16 weights u (0..15) 192 bytes at 192u: a chunk with groups
  *     (16u + b, 16u + 4 + b) in its low / high nibbles, a chunk with (16u + 8 + b, 16u + 12 + b),
  *     and a chunk with the four groups' two high bits (bits 2g, 2g + 1 for group g); @3072 the
@@ -288,12 +291,16 @@ static inline int32_t ld32(const void *p) {
 
 /* Q6_K: per 16 weights u, isum += sc[u] x (q . a - 32 (16-sum a)_u); f += isum x (d da). The int16
  * build adds the offsets once a block: act.o holds (-16 s[2j], -16 s[2j + 1]) as int16 pairs (O_PAIRS16),
- * which meet each row's scale pairs in one vpmaddwd per two groups; twice that is the offsets' sum. */
+ * which meet each row's scale pairs in one vpmaddwd per two groups; twice that is the offsets' sum.
+ * Q3_K (Q3 1) is the same kernel on its own tile: q in 0..7, the offsets -4 (16-sum a) (act.o: O_NEG4_16,
+ * or in the int16 build O_PAIRS16_2, -2 x the sums), each u's four groups from one chunk of 2-bit fields
+ * and their third bits from the chunk u shares with its neighbour (u even: bits 0-3, odd: 4-7), taken
+ * to bit 2 one step at a time. */
 #if R_SUB16
-#define RP_Q6_K_OFFSETS(C)                                                                           \
+#define RP_K6_OFFSETS(C, SC_AT)                                                                      \
     {                                                                                                \
         rvi scp[8];                                                                                  \
-        for (int j = 0; j < 8; j++) scp[j] = R_SC_PAIRS(blk + 3072 + 32 * j + RP_W * h);             \
+        for (int j = 0; j < 8; j++) scp[j] = R_SC_PAIRS(blk + SC_AT + 32 * j + RP_W * h);            \
         for (int c = 0; c < C; c++) {                                                                \
             const int32_t *o = a->o + c * K16 + 8 * ib;                                              \
             rvi ofs = R_DPWSSD(R_ZERO(), scp[0], R_SET1(o[0]));                                      \
@@ -302,29 +309,45 @@ static inline int32_t ld32(const void *p) {
         }                                                                                            \
     }
 #else
-#define RP_Q6_K_OFFSETS(C)
+#define RP_K6_OFFSETS(C, SC_AT)
 #endif
-#define DEFINE_RP_Q6_K(C)                                                                            \
-    static void rp_q6_k_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {               \
+#define DEFINE_RP_K6(NAME, TILE, Q3, C)                                                              \
+    static void NAME##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                \
+        enum { SC_AT = Q3 ? 1536 : 3072, D_AT = Q3 ? 1792 : 3328, LINES = Q3 ? 2 : 4 };              \
         const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
-        const rvi nib = R_SET1B(0x0F), m30 = R_SET1B(0x30);                                          \
+        const rvi nib = R_SET1B(0x0F), m30 = R_SET1B(0x30), m3 = R_SET1B(0x03), m4 = R_SET1B(0x04);  \
+        (void)nib, (void)m30, (void)m3, (void)m4;                                                    \
         rvf f[RP_H][C];                                                                              \
         for (int h = 0; h < RP_H; h++)                                                               \
             for (int c = 0; c < C; c++) f[h][c] = R_FZERO();                                         \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             for (int h = 0; h < RP_H; h++) {                                                         \
-                const uint8_t *blk = w + ib * RP_Q6_K_TILE;                                          \
+                const uint8_t *blk = w + ib * TILE;                                                  \
                 rvi is[C];                                                                           \
                 for (int c = 0; c < C; c++) is[c] = R_ZERO();                                        \
                 for (int u = 0; u < 16; u++) {                                                       \
-                    const uint8_t *b = blk + 192 * u + 4 * RP_W * h;                                 \
-                    RP_PREFETCH(blk, 4 * u, 4, h);                                                   \
-                    const rvi n0 = R_LOAD(b), n1 = R_LOAD(b + 64), hb = R_LOAD(b + 128);             \
-                    const rvi q0 = R_OR(R_AND(n0, nib), R_AND(R_SLLI16(hb, 4), m30));                \
-                    const rvi q1 = R_OR(R_AND(R_SRLI16(n0, 4), nib), R_AND(R_SLLI16(hb, 2), m30));   \
-                    const rvi q2 = R_OR(R_AND(n1, nib), R_AND(hb, m30));                             \
-                    const rvi q3 = R_OR(R_AND(R_SRLI16(n1, 4), nib), R_AND(R_SRLI16(hb, 2), m30));   \
-                    const rvi sc = R_SC_S8(blk + 3072 + 16 * u + RP_W * h);                          \
+                    RP_PREFETCH(blk, LINES * u, LINES, h);                                           \
+                    rvi q0, q1, q2, q3;                                                              \
+                    if (Q3) {                                                                        \
+                        rvi c2 = R_LOAD(blk + 64 * u + 4 * RP_W * h);                                \
+                        const rvi hb = R_LOAD(blk + 1024 + 64 * (u >> 1) + 4 * RP_W * h);            \
+                        rvi t = (u & 1) ? R_SRLI16(hb, 2) : R_SLLI16(hb, 2);                         \
+                        q0 = R_OR(R_AND(c2, m3), R_AND(t, m4));                                      \
+                        c2 = R_SRLI16(c2, 2), t = R_SRLI16(t, 1);                                    \
+                        q1 = R_OR(R_AND(c2, m3), R_AND(t, m4));                                      \
+                        c2 = R_SRLI16(c2, 2), t = R_SRLI16(t, 1);                                    \
+                        q2 = R_OR(R_AND(c2, m3), R_AND(t, m4));                                      \
+                        c2 = R_SRLI16(c2, 2), t = R_SRLI16(t, 1);                                    \
+                        q3 = R_OR(R_AND(c2, m3), R_AND(t, m4));                                      \
+                    } else {                                                                         \
+                        const uint8_t *b = blk + 192 * u + 4 * RP_W * h;                             \
+                        const rvi n0 = R_LOAD(b), n1 = R_LOAD(b + 64), hb = R_LOAD(b + 128);         \
+                        q0 = R_OR(R_AND(n0, nib), R_AND(R_SLLI16(hb, 4), m30));                      \
+                        q1 = R_OR(R_AND(R_SRLI16(n0, 4), nib), R_AND(R_SLLI16(hb, 2), m30));         \
+                        q2 = R_OR(R_AND(n1, nib), R_AND(hb, m30));                                   \
+                        q3 = R_OR(R_AND(R_SRLI16(n1, 4), nib), R_AND(R_SRLI16(hb, 2), m30));         \
+                    }                                                                                \
+                    const rvi sc = R_SC_S8(blk + SC_AT + 16 * u + RP_W * h);                         \
                     for (int c = 0; c < C; c++) {                                                    \
                         const int8_t *x = a->q + c * K + 256 * ib + 16 * u;                          \
                         const rxv xv = R_XLOAD(x);                                                   \
@@ -336,8 +359,8 @@ static inline int32_t ld32(const void *p) {
                         is[c] = R_SUB_SCALE(is[c], acc, sc);                                         \
                     }                                                                                \
                 }                                                                                    \
-                RP_Q6_K_OFFSETS(C)                                                                   \
-                const rvf dv = R_F16(blk + 3328 + 2 * RP_W * h);                                     \
+                RP_K6_OFFSETS(C, SC_AT)                                                              \
+                const rvf dv = R_F16(blk + D_AT + 2 * RP_W * h);                                     \
                 for (int c = 0; c < C; c++)                                                          \
                     f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]);  \
             }                                                                                        \
@@ -446,17 +469,20 @@ DEFINE_RP_B32(rp_q3_0_any, RP_Q3_0_TILE, 3, RP_Q3_0_BODY)
 #define RP_ALL_C(X, f) X(f, 1) X(f, 2) X(f, 3) X(f, 4) X(f, 5) X(f, 6) X(f, 7) X(f, 8)
 #define RP_DEF_Q4_K(f, C) DEFINE_RP_K4(rp_q4_k, RP_Q4_K_TILE, 0, C)
 #define RP_DEF_Q5_K(f, C) DEFINE_RP_K4(rp_q5_k, RP_Q5_K_TILE, 1, C)
-#define RP_DEF_Q6_K(f, C) DEFINE_RP_Q6_K(C)
+#define RP_DEF_Q6_K(f, C) DEFINE_RP_K6(rp_q6_k, RP_Q6_K_TILE, 0, C)
+#define RP_DEF_Q3_K(f, C) DEFINE_RP_K6(rp_q3_k, RP_Q3_K_TILE, 1, C)
 #define RP_FN_OF(f, C) f##_c##C,
 RP_ALL_C(RP_DEF_Q4_K, 0)
 RP_ALL_C(RP_DEF_Q5_K, 0)
 RP_ALL_C(RP_DEF_Q6_K, 0)
+RP_ALL_C(RP_DEF_Q3_K, 0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q8_0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q4_0)
 RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_q3_0)
 
 /* O_*: what act.o holds for a format */
-enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4, O_PAIRS16 = 5, O_NEG4_32 = 6 };
+enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4, O_PAIRS16 = 5, O_NEG4_32 = 6, O_NEG4_16 = 7,
+       O_PAIRS16_2 = 8 };
 typedef struct {
     q8_fn fn[RP_MAXC + 1];
     int64_t qk, tile, act_block;
@@ -466,12 +492,15 @@ static const rp_kernels RP_Q4_K = {{0, RP_ALL_C(RP_FN_OF, rp_q4_k)}, 256, RP_Q4_
 static const rp_kernels RP_Q5_K = {{0, RP_ALL_C(RP_FN_OF, rp_q5_k)}, 256, RP_Q5_K_TILE, 256, O_PAIRS32};
 static const rp_kernels RP_Q6_K = {{0, RP_ALL_C(RP_FN_OF, rp_q6_k)}, 256, RP_Q6_K_TILE, 256,
                                    R_SUB16 ? O_PAIRS16 : O_NEG32_16};
+static const rp_kernels RP_Q3_K = {{0, RP_ALL_C(RP_FN_OF, rp_q3_k)}, 256, RP_Q3_K_TILE, 256,
+                                   R_SUB16 ? O_PAIRS16_2 : O_NEG4_16};
 static const rp_kernels RP_Q8_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q8_0)}, 32, RP_Q8_0_TILE, 32, O_NEG128_32};
 static const rp_kernels RP_Q4_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q4_0)}, 32, RP_Q4_0_TILE, 32, O_NEG8_32};
 static const rp_kernels RP_Q3_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q3_0)}, 32, RP_Q3_0_TILE, 32, O_NEG4_32};
 
 static const rp_kernels *rp_kernels_of(int type) {
     switch (type) {
+    case T_Q3_K_R16: return &RP_Q3_K;
     case T_Q4_K_R16: return &RP_Q4_K;
     case T_Q5_K_R16: return &RP_Q5_K;
     case T_Q6_K_R16: return &RP_Q6_K;
@@ -490,11 +519,13 @@ static void rp_offsets(int o_kind, const int16_t *s, int64_t K, int32_t *o) {
             const int32_t lo = s[4 * j] + s[4 * j + 1], hi = s[4 * j + 2] + s[4 * j + 3];
             o[j] = (int32_t)((uint32_t)(uint16_t)(int16_t)lo | (uint32_t)(uint16_t)(int16_t)hi << 16);
         }
-    } else if (o_kind == O_PAIRS16) { /* per 32: (-16 x the two 16-sums) as int16 pairs */
+    } else if (o_kind == O_PAIRS16 || o_kind == O_PAIRS16_2) { /* per 32: (-16 (-2) x the two 16-sums) as int16 pairs */
+        const int m = o_kind == O_PAIRS16 ? -16 : -2;
         for (int64_t j = 0; j < K16 / 2; j++)
-            o[j] = (int32_t)((uint32_t)(uint16_t)(int16_t)(-16 * s[2 * j]) | (uint32_t)(uint16_t)(int16_t)(-16 * s[2 * j + 1]) << 16);
-    } else if (o_kind == O_NEG32_16) {
-        for (int64_t i = 0; i < K16; i++) o[i] = -32 * s[i];
+            o[j] = (int32_t)((uint32_t)(uint16_t)(int16_t)(m * s[2 * j]) | (uint32_t)(uint16_t)(int16_t)(m * s[2 * j + 1]) << 16);
+    } else if (o_kind == O_NEG32_16 || o_kind == O_NEG4_16) {
+        const int m = o_kind == O_NEG32_16 ? -32 : -4;
+        for (int64_t i = 0; i < K16; i++) o[i] = m * s[i];
     } else { /* per 32 at o[2b] */
         const int32_t off = o_kind == O_NEG128_32 ? 128 : o_kind == O_NEG4_32 ? 4 : 8;
         for (int64_t b = 0; b < K16 / 2; b++) o[2 * b] = -off * (s[2 * b] + s[2 * b + 1]);
