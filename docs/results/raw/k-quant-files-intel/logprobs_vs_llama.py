@@ -1,6 +1,6 @@
 """Next-token log-probabilities of ours against llama-server's on the same GGUF files, after real prompts.
 
-  python logprobs_vs_llama.py FILE [FILE ...]   (llama-server from $SPECDEC_LLAMA_BIN or the usual places)
+  python logprobs_vs_llama.py OUT.json FILE [FILE ...]   (llama-server from $SPECDEC_LLAMA_BIN or the usual places)
 
 For each file and each of the first 8 shipped code prompts (chat template applied), the largest
 difference over llama-server's 8 most likely next tokens, and whether both engines' top token agree."""
@@ -18,7 +18,7 @@ from specdec.model.tokenizer import encode_messages
 ROOT = Path(__file__).resolve().parents[4]
 prompts = [json.loads(line)["prompt"] for line in open(ROOT / "specdec/data/code_prompts.jsonl")][:8]
 out = {}
-for path in sys.argv[1:]:
+for path in sys.argv[2:]:
     loaded = load_model(path, device="cpu", progress=lambda *a: None)
     model, tok = loaded.module, loaded.tokenizer
     model.eval()
@@ -40,4 +40,4 @@ for path in sys.argv[1:]:
                             "mean_max_diff": sum(diffs) / len(diffs), "worst": max(diffs),
                             "same_top": sum(r["same_top"] for r in rows), "rows": rows}
     print(Path(path).name, json.dumps({k: v for k, v in out[Path(path).name].items() if k != "rows"}), flush=True)
-json.dump(out, open(Path(__file__).with_name("logprobs.json"), "w"), indent=1)
+json.dump(out, open(sys.argv[1], "w"), indent=1)
