@@ -16,6 +16,17 @@
 /* Per format, `prep` decodes a block's scales once (into pre[]), and `g32` gives group s (32 weights)
  * of the block as 32/VL fp32 vectors, in order of K, from the packed bits in registers. */
 #define NV (32 / VL)
+/* Q3_K: 256 weights, scale d * (sc[i] - 32) per 16 (12 bytes of 6-bit scales); pre: the 16 scales times d
+ * (scalar: the same in every build) */
+#define Q3_K_QK 256
+#define Q3_K_BYTES 110
+#define Q3_K_PRE 16
+static inline void prep_q3_k(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b + 108);
+    int8_t sc[16];
+    q3_k_scales(b, sc);
+    for (int i = 0; i < 16; i++) pre[i] = d * (float)sc[i];
+}
 #if SIMD_NEON
 /* NEON (VL 8: a vec is two float32x4): the integers from simd.h's decoders, then the x86 build's float
  * operations (the same products and FMAs, so the same bits). */
@@ -76,15 +87,6 @@ static inline void g32_q6_k(const uint8_t *b, int s, const float *pre, vec *w) {
     vec f[NV];
     pieces(u_q6_k(b, s), 32, f);
     for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[8 * (s >> 2) + 2 * (s & 3) + v / 2]), f[v]);
-}
-#define Q3_K_QK 256
-#define Q3_K_BYTES 110
-#define Q3_K_PRE 16
-static inline void prep_q3_k(const uint8_t *b, float *pre) {
-    const float d = f16_to_f32(b + 108);
-    int8_t sc[16];
-    q3_k_scales(b, sc);
-    for (int i = 0; i < 16; i++) pre[i] = d * (float)sc[i];
 }
 static inline void g32_q3_k(const uint8_t *b, int s, const float *pre, vec *w) {
     vec f[NV];
@@ -233,17 +235,7 @@ static inline void g32_q6_k(const uint8_t *b, int s, const float *pre, vec *w) {
     for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 8 * h + 2 * t + (VL * v) / 16), piece_f(q, v, 1));
 }
 
-/* Q3_K: 256 weights, scale d * (sc[i] - 32) per 16 (12 bytes of 6-bit scales), 3-bit q = two bits (qs)
- * | one bit (hmask) above them, minus 4. pre: 16 scales. */
-#define Q3_K_QK 256
-#define Q3_K_BYTES 110
-#define Q3_K_PRE 16
-static inline void prep_q3_k(const uint8_t *b, float *pre) {
-    const float d = f16_to_f32(b + 108);
-    int8_t sc[16];
-    q3_k_scales(b, sc);
-    for (int i = 0; i < 16; i++) pre[i] = d * (float)sc[i];
-}
+/* Q3_K: 3-bit q = two bits (qs) | one bit (hmask) above them, minus 4, times pre (prep_q3_k) */
 static inline void g32_q3_k(const uint8_t *b, int s, const float *pre, vec *w) {
     const __m256i q = _mm256_sub_epi8(q3_k_group(b, s), _mm256_set1_epi8(4));
     for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 2 * s + (VL * v) / 16), piece_f(q, v, 1));
@@ -276,22 +268,21 @@ static inline void prep_q5_0(const uint8_t *b, float *pre) {
     memcpy(&qh, b + 2, 4);
     memcpy(pre + 1, &qh, 4); /* the high bits, carried as raw bits */
 }
+/* Q5_0's and Q5_1's 5-bit weights k0 .. k0 + VL as int32 lanes: the nibbles at qs, bit k of qh above them */
+static inline veci q5_lanes(const uint8_t *qs, uint32_t qh, int k0) {
+#if VL == 16
+    const veci bits = _mm512_srlv_epi32(_mm512_set1_epi32((int)(qh >> k0)),
+                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+#else
+    const veci bits = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> k0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#endif
+    return IOR(nib16(qs, k0), ISLL(IAND(bits, 1), 4));
+}
 static inline void g32_q5_0(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
     uint32_t qh;
     memcpy(&qh, pre + 1, 4);
-    for (int v = 0; v < NV; v++) {
-        const int k0 = VL * v; /* weights k0 .. k0 + VL */
-        veci q = nib16(b + 6, k0);
-#if VL == 16
-        const veci bits = _mm512_srlv_epi32(_mm512_set1_epi32((int)(qh >> k0)),
-                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-#else
-        const veci bits = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> k0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-#endif
-        q = ISUB(IOR(q, ISLL(IAND(bits, 1), 4)), 16);
-        w[v] = VMUL(VBCAST(pre), I2F(q));
-    }
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre), I2F(ISUB(q5_lanes(b + 6, qh, VL * v), 16)));
 }
 
 /* Q4_0: 32 weights, nibble - 8, times d. */
@@ -328,16 +319,7 @@ static inline void g32_q5_1(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
     uint32_t qh;
     memcpy(&qh, pre + 2, 4);
-    for (int v = 0; v < NV; v++) {
-        const int k0 = VL * v;
-#if VL == 16
-        const veci bits = _mm512_srlv_epi32(_mm512_set1_epi32((int)(qh >> k0)),
-                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-#else
-        const veci bits = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> k0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-#endif
-        w[v] = VFMA(VBCAST(pre), I2F(IOR(nib16(b + 8, k0), ISLL(IAND(bits, 1), 4))), VBCAST(pre + 1));
-    }
+    for (int v = 0; v < NV; v++) w[v] = VFMA(VBCAST(pre), I2F(q5_lanes(b + 8, qh, VL * v)), VBCAST(pre + 1));
 }
 #endif
 
