@@ -27,6 +27,7 @@ VARIANTS = {  # name: (arch, format, tiny_model overrides)
     "qwen2-q4_k": ("qwen2", "Q4_K", dict(hidden_size=256, intermediate_size=512, head_dim=64, attention_bias=True)),
     "llama-q6_k": ("llama", "Q6_K", dict(hidden_size=256, intermediate_size=512, head_dim=64)),
     "llama-q5_k-tied": ("llama", "Q5_K", dict(hidden_size=256, intermediate_size=512, head_dim=64, tie_word_embeddings=True)),
+    "llama-iq4_xs": ("llama", "IQ4_XS", dict(hidden_size=256, intermediate_size=512, head_dim=64)),
     "qwen2-q3_k": ("qwen2", "Q3_K", dict(hidden_size=256, intermediate_size=512, head_dim=64, attention_bias=True)),
 }
 

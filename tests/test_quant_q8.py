@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.model import cpu_kernels
-from tests.conftest import KERNEL_FORMATS as FORMATS, random_blocks
+from tests.conftest import KERNEL_FORMATS as FORMATS, SUPER_BLOCK_FORMATS, random_blocks
 from tests.test_dequant import gguf_py_dequantize
 
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
@@ -31,7 +31,7 @@ def other_build(request):
 
 
 def act_block(fmt: str) -> int:
-    return 256 if fmt.endswith("_K") else 32
+    return 256 if fmt in SUPER_BLOCK_FORMATS else 32
 
 
 def reference_activations(x: np.ndarray, B: int):
@@ -74,7 +74,7 @@ def test_activations_are_quantized_as_the_reference(B):
 
 @kernel
 @pytest.mark.parametrize("fmt,K", [(f, 768) for f in sorted(FORMATS)]
-                         + [(f, 32 * 27) for f in sorted(FORMATS) if not f.endswith("_K")])
+                         + [(f, 32 * 27) for f in sorted(FORMATS) if f not in SUPER_BLOCK_FORMATS])
 def test_q8_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt, K):
     """K = 32 * 27: the 32-weight formats' blocks in eights and three left over (the 0.5B's K = 896 has 4)."""
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-/* GGUF block formats (Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) dequantized to fp32: the embedding rows a
+/* GGUF block formats (Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS) dequantized to fp32: the embedding rows a
  * step looks up, a layer whose format the 8-bit GEMM does not take, the fp32 reference at load, and
  * the tests' oracle for quant_q8.c.
  *
@@ -26,6 +26,18 @@ static inline void prep_q3_k(const uint8_t *b, float *pre) {
     int8_t sc[16];
     q3_k_scales(b, sc);
     for (int i = 0; i < 16; i++) pre[i] = d * (float)sc[i];
+}
+/* IQ4_NL: 32 weights d * IQ4_VALUES[q]; IQ4_XS: 256, d * sc[s] * IQ4_VALUES[q] per 32. pre: d, or the 8 d sc[s] */
+#define IQ4_NL_QK 32
+#define IQ4_NL_BYTES 18
+#define IQ4_NL_PRE 1
+static inline void prep_iq4_nl(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); }
+#define IQ4_XS_QK 256
+#define IQ4_XS_BYTES 136
+#define IQ4_XS_PRE 8
+static inline void prep_iq4_xs(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b);
+    for (int s = 0; s < 8; s++) pre[s] = d * (float)iq4_xs_scale(b, s);
 }
 #if SIMD_NEON
 /* NEON (VL 8: a vec is two float32x4): the integers from simd.h's decoders, then the x86 build's float
@@ -92,6 +104,17 @@ static inline void g32_q3_k(const uint8_t *b, int s, const float *pre, vec *w) {
     vec f[NV];
     pieces(u_q3_k(b, s), 4, f);
     for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[2 * s + v / 2]), f[v]);
+}
+static inline void g32_iq4_nl(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    vec f[NV];
+    pieces_s8(u_iq4_nl(b), f);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[0]), f[v]);
+}
+static inline void g32_iq4_xs(const uint8_t *b, int s, const float *pre, vec *w) {
+    vec f[NV];
+    pieces_s8(u_iq4(b + 8 + 16 * s), f);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[s]), f[v]);
 }
 #define Q8_0_QK 32
 #define Q8_0_BYTES 34
@@ -240,6 +263,16 @@ static inline void g32_q3_k(const uint8_t *b, int s, const float *pre, vec *w) {
     const __m256i q = _mm256_sub_epi8(q3_k_group(b, s), _mm256_set1_epi8(4));
     for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 2 * s + (VL * v) / 16), piece_f(q, v, 1));
 }
+/* IQ4_NL, IQ4_XS: the table's int8 values (iq4_group) times pre (prep_iq4_nl, prep_iq4_xs) */
+static inline void g32_iq4_nl(const uint8_t *b, int s, const float *pre, vec *w) {
+    (void)s;
+    const __m256i q = iq4_group(b + 2);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre), piece_f(q, v, 1));
+}
+static inline void g32_iq4_xs(const uint8_t *b, int s, const float *pre, vec *w) {
+    const __m256i q = iq4_group(b + 8 + 16 * s);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + s), piece_f(q, v, 1));
+}
 
 /* The 32-weight formats keep weights 0..15 in the low nibbles of 16 bytes, 16..31 in the high ones:
  * weights k0 .. k0 + VL as int32 lanes. */
@@ -352,6 +385,8 @@ Q_FORMAT(Q5_0, q5_0)
 Q_FORMAT(Q4_0, q4_0)
 Q_FORMAT(Q4_1, q4_1)
 Q_FORMAT(Q5_1, q5_1)
+Q_FORMAT(IQ4_NL, iq4_nl)
+Q_FORMAT(IQ4_XS, iq4_xs)
 
 static const qkernels *kernels_of(int type) {
     switch (type) {
@@ -364,6 +399,8 @@ static const qkernels *kernels_of(int type) {
     case T_Q4_0: return &K_Q4_0;
     case T_Q4_1: return &K_Q4_1;
     case T_Q5_1: return &K_Q5_1;
+    case T_IQ4_NL: return &K_IQ4_NL;
+    case T_IQ4_XS: return &K_IQ4_XS;
     default: return 0;
     }
 }

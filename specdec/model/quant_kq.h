@@ -270,4 +270,35 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
 #define DEFINE_Q3_K(C) DEFINE_KQ6(q3_k, Q3_K_BYTES, 108, 2, C)
 #endif
 
+/* IQ4_XS (256 weights: 8 sub-blocks of 32, weight = d * sc[s] * v with v = IQ4_VALUES[q], signed, and sc in
+ * -32..31): per activation block sum_s sc[s] (v . a)_s, an integer, from maddubs(|v|, sign(a, v)) (pairs of
+ * |v|, |a| <= 127 fit int16) met by sc[s] in one vpmaddwd; lane l takes bytes 4l .. 4l + 3 of every group, as
+ * the NEON build's sdot lanes do. Every x86 build runs this one kernel (no pairs form). */
+#define IQ4_XS_BYTES 136
+#define DEFINE_IQ4_XS(C)                                                                             \
+    static void iq4_xs_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                \
+        __m256 f[C];                                                                                 \
+        for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();                                      \
+        const int64_t K = a->K, nb = K / 256;                                                        \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            const uint8_t *blk = w + ib * IQ4_XS_BYTES;                                              \
+            for (int p = 0; p < IQ4_XS_BYTES; p += 64) _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT); \
+            const __m256 dv = _mm256_set1_ps(f16_to_f32(blk));                                       \
+            __m256i v[8];                                                                            \
+            short sc[8];                                                                             \
+            for (int s = 0; s < 8; s++) v[s] = iq4_group(blk + 8 + 16 * s), sc[s] = (short)iq4_xs_scale(blk, s); \
+            for (int c = 0; c < C; c++) {                                                            \
+                const int8_t *xq = a->q + c * K + 256 * ib;                                          \
+                __m256i acc = _mm256_setzero_si256();                                                \
+                for (int s = 0; s < 8; s++) {                                                        \
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * s));            \
+                    acc = DPWSSD(acc, _mm256_maddubs_epi16(_mm256_abs_epi8(v[s]), _mm256_sign_epi8(x, v[s])), \
+                                 _mm256_set1_epi16(sc[s]));                                          \
+                }                                                                                    \
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, _mm256_broadcast_ss(a->d + c * nb + ib)), f[c]); \
+            }                                                                                        \
+        }                                                                                            \
+        for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
+    }
+
 #endif

@@ -190,7 +190,7 @@ static void quantize_row(const float *x, int64_t K, int64_t B, int8_t *q, float 
 #if !SIMD_NEON
 #include "quant_kq.h"
 
-/* The 32-weight formats: weight = d * (u - o) (Q8_0: o = 0, u signed; Q4_0: o = 8; Q5_0: o = 16) or
+/* The 32-weight formats: weight = d * (u - o) (Q8_0, IQ4_NL: o = 0, u signed; Q4_0: o = 8; Q5_0: o = 16) or
  * d * u + m (Q4_1, Q5_1), u unsigned. Per block, u . a is an integer; eight blocks' dot products are
  * summed across their lanes into one vector (a block a lane), which meets the eight d * da in one
  * fp32 FMA. The offsets (-o * d or m, times da * sum a = sa) are one dot product over the row's
@@ -221,28 +221,33 @@ static inline __m256i with_bit4(__m256i u, const uint8_t *qhp) { /* bit i of the
 #define Q5_0_BYTES 22
 #define Q4_1_BYTES 20
 #define Q5_1_BYTES 24
+#define IQ4_NL_BYTES 18
 #if !SIMD_NEON
 static inline __m256i u_q8_0(const uint8_t *b) { return _mm256_loadu_si256((const __m256i *)(b + 2)); }
 static inline __m256i u_q4_0(const uint8_t *b) { return nib32(b + 2); }
 static inline __m256i u_q5_0(const uint8_t *b) { return with_bit4(nib32(b + 6), b + 2); }
 static inline __m256i u_q4_1(const uint8_t *b) { return nib32(b + 4); }
 static inline __m256i u_q5_1(const uint8_t *b) { return with_bit4(nib32(b + 8), b + 4); }
+static inline __m256i u_iq4_nl(const uint8_t *b) { return iq4_group(b + 2); } /* int8 values, as Q8_0's */
 #endif
 #define Q8_0_SIGNED 1
 #define Q4_0_SIGNED 0
 #define Q5_0_SIGNED 0
 #define Q4_1_SIGNED 0
 #define Q5_1_SIGNED 0
+#define IQ4_NL_SIGNED 1
 #define Q8_0_O 0.0f
 #define Q4_0_O 8.0f
 #define Q5_0_O 16.0f
 #define Q4_1_O 0.0f
 #define Q5_1_O 0.0f
+#define IQ4_NL_O 0.0f
 #define Q8_0_M (-1)
 #define Q4_0_M (-1)
 #define Q5_0_M (-1)
 #define Q4_1_M 2
 #define Q5_1_M 2
+#define IQ4_NL_M (-1)
 
 #if SIMD_NEON
 #include "quant_neon.h" /* quantize_row and the raw-block kernels (DEFINE_B32, DEFINE_Q3_K .. DEFINE_Q6_K) in NEON */
@@ -335,17 +340,20 @@ typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
 #define DK_Q4_K(a, b, c, C) DEFINE_Q4_K(C)
 #define DK_Q5_K(a, b, c, C) DEFINE_Q5_K(C)
 #define DK_Q6_K(a, b, c, C) DEFINE_Q6_K(C)
+#define DK_IQ4_XS(a, b, c, C) DEFINE_IQ4_XS(C)
 #define DK_B32(F, f, S, C) DEFINE_B32(F, f, C)
 #define FN_OF(a, f, c, C) f##_c##C,
 Q_ALL_C(DK_Q3_K, 0, 0, 0)
 Q_ALL_C(DK_Q4_K, 0, 0, 0)
 Q_ALL_C(DK_Q5_K, 0, 0, 0)
 Q_ALL_C(DK_Q6_K, 0, 0, 0)
+Q_ALL_C(DK_IQ4_XS, 0, 0, 0)
 Q_ALL_C(DK_B32, Q8_0, q8_0, 1)
 Q_ALL_C(DK_B32, Q4_0, q4_0, 0)
 Q_ALL_C(DK_B32, Q5_0, q5_0, 0)
 Q_ALL_C(DK_B32, Q4_1, q4_1, 0)
 Q_ALL_C(DK_B32, Q5_1, q5_1, 0)
+Q_ALL_C(DK_B32, IQ4_NL, iq4_nl, 1)
 
 typedef struct {
     q8_fn fn[QMAX_C + 1];
@@ -359,6 +367,8 @@ static const q8_kernels K8_Q8_0 = {{0, Q_ALL_C(FN_OF, 0, q8_0, 0)}, 32, Q8_0_BYT
 static const q8_kernels K8_Q4_0 = {{0, Q_ALL_C(FN_OF, 0, q4_0, 0)}, 32, Q4_0_BYTES, 32};
 static const q8_kernels K8_Q5_0 = {{0, Q_ALL_C(FN_OF, 0, q5_0, 0)}, 32, Q5_0_BYTES, 32};
 static const q8_kernels K8_Q4_1 = {{0, Q_ALL_C(FN_OF, 0, q4_1, 0)}, 32, Q4_1_BYTES, 32};
+static const q8_kernels K8_IQ4_NL = {{0, Q_ALL_C(FN_OF, 0, iq4_nl, 0)}, 32, IQ4_NL_BYTES, 32};
+static const q8_kernels K8_IQ4_XS = {{0, Q_ALL_C(FN_OF, 0, iq4_xs, 0)}, 256, IQ4_XS_BYTES, 256};
 static const q8_kernels K8_Q5_1 = {{0, Q_ALL_C(FN_OF, 0, q5_1, 0)}, 32, Q5_1_BYTES, 32};
 
 static const q8_kernels *q8_kernels_of(int type) {
@@ -372,6 +382,8 @@ static const q8_kernels *q8_kernels_of(int type) {
     case T_Q5_0: return &K8_Q5_0;
     case T_Q4_1: return &K8_Q4_1;
     case T_Q5_1: return &K8_Q5_1;
+    case T_IQ4_NL: return &K8_IQ4_NL;
+    case T_IQ4_XS: return &K8_IQ4_XS;
     default: return 0;
     }
 }

@@ -239,6 +239,14 @@ static inline void q6_k_values(const uint8_t *b, uint8_t q[256]) {
     }
 }
 
+/* IQ4_NL and IQ4_XS: a weight's 4-bit index into this table of int8 values (ggml's kvalues_iq4nl) */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* IQ4_XS (136 bytes: d, scales_h u16, scales_l [4], qs [128]): sub-block s's scale, less 32 (-32..31):
+ * its low four bits from nibble s % 2 of scales_l[s / 2], its top two from bits 2s, 2s + 1 of scales_h */
+static inline int iq4_xs_scale(const uint8_t *b, int s) {
+    const int h = b[2] | b[3] << 8;
+    return (((b[4 + s / 2] >> (4 * (s & 1))) & 15) | ((h >> (2 * s)) & 3) << 4) - 32;
+}
 /* Q3_K (110 bytes: hmask [32], qs [64], 12 bytes of 6-bit scales, d): the 16 scales (each 16 weights'),
  * less 32, as int8 */
 static inline void q3_k_scales(const uint8_t *b, int8_t sc[16]) {
@@ -300,6 +308,14 @@ static inline u8x32 u_q5(const uint8_t *qh, const uint8_t *qs) {
 }
 static inline u8x32 u_q5_0(const uint8_t *b) { return u_q5(b + 2, b + 6); }
 static inline u8x32 u_q5_1(const uint8_t *b) { return u_q5(b + 4, b + 8); } /* d, m, qh, qs */
+/* IQ4_NL and IQ4_XS: the 32 weights of 16 index bytes at qs (0..15 the low nibbles, 16..31 the high) as
+ * their int8 values */
+static inline u8x32 u_iq4(const uint8_t *qs) {
+    const u8x32 n = nib32_n(qs);
+    const uint8x16_t t = vreinterpretq_u8_s8(vld1q_s8(IQ4_VALUES));
+    return u8x32_of(vqtbl1q_u8(t, n.lo), vqtbl1q_u8(t, n.hi));
+}
+static inline u8x32 u_iq4_nl(const uint8_t *b) { return u_iq4(b + 2); } /* d, qs */
 /* Q4_K sub-block s, as q4_k_values */
 static inline u8x32 u_q4_k(const uint8_t *b, int s) {
     const uint8_t *p = b + 16 + 32 * (s >> 1);
@@ -346,6 +362,13 @@ static inline u8x32 u_q6_k(const uint8_t *b, int s) {
 static inline __m256i q4_k_group(const uint8_t *b, int s) {
     const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 1)));
     return _mm256_and_si256((s & 1) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+}
+/* IQ4_NL and IQ4_XS: the 32 weights of 16 index bytes at qs (0..15 the low nibbles, 16..31 the high) as
+ * their int8 values (a table lookup in each 128-bit lane) */
+static inline __m256i iq4_group(const uint8_t *qs) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0F));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES)), n);
 }
 /* Q3_K sub-block s (0..7) as 32 bytes, as q3_k_values: the pair of bits shifted down and masked (a 16-bit
  * shift by at most 6 keeps bits 0-1 of each byte its own), hmask's bit s masked first, then moved to bit 2 */
