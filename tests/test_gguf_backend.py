@@ -124,7 +124,7 @@ def test_repacked_layers_are_the_mapped_ones_in_tiles(tiny_gguf):
     mapped, packed = load_gguf_blocks(GGUFFile(tiny_gguf), repack=False), load_gguf_blocks(f)
     base, size = f.map.ctypes.data, f.map.size
     layers = [m for m in packed.modules() if isinstance(m, QuantLinear)]
-    repackable = {cpu_kernels.QUANT_TYPES[n] for n in ("Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0")}
+    repackable = {cpu_kernels.QUANT_TYPES[n] for n in ("Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS")}
     for m, o in zip(layers, [m for m in mapped.modules() if isinstance(m, QuantLinear)]):
         for (t, d), (ot, _) in zip(m.parts, o.parts):
             assert (t == cpu_kernels.repacked_type(ot)) == (ot in repackable)

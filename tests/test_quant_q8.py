@@ -221,11 +221,12 @@ def test_real_model_q8_speculation_gives_plain_tokens(smollm2_q8):
         assert out.tokens == plain.tokens
 
 
-REPACKABLE = ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0"]
+REPACKABLE = ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"]
 
 
 @kernel
-@pytest.mark.parametrize("fmt,K", [("Q3_K", 768), ("Q4_K", 768), ("Q5_K", 768), ("Q6_K", 768), ("Q8_0", 768), ("Q8_0", 32 * 27)])
+@pytest.mark.parametrize("fmt,K", [("Q3_K", 768), ("Q4_K", 768), ("Q5_K", 768), ("Q6_K", 768), ("Q8_0", 768), ("Q8_0", 32 * 27),
+                                     ("IQ4_NL", 32 * 27), ("IQ4_XS", 768)])
 def test_repacked_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt, K):
     """The weights repacked into tiles of 16 rows (quant_rp.h) give the same arithmetic's value, each row
     the same bits at any row count (N = 200: a last tile of 8 valid rows) and in a prefill of any length."""
@@ -326,9 +327,12 @@ def extreme_blocks(fmt: str, rows: int, K: int, q4_0: bool = False) -> np.ndarra
     Q6_K: q 63, scales -128 and 127 in turn; Q8_0: -128), with small finite fp16 scales: the sums a 256-bit
     build keeps in int16 are as large as they can be."""
     data = random_blocks(fmt, rows, K, seed=5)
-    blocks = data.reshape(-1, {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34}[fmt])
+    blocks = data.reshape(-1, {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34, "IQ4_NL": 18,
+                               "IQ4_XS": 136}[fmt])
     if fmt in ("Q4_K", "Q5_K"):
         blocks[:, 4:] = 0xFF
+    elif fmt in ("IQ4_NL", "IQ4_XS"):  # every index 0 (-127); IQ4_XS's scales -32
+        blocks[:, 2:] = 0
     elif fmt == "Q3_K":  # q 7 and scales 31 in the first half of the rows; q 0 (-4) and scales -32 in the rest
         blocks[:, :108] = 0xFF
         blocks[len(blocks) // 2:, :108] = 0

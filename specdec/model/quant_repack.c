@@ -1,4 +1,4 @@
-/* Repacking at load, once: a GGUF matrix in Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 rewritten into tiles of RP_ROWS output
+/* Repacking at load, once: a GGUF matrix in Q3_K to Q6_K, Q8_0, IQ4_NL or IQ4_XS rewritten into tiles of RP_ROWS output
  * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit (3-bit) draft any
  * 32-weight or K-quant format re-encoded as Q4_0 (Q3_0) and tiled the same way. Scalar code (but the draft encodings'
  * extremes, in vectors): it runs once per matrix, on the block formats' integers as simd.h decodes
@@ -24,6 +24,8 @@ static rp_block rp_block_of(int rtype) {
     case T_Q8_0_R16: b.qk = 32, b.tile = RP_Q8_0_TILE; break;
     case T_Q4_0_R16: b.qk = 32, b.tile = RP_Q4_0_TILE; break;
     case T_Q3_0_R16: b.qk = 32, b.tile = RP_Q3_0_TILE; break;
+    case T_IQ4_NL_R16: b.qk = 32, b.tile = RP_IQ4_NL_TILE; break;
+    case T_IQ4_XS_R16: b.qk = 256, b.tile = RP_IQ4_XS_TILE; break;
     default: break;
     }
     return b;
@@ -82,6 +84,20 @@ static void repack_q6_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
     for (int i = 0; i < 16; i++) memcpy(dst + 3328 + 2 * i, src + i * rb + 208, 2);
 }
 
+/* one block of 16 rows of IQ4_NL (IQ4_XS) -> an IQ4_NL_R16 (IQ4_XS_R16) tile: the index bytes as they lie,
+ * four of each row side by side (a byte holds weights j and 16 + j, as Q4_0_R16's) */
+static void repack_iq4_tile(const uint8_t *src, int64_t rb, uint8_t *dst, int xs) {
+    for (int s = 0; s < (xs ? 8 : 1); s++)
+        for (int g = 0; g < 4; g++)
+            for (int i = 0; i < 16; i++)
+                memcpy(dst + 256 * s + 64 * g + 4 * i, src + i * rb + (xs ? 8 + 16 * s : 2) + 4 * g, 4);
+    for (int i = 0; i < 16; i++) {
+        if (xs)
+            for (int s = 0; s < 8; s++) dst[2048 + 16 * s + i] = (uint8_t)(int8_t)iq4_xs_scale(src + i * rb, s);
+        memcpy(dst + (xs ? 2176 : 256) + 2 * i, src + i * rb, 2);
+    }
+}
+
 /* one block of 16 rows of Q3_K -> a Q3_K_R16 tile (quant_rp.h) */
 static void repack_q3_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
     uint8_t q[16][256];
@@ -112,6 +128,8 @@ static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
 int quant_repacked_type(int type) {
     switch (type) {
     case T_Q3_K: return T_Q3_K_R16;
+    case T_IQ4_NL: return T_IQ4_NL_R16;
+    case T_IQ4_XS: return T_IQ4_XS_R16;
     case T_Q4_K: return T_Q4_K_R16;
     case T_Q5_K: return T_Q5_K_R16;
     case T_Q6_K: return T_Q6_K_R16;
@@ -141,6 +159,7 @@ int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64
             if (type == T_Q4_K || type == T_Q5_K) repack_k4_tile(s, rb, d, type == T_Q5_K);
             else if (type == T_Q6_K) repack_q6_k_tile(s, rb, d);
             else if (type == T_Q3_K) repack_q3_k_tile(s, rb, d);
+            else if (type == T_IQ4_NL || type == T_IQ4_XS) repack_iq4_tile(s, rb, d, type == T_IQ4_XS);
             else repack_q8_0_tile(s, rb, d);
         }
     return rtype;

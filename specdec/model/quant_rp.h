@@ -1,7 +1,7 @@
 /* The kernels on repacked weights (included by quant_q8.c only, after its act type, DPBUSD and
  * DPWSSD); quant_repack.c writes the tiles at load.
  *
- * At load, a GGUF matrix in Q3_K, Q4_K, Q5_K, Q6_K or Q8_0 (and the 4-bit draft's Q4_0) is rewritten in memory
+ * At load, a GGUF matrix in Q3_K to Q6_K, Q8_0, IQ4_NL or IQ4_XS (and the 4-bit draft's Q4_0) is rewritten in memory
  * into tiles of 16 output rows: for each block of K (256 or 32 weights) a tile holds the 16 rows'
  * integers interleaved four weights at a time (one 32-bit lane a row), so one 512-bit load carries
  * four consecutive weights of all 16 rows and one vpdpbusd against four broadcast activation bytes
@@ -39,6 +39,8 @@
  *   Q3_0_R16 (224 = 16 x 14; q = w / d + 4 in 0..7): chunk c (0..2): row i's byte b holds q[8c + b] at
  *     bits 0-2, q[8c + 4 + b] at bits 4-6, and bit c of q[24 + b] and of q[28 + b] at bits 3 and 7 (so six
  *     groups unpack as Q4_0's nibbles do, and the last two gather from the spare bits); @192 d f16 [16].
+ *   IQ4_NL_R16 (288): Q4_0_R16's layout, the nibbles indices into IQ4_VALUES. IQ4_XS_R16 (2208 = 16 x 138): per
+ *     32 weights s (0..7) such 256 bytes at 256s; @2048 the scales i8 [8][16] (ls - 32); @2176 d f16 [16].
  * The offsets meet the activations' sums: act.o holds them per 16 activations, made ready for each
  * format (Q4_K: the 32-sums in int16 pairs; Q6_K: -32 x the 16-sums, or in the int16 build -16 x them in
  * int16 pairs; the 32-weight formats: -o x
@@ -76,6 +78,8 @@ typedef __m512 rvf;
 #define R_FMUL(a, b) _mm512_mul_ps(a, b)
 #define R_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define R_STOREF(p, v) _mm512_storeu_ps(p, v)
+#define R_TABLE16(p) _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p)))
+#define R_LOOKUP(t, i) _mm512_shuffle_epi8(t, i)
 #define R_VNNI 1
 #else
 #define RP_W 8
@@ -103,6 +107,8 @@ typedef __m256 rvf;
 #define R_FMUL(a, b) _mm256_mul_ps(a, b)
 #define R_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define R_STOREF(p, v) _mm256_storeu_ps(p, v)
+#define R_TABLE16(p) _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p)))
+#define R_LOOKUP(t, i) _mm256_shuffle_epi8(t, i)
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
 #define R_VNNI 1
 #else
@@ -201,6 +207,14 @@ static inline int32_t ld32(const void *p) {
  * 4 by shifts that keep each bit in its byte. Its q up to 31 would overflow the int16 build's sum of
  * eight pairs (8 x 2 x 31 x 127), so there the two chains always run apart and meet the scale apart:
  * the same integers. */
+/* a kernel's float sums, a lane per output row: f[RP_H][C] zeroed, and at the end stored to y's rows */
+#define RP_F_ZERO(f, C)                                                                              \
+    rvf f[RP_H][C];                                                                                  \
+    for (int h = 0; h < RP_H; h++)                                                                   \
+        for (int c = 0; c < (C); c++) f[h][c] = R_FZERO()
+#define RP_F_STORE(f, C)                                                                             \
+    for (int h = 0; h < RP_H; h++)                                                                   \
+        for (int c = 0; c < (C); c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c])
 #define RP_UNPACK_FIRST (RP_W == 8)
 /* the fifth bits of the sub-block's chunk r: tl for its low nibbles, th for its high ones; each step
  * takes bit 4 and moves the next chunk's bit there (hb's low half shifted up by 4, or as it is) */
@@ -215,9 +229,7 @@ static inline int32_t ld32(const void *p) {
         const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
         const rvi nib = R_SET1B(0x0F), b4 = R_SET1B(0x10);                                           \
         (void)b4;                                                                                    \
-        rvf f[RP_H][C];                                                                              \
-        for (int h = 0; h < RP_H; h++)                                                               \
-            for (int c = 0; c < C; c++) f[h][c] = R_FZERO();                                         \
+        RP_F_ZERO(f, C);                                                                             \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             for (int h = 0; h < RP_H; h++) {                                                         \
                 const uint8_t *blk = w + ib * TILE;                                                  \
@@ -285,8 +297,7 @@ static inline int32_t ld32(const void *p) {
                 }                                                                                    \
             }                                                                                        \
         }                                                                                            \
-        for (int h = 0; h < RP_H; h++)                                                               \
-            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c]);                   \
+        RP_F_STORE(f, C);                                                                            \
     }
 
 /* Q6_K: per 16 weights u, isum += sc[u] x (q . a - 32 (16-sum a)_u); f += isum x (d da). The int16
@@ -317,9 +328,7 @@ static inline int32_t ld32(const void *p) {
         const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
         const rvi nib = R_SET1B(0x0F), m30 = R_SET1B(0x30), m3 = R_SET1B(0x03), m4 = R_SET1B(0x04);  \
         (void)nib, (void)m30, (void)m3, (void)m4;                                                    \
-        rvf f[RP_H][C];                                                                              \
-        for (int h = 0; h < RP_H; h++)                                                               \
-            for (int c = 0; c < C; c++) f[h][c] = R_FZERO();                                         \
+        RP_F_ZERO(f, C);                                                                             \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             for (int h = 0; h < RP_H; h++) {                                                         \
                 const uint8_t *blk = w + ib * TILE;                                                  \
@@ -365,8 +374,7 @@ static inline int32_t ld32(const void *p) {
                     f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]);  \
             }                                                                                        \
         }                                                                                            \
-        for (int h = 0; h < RP_H; h++)                                                               \
-            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c]);                   \
+        RP_F_STORE(f, C);                                                                            \
     }
 
 /* The 32-weight formats: dot = q . a from the start value -o (32-sum a) (act.o), f += dot x (d da).
@@ -401,8 +409,7 @@ static inline int32_t ld32(const void *p) {
                     f[h][c] = R_FMA(R_CVT(dot[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]); \
             }                                                                                        \
         }                                                                                            \
-        for (int h = 0; h < RP_H; h++)                                                               \
-            for (int c = 0; c < C; c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c]);                   \
+        RP_F_STORE(f, C);                                                                            \
     }
 #define RP_Q8_0_BODY                                                                                 \
     for (int c = 0; c < C; c++) dot[c] = R_Q8_START(a->o[c * K16 + 2 * ib]);                         \
@@ -447,10 +454,63 @@ static inline int32_t ld32(const void *p) {
         q[6] = R_AND(sp, m7), q[7] = R_AND(R_SRLI16(sp, 4), m7);                                     \
     }                                                                                                \
     RP_B32_SMALL_DOTS
+/* IQ4_NL: Q4_0_R16's nibbles, each the index of its int8 value in IQ4_VALUES, looked up (a byte shuffle) as
+ * the value ^ RP_Q8_BIAS, the byte Q8_0_R16 holds: then Q8_0's dot products from its start value */
+#define IQ4B(v) (uint8_t)((v) ^ RP_Q8_BIAS)
+static const uint8_t RP_IQ4_TABLE[16] = {IQ4B(-127), IQ4B(-104), IQ4B(-83), IQ4B(-65), IQ4B(-49), IQ4B(-35), IQ4B(-22),
+                                         IQ4B(-10), IQ4B(1), IQ4B(13), IQ4B(25), IQ4B(38), IQ4B(53), IQ4B(69), IQ4B(89),
+                                         IQ4B(113)};
+#define RP_IQ4_UNPACK(q, base)                                                                       \
+    for (int g = 0; g < 4; g++) {                                                                    \
+        const rvi raw = R_LOAD((base) + 64 * g + 4 * RP_W * h), tbl = R_TABLE16(RP_IQ4_TABLE);       \
+        q[g] = R_LOOKUP(tbl, R_AND(raw, R_SET1B(0x0F)));                                             \
+        q[4 + g] = R_LOOKUP(tbl, R_AND(R_SRLI16(raw, 4), R_SET1B(0x0F)));                            \
+    }
+/* a 32-weight group's dot products (weights 4g .. 4g + 3 in q[g], 16 + 4g .. in q[4 + g]) from start o */
+#define RP_IQ4_DOT(dot, q, x, o)                                                                     \
+    {                                                                                                \
+        const rxv xl = R_XLOAD(x), xh = R_XLOAD((x) + 16);                                           \
+        dot = R_Q8_START(o);                                                                         \
+        for (int g = 0; g < 4; g++) dot = R_Q8_XDOT(dot, q[g], xl, g), dot = R_Q8_XDOT(dot, q[4 + g], xh, g); \
+    }
+#define RP_IQ4_NL_BODY                                                                               \
+    rvi q[8];                                                                                        \
+    RP_IQ4_UNPACK(q, blk)                                                                            \
+    for (int c = 0; c < C; c++) RP_IQ4_DOT(dot[c], q, a->q + c * K + 32 * ib, a->o[c * K16 + 2 * ib])
+/* IQ4_XS: per 256, eight such groups (their tiles' chunks 256 bytes apart), each group's integer dot times
+ * its scale (ls - 32) into isum, then one FMA by d da a block */
+#define DEFINE_RP_IQ4_XS(C)                                                                          \
+    static void rp_iq4_xs_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {             \
+        const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
+        RP_F_ZERO(f, C);                                                                             \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                        \
+            for (int h = 0; h < RP_H; h++) {                                                         \
+                const uint8_t *blk = w + ib * RP_IQ4_XS_TILE;                                        \
+                rvi is[C];                                                                           \
+                for (int c = 0; c < C; c++) is[c] = R_ZERO();                                        \
+                for (int s = 0; s < 8; s++) {                                                        \
+                    RP_PREFETCH(blk, 4 * s, 4, h);                                                   \
+                    rvi q[8];                                                                        \
+                    RP_IQ4_UNPACK(q, blk + 256 * s)                                                  \
+                    const rvi sc = R_S8_32(blk + 2048 + 16 * s + RP_W * h);                          \
+                    for (int c = 0; c < C; c++) {                                                    \
+                        rvi dot;                                                                     \
+                        RP_IQ4_DOT(dot, q, a->q + c * K + 256 * ib + 32 * s, a->o[c * K16 + 16 * ib + 2 * s]) \
+                        is[c] = R_ADD(is[c], R_MULLO(dot, sc));                                      \
+                    }                                                                                \
+                }                                                                                    \
+                const rvf dv = R_F16(blk + 2176 + 2 * RP_W * h);                                     \
+                for (int c = 0; c < C; c++)                                                          \
+                    f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]);  \
+            }                                                                                        \
+        }                                                                                            \
+        RP_F_STORE(f, C);                                                                            \
+    }
 /* the 32-weight kernels: one body, inlined into a function per C (a constant C keeps the rows' sums in registers) */
 DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY)
 DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
 DEFINE_RP_B32(rp_q3_0_any, RP_Q3_0_TILE, 3, RP_Q3_0_BODY)
+DEFINE_RP_B32(rp_iq4_nl_any, RP_IQ4_NL_TILE, 4, RP_IQ4_NL_BODY)
 #if SIMD_NEON && defined(__ARM_FEATURE_MATMUL_INT8)
 #include "quant_rp_mm.h" /* two input rows at a time in smmla: rp_b32_mm */
 #define RP_MM_rp_q8_0 0 /* rp_b32_mm's q4 */
@@ -479,6 +539,9 @@ RP_ALL_C(RP_DEF_Q3_K, 0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q8_0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q4_0)
 RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_q3_0)
+RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_iq4_nl)
+#define RP_DEF_IQ4_XS(f, C) DEFINE_RP_IQ4_XS(C)
+RP_ALL_C(RP_DEF_IQ4_XS, 0)
 
 /* O_*: what act.o holds for a format */
 enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4, O_PAIRS16 = 5, O_NEG4_32 = 6, O_NEG4_16 = 7,
@@ -496,6 +559,8 @@ static const rp_kernels RP_Q3_K = {{0, RP_ALL_C(RP_FN_OF, rp_q3_k)}, 256, RP_Q3_
                                    R_SUB16 ? O_PAIRS16_2 : O_NEG4_16};
 static const rp_kernels RP_Q8_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q8_0)}, 32, RP_Q8_0_TILE, 32, O_NEG128_32};
 static const rp_kernels RP_Q4_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q4_0)}, 32, RP_Q4_0_TILE, 32, O_NEG8_32};
+static const rp_kernels RP_IQ4_NL = {{0, RP_ALL_C(RP_FN_OF, rp_iq4_nl)}, 32, RP_IQ4_NL_TILE, 32, O_NEG128_32};
+static const rp_kernels RP_IQ4_XS = {{0, RP_ALL_C(RP_FN_OF, rp_iq4_xs)}, 256, RP_IQ4_XS_TILE, 256, O_NEG128_32};
 static const rp_kernels RP_Q3_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q3_0)}, 32, RP_Q3_0_TILE, 32, O_NEG4_32};
 
 static const rp_kernels *rp_kernels_of(int type) {
@@ -507,6 +572,8 @@ static const rp_kernels *rp_kernels_of(int type) {
     case T_Q8_0_R16: return &RP_Q8_0;
     case T_Q4_0_R16: return &RP_Q4_0;
     case T_Q3_0_R16: return &RP_Q3_0;
+    case T_IQ4_NL_R16: return &RP_IQ4_NL;
+    case T_IQ4_XS_R16: return &RP_IQ4_XS;
     default: return 0;
     }
 }

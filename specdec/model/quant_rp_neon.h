@@ -46,6 +46,8 @@ static inline int32x4_t r_s8_32(const uint8_t *p) {
 #define R_FMUL(a, b) vmulq_f32(a, b)
 #define R_FMA(a, b, c) vfmaq_f32(c, a, b) /* a * b + c, fused */
 #define R_STOREF(p, v) vst1q_f32(p, v)
+#define R_TABLE16(p) R_LOAD(p)
+#define R_LOOKUP(t, i) vreinterpretq_s32_u8(vqtbl1q_u8(vreinterpretq_u8_s32(t), vreinterpretq_u8_s32(i)))
 #define R_VNNI 1
 /* Q8_0_R16 stores w itself here (RP_Q8_BIAS 0, simd.h: sdot's signed operand): its dot product from 0 */
 #define R_Q8_DOT(dot, raw, xv) r_dot4(dot, raw, xv)
