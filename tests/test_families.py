@@ -580,7 +580,7 @@ def test_a_phi3_file_of_another_layout_is_named(tmp_path):
 
 
 @kernel
-@pytest.mark.parametrize("fmt", ["Q2_K"])
+@pytest.mark.parametrize("fmt", ["IQ2_XXS"])
 def test_a_block_format_our_kernels_do_not_run_is_refused(tmp_path, fmt):
     """Refused by name on the quantized path (no silent fp32 copy); the torch reference dequantizes it."""
     from specdec.errors import SpecdecError
@@ -594,7 +594,7 @@ def test_a_block_format_our_kernels_do_not_run_is_refused(tmp_path, fmt):
 
 
 @kernel
-@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "Q5_K", "Q3_K", "IQ4_XS", "IQ4_NL"])
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "Q5_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL"])
 def test_a_file_in_a_format_our_kernels_read_runs_on_them(tmp_path, fmt):
     from specdec.model.quant import QuantLinear
     module = load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "llama", fmt)))

@@ -221,11 +221,11 @@ def test_real_model_q8_speculation_gives_plain_tokens(smollm2_q8):
         assert out.tokens == plain.tokens
 
 
-REPACKABLE = ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"]
+REPACKABLE = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"]
 
 
 @kernel
-@pytest.mark.parametrize("fmt,K", [("Q3_K", 768), ("Q4_K", 768), ("Q5_K", 768), ("Q6_K", 768), ("Q8_0", 768), ("Q8_0", 32 * 27),
+@pytest.mark.parametrize("fmt,K", [("Q2_K", 768), ("Q3_K", 768), ("Q4_K", 768), ("Q5_K", 768), ("Q6_K", 768), ("Q8_0", 768), ("Q8_0", 32 * 27),
                                      ("IQ4_NL", 32 * 27), ("IQ4_XS", 768)])
 def test_repacked_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt, K):
     """The weights repacked into tiles of 16 rows (quant_rp.h) give the same arithmetic's value, each row
@@ -322,17 +322,21 @@ DRAFT_TILES = {"Q4_0_R16": 4, "Q3_0_R16": 3}  # a draft's re-encodings and their
 
 
 def extreme_blocks(fmt: str, rows: int, K: int, q4_0: bool = False) -> np.ndarray:
-    """Blocks whose integers are all at their largest (Q3_K: q 7 or 0, scales 31 or -32; Q4_K, Q5_K: q 15 or 31
+    """Blocks whose integers are all at their largest (Q2_K: q 3, scales 15, mins 15 or 0; Q3_K: q 7 or 0, scales 31
+    or -32; Q4_K, Q5_K: q 15 or 31
     and 6-bit scales and mins 63;
     Q6_K: q 63, scales -128 and 127 in turn; Q8_0: -128), with small finite fp16 scales: the sums a 256-bit
     build keeps in int16 are as large as they can be."""
     data = random_blocks(fmt, rows, K, seed=5)
-    blocks = data.reshape(-1, {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34, "IQ4_NL": 18,
+    blocks = data.reshape(-1, {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34, "IQ4_NL": 18,
                                "IQ4_XS": 136}[fmt])
     if fmt in ("Q4_K", "Q5_K"):
         blocks[:, 4:] = 0xFF
     elif fmt in ("IQ4_NL", "IQ4_XS"):  # every index 0 (-127); IQ4_XS's scales -32
         blocks[:, 2:] = 0
+    elif fmt == "Q2_K":  # q 3 and scales 15; mins 15 in the first half of the rows, 0 in the rest
+        blocks[:, :80] = 0xFF
+        blocks[len(blocks) // 2:, :16] = 0x0F
     elif fmt == "Q3_K":  # q 7 and scales 31 in the first half of the rows; q 0 (-4) and scales -32 in the rest
         blocks[:, :108] = 0xFF
         blocks[len(blocks) // 2:, :108] = 0

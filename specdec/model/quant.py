@@ -1,7 +1,7 @@
 """The CPU backend's layers on a GGUF file's own quantized blocks, read through its memory map.
 
-`QuantLinear`: y = x W^T + b where W stays in the file's block formats (Q3_K, Q4_K, Q5_K, Q6_K, Q8_0,
-Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS). Every GEMM quantizes its input rows to 8 bits per block and meets the blocks in
+`QuantLinear`: y = x W^T + b where W stays in the file's block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS). Every GEMM quantizes its input rows to 8 bits per block and meets the blocks in
 integer dot products (quant_q8.c, llama.cpp's arithmetic): a row's bits do not depend on how many
 rows the call has, so a verify pass scores each position exactly as a one-token step would, and
 speculative output equals plain decoding's.
@@ -81,7 +81,7 @@ class QuantEmbedding(nn.Module):
 
 # each repacked layout's block of 16 rows as runs of (units, bytes a row per unit): a row's bytes of a
 # unit lie at row * width within it (quant_rp.h)
-REPACKED_UNITS = {102: [(4, 4), (1, 2)], 108: [(8, 4), (1, 2)], 111: [(24, 4), (16, 1), (1, 2)], 112: [(32, 4), (8, 1), (4, 2), (2, 2)],
+REPACKED_UNITS = {102: [(4, 4), (1, 2)], 108: [(8, 4), (1, 2)], 110: [(16, 4), (8, 2), (1, 2), (1, 2)], 111: [(24, 4), (16, 1), (1, 2)], 112: [(32, 4), (8, 1), (4, 2), (2, 2)],
                   113: [(32, 4), (8, 1), (4, 2), (2, 2), (8, 4)], 114: [(48, 4), (16, 1), (1, 2)],
                   120: [(4, 4), (1, 2)], 123: [(32, 4), (8, 1), (1, 2)]}
 
@@ -91,7 +91,7 @@ def gather_repacked(qtype: int, data: torch.Tensor, K: int, ids: torch.Tensor) -
     their own: uint8 [n, row bytes], a view of the first n rows of storage in whole tiles of 16."""
     R = cpu_kernels.REPACK_ROWS
     rb, n = data.shape[1], ids.numel()
-    nb = K // (256 if qtype in (111, 112, 113, 114, 123) else 32)
+    nb = K // (256 if qtype in (110, 111, 112, 113, 114, 123) else 32)
     tile = rb * R // nb  # bytes of one block of 16 rows
     # every tile whole, though a view of first rows may end inside one (its storage holds the tile)
     src = torch.as_strided(data, ((data.shape[0] + R - 1) // R, nb, tile), (nb * tile, tile, 1))

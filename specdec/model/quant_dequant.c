@@ -1,4 +1,4 @@
-/* GGUF block formats (Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS) dequantized to fp32: the embedding rows a
+/* GGUF block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS) dequantized to fp32: the embedding rows a
  * step looks up, a layer whose format the 8-bit GEMM does not take, the fp32 reference at load, and
  * the tests' oracle for quant_q8.c.
  *
@@ -26,6 +26,16 @@ static inline void prep_q3_k(const uint8_t *b, float *pre) {
     int8_t sc[16];
     q3_k_scales(b, sc);
     for (int i = 0; i < 16; i++) pre[i] = d * (float)sc[i];
+}
+/* Q2_K: 256 weights, d * sc[i] * q - dmin * m[i] per 16 (a byte each: sc low, m high); pre: the 16 scales
+ * times d, then the 16 mins times dmin, negated (d sc q is exact, so d sc q + (-dmin m) rounds as gguf-py's
+ * d sc q - dmin m) */
+#define Q2_K_QK 256
+#define Q2_K_BYTES 84
+#define Q2_K_PRE 32
+static inline void prep_q2_k(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b + 80), dmin = f16_to_f32(b + 82);
+    for (int i = 0; i < 16; i++) pre[i] = d * (float)(b[i] & 15), pre[16 + i] = -(dmin * (float)(b[i] >> 4));
 }
 /* IQ4_NL: 32 weights d * IQ4_VALUES[q]; IQ4_XS: 256, d * sc[s] * IQ4_VALUES[q] per 32. pre: d, or the 8 d sc[s] */
 #define IQ4_NL_QK 32
@@ -104,6 +114,11 @@ static inline void g32_q3_k(const uint8_t *b, int s, const float *pre, vec *w) {
     vec f[NV];
     pieces(u_q3_k(b, s), 4, f);
     for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[2 * s + v / 2]), f[v]);
+}
+static inline void g32_q2_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    vec f[NV];
+    pieces(u_q2_k(b, s), 0, f);
+    for (int v = 0; v < NV; v++) w[v] = VFMA(VSET1(pre[2 * s + v / 2]), f[v], VSET1(pre[16 + 2 * s + v / 2]));
 }
 static inline void g32_iq4_nl(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
@@ -263,6 +278,14 @@ static inline void g32_q3_k(const uint8_t *b, int s, const float *pre, vec *w) {
     const __m256i q = _mm256_sub_epi8(q3_k_group(b, s), _mm256_set1_epi8(4));
     for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + 2 * s + (VL * v) / 16), piece_f(q, v, 1));
 }
+/* Q2_K: q (0..3) times d sc plus -(dmin m), per 16 (prep_q2_k) */
+static inline void g32_q2_k(const uint8_t *b, int s, const float *pre, vec *w) {
+    const __m256i q = q2_k_group(b, s);
+    for (int v = 0; v < NV; v++) {
+        const int i = 2 * s + (VL * v) / 16;
+        w[v] = VFMA(VBCAST(pre + i), piece_f(q, v, 0), VBCAST(pre + 16 + i));
+    }
+}
 /* IQ4_NL, IQ4_XS: the table's int8 values (iq4_group) times pre (prep_iq4_nl, prep_iq4_xs) */
 static inline void g32_iq4_nl(const uint8_t *b, int s, const float *pre, vec *w) {
     (void)s;
@@ -376,6 +399,7 @@ typedef struct {
 #define Q_FORMAT(F, f)                                                                               \
     DEFINE_DEQ(F, f)                                                                                 \
     static const qkernels K_##F = {F##_QK, F##_BYTES, f##_deq};
+Q_FORMAT(Q2_K, q2_k)
 Q_FORMAT(Q3_K, q3_k)
 Q_FORMAT(Q4_K, q4_k)
 Q_FORMAT(Q5_K, q5_k)
@@ -390,6 +414,7 @@ Q_FORMAT(IQ4_XS, iq4_xs)
 
 static const qkernels *kernels_of(int type) {
     switch (type) {
+    case T_Q2_K: return &K_Q2_K;
     case T_Q3_K: return &K_Q3_K;
     case T_Q4_K: return &K_Q4_K;
     case T_Q5_K: return &K_Q5_K;

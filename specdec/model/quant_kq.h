@@ -1,6 +1,6 @@
-/* The K-quant kernels of quant_q8.c (Q3_K, Q4_K, Q5_K, Q6_K: 256-weight blocks of 8 sub-blocks of 32,
- * against 8-bit activations in 256-value blocks): the templates DEFINE_Q3_K(C), DEFINE_Q4_K(C),
- * DEFINE_Q5_K(C) and DEFINE_Q6_K(C) of q3_k_cC, q4_k_cC, q5_k_cC and q6_k_cC, which quant_q8.c instantiates for C = 1..16 input rows. Included by quant_q8.c only, after its
+/* The K-quant kernels of quant_q8.c (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: 256-weight blocks of 8 sub-blocks of 32,
+ * against 8-bit activations in 256-value blocks): the templates DEFINE_Q2_K(C) .. DEFINE_Q6_K(C) of
+ * q2_k_cC .. q6_k_cC, which quant_q8.c instantiates for C = 1..16 input rows. Included by quant_q8.c only, after its
  * act type, DPBUSD, hsum8, Q8_PAIRS and the prefetch settings; x86 only (the NEON build's are in
  * quant_neon.h, with the same float steps). */
 #ifndef SPECDEC_QUANT_KQ_H
@@ -31,6 +31,15 @@ static inline __m256i dot4_k(const __m256i *q, const __m256i *sv, const int8_t *
     return _mm256_add_epi32(p0, p1);
 }
 
+/* Q2_K (256 weights: 16 of 16, weight = d * sc[i] * q - dmin * m[i], q in 0..3, a byte of sc | m << 4 each):
+ * Q6_K's scale arrangement (sc16, scales_q6_k) for sum_i sc[i] (q . a)_i, and Q4_K's float steps with the mins
+ * against the 16-sums: mt = sum_i m[i] (sum a)_i (mn16: the 16 mins as int16) */
+static inline void scales_q2_k(const uint8_t *b, __m256i *sc16, __m256i *mn16) {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
+    *sc16 = _mm256_and_si256(v, _mm256_set1_epi16(15));
+    *mn16 = _mm256_srli_epi16(v, 4);
+}
+#define Q2_K_BYTES 84
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
@@ -116,6 +125,11 @@ static inline void q3_k_pass2(const uint8_t *blk, int h, __m256i sc16, __m512i *
     scales_q6_k(sc16, sv);
     for (int g = 0; g < 4; g++) q2[g] = both(q3_k_group(blk, 4 * h + g)), sv2[g] = both(sv[4 * h + g]);
 }
+static inline void q2_k_pass2(const uint8_t *blk, int h, __m256i sc16, __m512i *q2, __m512i *sv2) {
+    __m256i sv[8];
+    scales_q6_k(sc16, sv);
+    for (int g = 0; g < 4; g++) q2[g] = both(q2_k_group(blk, 4 * h + g)), sv2[g] = both(sv[4 * h + g]);
+}
 static inline float hsum_lo(__m512 v) { return hsum8(_mm512_castps512_ps256(v)); }
 static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1)); }
 #endif
@@ -195,6 +209,14 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
 #define Q6_K_ROW_STEP KQ6_ROW_STEP(5)
 #define Q3_K_PAIR_STEP KQ6_PAIR_STEP(2)
 #define Q3_K_ROW_STEP KQ6_ROW_STEP(2)
+/* Q2_K: Q6_K's scales for the products, Q4_K's steps with the 16 mins (mn2) against the 16-sums */
+#define Q2_K_PREP                                                                                    \
+    const __m512 dv = _mm512_set1_ps(f16_to_f32(blk + 80)), ndminv = _mm512_set1_ps(-f16_to_f32(blk + 82)); \
+    __m256i sc16, mn16;                                                                              \
+    scales_q2_k(blk, &sc16, &mn16);                                                                  \
+    const __m512i mn2 = both(mn16);
+#define Q2_K_PASS(h) q2_k_pass2(blk, h, sc16, q2, sv2)
+#define DEFINE_Q2_K(C) DEFINE_KQ_PAIRS(q2_k, Q2_K_BYTES, Q2_K_PREP, Q2_K_PASS, Q4_K_PAIR_STEP, Q4_K_ROW_STEP, C)
 #define DEFINE_Q4_K(C) DEFINE_KQ_PAIRS(q4_k, Q4_K_BYTES, Q4_K_PREP, Q4_K_PASS, Q4_K_PAIR_STEP, Q4_K_ROW_STEP, C)
 #define Q5_K_PASS(h) q5_k_pass2(blk, h, sc2, q2, sv2)
 #define DEFINE_Q5_K(C) DEFINE_KQ_PAIRS(q5_k, Q5_K_BYTES, Q4_K_PREP, Q5_K_PASS, Q4_K_PAIR_STEP, Q4_K_ROW_STEP, C)
@@ -206,7 +228,7 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
  * reloading them for every input row made the loads, not the multiplies, the bound). The first
  * pass leaves each row's integer half-sum in part[]. The float steps per row and block are those
  * of one pass (d * da and -dmin * da as vector products: the same roundings as the scalar ones). */
-#define DEFINE_KQ4(f4, BYTES, C)                                                                     \
+#define DEFINE_KQ4(f4, BYTES, D_AT, C)                                                               \
     static void f4##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         __m256 f[C];                                                                                 \
         __m256i part[C];                                                                             \
@@ -215,9 +237,9 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             const uint8_t *blk = w + ib * BYTES;                                                     \
             for (int p = 0; p < BYTES; p += 64) _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT); \
-            const __m256 dv = _mm256_set1_ps(f16_to_f32(blk)), ndminv = _mm256_set1_ps(-f16_to_f32(blk + 2)); \
+            const __m256 dv = _mm256_set1_ps(f16_to_f32(blk + D_AT)), ndminv = _mm256_set1_ps(-f16_to_f32(blk + D_AT + 2)); \
             __m256i mn, q[8], sv[8];                                                                 \
-            scales_q4_k(blk, sv, &mn);                                                               \
+            f4##_scales(blk, sv, &mn);                                                               \
             for (int s = 0; s < 8; s++) q[s] = f4##_group(blk, s);                                   \
             const int8_t *xq = a->q + ib * 256;                                                      \
             const int16_t *xs = a->s + ib * 16;                                                      \
@@ -233,8 +255,18 @@ static inline float hsum_hi(__m512 v) { return hsum8(_mm512_extractf32x8_ps(v, 1
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
     }
 
-#define DEFINE_Q4_K(C) DEFINE_KQ4(q4_k, Q4_K_BYTES, C)
-#define DEFINE_Q5_K(C) DEFINE_KQ4(q5_k, Q5_K_BYTES, C)
+/* sv[8] and mn, as the kernel above meets them: Q4_K's (Q5_K's) 8 scales and each min twice; Q2_K's 16 scales
+ * two a group (scales_q6_k) and its 16 mins */
+#define q4_k_scales scales_q4_k
+#define q5_k_scales scales_q4_k
+static inline void q2_k_scales(const uint8_t *b, __m256i *sv, __m256i *mn) {
+    __m256i sc16;
+    scales_q2_k(b, &sc16, mn);
+    scales_q6_k(sc16, sv);
+}
+#define DEFINE_Q4_K(C) DEFINE_KQ4(q4_k, Q4_K_BYTES, 0, C)
+#define DEFINE_Q5_K(C) DEFINE_KQ4(q5_k, Q5_K_BYTES, 0, C)
+#define DEFINE_Q2_K(C) DEFINE_KQ4(q2_k, Q2_K_BYTES, 80, C)
 
 /* Q6_K (256 weights, weight = d * sc[i] * (q - 32) per 16, q in 0..63): sum_i sc[i] * ((q . a)_i -
  * 32 (sum a)_i), all integer per activation block; in two passes over the inputs as Q4_K. Q3_K: the

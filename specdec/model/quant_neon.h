@@ -1,5 +1,5 @@
 /* The NEON (aarch64) build of quant_q8.c's x86 pieces: quantize_row and the raw-block kernels, the
- * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL) and DEFINE_Q3_K, DEFINE_Q4_K, DEFINE_Q5_K, DEFINE_Q6_K,
+ * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL) and DEFINE_Q2_K, DEFINE_Q3_K, DEFINE_Q4_K, DEFINE_Q5_K, DEFINE_Q6_K,
  * DEFINE_IQ4_XS. Included by quant_q8.c
  * only, after its act type, the format constants and QPF_BYTES.
  *
@@ -16,6 +16,7 @@
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
 #define Q3_K_BYTES 110
+#define Q2_K_BYTES 84
 #define IQ4_XS_BYTES 136
 
 /* acc + per 32-bit lane i the sum of the 4 products of bytes 4i..4i+3 of a and b (int8 x int8):
@@ -204,10 +205,14 @@ static inline int16x8_t load_s16(const int16_t *p) { return vld1q_s16(p); }
 
 /* Q6_K: lanes 0-3 take the first 16 of each group s (scale 2s), lanes 4-7 the second (scale 2s + 1);
  * the -32 meets the 16-sums: off lane l = sc[2l] s[2l] + sc[2l + 1] s[2l + 1], subtracted x 32. Q3_K: the
- * same with q - 4 (SHIFT 2), its d at byte 108 and its scales unpacked */
+ * same with q - 4 (SHIFT 2), its d at byte 108 and its scales unpacked. Q2_K (MINS 1): q in 0..3, no
+ * offset; its 16 mins meet the 16-sums as the scales do (mt) and take Q4_K's second FMA, by -dmin da */
 static inline void sc_q6_k(const uint8_t *b, int8_t sc[16]) { memcpy(sc, b + 192, 16); }
 #define sc_q3_k q3_k_scales
-#define DEFINE_KQ6(f6, BYTES, D_AT, SHIFT, C)                                                        \
+static inline void sc_q2_k(const uint8_t *b, int8_t sc[16]) {
+    for (int i = 0; i < 16; i++) sc[i] = (int8_t)(b[i] & 15);
+}
+#define DEFINE_KQ6(f6, BYTES, D_AT, SHIFT, MINS, C)                                                  \
     static void f6##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                  \
         float32x4_t f[C][2];                                                                         \
         for (int c = 0; c < C; c++) f[c][0] = f[c][1] = vdupq_n_f32(0.0f);                           \
@@ -215,10 +220,13 @@ static inline void sc_q6_k(const uint8_t *b, int8_t sc[16]) { memcpy(sc, b + 192
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
             const uint8_t *blk = w + ib * BYTES;                                                     \
             for (int p = 0; p < BYTES; p += 64) SD_PREFETCH(blk + QPF_BYTES + p);                    \
-            const float d = f16_to_f32(blk + D_AT);                                                  \
+            const float d = f16_to_f32(blk + D_AT), ndmin = MINS ? -f16_to_f32(blk + D_AT + 2) : 0.0f; \
             int8_t sc[16];                                                                           \
             sc_##f6(blk, sc);                                                                        \
             const int16x8_t sc16[2] = {vmovl_s8(vld1_s8(sc)), vmovl_s8(vld1_s8(sc + 8))};            \
+            const uint8x16_t mn8 = vshrq_n_u8(vld1q_u8(blk), 4); /* Q2_K's mins */                  \
+            const int16x8_t mn16[2] = {vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mn8))),            \
+                                       vreinterpretq_s16_u16(vmovl_high_u8(mn8))};                   \
             u8x32 q[8];                                                                              \
             for (int s = 0; s < 8; s++) q[s] = u_##f6(blk, s);                                       \
             for (int c = 0; c < C; c++) {                                                            \
@@ -229,18 +237,25 @@ static inline void sc_q6_k(const uint8_t *b, int8_t sc[16]) { memcpy(sc, b + 192
                     acc[0] = vmlaq_n_s32(acc[0], dot4u(vdupq_n_s32(0), q[s].lo, x + 32 * s), sc[2 * s]); \
                     acc[1] = vmlaq_n_s32(acc[1], dot4u(vdupq_n_s32(0), q[s].hi, x + 32 * s + 16), sc[2 * s + 1]); \
                 }                                                                                    \
-                const float32x4_t dd = vdupq_n_f32(d * a->d[c * nb + ib]);                           \
+                const float da = a->d[c * nb + ib];                                                  \
+                const float32x4_t dd = vdupq_n_f32(d * da), nd = vdupq_n_f32(ndmin * da);            \
+                (void)nd;                                                                            \
                 for (int h = 0; h < 2; h++) {                                                        \
-                    const int16x8_t xv = load_s16(xs + 8 * h);                                       \
-                    const int32x4_t off = vpaddq_s32(vmull_s16(vget_low_s16(sc16[h]), vget_low_s16(xv)), \
-                                                     vmull_high_s16(sc16[h], xv));                   \
-                    f[c][h] = vfmaq_f32(f[c][h], vcvtq_f32_s32(vsubq_s32(acc[h], vshlq_n_s32(off, SHIFT))), dd); \
+                    const int16x8_t xv = load_s16(xs + 8 * h), by = MINS ? mn16[h] : sc16[h];        \
+                    const int32x4_t off = vpaddq_s32(vmull_s16(vget_low_s16(by), vget_low_s16(xv)), vmull_high_s16(by, xv)); \
+                    if (MINS) {                                                                      \
+                        f[c][h] = vfmaq_f32(f[c][h], vcvtq_f32_s32(acc[h]), dd);                     \
+                        f[c][h] = vfmaq_f32(f[c][h], vcvtq_f32_s32(off), nd);                        \
+                    } else {                                                                         \
+                        f[c][h] = vfmaq_f32(f[c][h], vcvtq_f32_s32(vsubq_s32(acc[h], vshlq_n_s32(off, SHIFT))), dd); \
+                    }                                                                                \
                 }                                                                                    \
             }                                                                                        \
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = vsum4(f[c][0], f[c][1]);                            \
     }
-#define DEFINE_Q6_K(C) DEFINE_KQ6(q6_k, Q6_K_BYTES, 208, 5, C)
-#define DEFINE_Q3_K(C) DEFINE_KQ6(q3_k, Q3_K_BYTES, 108, 2, C)
+#define DEFINE_Q6_K(C) DEFINE_KQ6(q6_k, Q6_K_BYTES, 208, 5, 0, C)
+#define DEFINE_Q3_K(C) DEFINE_KQ6(q3_k, Q3_K_BYTES, 108, 2, 0, C)
+#define DEFINE_Q2_K(C) DEFINE_KQ6(q2_k, Q2_K_BYTES, 80, 0, 1, C)
 
 #endif

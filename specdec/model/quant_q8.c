@@ -250,7 +250,7 @@ static inline __m256i u_iq4_nl(const uint8_t *b) { return iq4_group(b + 2); } /*
 #define IQ4_NL_M (-1)
 
 #if SIMD_NEON
-#include "quant_neon.h" /* quantize_row and the raw-block kernels (DEFINE_B32, DEFINE_Q3_K .. DEFINE_Q6_K) in NEON */
+#include "quant_neon.h" /* quantize_row and the raw-block kernels (DEFINE_B32, DEFINE_Q2_K .. DEFINE_Q6_K) in NEON */
 #else
 /* the fp16 at p, p + stride, ..., 8 of them, as floats */
 static inline __m256 halves8(const uint8_t *p, int64_t stride) {
@@ -336,6 +336,7 @@ typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
 #define Q_ALL_C(X, a, b, c) X(a, b, c, 1) X(a, b, c, 2) X(a, b, c, 3) X(a, b, c, 4) X(a, b, c, 5) X(a, b, c, 6) \
     X(a, b, c, 7) X(a, b, c, 8) X(a, b, c, 9) X(a, b, c, 10) X(a, b, c, 11) X(a, b, c, 12) X(a, b, c, 13)          \
     X(a, b, c, 14) X(a, b, c, 15) X(a, b, c, 16)
+#define DK_Q2_K(a, b, c, C) DEFINE_Q2_K(C)
 #define DK_Q3_K(a, b, c, C) DEFINE_Q3_K(C)
 #define DK_Q4_K(a, b, c, C) DEFINE_Q4_K(C)
 #define DK_Q5_K(a, b, c, C) DEFINE_Q5_K(C)
@@ -343,6 +344,7 @@ typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
 #define DK_IQ4_XS(a, b, c, C) DEFINE_IQ4_XS(C)
 #define DK_B32(F, f, S, C) DEFINE_B32(F, f, C)
 #define FN_OF(a, f, c, C) f##_c##C,
+Q_ALL_C(DK_Q2_K, 0, 0, 0)
 Q_ALL_C(DK_Q3_K, 0, 0, 0)
 Q_ALL_C(DK_Q4_K, 0, 0, 0)
 Q_ALL_C(DK_Q5_K, 0, 0, 0)
@@ -359,6 +361,7 @@ typedef struct {
     q8_fn fn[QMAX_C + 1];
     int64_t qk, bytes, act_block;
 } q8_kernels;
+static const q8_kernels K8_Q2_K = {{0, Q_ALL_C(FN_OF, 0, q2_k, 0)}, 256, Q2_K_BYTES, 256};
 static const q8_kernels K8_Q3_K = {{0, Q_ALL_C(FN_OF, 0, q3_k, 0)}, 256, Q3_K_BYTES, 256};
 static const q8_kernels K8_Q4_K = {{0, Q_ALL_C(FN_OF, 0, q4_k, 0)}, 256, Q4_K_BYTES, 256};
 static const q8_kernels K8_Q5_K = {{0, Q_ALL_C(FN_OF, 0, q5_k, 0)}, 256, Q5_K_BYTES, 256};
@@ -373,6 +376,7 @@ static const q8_kernels K8_Q5_1 = {{0, Q_ALL_C(FN_OF, 0, q5_1, 0)}, 32, Q5_1_BYT
 
 static const q8_kernels *q8_kernels_of(int type) {
     switch (type) {
+    case T_Q2_K: return &K8_Q2_K;
     case T_Q3_K: return &K8_Q3_K;
     case T_Q4_K: return &K8_Q4_K;
     case T_Q5_K: return &K8_Q5_K;

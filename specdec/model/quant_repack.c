@@ -1,4 +1,4 @@
-/* Repacking at load, once: a GGUF matrix in Q3_K to Q6_K, Q8_0, IQ4_NL or IQ4_XS rewritten into tiles of RP_ROWS output
+/* Repacking at load, once: a GGUF matrix in Q2_K to Q6_K, Q8_0, IQ4_NL or IQ4_XS rewritten into tiles of RP_ROWS output
  * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit (3-bit) draft any
  * 32-weight or K-quant format re-encoded as Q4_0 (Q3_0) and tiled the same way. Scalar code (but the draft encodings'
  * extremes, in vectors): it runs once per matrix, on the block formats' integers as simd.h decodes
@@ -17,6 +17,7 @@ typedef struct {
 static rp_block rp_block_of(int rtype) {
     rp_block b = {0, 0};
     switch (rtype) {
+    case T_Q2_K_R16: b.qk = 256, b.tile = RP_Q2_K_TILE; break;
     case T_Q3_K_R16: b.qk = 256, b.tile = RP_Q3_K_TILE; break;
     case T_Q4_K_R16: b.qk = 256, b.tile = RP_Q4_K_TILE; break;
     case T_Q5_K_R16: b.qk = 256, b.tile = RP_Q5_K_TILE; break;
@@ -117,6 +118,21 @@ static void repack_q3_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
     for (int i = 0; i < 16; i++) memcpy(dst + 1792 + 2 * i, src + i * rb + 108, 2);
 }
 
+/* one block of 16 rows of Q2_K -> a Q2_K_R16 tile (quant_rp.h): the 2-bit fields as Q3_K_R16's, the scale
+ * bytes as they are, two a row side by side */
+static void repack_q2_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
+    uint8_t q[16][256];
+    memset(dst, 0, 1024);
+    for (int i = 0; i < 16; i++) q2_k_values(src + i * rb, q[i]);
+    for (int u = 0; u < 16; u++)
+        for (int i = 0; i < 16; i++)
+            for (int g = 0; g < 4; g++)
+                for (int e = 0; e < 4; e++) dst[64 * u + 4 * i + e] |= (uint8_t)(q[i][16 * u + 4 * g + e] << (2 * g));
+    for (int u = 0; u < 16; u++)
+        for (int i = 0; i < 16; i++) dst[1024 + 32 * (u >> 1) + 2 * i + (u & 1)] = src[i * rb + u];
+    for (int i = 0; i < 16; i++) memcpy(dst + 1280 + 2 * i, src + i * rb + 80, 2), memcpy(dst + 1312 + 2 * i, src + i * rb + 82, 2);
+}
+
 static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
     for (int g = 0; g < 8; g++)
         for (int i = 0; i < 16; i++)
@@ -127,6 +143,7 @@ static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
 /* the repacked type of a GGUF type, 0 if none */
 int quant_repacked_type(int type) {
     switch (type) {
+    case T_Q2_K: return T_Q2_K_R16;
     case T_Q3_K: return T_Q3_K_R16;
     case T_IQ4_NL: return T_IQ4_NL_R16;
     case T_IQ4_XS: return T_IQ4_XS_R16;
@@ -159,6 +176,7 @@ int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64
             if (type == T_Q4_K || type == T_Q5_K) repack_k4_tile(s, rb, d, type == T_Q5_K);
             else if (type == T_Q6_K) repack_q6_k_tile(s, rb, d);
             else if (type == T_Q3_K) repack_q3_k_tile(s, rb, d);
+            else if (type == T_Q2_K) repack_q2_k_tile(s, rb, d);
             else if (type == T_IQ4_NL || type == T_IQ4_XS) repack_iq4_tile(s, rb, d, type == T_IQ4_XS);
             else repack_q8_0_tile(s, rb, d);
         }

@@ -1,7 +1,7 @@
 /* The kernels on repacked weights (included by quant_q8.c only, after its act type, DPBUSD and
  * DPWSSD); quant_repack.c writes the tiles at load.
  *
- * At load, a GGUF matrix in Q3_K to Q6_K, Q8_0, IQ4_NL or IQ4_XS (and the 4-bit draft's Q4_0) is rewritten in memory
+ * At load, a GGUF matrix in Q2_K to Q6_K, Q8_0, IQ4_NL or IQ4_XS (and the 4-bit draft's Q4_0) is rewritten in memory
  * into tiles of 16 output rows: for each block of K (256 or 32 weights) a tile holds the 16 rows'
  * integers interleaved four weights at a time (one 32-bit lane a row), so one 512-bit load carries
  * four consecutive weights of all 16 rows and one vpdpbusd against four broadcast activation bytes
@@ -11,7 +11,7 @@
  *
  * A kernel takes one tile against C <= RP_MAXC activation rows; the weights are unpacked once for
  * all C rows. Per output lane the integer sums are exact and the float operations (one conversion and
- * two FMAs a block for Q4_K, one for the others) run in block order whatever C is, and in the same
+ * two FMAs a block for Q4_K, Q5_K and Q2_K, one for the others) run in block order whatever C is, and in the same
  * order in the AVX2 build (two 8-lane halves) and the NEON one (four 4-lane quarters: sdot, or its
  * floor without dotprod) as in the AVX-512 one: a row's bits depend on neither the row count nor the
  * build (tests/test_arm.py). The kernel bodies are written once, in the R_* macros each build defines.
@@ -27,6 +27,9 @@
  *   Q3_K_R16 (1824 = 16 x 114; q = w / (d sc) + 4 in 0..7): per 16 weights u (0..15) a chunk at 64u with
  *     group g's (16u + 4g + b) two low bits at bits 2g, 2g + 1; @1024 a chunk per pair of u, bit 4 (u % 2)
  *     + g their third bit; @1536 the scales i8 [16][16] (less 32); @1792 d f16 [16].
+ *   Q2_K_R16 (1344 = 16 x 84, the file's own size): per 16 weights u (0..15) a chunk at 64u with group g's
+ *     (16u + 4g + b) two bits at bits 2g, 2g + 1 (Q3_K_R16's first chunks); @1024 the file's scale bytes (scale
+ *     low nibble, min high) u8 [8][16][2] (row i: those of u = 2p, 2p + 1); @1280 d f16 [16]; @1312 dmin f16 [16].
  *   Q6_K_R16 (3360 = 16 x 210): per 16 weights u (0..15) 192 bytes at 192u: a chunk with groups
  *     (16u + b, 16u + 4 + b) in its low / high nibbles, a chunk with (16u + 8 + b, 16u + 12 + b),
  *     and a chunk with the four groups' two high bits (bits 2g, 2g + 1 for group g); @3072 the
@@ -43,7 +46,7 @@
  *     32 weights s (0..7) such 256 bytes at 256s; @2048 the scales i8 [8][16] (ls - 32); @2176 d f16 [16].
  * The offsets meet the activations' sums: act.o holds them per 16 activations, made ready for each
  * format (Q4_K: the 32-sums in int16 pairs; Q6_K: -32 x the 16-sums, or in the int16 build -16 x them in
- * int16 pairs; the 32-weight formats: -o x
+ * int16 pairs; Q2_K: the 16-sums in int16 pairs; the 32-weight formats: -o x
  * the 32-sums, the start value of each block's dot product). */
 #ifndef SPECDEC_QUANT_RP_H
 #define SPECDEC_QUANT_RP_H
@@ -63,6 +66,7 @@ typedef __m512 rvf;
 #define R_AND(a, b) _mm512_and_si512(a, b)
 #define R_OR(a, b) _mm512_or_si512(a, b)
 #define R_SRLI16(a, n) _mm512_srli_epi16(a, n)
+#define R_SRLI32(a, n) _mm512_srli_epi32(a, n)
 #define R_SLLI16(a, n) _mm512_slli_epi16(a, n)
 #define R_ADD(a, b) _mm512_add_epi32(a, b)
 #define R_MULLO(a, b) _mm512_mullo_epi32(a, b)
@@ -92,6 +96,7 @@ typedef __m256 rvf;
 #define R_AND(a, b) _mm256_and_si256(a, b)
 #define R_OR(a, b) _mm256_or_si256(a, b)
 #define R_SRLI16(a, n) _mm256_srli_epi16(a, n)
+#define R_SRLI32(a, n) _mm256_srli_epi32(a, n)
 #define R_SLLI16(a, n) _mm256_slli_epi16(a, n)
 #define R_ADD(a, b) _mm256_add_epi32(a, b)
 #define R_MULLO(a, b) _mm256_mullo_epi32(a, b)
@@ -153,6 +158,7 @@ typedef rvi rsub;
 #define R_SUB_DOT(acc, u, s) R_DPBUSD(acc, u, s)
 #define R_SUB_XDOT(acc, u, xv, g) R_XDOT(acc, u, xv, g)
 #define R_SUB_ADD(a, b) R_ADD(a, b)
+#define R_SC_OF32(v) (v)
 #define R_SC_U8(p) R_U8_32(p)
 #define R_SC_S8(p) R_S8_32(p)
 #define R_SUB_SCALE(is, acc, sc) R_ADD(is, R_MULLO(acc, sc))
@@ -169,6 +175,7 @@ static inline __m256i r_pair16(__m256i v) { /* int32 lanes of int16 values -> (v
 #define R_SUB_DOT(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
 #define R_SUB_XDOT(acc, u, xv, g) R_SUB_DOT(acc, u, R_XSET1(xv, g))
 #define R_SUB_ADD(a, b) _mm256_add_epi16(a, b)
+#define R_SC_OF32(v) r_pair16(v) /* a scale a lane as int32 -> as R_SUB_SCALE takes it */
 #define R_SC_U8(p) r_pair16(R_U8_32(p))
 #define R_SC_S8(p) r_pair16(R_S8_32(p))
 #define R_SUB_SCALE(is, acc, sc) DPWSSD(is, acc, sc)
@@ -300,13 +307,16 @@ static inline int32_t ld32(const void *p) {
         RP_F_STORE(f, C);                                                                            \
     }
 
-/* Q6_K: per 16 weights u, isum += sc[u] x (q . a - 32 (16-sum a)_u); f += isum x (d da). The int16
+/* Q6_K (KIND 6): per 16 weights u, isum += sc[u] x (q . a - 32 (16-sum a)_u); f += isum x (d da). The int16
  * build adds the offsets once a block: act.o holds (-16 s[2j], -16 s[2j + 1]) as int16 pairs (O_PAIRS16),
  * which meet each row's scale pairs in one vpmaddwd per two groups; twice that is the offsets' sum.
- * Q3_K (Q3 1) is the same kernel on its own tile: q in 0..7, the offsets -4 (16-sum a) (act.o: O_NEG4_16,
+ * Q3_K (KIND 3) is the same kernel on its own tile: q in 0..7, the offsets -4 (16-sum a) (act.o: O_NEG4_16,
  * or in the int16 build O_PAIRS16_2, -2 x the sums), each u's four groups from one chunk of 2-bit fields
  * and their third bits from the chunk u shares with its neighbour (u even: bits 0-3, odd: 4-7), taken
- * to bit 2 one step at a time. */
+ * to bit 2 one step at a time. Q2_K (KIND 2): Q3_K's chunks of 2-bit fields alone, with no offset; the scale of u
+ * from the file's byte (its low nibble), and the mins (its high nibbles, two u a lane as an int16 pair) meet
+ * the 16-sums in int16 pairs (act.o: O_PAIRS16_1) in one vpmaddwd per two u, for Q4_K's second FMA by
+ * -dmin da. Its four products of q <= 3 a u fit the int16 build's sum without a flush. */
 #if R_SUB16
 #define RP_K6_OFFSETS(C, SC_AT)                                                                      \
     {                                                                                                \
@@ -322,9 +332,10 @@ static inline int32_t ld32(const void *p) {
 #else
 #define RP_K6_OFFSETS(C, SC_AT)
 #endif
-#define DEFINE_RP_K6(NAME, TILE, Q3, C)                                                              \
+#define DEFINE_RP_K6(NAME, TILE, KIND, C)                                                            \
     static void NAME##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                \
-        enum { SC_AT = Q3 ? 1536 : 3072, D_AT = Q3 ? 1792 : 3328, LINES = Q3 ? 2 : 4 };              \
+        enum { Q3 = KIND == 3, Q2 = KIND == 2, SC_AT = Q3 ? 1536 : Q2 ? 1024 : 3072,                  \
+               D_AT = Q3 ? 1792 : Q2 ? 1280 : 3328, LINES = (TILE / 64 + 15) / 16 };                 \
         const int64_t K = a->K, nb = K / 256, K16 = K / 16;                                          \
         const rvi nib = R_SET1B(0x0F), m30 = R_SET1B(0x30), m3 = R_SET1B(0x03), m4 = R_SET1B(0x04);  \
         (void)nib, (void)m30, (void)m3, (void)m4;                                                    \
@@ -337,7 +348,12 @@ static inline int32_t ld32(const void *p) {
                 for (int u = 0; u < 16; u++) {                                                       \
                     RP_PREFETCH(blk, LINES * u, LINES, h);                                           \
                     rvi q0, q1, q2, q3;                                                              \
-                    if (Q3) {                                                                        \
+                    if (Q2) {                                                                        \
+                        rvi c2 = R_LOAD(blk + 64 * u + 4 * RP_W * h);                                \
+                        q0 = R_AND(c2, m3), c2 = R_SRLI16(c2, 2);                                    \
+                        q1 = R_AND(c2, m3), c2 = R_SRLI16(c2, 2);                                    \
+                        q2 = R_AND(c2, m3), q3 = R_AND(R_SRLI16(c2, 2), m3);                         \
+                    } else if (Q3) {                                                                 \
                         rvi c2 = R_LOAD(blk + 64 * u + 4 * RP_W * h);                                \
                         const rvi hb = R_LOAD(blk + 1024 + 64 * (u >> 1) + 4 * RP_W * h);            \
                         rvi t = (u & 1) ? R_SRLI16(hb, 2) : R_SLLI16(hb, 2);                         \
@@ -356,22 +372,42 @@ static inline int32_t ld32(const void *p) {
                         q2 = R_OR(R_AND(n1, nib), R_AND(hb, m30));                                   \
                         q3 = R_OR(R_AND(R_SRLI16(n1, 4), nib), R_AND(R_SRLI16(hb, 2), m30));         \
                     }                                                                                \
-                    const rvi sc = R_SC_S8(blk + SC_AT + 16 * u + RP_W * h);                         \
+                    rvi sc;                                                                          \
+                    if (Q2) {                                                                        \
+                        const rvi sp = R_U8_16(blk + SC_AT + 32 * (u >> 1) + 2 * RP_W * h);          \
+                        sc = R_SC_OF32(R_AND((u & 1) ? R_SRLI32(sp, 16) : sp, R_SET1(15)));           \
+                    } else {                                                                         \
+                        sc = R_SC_S8(blk + SC_AT + 16 * u + RP_W * h);                               \
+                    }                                                                                \
                     for (int c = 0; c < C; c++) {                                                    \
                         const int8_t *x = a->q + c * K + 256 * ib + 16 * u;                          \
                         const rxv xv = R_XLOAD(x);                                                   \
-                        rsub acc = R_SUB_XDOT(R_SUB_FROM(R_SUB16 ? 0 : a->o[c * K16 + 16 * ib + u]), q0, xv, 0); \
+                        rsub acc = R_SUB_XDOT(R_SUB_FROM(R_SUB16 || Q2 ? 0 : a->o[c * K16 + 16 * ib + u]), q0, xv, 0); \
                         acc = R_SUB_XDOT(acc, q1, xv, 1);                                            \
-                        if (R_SUB_CAP_Q6 < 4) is[c] = R_SUB_SCALE(is[c], acc, sc), acc = R_SUB_ZERO(); \
+                        if (R_SUB_CAP_Q6 < 4 && !Q2) is[c] = R_SUB_SCALE(is[c], acc, sc), acc = R_SUB_ZERO(); \
                         acc = R_SUB_XDOT(acc, q2, xv, 2);                                            \
                         acc = R_SUB_XDOT(acc, q3, xv, 3);                                            \
                         is[c] = R_SUB_SCALE(is[c], acc, sc);                                         \
                     }                                                                                \
                 }                                                                                    \
-                RP_K6_OFFSETS(C, SC_AT)                                                              \
+                if (!Q2) { RP_K6_OFFSETS(C, SC_AT) }                                                 \
                 const rvf dv = R_F16(blk + D_AT + 2 * RP_W * h);                                     \
-                for (int c = 0; c < C; c++)                                                          \
-                    f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]);  \
+                if (Q2) {                                                                            \
+                    rvi mn[8];                                                                       \
+                    for (int p = 0; p < 8; p++) mn[p] = R_SRLI16(R_U8_16(blk + SC_AT + 32 * p + 2 * RP_W * h), 4); \
+                    const rvf ndv = R_FMUL(R_F16(blk + D_AT + 32 + 2 * RP_W * h), R_FSET1(-1.0f));  \
+                    for (int c = 0; c < C; c++) {                                                    \
+                        const int32_t *o = a->o + c * K16 + 8 * ib;                                  \
+                        rvi mt = R_DPWSSD(R_ZERO(), mn[0], R_SET1(o[0]));                            \
+                        for (int p = 1; p < 8; p++) mt = R_DPWSSD(mt, mn[p], R_SET1(o[p]));          \
+                        const rvf da = R_FSET1(a->d[c * nb + ib]);                                   \
+                        f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, da), f[h][c]);                      \
+                        f[h][c] = R_FMA(R_CVT(mt), R_FMUL(ndv, da), f[h][c]);                        \
+                    }                                                                                \
+                } else {                                                                             \
+                    for (int c = 0; c < C; c++)                                                      \
+                        f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]); \
+                }                                                                                    \
             }                                                                                        \
         }                                                                                            \
         RP_F_STORE(f, C);                                                                            \
@@ -529,13 +565,15 @@ DEFINE_RP_B32(rp_iq4_nl_any, RP_IQ4_NL_TILE, 4, RP_IQ4_NL_BODY)
 #define RP_ALL_C(X, f) X(f, 1) X(f, 2) X(f, 3) X(f, 4) X(f, 5) X(f, 6) X(f, 7) X(f, 8)
 #define RP_DEF_Q4_K(f, C) DEFINE_RP_K4(rp_q4_k, RP_Q4_K_TILE, 0, C)
 #define RP_DEF_Q5_K(f, C) DEFINE_RP_K4(rp_q5_k, RP_Q5_K_TILE, 1, C)
-#define RP_DEF_Q6_K(f, C) DEFINE_RP_K6(rp_q6_k, RP_Q6_K_TILE, 0, C)
-#define RP_DEF_Q3_K(f, C) DEFINE_RP_K6(rp_q3_k, RP_Q3_K_TILE, 1, C)
+#define RP_DEF_Q6_K(f, C) DEFINE_RP_K6(rp_q6_k, RP_Q6_K_TILE, 6, C)
+#define RP_DEF_Q3_K(f, C) DEFINE_RP_K6(rp_q3_k, RP_Q3_K_TILE, 3, C)
+#define RP_DEF_Q2_K(f, C) DEFINE_RP_K6(rp_q2_k, RP_Q2_K_TILE, 2, C)
 #define RP_FN_OF(f, C) f##_c##C,
 RP_ALL_C(RP_DEF_Q4_K, 0)
 RP_ALL_C(RP_DEF_Q5_K, 0)
 RP_ALL_C(RP_DEF_Q6_K, 0)
 RP_ALL_C(RP_DEF_Q3_K, 0)
+RP_ALL_C(RP_DEF_Q2_K, 0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q8_0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q4_0)
 RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_q3_0)
@@ -545,7 +583,7 @@ RP_ALL_C(RP_DEF_IQ4_XS, 0)
 
 /* O_*: what act.o holds for a format */
 enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4, O_PAIRS16 = 5, O_NEG4_32 = 6, O_NEG4_16 = 7,
-       O_PAIRS16_2 = 8 };
+       O_PAIRS16_2 = 8, O_PAIRS16_1 = 9 };
 typedef struct {
     q8_fn fn[RP_MAXC + 1];
     int64_t qk, tile, act_block;
@@ -557,6 +595,7 @@ static const rp_kernels RP_Q6_K = {{0, RP_ALL_C(RP_FN_OF, rp_q6_k)}, 256, RP_Q6_
                                    R_SUB16 ? O_PAIRS16 : O_NEG32_16};
 static const rp_kernels RP_Q3_K = {{0, RP_ALL_C(RP_FN_OF, rp_q3_k)}, 256, RP_Q3_K_TILE, 256,
                                    R_SUB16 ? O_PAIRS16_2 : O_NEG4_16};
+static const rp_kernels RP_Q2_K = {{0, RP_ALL_C(RP_FN_OF, rp_q2_k)}, 256, RP_Q2_K_TILE, 256, O_PAIRS16_1};
 static const rp_kernels RP_Q8_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q8_0)}, 32, RP_Q8_0_TILE, 32, O_NEG128_32};
 static const rp_kernels RP_Q4_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q4_0)}, 32, RP_Q4_0_TILE, 32, O_NEG8_32};
 static const rp_kernels RP_IQ4_NL = {{0, RP_ALL_C(RP_FN_OF, rp_iq4_nl)}, 32, RP_IQ4_NL_TILE, 32, O_NEG128_32};
@@ -565,6 +604,7 @@ static const rp_kernels RP_Q3_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q3_0)}, 32, RP_Q3_0
 
 static const rp_kernels *rp_kernels_of(int type) {
     switch (type) {
+    case T_Q2_K_R16: return &RP_Q2_K;
     case T_Q3_K_R16: return &RP_Q3_K;
     case T_Q4_K_R16: return &RP_Q4_K;
     case T_Q5_K_R16: return &RP_Q5_K;
@@ -586,8 +626,8 @@ static void rp_offsets(int o_kind, const int16_t *s, int64_t K, int32_t *o) {
             const int32_t lo = s[4 * j] + s[4 * j + 1], hi = s[4 * j + 2] + s[4 * j + 3];
             o[j] = (int32_t)((uint32_t)(uint16_t)(int16_t)lo | (uint32_t)(uint16_t)(int16_t)hi << 16);
         }
-    } else if (o_kind == O_PAIRS16 || o_kind == O_PAIRS16_2) { /* per 32: (-16 (-2) x the two 16-sums) as int16 pairs */
-        const int m = o_kind == O_PAIRS16 ? -16 : -2;
+    } else if (o_kind == O_PAIRS16 || o_kind == O_PAIRS16_2 || o_kind == O_PAIRS16_1) { /* per 32: (-16 (-2, 1) x the two 16-sums) as int16 pairs */
+        const int m = o_kind == O_PAIRS16 ? -16 : o_kind == O_PAIRS16_2 ? -2 : 1;
         for (int64_t j = 0; j < K16 / 2; j++)
             o[j] = (int32_t)((uint32_t)(uint16_t)(int16_t)(m * s[2 * j]) | (uint32_t)(uint16_t)(int16_t)(m * s[2 * j + 1]) << 16);
     } else if (o_kind == O_NEG32_16 || o_kind == O_NEG4_16) {

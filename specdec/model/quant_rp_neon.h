@@ -32,6 +32,7 @@ static inline int32x4_t r_s8_32(const uint8_t *p) {
 #define R_OR(a, b) vorrq_s32(a, b)
 #define R_SRLI16(a, n) vreinterpretq_s32_u16(vshrq_n_u16(vreinterpretq_u16_s32(a), n))
 #define R_SLLI16(a, n) vreinterpretq_s32_u16(vshlq_n_u16(vreinterpretq_u16_s32(a), n))
+#define R_SRLI32(a, n) vreinterpretq_s32_u32(vshrq_n_u32(vreinterpretq_u32_s32(a), n))
 #define R_ADD(a, b) vaddq_s32(a, b)
 #define R_MULLO(a, b) vmulq_s32(a, b)
 #define R_DPBUSD(acc, u, s) r_dot4(acc, u, s) /* u <= 127 here: signed x signed is the same */

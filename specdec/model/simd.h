@@ -267,6 +267,13 @@ static inline void q3_k_values(const uint8_t *b, uint8_t q[256]) {
         for (int k = 0; k < 32; k++)
             q[32 * s + k] = (uint8_t)(((b[32 + 32 * (s >> 2) + k] >> (2 * (s & 3))) & 3) | ((b[k] >> s) & 1) << 2);
 }
+/* Q2_K (84 bytes: scales [16], qs [64], d, dmin): the scale byte of 16 weights i holds their scale (low nibble)
+ * and min (high nibble); weight 32s + k is bits 2 (s % 4), 2 (s % 4) + 1 of qs[32 (s / 4) + k] (byte 16 + ...),
+ * and the weight is d sc[2s + k / 16] q - dmin m[2s + k / 16] */
+static inline void q2_k_values(const uint8_t *b, uint8_t q[256]) {
+    for (int s = 0; s < 8; s++)
+        for (int k = 0; k < 32; k++) q[32 * s + k] = (uint8_t)((b[16 + 32 * (s >> 2) + k] >> (2 * (s & 3))) & 3);
+}
 /* Q5_K (176 bytes: d, dmin, 12 bytes of scales and mins as Q4_K's, qh [32], qs [128]): weight 32s + k is the
  * low (s even) or high (s odd) nibble of qs[32 (s / 2) + k] (byte 48 + ...), with bit s of qh[k] (byte 16 + k)
  * above it as bit 4 */
@@ -344,6 +351,13 @@ static inline u8x32 u_q3_k(const uint8_t *b, int s) {
     return u8x32_of(vorrq_u8(lo, vshlq_u8(vandq_u8(vld1q_u8(b), bit), sh)),
                     vorrq_u8(hi, vshlq_u8(vandq_u8(vld1q_u8(b + 16), bit), sh)));
 }
+/* Q2_K sub-block s, as q2_k_values */
+static inline u8x32 u_q2_k(const uint8_t *b, int s) {
+    const uint8_t *p = b + 16 + 32 * (s >> 2);
+    const int8x16_t down = vdupq_n_s8((int8_t)(-2 * (s & 3)));
+    const uint8x16_t m3 = vdupq_n_u8(3);
+    return u8x32_of(vandq_u8(vshlq_u8(vld1q_u8(p), down), m3), vandq_u8(vshlq_u8(vld1q_u8(p + 16), down), m3));
+}
 /* Q6_K group s (0..63), as q6_k_values */
 static inline uint8x16_t q6_k_half16(uint8x16_t l, uint8x16_t qh, int t) {
     const uint8x16_t lo = (t >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
@@ -382,6 +396,13 @@ static inline __m256i q3_k_group(const uint8_t *b, int s) {
                      : s == 3 ? _mm256_srli_epi16(hm, 1) : s == 4 ? _mm256_srli_epi16(hm, 2)
                      : s == 5 ? _mm256_srli_epi16(hm, 3) : s == 6 ? _mm256_srli_epi16(hm, 4) : _mm256_srli_epi16(hm, 5);
     return _mm256_or_si256(lo, hi);
+}
+/* Q2_K sub-block s (0..7) as 32 bytes, as q2_k_values (a 16-bit shift by at most 6, then the mask) */
+static inline __m256i q2_k_group(const uint8_t *b, int s) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (s >> 2)));
+    const int t = s & 3;
+    return _mm256_and_si256(t == 0 ? raw : t == 1 ? _mm256_srli_epi16(raw, 2) : t == 2 ? _mm256_srli_epi16(raw, 4)
+                            : _mm256_srli_epi16(raw, 6), _mm256_set1_epi8(3));
 }
 /* Q5_K sub-block s (0..7) as 32 bytes, as q5_k_values: Q4_K's nibbles (at byte 48) with qh's bit s as bit 4,
  * masked before the 16-bit shifts so no bit crosses a byte */
