@@ -1,7 +1,7 @@
 """Our GEMM on GGUF blocks against 8-bit activations (quant_q8.c) alone, over every matrix a model's
 decode step reads (the file's matrices, unfused), per block format and per row count; with
 --reencode, each Q5_0 matrix also re-encoded as Q8_0 (the same weights, 1.55x the bytes), and with
---repacked each matrix in a format with tiles (all but Q4_1 and Q5_1) also in the tiles it is repacked into at load
+--repacked each matrix also in the tiles it is repacked into at load
 (quant_rp.h), timed side by side in the same rounds. Prints JSON.
 
 Usage: python scripts/quant_gemm_bench.py [--model qwen2.5-coder-0.5b-instruct] [--rows 1,2,3,5,9,16] \

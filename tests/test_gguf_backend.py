@@ -116,7 +116,7 @@ def test_layers_read_the_map_without_fp32_copies(tiny_gguf):
 
 @kernel
 def test_repacked_layers_are_the_mapped_ones_in_tiles(tiny_gguf):
-    """By default the Q2_K to Q6_K, Q8_0 and IQ4 matrices are repacked at load (new memory, not the map); each
+    """By default every matrix our kernels read is repacked at load (new memory, not the map); each
     layer gives, on the same inputs, the mapped blocks' output within fp32 rounding (the same integers,
     other float order), and a verify row is still a one-token step, bit for bit. (Whole forwards are not
     compared: a difference of one fp32 rounding can move an activation across an 8-bit rounding
@@ -125,7 +125,7 @@ def test_repacked_layers_are_the_mapped_ones_in_tiles(tiny_gguf):
     mapped, packed = load_gguf_blocks(GGUFFile(tiny_gguf), repack=False), load_gguf_blocks(f)
     base, size = f.map.ctypes.data, f.map.size
     layers = [m for m in packed.modules() if isinstance(m, QuantLinear)]
-    repackable = {cpu_kernels.QUANT_TYPES[n] for n in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS")}
+    repackable = set(cpu_kernels.QUANT_TYPES.values())
     for m, o in zip(layers, [m for m in mapped.modules() if isinstance(m, QuantLinear)]):
         for (t, d), (ot, _) in zip(m.parts, o.parts):
             assert (t == cpu_kernels.repacked_type(ot)) == (ot in repackable)

@@ -221,12 +221,13 @@ def test_real_model_q8_speculation_gives_plain_tokens(smollm2_q8):
         assert out.tokens == plain.tokens
 
 
-REPACKABLE = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"]
+REPACKABLE = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"]
 
 
 @kernel
 @pytest.mark.parametrize("fmt,K", [("Q2_K", 768), ("Q3_K", 768), ("Q4_K", 768), ("Q5_K", 768), ("Q6_K", 768), ("Q8_0", 768), ("Q8_0", 32 * 27),
-                                     ("IQ4_NL", 32 * 27), ("IQ4_XS", 768)])
+                                     ("IQ4_NL", 32 * 27), ("IQ4_XS", 768), ("Q4_0", 32 * 27), ("Q4_1", 32 * 27),
+                                     ("Q5_0", 32 * 27), ("Q5_1", 768)])
 def test_repacked_gemm_is_the_quantized_arithmetic_and_row_count_free(fmt, K):
     """The weights repacked into tiles of 16 rows (quant_rp.h) give the same arithmetic's value, each row
     the same bits at any row count (N = 200: a last tile of 8 valid rows) and in a prefill of any length."""
@@ -276,10 +277,9 @@ def test_repacking_refuses_what_it_cannot_take():
     data = torch.from_numpy(random_blocks("Q4_K", 20, 256))
     with pytest.raises(ValueError, match="rows in 16s"):
         cpu_kernels.repack(cpu_kernels.QUANT_TYPES["Q4_K"], data, 256)
-    q41 = torch.from_numpy(random_blocks("Q4_1", 16, 256))
-    with pytest.raises(ValueError, match="not repackable"):
-        cpu_kernels.repack(cpu_kernels.QUANT_TYPES["Q4_1"], q41, 256)
     rtype, packed = cpu_kernels.repack(cpu_kernels.QUANT_TYPES["Q4_K"], data[:16].contiguous(), 256)
+    with pytest.raises(ValueError, match="not repackable"):  # tiles are not repacked again
+        cpu_kernels.repack(rtype, packed, 256)
     with pytest.raises(ValueError, match="repacked layout"):
         cpu_kernels.quant_dequantize(rtype, packed, 256)
 
@@ -322,18 +322,20 @@ DRAFT_TILES = {"Q4_0_R16": 4, "Q3_0_R16": 3}  # a draft's re-encodings and their
 
 
 def extreme_blocks(fmt: str, rows: int, K: int, q4_0: bool = False) -> np.ndarray:
-    """Blocks whose integers are all at their largest (Q2_K: q 3, scales 15, mins 15 or 0; Q3_K: q 7 or 0, scales 31
+    """Blocks whose integers are all at their largest (Q4_0, Q4_1: q 15; Q5_0, Q5_1: q 31; Q2_K: q 3, scales 15, mins 15 or 0; Q3_K: q 7 or 0, scales 31
     or -32; Q4_K, Q5_K: q 15 or 31
     and 6-bit scales and mins 63;
     Q6_K: q 63, scales -128 and 127 in turn; Q8_0: -128), with small finite fp16 scales: the sums a 256-bit
     build keeps in int16 are as large as they can be."""
     data = random_blocks(fmt, rows, K, seed=5)
     blocks = data.reshape(-1, {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34, "IQ4_NL": 18,
-                               "IQ4_XS": 136}[fmt])
+                               "IQ4_XS": 136, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}[fmt])
     if fmt in ("Q4_K", "Q5_K"):
         blocks[:, 4:] = 0xFF
     elif fmt in ("IQ4_NL", "IQ4_XS"):  # every index 0 (-127); IQ4_XS's scales -32
         blocks[:, 2:] = 0
+    elif fmt in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):  # every q 15 (31): all bits after d (and m) set
+        blocks[:, 4 if fmt in ("Q4_1", "Q5_1") else 2:] = 0xFF
     elif fmt == "Q2_K":  # q 3 and scales 15; mins 15 in the first half of the rows, 0 in the rest
         blocks[:, :80] = 0xFF
         blocks[len(blocks) // 2:, :16] = 0x0F

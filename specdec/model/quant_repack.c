@@ -1,4 +1,4 @@
-/* Repacking at load, once: a GGUF matrix in Q2_K to Q6_K, Q8_0, IQ4_NL or IQ4_XS rewritten into tiles of RP_ROWS output
+/* Repacking at load, once: a GGUF matrix in any format the kernels read rewritten into tiles of RP_ROWS output
  * rows (the layouts: quant_rp.h, whose kernels read them), and for the 4-bit (3-bit) draft any
  * 32-weight or K-quant format re-encoded as Q4_0 (Q3_0) and tiled the same way. Scalar code (but the draft encodings'
  * extremes, in vectors): it runs once per matrix, on the block formats' integers as simd.h decodes
@@ -24,6 +24,9 @@ static rp_block rp_block_of(int rtype) {
     case T_Q6_K_R16: b.qk = 256, b.tile = RP_Q6_K_TILE; break;
     case T_Q8_0_R16: b.qk = 32, b.tile = RP_Q8_0_TILE; break;
     case T_Q4_0_R16: b.qk = 32, b.tile = RP_Q4_0_TILE; break;
+    case T_Q4_1_R16: b.qk = 32, b.tile = RP_Q4_1_TILE; break;
+    case T_Q5_0_R16: b.qk = 32, b.tile = RP_Q5_0_TILE; break;
+    case T_Q5_1_R16: b.qk = 32, b.tile = RP_Q5_1_TILE; break;
     case T_Q3_0_R16: b.qk = 32, b.tile = RP_Q3_0_TILE; break;
     case T_IQ4_NL_R16: b.qk = 32, b.tile = RP_IQ4_NL_TILE; break;
     case T_IQ4_XS_R16: b.qk = 256, b.tile = RP_IQ4_XS_TILE; break;
@@ -118,6 +121,29 @@ static void repack_q3_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
     for (int i = 0; i < 16; i++) memcpy(dst + 1792 + 2 * i, src + i * rb + 108, 2);
 }
 
+/* one block of 16 rows of Q4_0, Q4_1, Q5_0 or Q5_1 -> its tile (quant_rp.h): the file's qs bytes as they are
+ * (byte j: weights j and 16 + j, as Q4_0_R16's), for Q5 the 32 fifth bits of each row spread as Q5_K_R16's
+ * (byte e, bit g: weight 4g + e; bit 4 + g: weight 16 + 4g + e), then d and m as 16 halves each */
+static void repack_b32_tile(const uint8_t *src, int64_t rb, uint8_t *dst, int type) {
+    const int five = type == T_Q5_0 || type == T_Q5_1, min = type == T_Q4_1 || type == T_Q5_1;
+    const int qs_at = 2 + 2 * min + 4 * five, d_at = five ? 320 : 256;
+    for (int i = 0; i < 16; i++) {
+        const uint8_t *b = src + i * rb;
+        for (int g = 0; g < 4; g++) memcpy(dst + 64 * g + 4 * i, b + qs_at + 4 * g, 4);
+        if (five) {
+            uint32_t qh;
+            memcpy(&qh, b + 2 + 2 * min, 4);
+            for (int e = 0; e < 4; e++) {
+                uint8_t v = 0;
+                for (int g = 0; g < 4; g++) v |= (uint8_t)(((qh >> (4 * g + e)) & 1) << g | ((qh >> (16 + 4 * g + e)) & 1) << (4 + g));
+                dst[256 + 4 * i + e] = v;
+            }
+        }
+        memcpy(dst + d_at + 2 * i, b, 2);
+        if (min) memcpy(dst + d_at + 32 + 2 * i, b + 2, 2);
+    }
+}
+
 /* one block of 16 rows of Q2_K -> a Q2_K_R16 tile (quant_rp.h): the 2-bit fields as Q3_K_R16's, the scale
  * bytes as they are, two a row side by side */
 static void repack_q2_k_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
@@ -144,6 +170,10 @@ static void repack_q8_0_tile(const uint8_t *src, int64_t rb, uint8_t *dst) {
 int quant_repacked_type(int type) {
     switch (type) {
     case T_Q2_K: return T_Q2_K_R16;
+    case T_Q4_0: return T_Q4_0_R16;
+    case T_Q4_1: return T_Q4_1_R16;
+    case T_Q5_0: return T_Q5_0_R16;
+    case T_Q5_1: return T_Q5_1_R16;
     case T_Q3_K: return T_Q3_K_R16;
     case T_IQ4_NL: return T_IQ4_NL_R16;
     case T_IQ4_XS: return T_IQ4_XS_R16;
@@ -177,6 +207,7 @@ int quant_repack(int type, const uint8_t *src, uint8_t *dst, int64_t rows, int64
             else if (type == T_Q6_K) repack_q6_k_tile(s, rb, d);
             else if (type == T_Q3_K) repack_q3_k_tile(s, rb, d);
             else if (type == T_Q2_K) repack_q2_k_tile(s, rb, d);
+            else if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1) repack_b32_tile(s, rb, d, type);
             else if (type == T_IQ4_NL || type == T_IQ4_XS) repack_iq4_tile(s, rb, d, type == T_IQ4_XS);
             else repack_q8_0_tile(s, rb, d);
         }

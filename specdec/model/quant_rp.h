@@ -1,7 +1,7 @@
 /* The kernels on repacked weights (included by quant_q8.c only, after its act type, DPBUSD and
  * DPWSSD); quant_repack.c writes the tiles at load.
  *
- * At load, a GGUF matrix in Q2_K to Q6_K, Q8_0, IQ4_NL or IQ4_XS (and the 4-bit draft's Q4_0) is rewritten in memory
+ * At load, a GGUF matrix in any of the formats the kernels read is rewritten in memory
  * into tiles of 16 output rows: for each block of K (256 or 32 weights) a tile holds the 16 rows'
  * integers interleaved four weights at a time (one 32-bit lane a row), so one 512-bit load carries
  * four consecutive weights of all 16 rows and one vpdpbusd against four broadcast activation bytes
@@ -38,7 +38,11 @@
  *     (unsigned, vpdpbusd's operand) on x86, w itself (sdot's and smmla's signed operand) on NEON;
  *     @512 d f16 [16].
  *   Q4_0_R16 (288 = 16 x 18): chunk g (0..3): row i's byte b holds q[4g + b] (low nibble) and
- *     q[16 + 4g + b] (high), q = w / d + 8 in 0..15; @256 d f16 [16].
+ *     q[16 + 4g + b] (high), q = w / d + 8 in 0..15 (the file's qs bytes as they are); @256 d f16 [16].
+ *   Q4_1_R16 (320 = 16 x 20): Q4_0_R16's nibbles (w = d q + m); @256 d f16 [16]; @288 m f16 [16].
+ *   Q5_0_R16 (352 = 16 x 22): Q4_0_R16's nibbles, then @256 a chunk of fifth bits: row i's byte b holds bit 4 of
+ *     chunk g's low-nibble weight at bit g and of its high-nibble one at bit 4 + g (Q5_K_R16's); q in 0..31,
+ *     w = d (q - 16); @320 d f16 [16]. Q5_1_R16 (384 = 16 x 24): the same, w = d q + m; @320 d, @352 m.
  *   Q3_0_R16 (224 = 16 x 14; q = w / d + 4 in 0..7): chunk c (0..2): row i's byte b holds q[8c + b] at
  *     bits 0-2, q[8c + 4 + b] at bits 4-6, and bit c of q[24 + b] and of q[28 + b] at bits 3 and 7 (so six
  *     groups unpack as Q4_0's nibbles do, and the last two gather from the spare bits); @192 d f16 [16].
@@ -426,7 +430,9 @@ static inline int32_t ld32(const void *p) {
         _mm256_sign_epi8(xv, _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80)))), _mm256_set1_epi16(1)))
 #define R_Q8_START(o) R_ZERO()
 #endif
-#define DEFINE_RP_B32(NAME, TILE, GROUPS, BODY)                                                      \
+/* GROUPS: the chunks before d (d at 64 GROUPS); MIN: an m f16 [16] after d, met by the activations' sums sa
+ * (da x their 32-sum) in a second FMA */
+#define DEFINE_RP_B32(NAME, TILE, GROUPS, BODY, MIN)                                                 \
     static inline __attribute__((always_inline)) void NAME(const uint8_t *w, const act *a, float *y, int64_t ldy, \
                                                             int C) {                                          \
         const int64_t K = a->K, nb = K / 32, K16 = K / 16;                                           \
@@ -443,6 +449,10 @@ static inline int32_t ld32(const void *p) {
                 const rvf dv = R_F16(blk + GROUPS * 64 + 2 * RP_W * h);                              \
                 for (int c = 0; c < C; c++)                                                          \
                     f[h][c] = R_FMA(R_CVT(dot[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]); \
+                if (MIN) {                                                                           \
+                    const rvf mv = R_F16(blk + GROUPS * 64 + 32 + 2 * RP_W * h);                     \
+                    for (int c = 0; c < C; c++) f[h][c] = R_FMA(mv, R_FSET1(a->sa[c * nb + ib]), f[h][c]); \
+                }                                                                                    \
             }                                                                                        \
         }                                                                                            \
         RP_F_STORE(f, C);                                                                            \
@@ -454,26 +464,56 @@ static inline int32_t ld32(const void *p) {
         for (int c = 0; c < C; c++)                                                                  \
             dot[c] = R_Q8_XDOT(dot[c], raw, R_XLOAD(a->q + c * K + 32 * ib + 16 * (g >> 2)), g & 3);  \
     }
-/* Q4_0 and Q3_0: q[g] holds weights 4g .. 4g + 3 of a lane (g 0..7); dot = o + q . a, row by row */
-#define RP_B32_SMALL_DOTS                                                                            \
+/* Q4_0 and Q3_0 (and Q4_1, Q5_0, Q5_1): q[g] holds weights 4g .. 4g + 3 of a lane (g 0..7); dot = o + q . a, row
+ * by row (O: the start value, act.o's, or 0 where a min, not an offset, follows). Five-bit q (FIVE) would overflow
+ * the int16 build's sum of eight pairs (8 x 2 x 31 x 127), so there the low and high halves sum apart (4 pairs
+ * each) and meet in int32 */
+#define RP_B32_DOTS(O, FIVE)                                                                         \
     for (int c = 0; c < C; c++) {                                                                    \
         const int8_t *x = a->q + c * K + 32 * ib;                                                    \
-        const int32_t o = a->o[c * K16 + 2 * ib];                                                    \
+        const int32_t o = O;                                                                         \
         const rxv xl = R_XLOAD(x), xh = R_XLOAD(x + 16);                                             \
-        rsub acc = R_SUB_FROM(o);                                                                    \
+        rsub acc = R_SUB_FROM(o), acc2 = R_SUB_ZERO();                                               \
         for (int g = 0; g < 4; g++) {                                                                \
             acc = R_SUB_XDOT(acc, q[g], xl, g);                                                      \
-            acc = R_SUB_XDOT(acc, q[4 + g], xh, g);                                                  \
+            if (FIVE && R_SUB16) acc2 = R_SUB_XDOT(acc2, q[4 + g], xh, g);                           \
+            else acc = R_SUB_XDOT(acc, q[4 + g], xh, g);                                             \
         }                                                                                            \
-        dot[c] = R_SUB_TOTAL(o, acc);                                                                \
+        if (FIVE && R_SUB16) dot[c] = R_ADD(R_SUB_TOTAL(o, acc), R_SUB_TOTAL(0, acc2));              \
+        else dot[c] = R_SUB_TOTAL(o, acc);                                                           \
     }
-#define RP_Q4_0_BODY                                                                                 \
-    rvi q[8];                                                                                        \
+#define RP_B32_SMALL_DOTS RP_B32_DOTS(a->o[c * K16 + 2 * ib], 0)
+#define RP_NIBBLES(q)                                                                                \
     for (int g = 0; g < 4; g++) {                                                                    \
         const rvi raw = R_LOAD(blk + 64 * g + 4 * RP_W * h);                                         \
         q[g] = R_AND(raw, R_SET1B(0x0F)), q[4 + g] = R_AND(R_SRLI16(raw, 4), R_SET1B(0x0F));         \
-    }                                                                                                \
+    }
+#define RP_Q4_0_BODY                                                                                 \
+    rvi q[8];                                                                                        \
+    RP_NIBBLES(q)                                                                                    \
     RP_B32_SMALL_DOTS
+/* Q4_1, Q5_0, Q5_1: the nibbles, for Q5 each with its fifth bit from the chunk at 256 (RP_K5_BITS: chunk g's
+ * low-nibble weights take bit g, its high ones bit 4 + g), then the dots from -16 (32-sum a) (Q5_0) or 0 */
+#define RP_Q5_BITS(q)                                                                                \
+    {                                                                                                \
+        const rvi b4 = R_SET1B(0x10);                                                                \
+        rvi th = R_LOAD(blk + 256 + 4 * RP_W * h), tl = R_SLLI16(th, 4);                             \
+        for (int g = 0; g < 4; g++) RP_K5_BITS(q[g], q[4 + g], tl, th, b4);                          \
+    }
+#define RP_Q4_1_BODY                                                                                 \
+    rvi q[8];                                                                                        \
+    RP_NIBBLES(q)                                                                                    \
+    RP_B32_DOTS(0, 0)
+#define RP_Q5_0_BODY                                                                                 \
+    rvi q[8];                                                                                        \
+    RP_NIBBLES(q)                                                                                    \
+    RP_Q5_BITS(q)                                                                                    \
+    RP_B32_DOTS(a->o[c * K16 + 2 * ib], 1)
+#define RP_Q5_1_BODY                                                                                 \
+    rvi q[8];                                                                                        \
+    RP_NIBBLES(q)                                                                                    \
+    RP_Q5_BITS(q)                                                                                    \
+    RP_B32_DOTS(0, 1)
 /* Q3_0: groups 2c and 2c + 1 (four weights a lane each) are chunk c's low and high 3-bit fields, groups
  * 6 and 7 the spare bits 3 and 7 of the three chunks gathered into one byte's two fields */
 #define RP_Q3_0_BODY                                                                                 \
@@ -543,10 +583,13 @@ static const uint8_t RP_IQ4_TABLE[16] = {IQ4B(-127), IQ4B(-104), IQ4B(-83), IQ4B
         RP_F_STORE(f, C);                                                                            \
     }
 /* the 32-weight kernels: one body, inlined into a function per C (a constant C keeps the rows' sums in registers) */
-DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY)
-DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY)
-DEFINE_RP_B32(rp_q3_0_any, RP_Q3_0_TILE, 3, RP_Q3_0_BODY)
-DEFINE_RP_B32(rp_iq4_nl_any, RP_IQ4_NL_TILE, 4, RP_IQ4_NL_BODY)
+DEFINE_RP_B32(rp_q8_0_any, RP_Q8_0_TILE, 8, RP_Q8_0_BODY, 0)
+DEFINE_RP_B32(rp_q4_0_any, RP_Q4_0_TILE, 4, RP_Q4_0_BODY, 0)
+DEFINE_RP_B32(rp_q3_0_any, RP_Q3_0_TILE, 3, RP_Q3_0_BODY, 0)
+DEFINE_RP_B32(rp_iq4_nl_any, RP_IQ4_NL_TILE, 4, RP_IQ4_NL_BODY, 0)
+DEFINE_RP_B32(rp_q4_1_any, RP_Q4_1_TILE, 4, RP_Q4_1_BODY, 1)
+DEFINE_RP_B32(rp_q5_0_any, RP_Q5_0_TILE, 5, RP_Q5_0_BODY, 0)
+DEFINE_RP_B32(rp_q5_1_any, RP_Q5_1_TILE, 5, RP_Q5_1_BODY, 1)
 #if SIMD_NEON && defined(__ARM_FEATURE_MATMUL_INT8)
 #include "quant_rp_mm.h" /* two input rows at a time in smmla: rp_b32_mm */
 #define RP_MM_rp_q8_0 0 /* rp_b32_mm's q4 */
@@ -578,12 +621,15 @@ RP_ALL_C(DEFINE_RP_B32_C, rp_q8_0)
 RP_ALL_C(DEFINE_RP_B32_C, rp_q4_0)
 RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_q3_0)
 RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_iq4_nl)
+RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_q4_1)
+RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_q5_0)
+RP_ALL_C(DEFINE_RP_B32_PLAIN_C, rp_q5_1)
 #define RP_DEF_IQ4_XS(f, C) DEFINE_RP_IQ4_XS(C)
 RP_ALL_C(RP_DEF_IQ4_XS, 0)
 
 /* O_*: what act.o holds for a format */
 enum { O_PAIRS32 = 1, O_NEG32_16 = 2, O_NEG128_32 = 3, O_NEG8_32 = 4, O_PAIRS16 = 5, O_NEG4_32 = 6, O_NEG4_16 = 7,
-       O_PAIRS16_2 = 8, O_PAIRS16_1 = 9 };
+       O_PAIRS16_2 = 8, O_PAIRS16_1 = 9, O_NEG16_32 = 10 };
 typedef struct {
     q8_fn fn[RP_MAXC + 1];
     int64_t qk, tile, act_block;
@@ -600,6 +646,9 @@ static const rp_kernels RP_Q8_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q8_0)}, 32, RP_Q8_0
 static const rp_kernels RP_Q4_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q4_0)}, 32, RP_Q4_0_TILE, 32, O_NEG8_32};
 static const rp_kernels RP_IQ4_NL = {{0, RP_ALL_C(RP_FN_OF, rp_iq4_nl)}, 32, RP_IQ4_NL_TILE, 32, O_NEG128_32};
 static const rp_kernels RP_IQ4_XS = {{0, RP_ALL_C(RP_FN_OF, rp_iq4_xs)}, 256, RP_IQ4_XS_TILE, 256, O_NEG128_32};
+static const rp_kernels RP_Q4_1 = {{0, RP_ALL_C(RP_FN_OF, rp_q4_1)}, 32, RP_Q4_1_TILE, 32, 0};
+static const rp_kernels RP_Q5_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q5_0)}, 32, RP_Q5_0_TILE, 32, O_NEG16_32};
+static const rp_kernels RP_Q5_1 = {{0, RP_ALL_C(RP_FN_OF, rp_q5_1)}, 32, RP_Q5_1_TILE, 32, 0};
 static const rp_kernels RP_Q3_0 = {{0, RP_ALL_C(RP_FN_OF, rp_q3_0)}, 32, RP_Q3_0_TILE, 32, O_NEG4_32};
 
 static const rp_kernels *rp_kernels_of(int type) {
@@ -611,6 +660,9 @@ static const rp_kernels *rp_kernels_of(int type) {
     case T_Q6_K_R16: return &RP_Q6_K;
     case T_Q8_0_R16: return &RP_Q8_0;
     case T_Q4_0_R16: return &RP_Q4_0;
+    case T_Q4_1_R16: return &RP_Q4_1;
+    case T_Q5_0_R16: return &RP_Q5_0;
+    case T_Q5_1_R16: return &RP_Q5_1;
     case T_Q3_0_R16: return &RP_Q3_0;
     case T_IQ4_NL_R16: return &RP_IQ4_NL;
     case T_IQ4_XS_R16: return &RP_IQ4_XS;
@@ -634,7 +686,7 @@ static void rp_offsets(int o_kind, const int16_t *s, int64_t K, int32_t *o) {
         const int m = o_kind == O_NEG32_16 ? -32 : -4;
         for (int64_t i = 0; i < K16; i++) o[i] = m * s[i];
     } else { /* per 32 at o[2b] */
-        const int32_t off = o_kind == O_NEG128_32 ? 128 : o_kind == O_NEG4_32 ? 4 : 8;
+        const int32_t off = o_kind == O_NEG128_32 ? 128 : o_kind == O_NEG4_32 ? 4 : o_kind == O_NEG16_32 ? 16 : 8;
         for (int64_t b = 0; b < K16 / 2; b++) o[2 * b] = -off * (s[2 * b] + s[2 * b + 1]);
     }
 }
