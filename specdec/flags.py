@@ -61,6 +61,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None,
                    help="CUDA: bfloat16 (default), float16 or float32; the CPU runs float32 activations")
     p.add_argument("--max-context", type=integer, default=4096, help="KV cache capacity in tokens")
+    p.add_argument("--threads", "-t", type=integer, default=None, metavar="N",
+                   help="CPU threads for the kernels and torch, in this process (with --ray: in each replica) "
+                        "(default: torch's, one per physical core; OMP_NUM_THREADS sets it too)")
     p.add_argument("--weight-dtype", default=None, choices=("auto", "gguf-q8", "gguf-q8-mapped", "float32"),
                    help="how the weights are read. gguf-q8: on the CPU, the GGUF file's own quantized blocks "
                         "(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS) against activations quantized to 8 bits "

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import torch
+
 import specdec.model
 from specdec.config import SAMPLER_ORDER, SamplingParams, TreeConfig, parse_schedule, rank_paths
 from specdec.drafters import registry
@@ -51,9 +53,12 @@ class ModelSettings:
     cuda_graphs: bool = False
     gpu_kernels: bool = False
     draft_bits: int | None = None  # None: auto, the kernel build's best (cpu_kernels.best_draft_bits)
+    threads: int | None = None  # None: torch's default
 
     def __post_init__(self):
         at_least("--max-context", self.max_context, 1)
+        if self.threads is not None:
+            at_least("--threads", self.threads, 1)
         if self.draft_bits not in (None, 3, 4, 8):
             raise SpecdecError(f"--draft-bits must be 3, 4, 8 or auto, got {self.draft_bits}")
 
@@ -66,6 +71,8 @@ class ModelSettings:
         its first use, where load_model can defer them."""
         if draft and spec == SELF_DRAFT:
             spec = self.model
+        if self.threads is not None:  # before the load: repacking and the costs measured at first use run on them
+            torch.set_num_threads(self.threads)
         return specdec.model.load_model(spec or self.model, device=self.device, dtype=self.dtype,
                                         cuda_graphs=self.cuda_graphs, gpu_kernels=self.gpu_kernels,
                                         weight_dtype=self.weight_dtype, draft=draft,

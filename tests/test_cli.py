@@ -125,6 +125,7 @@ def test_check_compatible():
     (["--top-k", "-1"], "top_k"),
     (["--max-context", "0"], "--max-context must be >= 1"),
     (["--max-context", "-1"], "--max-context must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),
     (["--ngram", "--ngram-min", "0"], "min_n"),
     (["--ngram", "--ngram-max", "1", "--ngram-min", "2"], "max_n"),
     (["--seed", str(2**64)], "seed"),
@@ -148,6 +149,26 @@ def test_bad_flag_values_fail_before_loading(flags, field, capsys, no_model_load
 def test_non_numeric_flags_are_argparse_errors(flags, name, capsys, no_model_loads):
     err = argparse_error(["generate", *flags, "hi"], capsys)
     assert name in err
+
+
+def test_threads_set_torchs_threads_before_the_model_loads(monkeypatch):
+    """--threads N (-t N, as llama.cpp's) is torch's thread count, which the kernels take, from the load on."""
+    import torch
+
+    import specdec.model
+    from specdec.settings import ModelSettings
+    args = build_parser().parse_args(["generate", "-t", "1", "hi"])
+    assert args.threads == 1 and build_parser().parse_args(["generate", "hi"]).threads is None
+    seen = []
+    monkeypatch.setattr(specdec.model, "load_model", lambda *a, **k: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        ModelSettings(threads=1).load(progress=lambda *a: None)
+        assert seen == [1]
+        ModelSettings().load(progress=lambda *a: None)  # no flag: left as it is
+        assert seen == [1, 1]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_draft_bits_take_a_width_or_auto():
