@@ -66,8 +66,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "(default: torch's, one per physical core; OMP_NUM_THREADS sets it too)")
     p.add_argument("--weight-dtype", default=None, choices=("auto", "gguf-q8", "gguf-q8-mapped", "float32"),
                    help="how the weights are read. gguf-q8: on the CPU, the GGUF file's own quantized blocks "
-                        "(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS) against activations quantized to 8 bits "
-                        "per block (llama.cpp's arithmetic), repacked at load into tiles of 16 "
+                        "(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, IQ3_S) against activations quantized "
+                        "to 8 bits per block (llama.cpp's arithmetic), all but IQ3_S repacked at load into tiles of 16 "
                         "output rows for the kernels (private memory, about the file's size; no fp32 copy); the "
                         "output is close to float32's, not equal (speculative output still equals plain "
                         "decoding's). gguf-q8-mapped: the same blocks read through the file's memory map as they "

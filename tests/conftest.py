@@ -198,9 +198,9 @@ def smollm2(smollm2_path):
 BLOCK_FORMATS = {"Q4_K": (144, 256, [0, 2]), "Q6_K": (210, 256, [208]), "Q8_0": (34, 32, [0]),
                  "Q5_0": (22, 32, [0]), "Q4_0": (18, 32, [0]), "Q4_1": (20, 32, [0, 2]), "Q5_1": (24, 32, [0, 2]), "IQ4_NL": (18, 32, [0]),
                  "Q5_K": (176, 256, [0, 2]), "Q3_K": (110, 256, [108]), "Q2_K": (84, 256, [80, 82]),
-                 "IQ4_XS": (136, 256, [0]), "IQ2_XXS": (66, 256, [0])}
-SUPER_BLOCK_FORMATS = {"Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "IQ4_XS", "IQ2_XXS"}  # 256 weights a block: activations in 256s
-KERNEL_FORMATS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ4_XS")  # what our kernels read; the rest are refused
+                 "IQ4_XS": (136, 256, [0]), "IQ2_XXS": (66, 256, [0]), "IQ3_S": (110, 256, [0])}
+SUPER_BLOCK_FORMATS = {"Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ3_S"}  # 256 weights a block: activations in 256s
+KERNEL_FORMATS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ4_XS", "IQ3_S")  # what our kernels read; the rest are refused
 
 
 def random_blocks(fmt: str, rows: int, K: int, seed: int = 0, scale: float = 0.02) -> np.ndarray:

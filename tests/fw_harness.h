@@ -92,7 +92,7 @@ static int count_gemm_main(int type, int repack, int64_t N, int64_t K, int64_t C
     uint8_t *W = alloc(N * rb);
     uint32_t r = 12345;
     for (int64_t i = 0; i < N * rb; i++) r = r * 1103515245u + 12345u, W[i] = (uint8_t)(r >> 16);
-    const int64_t bb = rb / (K / ((type >= 10 && type <= 14) || type == 23 ? 256 : 32)); /* a block's bytes */
+    const int64_t bb = rb / (K / ((type >= 10 && type <= 14) || type == 21 || type == 23 ? 256 : 32)); /* a block's bytes */
     const int d_at = type == 14 ? 208 : type == 11 ? 108 : type == 10 ? 80 : 0;
     const int two = type == 3 || type == 7 || type == 12 || type == 13 || type == 10; /* Q4_1, Q5_1, Q4_K, Q5_K, Q2_K: a second f16 (m / dmin) after d */
     for (int64_t b = 0; b < N * rb / bb; b++) {

@@ -283,8 +283,8 @@ int main(int argc, char **argv) {
     if (!out) die("cannot write", argv[2]);
     const char *isa = kernels_isa();
     put("isa", isa, strlen(isa));
-    static const int types[] = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23};
-    for (int i = 0; i < 12; i++) format(types[i]);
+    static const int types[] = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 21, 23};
+    for (int i = 0; i < 13; i++) format(types[i]);
     fused();
     fclose(out);
     return 0;

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import make_cli_docs  # noqa: E402
+import make_iq_grids  # noqa: E402
 import make_results  # noqa: E402
 
 README = (ROOT / "README.md").read_text()
@@ -43,6 +44,10 @@ def test_every_quick_start_command_parses(line):
 
 def test_cli_md_matches_the_parsers():
     assert (ROOT / "docs" / "cli.md").read_text() == make_cli_docs.render(), "run `make docs`"
+
+
+def test_the_iq3_s_codebook_header_is_gguf_pys():
+    assert make_iq_grids.HEADER.read_text() == make_iq_grids.text(), "run python scripts/make_iq_grids.py"
 
 
 def test_make_results_reproduces_performance_md():

@@ -594,7 +594,7 @@ def test_a_block_format_our_kernels_do_not_run_is_refused(tmp_path, fmt):
 
 
 @kernel
-@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "Q5_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL"])
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "Q5_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL", "IQ3_S"])
 def test_a_file_in_a_format_our_kernels_read_runs_on_them(tmp_path, fmt):
     from specdec.model.quant import QuantLinear
     module = load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "llama", fmt)))

@@ -40,13 +40,13 @@ import torch
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_dequant.c", "quant_repack.c", "quant_q8.c", "fused_ops.c",
                                                 "cpu_forward.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("kernels.h", "simd.h", "quant_kq.h", "quant_rp.h", "quant_neon.h", "quant_rp_neon.h", "quant_rp_mm.h",
-                                                "quant_rp_amx.h", "attend_bf16.h")]
+                                                "quant_rp_amx.h", "attend_bf16.h", "iq_grids.h")]
 FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
 OPENMP = (["-fopenmp"], ["-Xpreprocessor", "-fopenmp", "-lomp"], [])  # tried in turn: gcc/clang, Apple clang + libomp, none
 TARGET_ENV = "SPECDEC_CPU_TARGET"
 AMX_ENV = "SPECDEC_AMX"  # "0": the vector kernels even where AMX could run (cpu_kernels.load)
 # GGUF block formats the kernels read (ggml type ids: gguf.GGMLQuantizationType)
-QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
+QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ3_S": 21, "IQ4_XS": 23}
 # the layouts weights are repacked into at load (quant_rp.h: tiles of 16 output rows); ids of our own, not GGUF's
 REPACKED_TYPES = {"Q4_0_R16": 102, "Q3_0_R16": 103, "Q4_1_R16": 104, "Q5_0_R16": 106, "Q5_1_R16": 107, "Q8_0_R16": 108, "Q2_K_R16": 110, "Q3_K_R16": 111, "Q4_K_R16": 112, "Q5_K_R16": 113, "Q6_K_R16": 114,
                   "IQ4_NL_R16": 120, "IQ4_XS_R16": 123}

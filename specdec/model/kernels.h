@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 /* ggml's type ids (GGMLQuantizationType) */
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20, T_IQ4_XS = 23 };
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20, T_IQ3_S = 21, T_IQ4_XS = 23 };
 
 /* the repacked types (tiles of RP_ROWS output rows; the layouts: quant_rp.h) and a tile's bytes a block */
 enum { T_Q4_0_R16 = 102, T_Q3_0_R16 = 103, T_Q4_1_R16 = 104, T_Q5_0_R16 = 106, T_Q5_1_R16 = 107, T_Q8_0_R16 = 108, T_Q2_K_R16 = 110, T_Q3_K_R16 = 111, T_Q4_K_R16 = 112, T_Q5_K_R16 = 113, T_Q6_K_R16 = 114,

@@ -419,7 +419,7 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     as they are, our fused ops for RMSNorm, RoPE, attention and SiLU, and the layer loop in C
     (cpu_forward.py) where every layer qualifies. reencode: the linear layers' blocks in the faster
     format FASTER_FORMATS names for them, where there is one (for a draft model). repack: the linear
-    layers' blocks rewritten at load into the kernels' tiles of 16 output rows
+    layers' blocks (all but IQ3_S) rewritten at load into the kernels' tiles of 16 output rows
     (quant_rp.h: prefill and verification run several times faster; private memory instead of the
     file's shared pages), else read through the map as they lie in the file. bits 4 (with repack, for a
     draft model): the 32-weight formats (Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) and Q6_K re-encoded as Q4_0, lossy; bits 3:

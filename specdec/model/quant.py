@@ -1,7 +1,7 @@
 """The CPU backend's layers on a GGUF file's own quantized blocks, read through its memory map.
 
 `QuantLinear`: y = x W^T + b where W stays in the file's block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS). Every GEMM quantizes its input rows to 8 bits per block and meets the blocks in
+Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, IQ3_S). Every GEMM quantizes its input rows to 8 bits per block and meets the blocks in
 integer dot products (quant_q8.c, llama.cpp's arithmetic): a row's bits do not depend on how many
 rows the call has, so a verify pass scores each position exactly as a one-token step would, and
 speculative output equals plain decoding's.

@@ -1,4 +1,4 @@
-/* GGUF block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS) dequantized to fp32: the embedding rows a
+/* GGUF block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, IQ3_S) dequantized to fp32: the embedding rows a
  * step looks up, a layer whose format the 8-bit GEMM does not take, the fp32 reference at load, and
  * the tests' oracle for quant_q8.c.
  *
@@ -48,6 +48,15 @@ static inline void prep_iq4_nl(const uint8_t *b, float *pre) { pre[0] = f16_to_f
 static inline void prep_iq4_xs(const uint8_t *b, float *pre) {
     const float d = f16_to_f32(b);
     for (int s = 0; s < 8; s++) pre[s] = d * (float)iq4_xs_scale(b, s);
+}
+/* IQ3_S: 256, d (1 + 2 sc[s]) per 32 times the codebook's signed magnitudes (exact in fp32, as gguf-py's). pre:
+ * the 8 d (1 + 2 sc[s]) */
+#define IQ3_S_QK 256
+#define IQ3_S_BYTES 110
+#define IQ3_S_PRE 8
+static inline void prep_iq3_s(const uint8_t *b, float *pre) {
+    const float d = f16_to_f32(b);
+    for (int s = 0; s < 8; s++) pre[s] = d * (float)iq3_s_scale(b, s);
 }
 #if SIMD_NEON
 /* NEON (VL 8: a vec is two float32x4): the integers from simd.h's decoders, then the x86 build's float
@@ -129,6 +138,11 @@ static inline void g32_iq4_nl(const uint8_t *b, int s, const float *pre, vec *w)
 static inline void g32_iq4_xs(const uint8_t *b, int s, const float *pre, vec *w) {
     vec f[NV];
     pieces_s8(u_iq4(b + 8 + 16 * s), f);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[s]), f[v]);
+}
+static inline void g32_iq3_s(const uint8_t *b, int s, const float *pre, vec *w) {
+    vec f[NV];
+    pieces_s8(u_iq3_s(b, s), f);
     for (int v = 0; v < NV; v++) w[v] = VMUL(VSET1(pre[s]), f[v]);
 }
 #define Q8_0_QK 32
@@ -296,6 +310,10 @@ static inline void g32_iq4_xs(const uint8_t *b, int s, const float *pre, vec *w)
     const __m256i q = iq4_group(b + 8 + 16 * s);
     for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + s), piece_f(q, v, 1));
 }
+static inline void g32_iq3_s(const uint8_t *b, int s, const float *pre, vec *w) {
+    const __m256i q = iq3_s_group(b, s);
+    for (int v = 0; v < NV; v++) w[v] = VMUL(VBCAST(pre + s), piece_f(q, v, 1));
+}
 
 /* The 32-weight formats keep weights 0..15 in the low nibbles of 16 bytes, 16..31 in the high ones:
  * weights k0 .. k0 + VL as int32 lanes. */
@@ -411,6 +429,7 @@ Q_FORMAT(Q4_1, q4_1)
 Q_FORMAT(Q5_1, q5_1)
 Q_FORMAT(IQ4_NL, iq4_nl)
 Q_FORMAT(IQ4_XS, iq4_xs)
+Q_FORMAT(IQ3_S, iq3_s)
 
 static const qkernels *kernels_of(int type) {
     switch (type) {
@@ -426,6 +445,7 @@ static const qkernels *kernels_of(int type) {
     case T_Q5_1: return &K_Q5_1;
     case T_IQ4_NL: return &K_IQ4_NL;
     case T_IQ4_XS: return &K_IQ4_XS;
+    case T_IQ3_S: return &K_IQ3_S;
     default: return 0;
     }
 }

@@ -305,20 +305,23 @@ static inline void q2_k_scales(const uint8_t *b, __m256i *sv, __m256i *mn) {
 /* IQ4_XS (256 weights: 8 sub-blocks of 32, weight = d * sc[s] * v with v = IQ4_VALUES[q], signed, and sc in
  * -32..31): per activation block sum_s sc[s] (v . a)_s, an integer, from maddubs(|v|, sign(a, v)) (pairs of
  * |v|, |a| <= 127 fit int16) met by sc[s] in one vpmaddwd; lane l takes bytes 4l .. 4l + 3 of every group, as
- * the NEON build's sdot lanes do. Every x86 build runs this one kernel (no pairs form). */
+ * the NEON build's sdot lanes do. Every x86 build runs this one kernel (no pairs form). IQ3_S is the same
+ * kernel: v its codebook's signed magnitudes (1..15), sc = 1 + 2 x its 4-bit scale. */
 #define IQ4_XS_BYTES 136
-#define DEFINE_IQ4_XS(C)                                                                             \
-    static void iq4_xs_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                \
+#define IQ3_S_BYTES 110
+#define iq4_xs_group(blk, s) iq4_group((blk) + 8 + 16 * (s))
+#define DEFINE_IQ_K(FMT, BYTES, C)                                                                   \
+    static void FMT##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                 \
         __m256 f[C];                                                                                 \
         for (int c = 0; c < C; c++) f[c] = _mm256_setzero_ps();                                      \
         const int64_t K = a->K, nb = K / 256;                                                        \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
-            const uint8_t *blk = w + ib * IQ4_XS_BYTES;                                              \
-            for (int p = 0; p < IQ4_XS_BYTES; p += 64) _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT); \
+            const uint8_t *blk = w + ib * BYTES;                                                     \
+            for (int p = 0; p < BYTES; p += 64) _mm_prefetch((const char *)blk + QPF_BYTES + p, QPF_HINT); \
             const __m256 dv = _mm256_set1_ps(f16_to_f32(blk));                                       \
             __m256i v[8];                                                                            \
             short sc[8];                                                                             \
-            for (int s = 0; s < 8; s++) v[s] = iq4_group(blk + 8 + 16 * s), sc[s] = (short)iq4_xs_scale(blk, s); \
+            for (int s = 0; s < 8; s++) v[s] = FMT##_group(blk, s), sc[s] = (short)FMT##_scale(blk, s); \
             for (int c = 0; c < C; c++) {                                                            \
                 const int8_t *xq = a->q + c * K + 256 * ib;                                          \
                 __m256i acc = _mm256_setzero_si256();                                                \
@@ -332,5 +335,7 @@ static inline void q2_k_scales(const uint8_t *b, __m256i *sv, __m256i *mn) {
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = hsum8(f[c]);                                        \
     }
+#define DEFINE_IQ4_XS(C) DEFINE_IQ_K(iq4_xs, IQ4_XS_BYTES, C)
+#define DEFINE_IQ3_S(C) DEFINE_IQ_K(iq3_s, IQ3_S_BYTES, C)
 
 #endif

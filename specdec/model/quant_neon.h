@@ -1,6 +1,6 @@
 /* The NEON (aarch64) build of quant_q8.c's x86 pieces: quantize_row and the raw-block kernels, the
  * templates DEFINE_B32 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL) and DEFINE_Q2_K, DEFINE_Q3_K, DEFINE_Q4_K, DEFINE_Q5_K, DEFINE_Q6_K,
- * DEFINE_IQ4_XS. Included by quant_q8.c
+ * DEFINE_IQ4_XS, DEFINE_IQ3_S. Included by quant_q8.c
  * only, after its act type, the format constants and QPF_BYTES.
  *
  * Bits: the integer sums are exact (sdot, or its floor without dotprod), and every float operation is
@@ -18,6 +18,7 @@
 #define Q3_K_BYTES 110
 #define Q2_K_BYTES 84
 #define IQ4_XS_BYTES 136
+#define IQ3_S_BYTES 110
 
 /* acc + per 32-bit lane i the sum of the 4 products of bytes 4i..4i+3 of a and b (int8 x int8):
  * sdot where the CPU has it, else widening products whose pairs fit int16 here (|a| <= 128, |b| <= 127) */
@@ -173,20 +174,21 @@ static inline int16x8_t load_s16(const int16_t *p) { return vld1q_s16(p); }
         for (int c = 0; c < C; c++) y[c * ldy] = vsum4(f[c][0], f[c][1]);                            \
     }
 
-/* IQ4_XS: the x86 kernel's integers (lane l = sum_s sc[s] (v . a over bytes 4l..4l+3 of group s), signed
- * values in sdot) and its one FMA a block */
-#define DEFINE_IQ4_XS(C)                                                                             \
-    static void iq4_xs_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                \
+/* IQ4_XS and IQ3_S: the x86 kernel's integers (lane l = sum_s sc[s] (v . a over bytes 4l..4l+3 of group s),
+ * signed values in sdot) and its one FMA a block */
+#define u_iq4_xs(blk, s) u_iq4((blk) + 8 + 16 * (s))
+#define DEFINE_IQ_K(FMT, BYTES, C)                                                                   \
+    static void FMT##_c##C(const uint8_t *w, const act *a, float *y, int64_t ldy) {                 \
         float32x4_t f[C][2];                                                                         \
         for (int c = 0; c < C; c++) f[c][0] = f[c][1] = vdupq_n_f32(0.0f);                           \
         const int64_t K = a->K, nb = K / 256;                                                        \
         for (int64_t ib = 0; ib < nb; ib++) {                                                        \
-            const uint8_t *blk = w + ib * IQ4_XS_BYTES;                                              \
-            for (int p = 0; p < IQ4_XS_BYTES; p += 64) SD_PREFETCH(blk + QPF_BYTES + p);             \
+            const uint8_t *blk = w + ib * BYTES;                                                     \
+            for (int p = 0; p < BYTES; p += 64) SD_PREFETCH(blk + QPF_BYTES + p);                    \
             const float d = f16_to_f32(blk);                                                         \
             u8x32 q[8];                                                                              \
             int sc[8];                                                                               \
-            for (int s = 0; s < 8; s++) q[s] = u_iq4(blk + 8 + 16 * s), sc[s] = iq4_xs_scale(blk, s); \
+            for (int s = 0; s < 8; s++) q[s] = u_##FMT(blk, s), sc[s] = FMT##_scale(blk, s);         \
             for (int c = 0; c < C; c++) {                                                            \
                 const int8_t *x = a->q + c * K + 256 * ib;                                           \
                 int32x4_t acc[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};                                 \
@@ -200,6 +202,8 @@ static inline int16x8_t load_s16(const int16_t *p) { return vld1q_s16(p); }
         }                                                                                            \
         for (int c = 0; c < C; c++) y[c * ldy] = vsum4(f[c][0], f[c][1]);                            \
     }
+#define DEFINE_IQ4_XS(C) DEFINE_IQ_K(iq4_xs, IQ4_XS_BYTES, C)
+#define DEFINE_IQ3_S(C) DEFINE_IQ_K(iq3_s, IQ3_S_BYTES, C)
 #define DEFINE_Q4_K(C) DEFINE_KQ4(q4_k, Q4_K_BYTES, C)
 #define DEFINE_Q5_K(C) DEFINE_KQ4(q5_k, Q5_K_BYTES, C) /* Q4_K's scales and steps; q in 0..31 */
 

@@ -342,6 +342,7 @@ typedef void (*q8_fn)(const uint8_t *, const act *, float *, int64_t);
 #define DK_Q5_K(a, b, c, C) DEFINE_Q5_K(C)
 #define DK_Q6_K(a, b, c, C) DEFINE_Q6_K(C)
 #define DK_IQ4_XS(a, b, c, C) DEFINE_IQ4_XS(C)
+#define DK_IQ3_S(a, b, c, C) DEFINE_IQ3_S(C)
 #define DK_B32(F, f, S, C) DEFINE_B32(F, f, C)
 #define FN_OF(a, f, c, C) f##_c##C,
 Q_ALL_C(DK_Q2_K, 0, 0, 0)
@@ -350,6 +351,7 @@ Q_ALL_C(DK_Q4_K, 0, 0, 0)
 Q_ALL_C(DK_Q5_K, 0, 0, 0)
 Q_ALL_C(DK_Q6_K, 0, 0, 0)
 Q_ALL_C(DK_IQ4_XS, 0, 0, 0)
+Q_ALL_C(DK_IQ3_S, 0, 0, 0)
 Q_ALL_C(DK_B32, Q8_0, q8_0, 1)
 Q_ALL_C(DK_B32, Q4_0, q4_0, 0)
 Q_ALL_C(DK_B32, Q5_0, q5_0, 0)
@@ -372,6 +374,7 @@ static const q8_kernels K8_Q5_0 = {{0, Q_ALL_C(FN_OF, 0, q5_0, 0)}, 32, Q5_0_BYT
 static const q8_kernels K8_Q4_1 = {{0, Q_ALL_C(FN_OF, 0, q4_1, 0)}, 32, Q4_1_BYTES, 32};
 static const q8_kernels K8_IQ4_NL = {{0, Q_ALL_C(FN_OF, 0, iq4_nl, 0)}, 32, IQ4_NL_BYTES, 32};
 static const q8_kernels K8_IQ4_XS = {{0, Q_ALL_C(FN_OF, 0, iq4_xs, 0)}, 256, IQ4_XS_BYTES, 256};
+static const q8_kernels K8_IQ3_S = {{0, Q_ALL_C(FN_OF, 0, iq3_s, 0)}, 256, IQ3_S_BYTES, 256};
 static const q8_kernels K8_Q5_1 = {{0, Q_ALL_C(FN_OF, 0, q5_1, 0)}, 32, Q5_1_BYTES, 32};
 
 static const q8_kernels *q8_kernels_of(int type) {
@@ -388,6 +391,7 @@ static const q8_kernels *q8_kernels_of(int type) {
     case T_Q5_1: return &K8_Q5_1;
     case T_IQ4_NL: return &K8_IQ4_NL;
     case T_IQ4_XS: return &K8_IQ4_XS;
+    case T_IQ3_S: return &K8_IQ3_S;
     default: return 0;
     }
 }

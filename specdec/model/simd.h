@@ -5,6 +5,8 @@
 #define SPECDEC_SIMD_H
 #include <stdint.h>
 #include <string.h>
+
+#include "iq_grids.h"
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #define SIMD_NEON 1
 #include <arm_neon.h>
@@ -247,6 +249,13 @@ static inline int iq4_xs_scale(const uint8_t *b, int s) {
     const int h = b[2] | b[3] << 8;
     return (((b[4 + s / 2] >> (4 * (s & 1))) & 15) | ((h >> (2 * s)) & 3) << 4) - 32;
 }
+/* IQ3_S (110 bytes: d, qs [64], qh [8], signs [32], scales [4]): sub-block s's (32 weights) scale 1 + 2 sc (1..31),
+ * sc the nibble s % 2 of scales[s / 2]; its weight 4j + e (j 0..7) is byte e of IQ3_S_GRID[qs[8s + j] | bit j of
+ * qh[s] << 8], negated where bit (4j + e) % 8 of signs[4s + (4j + e) / 8] is set, times d (1 + 2 sc) */
+static inline int iq3_s_scale(const uint8_t *b, int s) { return 1 + 2 * ((b[106 + s / 2] >> (4 * (s & 1))) & 15); }
+static inline void iq3_s_magnitudes(const uint8_t *b, int s, uint32_t m[8]) {
+    for (int j = 0; j < 8; j++) m[j] = IQ3_S_GRID[b[2 + 8 * s + j] | ((b[66 + s] >> j) & 1) << 8];
+}
 /* Q3_K (110 bytes: hmask [32], qs [64], 12 bytes of 6-bit scales, d): the 16 scales (each 16 weights'),
  * less 32, as int8 */
 static inline void q3_k_scales(const uint8_t *b, int8_t sc[16]) {
@@ -323,6 +332,20 @@ static inline u8x32 u_iq4(const uint8_t *qs) {
     return u8x32_of(vqtbl1q_u8(t, n.lo), vqtbl1q_u8(t, n.hi));
 }
 static inline u8x32 u_iq4_nl(const uint8_t *b) { return u_iq4(b + 2); } /* d, qs */
+/* IQ3_S sub-block s as int8 bits: the codebook's magnitudes, negated where the sign bit is set (bit i % 8 of the
+ * sign byte i / 8, each taken to lane i and tested, as u_q5 takes qh's bits) */
+static inline u8x32 u_iq3_s(const uint8_t *b, int s) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    static const uint8_t at[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+    uint32_t m[8], sg;
+    iq3_s_magnitudes(b, s, m);
+    memcpy(&sg, b + 74 + 4 * s, 4);
+    const uint8x16_t sv = vreinterpretq_u8_u32(vdupq_n_u32(sg)), sel = vld1q_u8(bit);
+    const uint8x16_t n0 = vtstq_u8(vqtbl1q_u8(sv, vld1q_u8(at)), sel), n1 = vtstq_u8(vqtbl1q_u8(sv, vld1q_u8(at + 16)), sel);
+    const uint8x16_t v0 = vreinterpretq_u8_u32(vld1q_u32(m)), v1 = vreinterpretq_u8_u32(vld1q_u32(m + 4));
+    return u8x32_of(vsubq_u8(veorq_u8(v0, n0), n0), vsubq_u8(veorq_u8(v1, n1), n1)); /* (v ^ n) - n: -v where n = 0xFF */
+}
 /* Q4_K sub-block s, as q4_k_values */
 static inline u8x32 u_q4_k(const uint8_t *b, int s) {
     const uint8_t *p = b + 16 + 32 * (s >> 1);
@@ -383,6 +406,19 @@ static inline __m256i iq4_group(const uint8_t *qs) {
     const __m128i x = _mm_loadu_si128((const __m128i *)qs);
     const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0F));
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES)), n);
+}
+/* IQ3_S sub-block s as 32 int8 bytes (as u_iq3_s): the codebook's magnitudes, negated where the sign bit is set
+ * (the four sign bytes spread to their eight lanes each, bit i % 8 tested) */
+static inline __m256i iq3_s_group(const uint8_t *b, int s) {
+    uint32_t m[8], sg;
+    iq3_s_magnitudes(b, s, m);
+    memcpy(&sg, b + 74 + 4 * s, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)sg),
+        _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i n = _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)m);
+    return _mm256_sub_epi8(_mm256_xor_si256(v, n), n);
 }
 /* Q3_K sub-block s (0..7) as 32 bytes, as q3_k_values: the pair of bits shifted down and masked (a 16-bit
  * shift by at most 6 keeps bits 0-1 of each byte its own), hmask's bit s masked first, then moved to bit 2 */
