@@ -410,14 +410,17 @@ static inline __m256i iq4_group(const uint8_t *qs) {
 /* IQ3_S sub-block s as 32 int8 bytes (as u_iq3_s): the codebook's magnitudes, negated where the sign bit is set
  * (the four sign bytes spread to their eight lanes each, bit i % 8 tested) */
 static inline __m256i iq3_s_group(const uint8_t *b, int s) {
-    uint32_t m[8], sg;
-    iq3_s_magnitudes(b, s, m);
+    /* the eight 9-bit indices (qs's bytes, qh's bit j above index j's) gathered from the codebook in one go */
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * s)));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[66 + s]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                                        _mm256_set1_epi32(1));
+    const __m256i v = _mm256_i32gather_epi32((const int *)IQ3_S_GRID, _mm256_or_si256(lo, _mm256_slli_epi32(hi, 8)), 4);
+    uint32_t sg;
     memcpy(&sg, b + 74 + 4 * s, 4);
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)sg),
         _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
     const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     const __m256i n = _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
-    const __m256i v = _mm256_loadu_si256((const __m256i *)m);
     return _mm256_sub_epi8(_mm256_xor_si256(v, n), n);
 }
 /* Q3_K sub-block s (0..7) as 32 bytes, as q3_k_values: the pair of bits shifted down and masked (a 16-bit
