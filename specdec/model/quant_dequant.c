@@ -42,22 +42,21 @@ static inline void prep_q2_k(const uint8_t *b, float *pre) {
 #define IQ4_NL_BYTES 18
 #define IQ4_NL_PRE 1
 static inline void prep_iq4_nl(const uint8_t *b, float *pre) { pre[0] = f16_to_f32(b); }
+/* IQ4_XS and IQ3_S: pre the 8 d x f_scale(s), one per 32 weights. IQ3_S: 256, d (1 + 2 sc[s]) per 32 times the
+ * codebook's signed magnitudes (exact in fp32, as gguf-py's) */
+#define PREP_D_SCALES(f)                                                                             \
+    static inline void prep_##f(const uint8_t *b, float *pre) {                                      \
+        const float d = f16_to_f32(b);                                                               \
+        for (int s = 0; s < 8; s++) pre[s] = d * (float)f##_scale(b, s);                             \
+    }
 #define IQ4_XS_QK 256
 #define IQ4_XS_BYTES 136
 #define IQ4_XS_PRE 8
-static inline void prep_iq4_xs(const uint8_t *b, float *pre) {
-    const float d = f16_to_f32(b);
-    for (int s = 0; s < 8; s++) pre[s] = d * (float)iq4_xs_scale(b, s);
-}
-/* IQ3_S: 256, d (1 + 2 sc[s]) per 32 times the codebook's signed magnitudes (exact in fp32, as gguf-py's). pre:
- * the 8 d (1 + 2 sc[s]) */
+PREP_D_SCALES(iq4_xs)
 #define IQ3_S_QK 256
 #define IQ3_S_BYTES 110
 #define IQ3_S_PRE 8
-static inline void prep_iq3_s(const uint8_t *b, float *pre) {
-    const float d = f16_to_f32(b);
-    for (int s = 0; s < 8; s++) pre[s] = d * (float)iq3_s_scale(b, s);
-}
+PREP_D_SCALES(iq3_s)
 #if SIMD_NEON
 /* NEON (VL 8: a vec is two float32x4): the integers from simd.h's decoders, then the x86 build's float
  * operations (the same products and FMAs, so the same bits). */
