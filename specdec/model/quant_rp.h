@@ -227,6 +227,17 @@ static inline int32_t ld32(const void *p) {
     for (int h = 0; h < RP_H; h++)                                                                   \
         for (int c = 0; c < (C); c++) R_STOREF(y + c * ldy + RP_W * h, f[h][c])
 #define RP_UNPACK_FIRST (RP_W == 8)
+/* a block's float steps with mins (Q4_K, Q5_K, Q2_K): per row, mt = sum_p mn[p] . o[p] (NP int16 pairs of mins
+ * against act.o's int16 pairs of activation sums), then f += isum x (d da) + mt x (-dmin da) in two FMAs */
+#define RP_MIN_STEPS(C, NP, mn, dv, ndv)                                                             \
+    for (int c = 0; c < (C); c++) {                                                                  \
+        const int32_t *o = a->o + c * K16 + (NP) * ib;                                               \
+        rvi mt = R_DPWSSD(R_ZERO(), mn[0], R_SET1(o[0]));                                            \
+        for (int p = 1; p < (NP); p++) mt = R_DPWSSD(mt, mn[p], R_SET1(o[p]));                       \
+        const rvf da = R_FSET1(a->d[c * nb + ib]);                                                   \
+        f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, da), f[h][c]);                                      \
+        f[h][c] = R_FMA(R_CVT(mt), R_FMUL(ndv, da), f[h][c]);                                        \
+    }
 /* the fifth bits of the sub-block's chunk r: tl for its low nibbles, th for its high ones; each step
  * takes bit 4 and moves the next chunk's bit there (hb's low half shifted up by 4, or as it is) */
 #define RP_K5_BITS(lo, hi, tl, th, b4)                                                               \
@@ -298,14 +309,7 @@ static inline int32_t ld32(const void *p) {
                 for (int p = 0; p < 4; p++) mn[p] = R_U8_16(blk + 2176 + 32 * p + 2 * RP_W * h);     \
                 const rvf dv = R_F16(blk + 2304 + 2 * RP_W * h);                                     \
                 const rvf ndv = R_FMUL(R_F16(blk + 2336 + 2 * RP_W * h), R_FSET1(-1.0f));           \
-                for (int c = 0; c < C; c++) {                                                        \
-                    const int32_t *o = a->o + c * K16 + 4 * ib;                                      \
-                    rvi mt = R_DPWSSD(R_ZERO(), mn[0], R_SET1(o[0]));                                \
-                    for (int p = 1; p < 4; p++) mt = R_DPWSSD(mt, mn[p], R_SET1(o[p]));              \
-                    const rvf da = R_FSET1(a->d[c * nb + ib]);                                       \
-                    f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, da), f[h][c]);                          \
-                    f[h][c] = R_FMA(R_CVT(mt), R_FMUL(ndv, da), f[h][c]);                            \
-                }                                                                                    \
+                RP_MIN_STEPS(C, 4, mn, dv, ndv)                                                      \
             }                                                                                        \
         }                                                                                            \
         RP_F_STORE(f, C);                                                                            \
@@ -400,14 +404,7 @@ static inline int32_t ld32(const void *p) {
                     rvi mn[8];                                                                       \
                     for (int p = 0; p < 8; p++) mn[p] = R_SRLI16(R_U8_16(blk + SC_AT + 32 * p + 2 * RP_W * h), 4); \
                     const rvf ndv = R_FMUL(R_F16(blk + D_AT + 32 + 2 * RP_W * h), R_FSET1(-1.0f));  \
-                    for (int c = 0; c < C; c++) {                                                    \
-                        const int32_t *o = a->o + c * K16 + 8 * ib;                                  \
-                        rvi mt = R_DPWSSD(R_ZERO(), mn[0], R_SET1(o[0]));                            \
-                        for (int p = 1; p < 8; p++) mt = R_DPWSSD(mt, mn[p], R_SET1(o[p]));          \
-                        const rvf da = R_FSET1(a->d[c * nb + ib]);                                   \
-                        f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, da), f[h][c]);                      \
-                        f[h][c] = R_FMA(R_CVT(mt), R_FMUL(ndv, da), f[h][c]);                        \
-                    }                                                                                \
+                    RP_MIN_STEPS(C, 8, mn, dv, ndv)                                                  \
                 } else {                                                                             \
                     for (int c = 0; c < C; c++)                                                      \
                         f[h][c] = R_FMA(R_CVT(is[c]), R_FMUL(dv, R_FSET1(a->d[c * nb + ib])), f[h][c]); \
