@@ -45,7 +45,7 @@ static fw_layer *layers_of(int64_t L) {
         }
         snprintf(name, sizeof name, "l%d_flags", l);
         const int32_t *flags = get(name);
-        layers[l].local = flags[0], layers[l].act = flags[1];
+        layers[l].local = flags[0], layers[l].act = flags[1], layers[l].residual = 1.0f;
         fw_linear_of(l, "qkv", &layers[l].qkv);
         fw_linear_of(l, "o", &layers[l].o);
         fw_linear_of(l, "gate_up", &layers[l].gate_up);

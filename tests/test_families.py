@@ -32,8 +32,9 @@ CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
 GEMMA = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "models" / "gemma3-270m.gguf"
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
-FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2"]
-MIXTURES = {"qwen3moe", "mixtral"}
+FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2", "granite",
+            "granitemoe"]
+MIXTURES = {"qwen3moe", "mixtral", "granitemoe"}
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)
@@ -41,6 +42,8 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_ke
 # beyond it (the long factors) and a 12-token one in a 16-position cache within it (the short ones); RoPE on
 # 12 of each head's 16 dimensions; tied embeddings
 PHI_ORIGINAL = 16
+# Granite's four multipliers, each far from 1 (and the attention's from 1 / sqrt(16)), so that one misread shows
+GRANITE = dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.1, logits_scaling=4.0)
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
             "short_factor": [1.0 + 0.2 * i for i in range(6)], "long_factor": [1.0 + 1.5 * i for i in range(6)]}
 # Phi-3's chat format, carried into the GGUF file by the converter
@@ -82,6 +85,13 @@ def family_model(name: str, vocab: int):
                               sliding_window=WINDOW, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
                               pad_token_id=None, bos_token_id=None, eos_token_id=None, **TINY)
         cls = tf.Gemma2ForCausalLM
+    elif name == "granite":  # Granite 3's dense layer: Llama's, with the multipliers
+        cfg = tf.GraniteConfig(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, **GRANITE, **TINY)
+        cls = tf.GraniteForCausalLM
+    elif name == "granitemoe":  # Granite 3's mixture: 8 experts of 32, 2 a token
+        cfg = tf.GraniteMoeConfig(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, num_local_experts=8,
+                                  num_experts_per_tok=2, **GRANITE, **(TINY | {"intermediate_size": 32}))
+        cls = tf.GraniteMoeForCausalLM
     elif name == "phi3-longrope":
         cfg = tf.Phi3Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, sliding_window=None,
                             original_max_position_embeddings=PHI_ORIGINAL, rope_parameters=dict(LONGROPE), **TINY)
@@ -97,7 +107,7 @@ def family_model(name: str, vocab: int):
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):  # Gemma's norms multiply by (1 + w), the others' by w
                 p.copy_(torch.randn_like(p) * 0.1 + (0.0 if name.startswith("gemma") else 1.0))
-            elif pname.endswith("mlp.gate.weight"):  # a router's picks weighted apart, not near-uniform
+            elif pname.endswith(("mlp.gate.weight", "router.layer.weight")):  # a router's picks weighted apart
                 p.normal_(0.0, 0.5)
             else:
                 p.normal_(0.0, 0.15)
@@ -299,12 +309,13 @@ def _llama_server():
 
 @kernel
 @pytest.mark.skipif(_llama_server() is None, reason="no llama-server build (scripts/llama_cpp.sh build)")
-@pytest.mark.parametrize("name", sorted(MIXTURES) + ["smollm3", "gemma2"])
+@pytest.mark.parametrize("name", sorted(MIXTURES) + ["smollm3", "gemma2", "granite"])
 def test_next_token_logprobs_match_llama_server(checkpoints, tmp_path, name):
     """The same Q8_0 file through llama.cpp's own server: its log-probabilities of its top tokens after each
     of 6 prompts equal ours within the two engines' rounding, a mixture's swapped pick at a prompt included
-    (llama.cpp renormalises the picked experts' weights for qwen3moe and for llama with experts, Mixtral, as
-    we do; it leaves RoPE out of smollm3's every fourth layer, as we do)."""
+    (llama.cpp renormalises the picked experts' weights for qwen3moe, granitemoe and for llama with experts,
+    Mixtral, as we do; it leaves RoPE out of smollm3's every fourth layer, as we do; it reads Granite's
+    multipliers from the file's keys, as we do)."""
     from specdec.bench.llama_server import LlamaServer
     model, paths = checkpoints[name]
     ours = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
@@ -321,7 +332,7 @@ def test_next_token_logprobs_match_llama_server(checkpoints, tmp_path, name):
         server.close()
     # measured, a prompt's largest difference: qwen3moe 0.02-0.05; mixtral 0.02-0.05 and one prompt at 0.12 (the
     # rounding's swap of a near tie); smollm3, 4 layers, 0.03-0.13 (mean 0.08), and 0.14-0.47 (mean 0.25) with
-    # RoPE in every layer
+    # RoPE in every layer; granite and granitemoe 0.000-0.003
     assert sum(worst) / len(worst) < 0.1 and max(worst) < 0.25, worst
 
 
@@ -367,6 +378,48 @@ def test_gemma2_soft_caps_matter(checkpoints):
     assert (our_logits(ours, ids) - capped).abs().max() > 1e-2
     ours.config = dataclasses.replace(ours.config, final_softcap=0.0)
     assert our_logits(ours, ids).abs().max() > 3.0
+
+
+def test_granite_multipliers_matter(checkpoints):
+    """Each of Granite's four multipliers reaches the model from the file and changes its logits: the tests above
+    would see a loader that dropped any one."""
+    model, paths = checkpoints["granite"]
+    ours = load_model(str(paths["f32"]), device="cpu", weight_dtype="float32", progress=lambda *a: None).module
+    cfg = ours.config
+    assert (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_scaling) == pytest.approx((12.0, 0.22, 4.0))
+    assert ours.model.layers[0].self_attn.scale == pytest.approx(0.1)
+    ids = prompt_ids(model.config.vocab_size)
+    scaled = our_logits(ours, ids)
+    for change in [dict(embedding_multiplier=1.0), dict(logits_scaling=1.0)]:
+        ours.config = dataclasses.replace(cfg, **change)
+        assert (our_logits(ours, ids) - scaled).abs().max() > 1e-2, change
+    ours.config = cfg
+    for layer in ours.model.layers:
+        layer.residual = 1.0
+    assert (our_logits(ours, ids) - scaled).abs().max() > 1e-2
+    for layer in ours.model.layers:
+        layer.residual, layer.self_attn.scale = cfg.residual_multiplier, 0.25
+    assert (our_logits(ours, ids) - scaled).abs().max() > 1e-2
+
+
+def test_a_granite_file_without_its_multipliers_takes_llama_cpps_defaults(checkpoints):
+    """A multiplier the file leaves out is 1, as llama.cpp takes it; the attention's scale is then 1 / sqrt(head_dim)."""
+    from specdec.model.gguf_config import gguf_hf_config
+    gguf = open_gguf(checkpoints["granite"][1]["q8_0"])
+    for key in ("embedding_scale", "residual_scale", "attention.scale", "logit_scale"):
+        del gguf.metadata[f"granite.{key}"]
+    cfg = gguf_hf_config(gguf)
+    assert [cfg[k] for k in ("embedding_multiplier", "residual_multiplier", "logits_scaling")] == [1.0, 1.0, 1.0]
+    assert cfg["attention_multiplier"] == 16 ** -0.5
+
+
+def test_a_granite_mixture_with_a_shared_expert_is_named(checkpoints):
+    from specdec.errors import SpecdecError
+    from specdec.model.gguf_config import gguf_hf_config
+    gguf = open_gguf(checkpoints["granitemoe"][1]["q8_0"])
+    gguf.metadata["granitemoe.expert_shared_feed_forward_length"] = 64
+    with pytest.raises(SpecdecError, match="a Granite mixture with a shared expert .* is not supported"):
+        gguf_hf_config(gguf)
 
 
 @pytest.mark.skipif(not GEMMA.is_file(), reason=f"gemma3-270m is not installed ({GEMMA})")
@@ -424,7 +477,7 @@ def test_phi3_reads_longrope_and_partial_rope(checkpoints):
     assert (our_logits(ours, short_ids) - short).abs().max().item() > 1e-3  # the long factors differ
 
 
-@pytest.mark.parametrize("name", ["phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2"])
+@pytest.mark.parametrize("name", ["phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2", "granite"])
 def test_through_transformers_and_the_hf_directory(checkpoints, name):
     """Our weights handed back to transformers' class (bench's HF peer: q/k/v and gate/up fused again, the
     partial RoPE's rows in HF's order, the experts' gate and up in one parameter) and the HF directory itself

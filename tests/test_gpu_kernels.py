@@ -159,9 +159,13 @@ def fused_and_plain(seed=0, **overrides):
     return fused, plain
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+FAMILY_SWITCHES = {"qwen2": {}, "qwen3": {"qk_norm": True},
+                   "granite": dict(embedding_multiplier=6.0, residual_multiplier=0.3, logits_scaling=3.0, attn_scale=0.1)}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SWITCHES))
 def test_the_fused_forward_gives_the_torch_paths_logits_and_cache(family):
-    fused, plain = fused_and_plain(**({"qk_norm": True} if family == "qwen3" else {}))
+    fused, plain = fused_and_plain(**FAMILY_SWITCHES[family])
     x = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(0)).to(DEV)
     caches = [m.new_cache(64) for m in (fused, plain)]
     for m, c in zip((fused, plain), caches):

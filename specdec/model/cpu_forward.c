@@ -104,6 +104,14 @@ int64_t forward_scratch_floats(int64_t n, int64_t D, int64_t H, int64_t KV, int6
     return n * (2 * D + (H + 2 * KV) * hd + H * hd + 3 * I);
 }
 
+/* x += r t over n floats: a branch's output t into the residual stream x (r t rounded first, as torch's x + t * r) */
+static void add_branch(float *x, const float *t, int64_t n, float r) {
+    if (r == 1.0f)
+        for (int64_t i = 0; i < n; i++) x[i] += t[i];
+    else
+        for (int64_t i = 0; i < n; i++) x[i] += r * t[i];
+}
+
 /* x [B T, D] (the embeddings in, the last layer's output out) through layers[0 .. L), for B sequences of T
  * new positions each: a decode step or verify pass of one sequence (B = 1), or a ragged batch (the
  * server's), whose GEMMs then read each weight once for all B T rows.
@@ -154,7 +162,7 @@ int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t
                H * hd, scale, ly->softcap, nthreads);
         if (linear(&ly->o, att, t, n, nthreads)) return -1;
         if (ly->attn_post) rms_norm(t, ly->attn_post, t, n, D, D, eps);
-        for (int64_t i = 0; i < n * D; i++) x[i] += t[i];
+        add_branch(x, t, n * D, ly->residual);
         rms_norm(x, ly->ln2, h, n, D, D, eps);
         if (ly->moe) {
             if (moe_rows(ly->moe, h, t, n, D, ly->act, nthreads)) return -1;
@@ -164,7 +172,7 @@ int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t
             if (linear(&ly->down, a, t, n, nthreads)) return -1;
         }
         if (ly->mlp_post) rms_norm(t, ly->mlp_post, t, n, D, D, eps);
-        for (int64_t i = 0; i < n * D; i++) x[i] += t[i];
+        add_branch(x, t, n * D, ly->residual);
     }
     return 0;
 }

@@ -48,8 +48,8 @@ class _Moe(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("attn_post", ctypes.c_void_p),
                 ("mlp_post", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
-                ("local", ctypes.c_int32), ("act", ctypes.c_int32), ("softcap", ctypes.c_float), ("qkv", _Linear),
-                ("o", _Linear),
+                ("local", ctypes.c_int32), ("act", ctypes.c_int32), ("softcap", ctypes.c_float),
+                ("residual", ctypes.c_float), ("qkv", _Linear), ("o", _Linear),
                 ("gate_up", _Linear), ("down", _Linear), ("moe", ctypes.POINTER(_Moe))]
 
 
@@ -212,7 +212,7 @@ def enable(model: nn.Module) -> bool:
         ptr = lambda n: n.weight.data_ptr() if n is not None else None  # noqa: E731
         act = cpu_kernels.ACTIVATIONS["silu" if moe else mlp.activation]
         layers.append(_Layer(ptr(attn_in), ptr(mlp_in), ptr(attn_out), ptr(mlp_out), ptr(attn.q_norm),
-                             ptr(attn.k_norm), int(layer.local), act, float(attn.softcap), *parts,
-                             ctypes.pointer(mlp.fast.table) if moe else None))
+                             ptr(attn.k_norm), int(layer.local), act, float(attn.softcap), float(layer.residual),
+                             *parts, ctypes.pointer(mlp.fast.table) if moe else None))
     model.layer_loop = CpuForward(model, layers)
     return True

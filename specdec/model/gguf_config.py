@@ -12,10 +12,11 @@ from specdec.model.gguf_file import GGUFFile
 from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfig
 
 # GGUF general.architecture
-SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma2", "gemma3", "phi3", "smollm3"}
+SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma2", "gemma3", "phi3", "smollm3", "granite",
+                   "granitemoe"}
 GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # GGUF architectures named otherwise in HF
 # families whose q/k rows llama.cpp's converter interleaves for its RoPE
-PERMUTED_QK = {"llama", "mistral", "mixtral", "smollm3"}
+PERMUTED_QK = {"llama", "mistral", "mixtral", "smollm3", "granite", "granitemoe"}
 PARTIAL_ROPE_ARCHS = {"phi3"}  # RoPE on part of each head (rope.dimension_count < head_dim): Phi-4-mini
 SMOLLM3_NOPE_EVERY = 4  # llama.cpp's smollm3: layer i takes no RoPE where (i + 1) % 4 == 0
 GGUF_LAYER_NAMES = {
@@ -42,7 +43,12 @@ ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm
 # layer of a model with experts (qwen3moe, or llama with an expert count: Mixtral) holds these for its MLP
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # gate, up, down
 MOE_LAYER_TENSORS = LAYER_TENSORS[:6] + ["ffn_gate_inp", *EXPERT_TENSORS]
-EXPERT_ARCHS = {"qwen3moe"}  # architectures whose layers hold experts whatever the file's expert count says
+# architectures whose layers hold experts whatever the file's expert count says
+EXPERT_ARCHS = {"qwen3moe", "granitemoe"}
+GRANITE_ARCHS = {"granite", "granitemoe"}
+# Granite's multipliers: HF's config names -> the GGUF keys under the architecture (llama.cpp's names)
+GRANITE_KEYS = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
+                "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}
 # tensors of an architecture holding several of our weights stacked along their rows, in this order (llama.cpp
 # also reads a phi3 file with separate attn_q, attn_k and attn_v; its ffn_up always holds the gate, then up)
 FUSED_TENSORS = {"phi3": {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")}}
@@ -117,6 +123,8 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
         cfg["no_rope_layers"] = [int((i + 1) % SMOLLM3_NOPE_EVERY != 0) for i in range(cfg["num_hidden_layers"])]
     if arch == "phi3":  # llama.cpp runs Phi-3's sliding_window key as full attention: so do we
         cfg["sliding_window"] = None
+    if arch in GRANITE_ARCHS:
+        cfg.update(_gguf_granite(gguf, arch, head_dim))
     if experts:  # llama.cpp renormalises the picked experts' weights for qwen3moe and llama (Mixtral) alike
         cfg.update(num_experts=experts, num_experts_per_tok=int(f("expert_used_count", 0)), norm_topk_prob=True,
                    moe_intermediate_size=int(f("expert_feed_forward_length", 0) or cfg["intermediate_size"]))
@@ -127,6 +135,17 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
     except ValueError as e:  # a RoPE variant or size we do not run
         raise SpecdecError(f"{gguf.path}: {e}") from None
     _check_fused(gguf, arch, model)
+    return cfg
+
+
+def _gguf_granite(gguf: GGUFFile, arch: str, head_dim: int) -> dict:
+    """Granite's multipliers under HF's names. One the file leaves out or sets to 0 is 1, as llama.cpp takes it,
+    but the attention's scale is then 1 / sqrt(head_dim). SpecdecError for a shared expert (granitemoeshared)."""
+    if gguf.get(f"{arch}.expert_shared_feed_forward_length"):
+        raise SpecdecError(f"{gguf.path}: a Granite mixture with a shared expert (GraniteMoeShared) is not supported")
+    cfg = {hf: float(gguf.get(f"{arch}.{key}") or 0.0) or 1.0 for hf, key in GRANITE_KEYS.items()}
+    if not gguf.get(f"{arch}.attention.scale"):
+        cfg["attention_multiplier"] = head_dim ** -0.5
     return cfg
 
 

@@ -68,10 +68,10 @@ class GpuForward:
             qkv = attn.qkv_proj(h)  # [B, T, (heads + 2 kv_heads) * head_dim]
             norms = None if attn.q_norm is None else (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
             gpu_kernels.rope_store(qkv, cos, sin, cache.k[i], cache.v[i], rows, slots, self.heads, self.kv_heads, norms)
-            delta = attn.o_proj(gpu_kernels.attention(qkv, cache.k[i], cache.v[i], rows, slots, mask, self.heads,
-                                                      self.scale))
+            delta = layer.scaled(attn.o_proj(gpu_kernels.attention(qkv, cache.k[i], cache.v[i], rows, slots, mask,
+                                                                   self.heads, self.scale)))
             h = gpu_kernels.add_rms_norm(x, delta, layer.post_attention_layernorm.weight, self.eps)
-            delta = mlp.down_proj(gpu_kernels.silu_mul(mlp.gate_up_proj(h)))
+            delta = layer.scaled(mlp.down_proj(gpu_kernels.silu_mul(mlp.gate_up_proj(h))))
         return x.add_(delta)
 
 

@@ -100,6 +100,7 @@ typedef struct {
     int32_t local; /* a sliding-window layer: the local RoPE rows and mask */
     int32_t act; /* the gate's activation: 0 SiLU, 1 GELU-tanh */
     float softcap; /* > 0 (Gemma 2): the attention's scaled scores soft-capped (attend's softcap) */
+    float residual; /* each branch's output times this before its residual add (Granite's; 1 elsewhere) */
     fw_linear qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
     const fw_moe *moe; /* the MLP a mixture of experts, or NULL */
 } fw_layer;

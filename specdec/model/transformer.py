@@ -37,8 +37,11 @@ FAMILIES = {
     "gemma3": {"qk_norm": True, "sandwich_norms": True, "activation": "gelu_tanh", "norm_offset": 1.0,
                "scaled_embeddings": True},
     "phi3": {},  # Llama's layer; its fused tensors are the loader's, LongRoPE and partial RoPE are RoPE data
+    "granite": {},  # Llama's layer; its four multipliers are config data (GRANITE_FAMILIES)
+    "granitemoe": {},  # Granite's layer with a mixture-of-experts MLP
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")  # their attention scale from query_pre_attn_scalar, embeddings tied by default
+GRANITE_FAMILIES = ("granite", "granitemoe")  # their embeddings, branches, q.k and logits scaled by config
 HF_FAMILY = {"gemma3_text": "gemma3"}  # HF model types that are another's family
 GEMMA3_GLOBAL_EVERY = 6  # Gemma 3: every 6th layer attends globally, the others in a sliding window
 
@@ -61,6 +64,9 @@ class ModelConfig:
     sandwich_norms: bool = False  # Gemma 3: RMSNorms on the attention's and the MLP's outputs too
     activation: str = "silu"  # the MLP gate's: "silu" or "gelu_tanh"
     scaled_embeddings: bool = False  # Gemma: embeddings times sqrt(hidden_size)
+    embedding_multiplier: float = 1.0  # Granite: embeddings times this
+    residual_multiplier: float = 1.0  # Granite: each branch's output times this before its residual add
+    logits_scaling: float = 1.0  # Granite: logits divided by this
     attn_scale: float | None = None  # softmax scale of q.k; None: 1 / sqrt(head_dim)
     norm_offset: float = 0.0  # Gemma: HF's norm multiplies by (1 + w); ours hold 1 + w (as GGUF files do)
     sliding_window: int = 0  # > 0: the layers `sliding_layers` see only keys fewer than this many positions back
@@ -95,7 +101,7 @@ class ModelConfig:
 
     @property
     def embed_scale(self) -> float:
-        return math.sqrt(self.hidden_size) if self.scaled_embeddings else 1.0
+        return math.sqrt(self.hidden_size) if self.scaled_embeddings else self.embedding_multiplier
 
     @property
     def softmax_scale(self) -> float:
@@ -117,6 +123,8 @@ class ModelConfig:
             switches["attention_bias"] = bool(cfg["attention_bias"])
         if family in GEMMA_FAMILIES:
             switches["attn_scale"] = float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5
+        if family in GRANITE_FAMILIES:
+            switches.update(_hf_granite(cfg))
         return ModelConfig(
             vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
@@ -132,6 +140,14 @@ class ModelConfig:
     def local_layers(self) -> tuple[int, ...]:
         """The layers that take LayerInputs' local tables and mask: the sliding-window ones, or those without RoPE."""
         return self.sliding_layers or self.nope_layers
+
+
+def _hf_granite(cfg: dict) -> dict:
+    """Granite's multipliers, from HF's names (1 where the config leaves one out, as GraniteConfig's defaults)."""
+    return {"embedding_multiplier": float(cfg.get("embedding_multiplier", 1.0)),
+            "residual_multiplier": float(cfg.get("residual_multiplier", 1.0)),
+            "logits_scaling": float(cfg.get("logits_scaling", 1.0)),
+            "attn_scale": float(cfg.get("attention_multiplier", 1.0))}
 
 
 def _hf_experts(cfg: dict) -> dict:
@@ -444,6 +460,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg.num_experts, cfg.experts_per_token, cfg.hidden_size, cfg.expert_intermediate_size,
                        cfg.norm_topk_prob) if cfg.num_experts else MLP(cfg)
+        self.residual = cfg.residual_multiplier  # each branch's output times this (Granite's; 1 elsewhere)
         self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
         if cfg.sandwich_norms:
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -459,9 +476,12 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
         attn_in, attn_out, mlp_in, mlp_out = self.norms()
         h = self.self_attn(attn_in(x), cos, sin, k_cache, v_cache, start, mask)
-        x = x + (h if attn_out is None else attn_out(h))
+        x = x + self.scaled(h if attn_out is None else attn_out(h))
         h = self.mlp(mlp_in(x))
-        return x + (h if mlp_out is None else mlp_out(h))
+        return x + self.scaled(h if mlp_out is None else mlp_out(h))
+
+    def scaled(self, h):
+        return h if self.residual == 1.0 else h * self.residual
 
 
 class Backbone(nn.Module):
@@ -587,9 +607,10 @@ class Transformer(nn.Module):
         return tuple(t.to(self.rope_cos.device) for t in rope_tables(cfg, length, local=True))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The first layer's input [batch, T, hidden] for tokens [batch, T] (Gemma's scaled by sqrt(hidden))."""
+        """The first layer's input [batch, T, hidden] for tokens [batch, T] (Gemma's scaled by sqrt(hidden),
+        Granite's by its multiplier)."""
         x = self.model.embed_tokens(tokens)
-        if self.config.scaled_embeddings:  # in fp32 as HF's Gemma does, then in the model's dtype
+        if self.config.embed_scale != 1.0:  # in fp32 as HF's Gemma does, then in the model's dtype
             x = (x.float() * self.config.embed_scale).to(x.dtype)
         return x
 
@@ -674,7 +695,10 @@ class Transformer(nn.Module):
         return (logits, h) if hidden else logits
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [..., vocab] of final-norm outputs h [..., hidden] (Gemma 2's soft-capped)."""
+        """fp32 logits [..., vocab] of final-norm outputs h [..., hidden] (Gemma 2's soft-capped, Granite's
+        divided by its scaling)."""
         logits = self.lm_head(h).float()
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
