@@ -33,7 +33,7 @@ GEMMA = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec"))
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
 FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2", "granite",
-            "granitemoe"]
+            "granitemoe", "olmo2", "olmo3"]
 MIXTURES = {"qwen3moe", "mixtral", "granitemoe"}
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -92,6 +92,14 @@ def family_model(name: str, vocab: int):
         cfg = tf.GraniteMoeConfig(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, num_local_experts=8,
                                   num_experts_per_tok=2, **GRANITE, **(TINY | {"intermediate_size": 32}))
         cls = tf.GraniteMoeForCausalLM
+    elif name == "olmo2":  # no input norms, q/k norms over all the heads
+        cfg = tf.Olmo2Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=False, pad_token_id=None,
+                             bos_token_id=None, eos_token_id=None, **TINY)
+        cls = tf.Olmo2ForCausalLM
+    elif name == "olmo3":  # OLMo 2's layer; 4 layers, the first three in a sliding window
+        cfg = tf.Olmo3Config(vocab_size=vocab, num_hidden_layers=4, tie_word_embeddings=False, sliding_window=WINDOW,
+                             pad_token_id=None, bos_token_id=None, eos_token_id=None, **TINY)
+        cls = tf.Olmo3ForCausalLM
     elif name == "phi3-longrope":
         cfg = tf.Phi3Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, sliding_window=None,
                             original_max_position_embeddings=PHI_ORIGINAL, rope_parameters=dict(LONGROPE), **TINY)
@@ -309,13 +317,13 @@ def _llama_server():
 
 @kernel
 @pytest.mark.skipif(_llama_server() is None, reason="no llama-server build (scripts/llama_cpp.sh build)")
-@pytest.mark.parametrize("name", sorted(MIXTURES) + ["smollm3", "gemma2", "granite"])
+@pytest.mark.parametrize("name", sorted(MIXTURES) + ["smollm3", "gemma2", "granite", "olmo2", "olmo3"])
 def test_next_token_logprobs_match_llama_server(checkpoints, tmp_path, name):
     """The same Q8_0 file through llama.cpp's own server: its log-probabilities of its top tokens after each
     of 6 prompts equal ours within the two engines' rounding, a mixture's swapped pick at a prompt included
     (llama.cpp renormalises the picked experts' weights for qwen3moe, granitemoe and for llama with experts,
     Mixtral, as we do; it leaves RoPE out of smollm3's every fourth layer, as we do; it reads Granite's
-    multipliers from the file's keys, as we do)."""
+    multipliers and OLMo 3's window pattern from the file's keys, as we do)."""
     from specdec.bench.llama_server import LlamaServer
     model, paths = checkpoints[name]
     ours = load_model(str(paths["q8_0"]), device="cpu", progress=lambda *a: None).module
@@ -332,7 +340,7 @@ def test_next_token_logprobs_match_llama_server(checkpoints, tmp_path, name):
         server.close()
     # measured, a prompt's largest difference: qwen3moe 0.02-0.05; mixtral 0.02-0.05 and one prompt at 0.12 (the
     # rounding's swap of a near tie); smollm3, 4 layers, 0.03-0.13 (mean 0.08), and 0.14-0.47 (mean 0.25) with
-    # RoPE in every layer; granite and granitemoe 0.000-0.003
+    # RoPE in every layer; granite and granitemoe 0.000-0.003; olmo2 0.01-0.03, olmo3 0.03-0.09
     assert sum(worst) / len(worst) < 0.1 and max(worst) < 0.25, worst
 
 
@@ -477,7 +485,8 @@ def test_phi3_reads_longrope_and_partial_rope(checkpoints):
     assert (our_logits(ours, short_ids) - short).abs().max().item() > 1e-3  # the long factors differ
 
 
-@pytest.mark.parametrize("name", ["phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2", "granite"])
+@pytest.mark.parametrize("name", ["phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2", "granite",
+                                  "olmo2", "olmo3"])
 def test_through_transformers_and_the_hf_directory(checkpoints, name):
     """Our weights handed back to transformers' class (bench's HF peer: q/k/v and gate/up fused again, the
     partial RoPE's rows in HF's order, the experts' gate and up in one parameter) and the HF directory itself

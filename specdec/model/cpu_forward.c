@@ -104,6 +104,14 @@ int64_t forward_scratch_floats(int64_t n, int64_t D, int64_t H, int64_t KV, int6
     return n * (2 * D + (H + 2 * KV) * hd + H * hd + 3 * I);
 }
 
+/* h = a branch's input: x [n, D] normed by w, or x itself where the layer has no input norm (w NULL) */
+static void input_norm(const float *x, const float *w, float *h, int64_t n, int64_t D, float eps) {
+    if (w)
+        rms_norm(x, w, h, n, D, D, eps);
+    else
+        memcpy(h, x, sizeof(float) * n * D);
+}
+
 /* x += r t over n floats: a branch's output t into the residual stream x (r t rounded first, as torch's x + t * r) */
 static void add_branch(float *x, const float *t, int64_t n, float r) {
     if (r == 1.0f)
@@ -143,9 +151,12 @@ int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t
         const float *c = ly->local ? lcos : cos, *s = ly->local ? lsin : sin;
         const uint8_t *m = ly->local ? lmask : mask;
         const int64_t mb = ly->local ? lsmb : smb, mt = ly->local ? lsmt : smt;
-        rms_norm(x, ly->ln1, h, n, D, D, eps);
+        input_norm(x, ly->ln1, h, n, D, eps);
         if (linear(&ly->qkv, h, y, n, nthreads)) return -1;
-        if (ly->q_norm) {
+        if (ly->q_norm && ly->qk_whole) {
+            head_norm(y, ly->q_norm, n, 1, H * hd, nq, eps);
+            head_norm(y + H * hd, ly->k_norm, n, 1, KV * hd, nq, eps);
+        } else if (ly->q_norm) {
             head_norm(y, ly->q_norm, n, H, hd, nq, eps);
             head_norm(y + H * hd, ly->k_norm, n, KV, hd, nq, eps);
         }
@@ -163,7 +174,7 @@ int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t
         if (linear(&ly->o, att, t, n, nthreads)) return -1;
         if (ly->attn_post) rms_norm(t, ly->attn_post, t, n, D, D, eps);
         add_branch(x, t, n * D, ly->residual);
-        rms_norm(x, ly->ln2, h, n, D, D, eps);
+        input_norm(x, ly->ln2, h, n, D, eps);
         if (ly->moe) {
             if (moe_rows(ly->moe, h, t, n, D, ly->act, nthreads)) return -1;
         } else {

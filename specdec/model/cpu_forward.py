@@ -49,7 +49,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("attn_post", ctypes.c_void_p),
                 ("mlp_post", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("local", ctypes.c_int32), ("act", ctypes.c_int32), ("softcap", ctypes.c_float),
-                ("residual", ctypes.c_float), ("qkv", _Linear), ("o", _Linear),
+                ("residual", ctypes.c_float), ("qk_whole", ctypes.c_int32), ("qkv", _Linear), ("o", _Linear),
                 ("gate_up", _Linear), ("down", _Linear), ("moe", ctypes.POINTER(_Moe))]
 
 
@@ -109,7 +109,7 @@ class CpuForward:
         self.layers = (_Layer * len(layers))(*layers)
         self.n_layers = len(layers)
         self.dims = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size)
-        self.eps = float(model.model.layers[0].input_layernorm.eps)
+        self.eps = float(cfg.rms_norm_eps)
         self.scale = float(model.model.layers[0].self_attn.scale)
         self._keep = [t for layer in model.model.layers for t in (*layer.parameters(), *layer.buffers())]  # the pointers' owners
         self._scratch = threading.local()  # per thread: two threads may step two sequences of one model
@@ -202,7 +202,7 @@ def enable(model: nn.Module) -> bool:
         if not (attn.cpu_ops and attn.cpu_rows >= MAX_T and attn.qkv_proj is not None
                 and (mlp.fast is not None if moe else mlp.gate_up_proj is not None)
                 and all(isinstance(n, RMSNorm) and n.cpu_ops and n.weight.is_contiguous()
-                        and n.weight.dtype is torch.float32 and n.eps == attn_in.eps for n in norms)
+                        and n.weight.dtype is torch.float32 and n.eps == model.config.rms_norm_eps for n in norms)
                 and (moe or mlp.activation in cpu_kernels.ACTIVATIONS)):
             return False
         parts = [_linear(m) for m in (attn.qkv_proj, attn.o_proj)]
@@ -213,6 +213,6 @@ def enable(model: nn.Module) -> bool:
         act = cpu_kernels.ACTIVATIONS["silu" if moe else mlp.activation]
         layers.append(_Layer(ptr(attn_in), ptr(mlp_in), ptr(attn_out), ptr(mlp_out), ptr(attn.q_norm),
                              ptr(attn.k_norm), int(layer.local), act, float(attn.softcap), float(layer.residual),
-                             *parts, ctypes.pointer(mlp.fast.table) if moe else None))
+                             int(attn.qk_whole), *parts, ctypes.pointer(mlp.fast.table) if moe else None))
     model.layer_loop = CpuForward(model, layers)
     return True

@@ -13,7 +13,7 @@ from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfi
 
 # GGUF general.architecture
 SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma2", "gemma3", "phi3", "smollm3", "granite",
-                   "granitemoe"}
+                   "granitemoe", "olmo2"}
 GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # GGUF architectures named otherwise in HF
 # families whose q/k rows llama.cpp's converter interleaves for its RoPE
 PERMUTED_QK = {"llama", "mistral", "mixtral", "smollm3", "granite", "granitemoe"}
@@ -28,7 +28,7 @@ GGUF_LAYER_NAMES = {
 # Gemma 3's norms around the attention and the MLP (HF's post_attention_layernorm is its attention output's)
 GEMMA_LAYER_NAMES = {**GGUF_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
                      "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-GEMMA_ARCHS = {"gemma2", "gemma3"}  # the architectures whose layers hold GEMMA_LAYER_NAMES' norms
+OUTPUT_NORM_ARCHS = {"gemma2", "gemma3", "olmo2"}  # the architectures whose layers hold GEMMA_LAYER_NAMES' norms
 GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # the per-layer tensors each family needs (besides .weight), and those of the whole model
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
@@ -36,8 +36,11 @@ LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_
 FAMILY_TENSORS = {"qwen3": ["attn_q_norm", "attn_k_norm"], "qwen3moe": ["attn_q_norm", "attn_k_norm"],
                   "gemma2": ["post_attention_norm", "post_ffw_norm"],
                   "gemma3": ["attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"]}
-# an architecture's per-layer tensors where they are not LAYER_TENSORS (Phi-3: q/k/v in one, gate and up in one)
-ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]}
+# an architecture's per-layer tensors where they are not LAYER_TENSORS (Phi-3: q/k/v in one, gate and up in one;
+# OLMo 2: no input norms, q/k norms over all the heads, and the branches' output norms)
+ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"],
+                      "olmo2": ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+                                "attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"]}
 # a mixture of experts' tensors: the router (HF's mlp.gate) and each of the experts' three matrices, stacked
 # [experts, rows, K] in one tensor (HF: gate and up in one parameter, gate_up_proj, with no ".weight"); a
 # layer of a model with experts (qwen3moe, or llama with an expert count: Mixtral) holds these for its MLP
@@ -61,7 +64,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if base in GGUF_TOP_NAMES:
         return f"{GGUF_TOP_NAMES[base]}.{kind}"
     parts = base.split(".")
-    names = GEMMA_LAYER_NAMES if arch in GEMMA_ARCHS else GGUF_LAYER_NAMES
+    names = GEMMA_LAYER_NAMES if arch in OUTPUT_NORM_ARCHS else GGUF_LAYER_NAMES
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{kind}"
     if len(parts) == 3 and parts[0] == "blk" and parts[2] == "ffn_gate_inp":
@@ -125,6 +128,11 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
         cfg["sliding_window"] = None
     if arch in GRANITE_ARCHS:
         cfg.update(_gguf_granite(gguf, arch, head_dim))
+    if arch == "olmo2" and f("attention.sliding_window"):  # OLMo 3: the layers the file's pattern marks slide
+        pattern = f("attention.sliding_window_pattern")  # llama.cpp's default: all but every fourth
+        pattern = [(i + 1) % 4 != 0 for i in range(cfg["num_hidden_layers"])] if pattern is None else list(pattern)
+        cfg.update(model_type="olmo3", sliding_window=int(f("attention.sliding_window")),
+                   layer_types=["sliding_attention" if s else "full_attention" for s in pattern])
     if experts:  # llama.cpp renormalises the picked experts' weights for qwen3moe and llama (Mixtral) alike
         cfg.update(num_experts=experts, num_experts_per_tok=int(f("expert_used_count", 0)), norm_topk_prob=True,
                    moe_intermediate_size=int(f("expert_feed_forward_length", 0) or cfg["intermediate_size"]))

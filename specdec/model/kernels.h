@@ -94,13 +94,14 @@ typedef struct {
 } fw_moe;
 
 typedef struct {
-    const float *ln1, *ln2; /* the attention's and the MLP's input norm weights [D] */
+    const float *ln1, *ln2; /* the attention's and the MLP's input norm weights [D], or NULL (OLMo 2: none) */
     const float *attn_post, *mlp_post; /* norms of the attention's and the MLP's outputs [D], or NULL */
-    const float *q_norm, *k_norm; /* per-head norms of q and k [hd], or NULL */
+    const float *q_norm, *k_norm; /* per-head norms of q and k [hd], or NULL; qk_whole: over all heads [H hd], [KV hd] */
     int32_t local; /* a sliding-window layer: the local RoPE rows and mask */
     int32_t act; /* the gate's activation: 0 SiLU, 1 GELU-tanh */
     float softcap; /* > 0 (Gemma 2): the attention's scaled scores soft-capped (attend's softcap) */
     float residual; /* each branch's output times this before its residual add (Granite's; 1 elsewhere) */
+    int32_t qk_whole; /* q_norm and k_norm each over all of q's / k's heads at once (OLMo 2) */
     fw_linear qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
     const fw_moe *moe; /* the MLP a mixture of experts, or NULL */
 } fw_layer;

@@ -21,14 +21,14 @@ from torch import nn
 
 from specdec.errors import SpecdecError
 from specdec.model import cpu_forward, cpu_kernels
-from specdec.model.gguf_config import (EXPERT_TENSORS, FUSED_TENSORS, GEMMA_ARCHS, GEMMA_LAYER_NAMES, GGUF_LAYER_NAMES,
-                                       PERMUTED_QK, family, fused_rows, gguf_hf_config, hf_name, part_rows)
+from specdec.model.gguf_config import (EXPERT_TENSORS, FUSED_TENSORS, GEMMA_LAYER_NAMES, GGUF_LAYER_NAMES,
+                                       OUTPUT_NORM_ARCHS, PERMUTED_QK, family, fused_rows, gguf_hf_config, hf_name, part_rows)
 from specdec.model.gguf_file import GGUFFile
 from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
 from specdec.model.transformer import MLP, ModelConfig, Transformer, rope_row_order
 
 HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma2", "gemma3_text", "phi3",
-                  "smollm3", "granite"}
+                  "smollm3", "granite", "olmo2", "olmo3"}
 
 # a draft model's block formats re-encoded at load into ones our kernels run faster, holding the same weights
 # (ggml type -> (new type, converter)); measured in docs/performance.md
@@ -440,7 +440,7 @@ def load_gguf_blocks(gguf: GGUFFile, reencode: bool = False, repack: bool = True
     backbone.embed_tokens = _embedding(gguf, cfg)
     backbone.norm.weight = _vector(gguf, "output_norm.weight")
     arch = gguf.get("general.architecture")
-    names = GEMMA_LAYER_NAMES if arch in GEMMA_ARCHS else GGUF_LAYER_NAMES
+    names = GEMMA_LAYER_NAMES if arch in OUTPUT_NORM_ARCHS else GGUF_LAYER_NAMES
 
     def stacked(p: str, parts: tuple[str, ...]) -> list[str]:
         """The tensors holding layer p's weights `parts` stacked along the rows: the architecture's fused one

@@ -39,6 +39,9 @@ FAMILIES = {
     "phi3": {},  # Llama's layer; its fused tensors are the loader's, LongRoPE and partial RoPE are RoPE data
     "granite": {},  # Llama's layer; its four multipliers are config data (GRANITE_FAMILIES)
     "granitemoe": {},  # Granite's layer with a mixture-of-experts MLP
+    # OLMo 2: no input norms, each branch's output normed; q and k normed over all their heads at once
+    "olmo2": {"sandwich_norms": True, "pre_norms": False, "qk_norm": True, "qk_norm_whole": True},
+    "olmo3": {"sandwich_norms": True, "pre_norms": False, "qk_norm": True, "qk_norm_whole": True},  # OLMo 2's, windowed
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")  # their attention scale from query_pre_attn_scalar, embeddings tied by default
 GRANITE_FAMILIES = ("granite", "granitemoe")  # their embeddings, branches, q.k and logits scaled by config
@@ -61,7 +64,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
     qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each head of q and of k, before RoPE
+    qk_norm_whole: bool = False  # OLMo 2: qk_norm's RMSNorms over all of q's heads at once, and all of k's
     sandwich_norms: bool = False  # Gemma 3: RMSNorms on the attention's and the MLP's outputs too
+    pre_norms: bool = True  # False (OLMo 2): no norm on the attention's and the MLP's inputs (sandwich_norms' others)
     activation: str = "silu"  # the MLP gate's: "silu" or "gelu_tanh"
     scaled_embeddings: bool = False  # Gemma: embeddings times sqrt(hidden_size)
     embedding_multiplier: float = 1.0  # Granite: embeddings times this
@@ -331,9 +336,11 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.softmax_scale
         self.softcap = cfg.attn_softcap
-        # per-head RMSNorms of q and k before RoPE (Qwen3, Gemma 3), or None
-        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # RMSNorms of q and k before RoPE, per head (Qwen3, Gemma 3) or over all the heads (OLMo 2), or None
+        self.qk_whole = cfg.qk_norm_whole
+        q_dim, k_dim = (self.n_heads * self.hd, self.n_kv * self.hd) if self.qk_whole else (self.hd, self.hd)
+        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.hd, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=bias)
@@ -358,10 +365,12 @@ class Attention(nn.Module):
             q, k, v = y.split(self.qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
         k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         store(k, v, k_cache, v_cache, start)
@@ -381,7 +390,11 @@ class Attention(nn.Module):
     def _cpu_forward(self, y, cos, sin, k_cache, v_cache, start, mask):
         """The rest of forward() on our fused CPU ops, from y = qkv_proj(x) # [batch, T, (heads + 2 kv_heads) * head_dim]."""
         b, t, _ = y.shape
-        if self.q_norm is not None:  # q's heads, then k's, in place
+        if self.qk_whole:  # all of q as one head, then all of k (q's width is n_heads / n_kv of k's), in place
+            cpu_kernels.head_norm_(y, self.q_norm.weight, 0, 1, self.n_heads * self.hd, self.q_norm.eps)
+            cpu_kernels.head_norm_(y, self.k_norm.weight, self.n_heads // self.n_kv, 1, self.n_kv * self.hd,
+                                   self.k_norm.eps)
+        elif self.q_norm is not None:  # q's heads, then k's, in place
             cpu_kernels.head_norm_(y, self.q_norm.weight, 0, self.n_heads, self.hd, self.q_norm.eps)
             cpu_kernels.head_norm_(y, self.k_norm.weight, self.n_heads, self.n_kv, self.hd, self.k_norm.eps)
         cpu_kernels.rope_(y, cos, sin, self.n_heads + self.n_kv, self.hd)  # q and k, in place
@@ -449,13 +462,13 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms (Gemma 3) each branch's output is
-    normed too. HF's names: post_attention_layernorm is the MLP's input norm in Llama's layout, the
+    normed too, and without pre_norms (OLMo 2) only the outputs are. HF's names: post_attention_layernorm is the MLP's input norm in Llama's layout, the
     attention's output norm in Gemma's (whose MLP input norm is pre_feedforward_layernorm)."""
 
     def __init__(self, cfg: ModelConfig, index: int = 0):
         super().__init__()
         self.local = index in cfg.local_layers  # a sliding-window or a NoPE layer (its own RoPE table and mask)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.pre_norms else None
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg.num_experts, cfg.experts_per_token, cfg.hidden_size, cfg.expert_intermediate_size,
@@ -463,21 +476,21 @@ class DecoderLayer(nn.Module):
         self.residual = cfg.residual_multiplier  # each branch's output times this (Granite's; 1 elsewhere)
         self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
         if cfg.sandwich_norms:
-            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.pre_norms else None
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def norms(self) -> tuple:
-        """(attention input, attention output or None, MLP input, MLP output or None) norms."""
-        if self.pre_feedforward_layernorm is None:
+        """(attention input, attention output, MLP input, MLP output) norms, each or None."""
+        if self.post_feedforward_layernorm is None:
             return self.input_layernorm, None, self.post_attention_layernorm, None
         return (self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm,
                 self.post_feedforward_layernorm)
 
     def forward(self, x, cos, sin, k_cache, v_cache, start, mask):
         attn_in, attn_out, mlp_in, mlp_out = self.norms()
-        h = self.self_attn(attn_in(x), cos, sin, k_cache, v_cache, start, mask)
+        h = self.self_attn(x if attn_in is None else attn_in(x), cos, sin, k_cache, v_cache, start, mask)
         x = x + self.scaled(h if attn_out is None else attn_out(h))
-        h = self.mlp(mlp_in(x))
+        h = self.mlp(x if mlp_in is None else mlp_in(x))
         return x + self.scaled(h if mlp_out is None else mlp_out(h))
 
     def scaled(self, h):
