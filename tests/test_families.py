@@ -33,8 +33,8 @@ GEMMA = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec"))
 kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavailable: {cpu_kernels.unavailable_reason()}")
 
 FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2", "granite",
-            "granitemoe", "olmo2", "olmo3"]
-MIXTURES = {"qwen3moe", "mixtral", "granitemoe"}
+            "granitemoe", "olmo2", "olmo3", "olmoe"]
+MIXTURES = {"qwen3moe", "mixtral", "granitemoe", "olmoe"}
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)
@@ -100,6 +100,12 @@ def family_model(name: str, vocab: int):
         cfg = tf.Olmo3Config(vocab_size=vocab, num_hidden_layers=4, tie_word_embeddings=False, sliding_window=WINDOW,
                              pad_token_id=None, bos_token_id=None, eos_token_id=None, **TINY)
         cls = tf.Olmo3ForCausalLM
+    elif name == "olmoe":  # Llama's layer with OLMo 2's q/k norms (llama.cpp's: k as wide as q, no GQA); 8 experts
+        # of 32, 2 a token, their weights not renormalised
+        cfg = tf.OlmoeConfig(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=False, num_experts=8,
+                             num_experts_per_tok=2, norm_topk_prob=False, pad_token_id=None, bos_token_id=None,
+                             eos_token_id=None, **(TINY | {"intermediate_size": 32, "num_key_value_heads": 4}))
+        cls = tf.OlmoeForCausalLM
     elif name == "phi3-longrope":
         cfg = tf.Phi3Config(vocab_size=vocab, num_hidden_layers=2, tie_word_embeddings=True, sliding_window=None,
                             original_max_position_embeddings=PHI_ORIGINAL, rope_parameters=dict(LONGROPE), **TINY)
@@ -486,7 +492,7 @@ def test_phi3_reads_longrope_and_partial_rope(checkpoints):
 
 
 @pytest.mark.parametrize("name", ["phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2", "granite",
-                                  "olmo2", "olmo3"])
+                                  "olmo2", "olmo3", "olmoe"])
 def test_through_transformers_and_the_hf_directory(checkpoints, name):
     """Our weights handed back to transformers' class (bench's HF peer: q/k/v and gate/up fused again, the
     partial RoPE's rows in HF's order, the experts' gate and up in one parameter) and the HF directory itself

@@ -13,7 +13,7 @@ from specdec.model.transformer import GEMMA3_GLOBAL_EVERY, HF_FAMILY, ModelConfi
 
 # GGUF general.architecture
 SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma2", "gemma3", "phi3", "smollm3", "granite",
-                   "granitemoe", "olmo2"}
+                   "granitemoe", "olmo2", "olmoe"}
 GGUF_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # GGUF architectures named otherwise in HF
 # families whose q/k rows llama.cpp's converter interleaves for its RoPE
 PERMUTED_QK = {"llama", "mistral", "mixtral", "smollm3", "granite", "granitemoe"}
@@ -34,6 +34,7 @@ GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
                  "ffn_down"]
 FAMILY_TENSORS = {"qwen3": ["attn_q_norm", "attn_k_norm"], "qwen3moe": ["attn_q_norm", "attn_k_norm"],
+                  "olmoe": ["attn_q_norm", "attn_k_norm"],
                   "gemma2": ["post_attention_norm", "post_ffw_norm"],
                   "gemma3": ["attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"]}
 # an architecture's per-layer tensors where they are not LAYER_TENSORS (Phi-3: q/k/v in one, gate and up in one;
@@ -47,7 +48,7 @@ ARCH_LAYER_TENSORS = {"phi3": ["attn_norm", "attn_qkv", "attn_output", "ffn_norm
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # gate, up, down
 MOE_LAYER_TENSORS = LAYER_TENSORS[:6] + ["ffn_gate_inp", *EXPERT_TENSORS]
 # architectures whose layers hold experts whatever the file's expert count says
-EXPERT_ARCHS = {"qwen3moe", "granitemoe"}
+EXPERT_ARCHS = {"qwen3moe", "granitemoe", "olmoe"}
 GRANITE_ARCHS = {"granite", "granitemoe"}
 # Granite's multipliers: HF's config names -> the GGUF keys under the architecture (llama.cpp's names)
 GRANITE_KEYS = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
@@ -133,8 +134,8 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
         pattern = [(i + 1) % 4 != 0 for i in range(cfg["num_hidden_layers"])] if pattern is None else list(pattern)
         cfg.update(model_type="olmo3", sliding_window=int(f("attention.sliding_window")),
                    layer_types=["sliding_attention" if s else "full_attention" for s in pattern])
-    if experts:  # llama.cpp renormalises the picked experts' weights for qwen3moe and llama (Mixtral) alike
-        cfg.update(num_experts=experts, num_experts_per_tok=int(f("expert_used_count", 0)), norm_topk_prob=True,
+    if experts:  # llama.cpp renormalises the picked experts' weights for all but olmoe
+        cfg.update(num_experts=experts, num_experts_per_tok=int(f("expert_used_count", 0)), norm_topk_prob=arch != "olmoe",
                    moe_intermediate_size=int(f("expert_feed_forward_length", 0) or cfg["intermediate_size"]))
         if arch == "llama":
             cfg["model_type"] = "mixtral"

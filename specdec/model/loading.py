@@ -28,7 +28,7 @@ from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencod
 from specdec.model.transformer import MLP, ModelConfig, Transformer, rope_row_order
 
 HF_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma2", "gemma3_text", "phi3",
-                  "smollm3", "granite", "olmo2", "olmo3"}
+                  "smollm3", "granite", "olmo2", "olmo3", "olmoe"}
 
 # a draft model's block formats re-encoded at load into ones our kernels run faster, holding the same weights
 # (ggml type -> (new type, converter)); measured in docs/performance.md

@@ -42,6 +42,7 @@ FAMILIES = {
     # OLMo 2: no input norms, each branch's output normed; q and k normed over all their heads at once
     "olmo2": {"sandwich_norms": True, "pre_norms": False, "qk_norm": True, "qk_norm_whole": True},
     "olmo3": {"sandwich_norms": True, "pre_norms": False, "qk_norm": True, "qk_norm_whole": True},  # OLMo 2's, windowed
+    "olmoe": {"qk_norm": True, "qk_norm_whole": True},  # Llama's layer, OLMo 2's q/k norms, a mixture of experts
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")  # their attention scale from query_pre_attn_scalar, embeddings tied by default
 GRANITE_FAMILIES = ("granite", "granitemoe")  # their embeddings, branches, q.k and logits scaled by config
