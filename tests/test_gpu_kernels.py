@@ -160,7 +160,8 @@ def fused_and_plain(seed=0, **overrides):
 
 
 FAMILY_SWITCHES = {"qwen2": {}, "qwen3": {"qk_norm": True},
-                   "granite": dict(embedding_multiplier=6.0, residual_multiplier=0.3, logits_scaling=3.0, attn_scale=0.1)}
+                   "granite": dict(embedding_multiplier=6.0, residual_multiplier=0.3, logits_scaling=3.0,
+                                   attn_scale=0.1)}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_SWITCHES))

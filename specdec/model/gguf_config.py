@@ -135,7 +135,8 @@ def gguf_hf_config(gguf: GGUFFile) -> dict:
         cfg.update(model_type="olmo3", sliding_window=int(f("attention.sliding_window")),
                    layer_types=["sliding_attention" if s else "full_attention" for s in pattern])
     if experts:  # llama.cpp renormalises the picked experts' weights for all but olmoe
-        cfg.update(num_experts=experts, num_experts_per_tok=int(f("expert_used_count", 0)), norm_topk_prob=arch != "olmoe",
+        cfg.update(num_experts=experts, num_experts_per_tok=int(f("expert_used_count", 0)),
+                   norm_topk_prob=arch != "olmoe",
                    moe_intermediate_size=int(f("expert_feed_forward_length", 0) or cfg["intermediate_size"]))
         if arch == "llama":
             cfg["model_type"] = "mixtral"

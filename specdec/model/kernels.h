@@ -96,7 +96,7 @@ typedef struct {
 typedef struct {
     const float *ln1, *ln2; /* the attention's and the MLP's input norm weights [D], or NULL (OLMo 2: none) */
     const float *attn_post, *mlp_post; /* norms of the attention's and the MLP's outputs [D], or NULL */
-    const float *q_norm, *k_norm; /* per-head norms of q and k [hd], or NULL; qk_whole: over all heads [H hd], [KV hd] */
+    const float *q_norm, *k_norm; /* norms of q and k per head [hd] (qk_whole: of all of each, [H hd] and [KV hd]) */
     int32_t local; /* a sliding-window layer: the local RoPE rows and mask */
     int32_t act; /* the gate's activation: 0 SiLU, 1 GELU-tanh */
     float softcap; /* > 0 (Gemma 2): the attention's scaled scores soft-capped (attend's softcap) */

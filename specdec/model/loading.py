@@ -22,7 +22,8 @@ from torch import nn
 from specdec.errors import SpecdecError
 from specdec.model import cpu_forward, cpu_kernels
 from specdec.model.gguf_config import (EXPERT_TENSORS, FUSED_TENSORS, GEMMA_LAYER_NAMES, GGUF_LAYER_NAMES,
-                                       OUTPUT_NORM_ARCHS, PERMUTED_QK, family, fused_rows, gguf_hf_config, hf_name, part_rows)
+                                       OUTPUT_NORM_ARCHS, PERMUTED_QK, family, fused_rows, gguf_hf_config, hf_name,
+                                       part_rows)
 from specdec.model.gguf_file import GGUFFile
 from specdec.model.quant import Q5_0, Q8_0, QuantEmbedding, QuantLinear, reencode_q5_0_as_q8_0, supported
 from specdec.model.transformer import MLP, ModelConfig, Transformer, rope_row_order

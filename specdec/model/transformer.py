@@ -463,8 +463,9 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms (Gemma 3) each branch's output is
-    normed too, and without pre_norms (OLMo 2) only the outputs are. HF's names: post_attention_layernorm is the MLP's input norm in Llama's layout, the
-    attention's output norm in Gemma's (whose MLP input norm is pre_feedforward_layernorm)."""
+    normed too, and without pre_norms (OLMo 2) only the outputs are. HF's names: post_attention_layernorm
+    is the MLP's input norm in Llama's layout, the attention's output norm in Gemma's and OLMo 2's (Gemma's
+    MLP input norm is pre_feedforward_layernorm)."""
 
     def __init__(self, cfg: ModelConfig, index: int = 0):
         super().__init__()
