@@ -1,11 +1,11 @@
 """Plain decoding speed of each model family against llama.cpp's, on the same GGUF file.
 
-No Llama 3, Qwen3, Phi-3, SmolLM3 or Gemma 2 GGUF is at hand here, so each is made: transformers' own
-class in the real model's shape (Llama-3.2-1B, Qwen3-0.6B, Phi-3-mini, SmolLM3-3B, Gemma-2-2B) with
-random weights and SmolLM2's byte-level vocabulary, converted to Q8_0 by llama.cpp's own
-convert_hf_to_gguf.py. A decode step's arithmetic does not depend on the weights' values, so tokens per
-second compare the engines on the family's code path; what the random model says means nothing (the
-tokens are still compared: both engines should mostly agree). Then `specdec bench --methods plain,llama`
+No Llama 3, Qwen3, Phi-3, SmolLM3, Gemma 2, Granite or OLMo 2 GGUF is at hand here, so each is made:
+transformers' own class in the real model's shape (Llama-3.2-1B, Qwen3-0.6B, Phi-3-mini, SmolLM3-3B,
+Gemma-2-2B, Granite-3.3-2B, OLMo-2-0425-1B) with random weights and SmolLM2's byte-level vocabulary,
+converted to Q8_0 by llama.cpp's own convert_hf_to_gguf.py. A decode step's arithmetic does not depend
+on the weights' values, so tokens per second compare the engines on the family's code path; what the
+random model says means nothing (the tokens are still compared: both engines should mostly agree). Then `specdec bench --methods plain,llama`
 on each file, interleaved prompt by prompt.
 
 Usage: python scripts/family_speed.py --families llama3,qwen3,phi3 --limit 3 --max-new-tokens 48 \
@@ -51,6 +51,16 @@ SHAPES = {  # transformers config class, model class, the real model's shape
                     num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, sliding_window=4096,
                     attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True,
                     max_position_embeddings=8192, pad_token_id=None, bos_token_id=None, eos_token_id=None)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", "Granite-3.3-2B",  # the four multipliers
+                dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=40, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=True, max_position_embeddings=131072,
+                     rope_theta=10000000.0, embedding_multiplier=12.0, residual_multiplier=0.22,
+                     attention_multiplier=0.015625, logits_scaling=8.0, pad_token_id=None, bos_token_id=None,
+                     eos_token_id=None)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", "OLMo-2-0425-1B",  # output norms only, q/k norms over all heads
+              dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
+                   num_key_value_heads=16, tie_word_embeddings=False, max_position_embeddings=4096,
+                   rope_theta=500000.0, pad_token_id=None, bos_token_id=None, eos_token_id=None)),
 }
 # the converter reads a Gemma 2 vocabulary as SentencePiece only; SmolLM2's byte-level BPE goes as GPT-2's
 GEMMA2_BPE = ("import sys; sys.argv[0] = 'convert_hf_to_gguf.py'; import convert_hf_to_gguf as c; "
