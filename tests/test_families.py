@@ -35,6 +35,7 @@ kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"kernel unavail
 FAMILIES = ["qwen3", "llama3", "gemma3", "phi3", "phi3-longrope", "qwen3moe", "mixtral", "smollm3", "gemma2", "granite",
             "granitemoe", "olmo2", "olmo3", "olmoe"]
 MIXTURES = {"qwen3moe", "mixtral", "granitemoe", "olmoe"}
+CONVERSIONS_AT_ONCE = 8
 WINDOW = 5  # gemma3's tiny sliding window: the prompts below are several times longer
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256)
@@ -142,11 +143,12 @@ def byte_level_tokenizer(request):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, request):
-    """{family: (transformers model, {outtype: GGUF path, "hf": its HF directory})}: every conversion run at once."""
+    """{family: (transformers model, {outtype: GGUF path, "hf": its HF directory})}: the conversions run
+    CONVERSIONS_AT_ONCE at a time (each converter process holds about 350 MB)."""
     if not CONVERTER.is_file():
         pytest.skip(f"llama.cpp's converter is absent ({CONVERTER}); run scripts/llama_cpp.sh source")
     tok = byte_level_tokenizer(request)
-    out, procs = {}, []
+    out, running = {}, []
     for name in FAMILIES:
         d = tmp_path_factory.mktemp(name)
         tok.save_pretrained(d)
@@ -162,13 +164,20 @@ def checkpoints(tmp_path_factory, request):
             # the converter reads a Gemma 2 vocabulary as SentencePiece only; this byte-level BPE goes as GPT-2's
             run = ["-c", GEMMA2_BPE] if name == "gemma2" else [str(CONVERTER)]
             paths = os.pathsep.join([str(LLAMA_CPP / "gguf-py"), str(LLAMA_CPP)])
-            procs.append(subprocess.Popen([sys.executable, *run, str(d), "--outtype", t, "--outfile",
-                                           str(path)], env={**os.environ, "PYTHONPATH": paths},
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-2000:]
+            if len(running) == CONVERSIONS_AT_ONCE:
+                converted(running.pop(0))
+            running.append(subprocess.Popen([sys.executable, *run, str(d), "--outtype", t, "--outfile",
+                                             str(path)], env={**os.environ, "PYTHONPATH": paths},
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for p in running:
+        converted(p)
     return out
+
+
+def converted(p: subprocess.Popen) -> None:
+    """Wait for a converter process; its error's tail where it failed."""
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-2000:]
 
 
 def prompt_ids(vocab: int, n: int = 23) -> torch.Tensor:
