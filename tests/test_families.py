@@ -616,6 +616,23 @@ def test_a_dense_file_under_the_moe_architecture_is_named(tmp_path):
         load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "qwen3moe")))
 
 
+def test_an_olmo2_file_without_its_own_norms_is_named(tmp_path):
+    """A Llama-shaped file under olmo2's name: its whole-width q/k norms are missing."""
+    from specdec.errors import SpecdecError
+    with pytest.raises(SpecdecError, match=r"lacks the tensor blk\.0\.attn_q_norm\.weight, which a olmo2 model needs"):
+        load_gguf_blocks(open_gguf(tiny_gguf(tmp_path, "olmo2")))
+
+
+def test_an_olmo3_file_with_yarn_is_refused(checkpoints):
+    """OLMo 3's long-context files scale RoPE by YaRN, which we do not run: a clear error, not wrong logits."""
+    from specdec.errors import SpecdecError
+    from specdec.model.gguf_config import gguf_hf_config
+    gguf = open_gguf(checkpoints["olmo3"][1]["q8_0"])
+    gguf.metadata["olmo2.rope.scaling.type"] = "yarn"
+    with pytest.raises(SpecdecError, match="RoPE scaling 'yarn' is not supported"):
+        gguf_hf_config(gguf)
+
+
 def test_a_mixture_without_its_expert_count_is_named(checkpoints):
     from specdec.errors import SpecdecError
     from specdec.model.gguf_config import gguf_hf_config
