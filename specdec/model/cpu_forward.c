@@ -153,12 +153,10 @@ int forward_rows(const fw_layer *layers, int64_t L, float *x, int64_t B, int64_t
         const int64_t mb = ly->local ? lsmb : smb, mt = ly->local ? lsmt : smt;
         input_norm(x, ly->ln1, h, n, D, eps);
         if (linear(&ly->qkv, h, y, n, nthreads)) return -1;
-        if (ly->q_norm && ly->qk_whole) {
-            head_norm(y, ly->q_norm, n, 1, H * hd, nq, eps);
-            head_norm(y + H * hd, ly->k_norm, n, 1, KV * hd, nq, eps);
-        } else if (ly->q_norm) {
-            head_norm(y, ly->q_norm, n, H, hd, nq, eps);
-            head_norm(y + H * hd, ly->k_norm, n, KV, hd, nq, eps);
+        if (ly->q_norm) { /* each head, or (qk_whole) all of q as one and all of k as one */
+            const int64_t qh = ly->qk_whole ? 1 : H, kh = ly->qk_whole ? 1 : KV;
+            head_norm(y, ly->q_norm, n, qh, H * hd / qh, nq, eps);
+            head_norm(y + H * hd, ly->k_norm, n, kh, KV * hd / kh, nq, eps);
         }
         rope(y, c, s, B, T, H + KV, hd, T * nq, nq, T * hd, hd); /* q and k, in place */
         for (int64_t i = 0; i < n; i++) {

@@ -213,6 +213,6 @@ def enable(model: nn.Module) -> bool:
         act = cpu_kernels.ACTIVATIONS["silu" if moe else mlp.activation]
         layers.append(_Layer(ptr(attn_in), ptr(mlp_in), ptr(attn_out), ptr(mlp_out), ptr(attn.q_norm),
                              ptr(attn.k_norm), int(layer.local), act, float(attn.softcap), float(layer.residual),
-                             int(attn.qk_whole), *parts, ctypes.pointer(mlp.fast.table) if moe else None))
+                             int(attn.q_norm is not None and attn.q_norm.weight.numel() != attn.hd), *parts, ctypes.pointer(mlp.fast.table) if moe else None))
     model.layer_loop = CpuForward(model, layers)
     return True

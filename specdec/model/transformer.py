@@ -27,6 +27,7 @@ from specdec.model import cpu_kernels
 from specdec.model.kv_cache import KVCache
 from specdec.model.moe import MoE
 
+OLMO2_NORMS = {"sandwich_norms": True, "pre_norms": False, "qk_norm": True, "qk_norm_whole": True}
 # HF model_type -> the switches its family sets in ModelConfig (the rest are Llama's)
 FAMILIES = {
     "llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True},
@@ -40,8 +41,8 @@ FAMILIES = {
     "granite": {},  # Llama's layer; its four multipliers are config data (GRANITE_FAMILIES)
     "granitemoe": {},  # Granite's layer with a mixture-of-experts MLP
     # OLMo 2: no input norms, each branch's output normed; q and k normed over all their heads at once
-    "olmo2": {"sandwich_norms": True, "pre_norms": False, "qk_norm": True, "qk_norm_whole": True},
-    "olmo3": {"sandwich_norms": True, "pre_norms": False, "qk_norm": True, "qk_norm_whole": True},  # OLMo 2's, windowed
+    "olmo2": OLMO2_NORMS,
+    "olmo3": OLMO2_NORMS,  # OLMo 2's layer, some in a sliding window
     "olmoe": {"qk_norm": True, "qk_norm_whole": True},  # Llama's layer, OLMo 2's q/k norms, a mixture of experts
 }
 GEMMA_FAMILIES = ("gemma2", "gemma3")  # their attention scale from query_pre_attn_scalar, embeddings tied by default
@@ -337,9 +338,9 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.softmax_scale
         self.softcap = cfg.attn_softcap
-        # RMSNorms of q and k before RoPE, per head (Qwen3, Gemma 3) or over all the heads (OLMo 2), or None
-        self.qk_whole = cfg.qk_norm_whole
-        q_dim, k_dim = (self.n_heads * self.hd, self.n_kv * self.hd) if self.qk_whole else (self.hd, self.hd)
+        # RMSNorms of q and k before RoPE, per head (Qwen3, Gemma 3) or over all the heads (OLMo 2: a norm as
+        # wide as them all), or None
+        q_dim, k_dim = (self.n_heads * self.hd, self.n_kv * self.hd) if cfg.qk_norm_whole else (self.hd, self.hd)
         self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         bias = cfg.attention_bias
@@ -366,13 +367,12 @@ class Attention(nn.Module):
             q, k, v = y.split(self.qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.qk_whole:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_norm is not None:  # over each run of the norm's width: a head, or all of them
+            q = self.q_norm(q.unflatten(-1, (-1, self.q_norm.weight.numel()))).flatten(-2)
+            k = self.k_norm(k.unflatten(-1, (-1, self.k_norm.weight.numel()))).flatten(-2)
         q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
         k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        if self.q_norm is not None and not self.qk_whole:
-            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         store(k, v, k_cache, v_cache, start)
         if isinstance(start, int):
@@ -391,13 +391,11 @@ class Attention(nn.Module):
     def _cpu_forward(self, y, cos, sin, k_cache, v_cache, start, mask):
         """The rest of forward() on our fused CPU ops, from y = qkv_proj(x) # [batch, T, (heads + 2 kv_heads) * head_dim]."""
         b, t, _ = y.shape
-        if self.qk_whole:  # all of q as one head, then all of k (q's width is n_heads / n_kv of k's), in place
-            cpu_kernels.head_norm_(y, self.q_norm.weight, 0, 1, self.n_heads * self.hd, self.q_norm.eps)
-            cpu_kernels.head_norm_(y, self.k_norm.weight, self.n_heads // self.n_kv, 1, self.n_kv * self.hd,
-                                   self.k_norm.eps)
-        elif self.q_norm is not None:  # q's heads, then k's, in place
-            cpu_kernels.head_norm_(y, self.q_norm.weight, 0, self.n_heads, self.hd, self.q_norm.eps)
-            cpu_kernels.head_norm_(y, self.k_norm.weight, self.n_heads, self.n_kv, self.hd, self.k_norm.eps)
+        if self.q_norm is not None:  # q's runs of its norm's width (heads, or all of q), then k's, in place
+            q_len, k_len = self.n_heads * self.hd, self.n_kv * self.hd
+            qw, kw = self.q_norm.weight.numel(), self.k_norm.weight.numel()
+            cpu_kernels.head_norm_(y, self.q_norm.weight, 0, q_len // qw, qw, self.q_norm.eps)
+            cpu_kernels.head_norm_(y, self.k_norm.weight, q_len // kw, k_len // kw, kw, self.k_norm.eps)
         cpu_kernels.rope_(y, cos, sin, self.n_heads + self.n_kv, self.hd)  # q and k, in place
         _, k, v = y.split(self.qkv_sizes, dim=-1)
         k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
